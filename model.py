@@ -1,0 +1,584 @@
+"""The Cosmos-Predict2 diffusion transformer ("MiniTrainDIT" / video2world "MinimalV1LVGDiT") in plain PyTorch.
+
+Parameter and buffer names are exactly upstream's, so released checkpoints load without any key mapping.
+Everything below is written from ../shared/specs/cosmos_dit.md and checked against tensors produced by the
+upstream code (tests/check_reference.py). Layout names: B batch, C channels, T/H/W latent frames/rows/cols,
+L tokens, D model width, d head width.
+
+Contents, top to bottom: config -> building blocks -> DiT -> LoRA -> rectified-flow denoiser.
+"""
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass, fields, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# -----------------------------------------------------------------------------
+# Config
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    model_channels: int = 64  # D
+    num_blocks: int = 2
+    num_heads: int = 2
+    mlp_ratio: float = 4.0
+    in_channels: int = 16  # latent channels, before the condition / padding-mask channels are appended
+    out_channels: int = 16
+    patch_spatial: int = 2
+    patch_temporal: int = 1
+    video2world: bool = True  # MinimalV1LVGDiT: one extra input channel marking the conditioning frames
+    concat_padding_mask: bool = True
+    crossattn_emb_channels: int = 1024  # T5-XXL width
+    crossattn_proj_in_channels: int = 1024  # != crossattn_emb_channels adds crossattn_proj (Linear+GELU)
+    use_adaln_lora: bool = True
+    adaln_lora_dim: int = 256
+    max_img_h: int = 240  # RoPE / learnable-pos-emb table sizes, in latent pixels
+    max_img_w: int = 240
+    max_frames: int = 128
+    rope_h_extrapolation_ratio: float = 1.0
+    rope_w_extrapolation_ratio: float = 1.0
+    rope_t_extrapolation_ratio: float = 1.0
+    rope_enable_fps_modulation: bool = False
+    extra_per_block_abs_pos_emb: bool = False
+
+    @property
+    def head_dim(self):
+        return self.model_channels // self.num_heads
+
+
+_RELEASE = dict(max_img_h=240, max_img_w=240, max_frames=128, use_adaln_lora=True, adaln_lora_dim=256)
+CONFIGS = {
+    # CPU-fast: tests and the built-in tiny default of train.py / smoke.py
+    "tiny": DiTConfig(model_channels=64, num_blocks=2, num_heads=2, adaln_lora_dim=16),
+    "t2i-0.6b": DiTConfig(model_channels=1280, num_blocks=20, num_heads=20, video2world=False, **_RELEASE,
+                          rope_h_extrapolation_ratio=4.0, rope_w_extrapolation_ratio=4.0),
+    "t2i-2b": DiTConfig(model_channels=2048, num_blocks=28, num_heads=16, video2world=False, **_RELEASE,
+                        rope_h_extrapolation_ratio=4.0, rope_w_extrapolation_ratio=4.0),
+    "t2i-14b": DiTConfig(model_channels=5120, num_blocks=36, num_heads=40, video2world=False, **_RELEASE,
+                         rope_h_extrapolation_ratio=4.0, rope_w_extrapolation_ratio=4.0),
+    "v2w-2b": DiTConfig(model_channels=2048, num_blocks=28, num_heads=16, **_RELEASE,
+                        rope_h_extrapolation_ratio=3.0, rope_w_extrapolation_ratio=3.0),
+    "v2w-14b": DiTConfig(model_channels=5120, num_blocks=36, num_heads=40, **_RELEASE,
+                         rope_h_extrapolation_ratio=2.0, rope_w_extrapolation_ratio=2.0,
+                         rope_t_extrapolation_ratio=5.0 / 6.0),
+}
+
+# Upstream constructor kwargs that carry no meaning for this network (rope3d is the only positional scheme;
+# the attention backend is a kernel choice; fps bounds and extra_*_extrapolation ratios are unused upstream).
+_UPSTREAM_IGNORED = {"pos_emb_cls", "pos_emb_learnable", "pos_emb_interpolation", "atten_backend", "min_fps", "max_fps",
+                     "extra_h_extrapolation_ratio", "extra_w_extrapolation_ratio", "extra_t_extrapolation_ratio",
+                     "sac_config", "use_crossattn_projection", "timestep_scale"}
+
+
+def config_from_upstream(class_name, kwargs):
+    """Map an upstream constructor call (class name, kwargs) to a DiTConfig; unknown kwargs are an error."""
+    name = class_name.rsplit(".", 1)[-1]
+    if name not in ("MiniTrainDIT", "MinimalV1LVGDiT"):
+        raise ValueError(f"unsupported upstream class {class_name!r}: expected MiniTrainDIT or MinimalV1LVGDiT")
+    ours = {f.name for f in fields(DiTConfig)}
+    unknown = set(kwargs) - ours - _UPSTREAM_IGNORED
+    if unknown:
+        raise ValueError(f"upstream kwargs not understood by DiTConfig: {sorted(unknown)}")
+    if kwargs.get("pos_emb_cls", "rope3d") != "rope3d":
+        raise ValueError(f"only pos_emb_cls='rope3d' is implemented, got {kwargs['pos_emb_cls']!r}")
+    values = {k: v for k, v in kwargs.items() if k in ours}
+    values.setdefault("crossattn_proj_in_channels", values.get("crossattn_emb_channels", 1024))
+    # the class default is True, every release sets it False; keep the class default when the key is absent
+    values.setdefault("rope_enable_fps_modulation", True)
+    return DiTConfig(video2world=(name == "MinimalV1LVGDiT"), **values)
+
+
+def get_config(name, **overrides):
+    if name not in CONFIGS:
+        raise ValueError(f"unknown DiT config {name!r}; valid: {sorted(CONFIGS)}")
+    return replace(CONFIGS[name], **overrides)
+
+
+# -----------------------------------------------------------------------------
+# Building blocks
+
+
+class Patchify(nn.Module):
+    """[B, C, T*pt, H*p, W*p] -> [B, T, H, W, C*pt*p*p], features ordered (c, pt, p, p) like upstream."""
+
+    def __init__(self, patch_temporal, patch_spatial):
+        super().__init__()
+        self.pt, self.p = patch_temporal, patch_spatial
+
+    def forward(self, x):
+        B, C, T, H, W = x.shape
+        pt, p = self.pt, self.p
+        if T % pt or H % p or W % p:
+            raise ValueError(f"latent T,H,W = {T},{H},{W} not divisible by patch ({pt},{p},{p})")
+        x = x.view(B, C, T // pt, pt, H // p, p, W // p, p).permute(0, 2, 4, 6, 1, 3, 5, 7)
+        return x.reshape(B, T // pt, H // p, W // p, C * pt * p * p)
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, in_channels, dim, patch_temporal, patch_spatial):
+        super().__init__()
+        # index 0 holds no parameters; the Linear must sit at index 1 for the key x_embedder.proj.1.weight
+        self.proj = nn.Sequential(Patchify(patch_temporal, patch_spatial),
+                                  nn.Linear(in_channels * patch_temporal * patch_spatial ** 2, dim, bias=False))
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+class RopePositions(nn.Module):
+    """3-D RoPE for (t, h, w). The persistent buffers exist only so released checkpoints load key for key.
+
+    Deliberate difference from upstream: the angles are always computed in fp32 from exact exponents. Upstream
+    reads them from these buffers, which `.to(bfloat16)` rounds (angle errors up to 0.28 rad at 720p), and the
+    released .pt files store them rounded. A bf16 model here gets exactly the fp32 model's RoPE.
+    """
+
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        d = cfg.head_dim
+        self.d_hw = 2 * (d // 6)  # an even share for h and w each; t gets the rest
+        self.d_t = d - 2 * self.d_hw
+        if self.d_hw <= 2:
+            raise ValueError(f"head dim {d} too small for 3-D RoPE (needs >= 18)")
+        len_h, len_w = cfg.max_img_h // cfg.patch_spatial, cfg.max_img_w // cfg.patch_spatial
+        len_t = cfg.max_frames // cfg.patch_temporal
+        self.len_h, self.len_w, self.len_t = len_h, len_w, len_t
+        self.register_buffer("seq", torch.empty(max(len_h, len_w, len_t)))
+        self.register_buffer("dim_spatial_range", torch.empty(self.d_hw // 2))
+        self.register_buffer("dim_temporal_range", torch.empty(self.d_t // 2))
+        # NTK-style base scaling per axis
+        self.ntk_h = cfg.rope_h_extrapolation_ratio ** (self.d_hw / (self.d_hw - 2))
+        self.ntk_w = cfg.rope_w_extrapolation_ratio ** (self.d_hw / (self.d_hw - 2))
+        self.ntk_t = cfg.rope_t_extrapolation_ratio ** (self.d_t / (self.d_t - 2))
+        self.fps_modulation = cfg.rope_enable_fps_modulation
+        self.reset_buffers()
+
+    @torch.no_grad()
+    def reset_buffers(self):
+        if self.seq.is_meta:
+            return
+        self.seq.copy_(torch.arange(self.seq.numel(), dtype=torch.float32))
+        self.dim_spatial_range.copy_(self._exponents(self.d_hw, self.seq.device))
+        self.dim_temporal_range.copy_(self._exponents(self.d_t, self.seq.device))
+
+    @staticmethod
+    def _exponents(n, device):
+        return torch.arange(0, n, 2, dtype=torch.float32, device=device)[: n // 2] / n
+
+    def angles(self, T, H, W, fps, device):
+        """fp32 angles [T*H*W, d] in (t h w) token order: [t | h | w] frequencies, concatenated twice."""
+        if H > self.len_h or W > self.len_w:
+            raise ValueError(f"patch grid {H}x{W} exceeds the RoPE table {self.len_h}x{self.len_w} (max_img_h/w)")
+        if T > self.len_t:
+            raise ValueError(f"{T} patched frames exceed the RoPE table length {self.len_t} (max_frames)")
+        seq = torch.arange(max(T, H, W), dtype=torch.float32, device=device)
+        freq_h = 1.0 / ((10000.0 * self.ntk_h) ** self._exponents(self.d_hw, device))
+        freq_w = 1.0 / ((10000.0 * self.ntk_w) ** self._exponents(self.d_hw, device))
+        freq_t = 1.0 / ((10000.0 * self.ntk_t) ** self._exponents(self.d_t, device))
+        pos_t = seq[:T]
+        if self.fps_modulation and T > 1:
+            if fps is None:
+                raise ValueError("rope_enable_fps_modulation needs fps for videos with T > 1")
+            fps = torch.as_tensor(fps, dtype=torch.float32, device=device).reshape(-1)
+            if fps.numel() > 1 and not torch.all(fps == fps[0]):
+                raise ValueError(f"fps-modulated RoPE needs one fps per batch, got {fps.tolist()}")
+            pos_t = pos_t / fps[:1] * 24.0  # positions in units of 24-fps frames
+        ang_t = torch.outer(pos_t, freq_t)[:, None, None, :].expand(T, H, W, -1)
+        ang_h = torch.outer(seq[:H], freq_h)[None, :, None, :].expand(T, H, W, -1)
+        ang_w = torch.outer(seq[:W], freq_w)[None, None, :, :].expand(T, H, W, -1)
+        half = torch.cat([ang_t, ang_h, ang_w], dim=-1)
+        return torch.cat([half, half], dim=-1).reshape(T * H * W, -1)
+
+
+def apply_rope(x_B_L_h_d, cos_L_1_d, sin_L_1_d):
+    """Non-interleaved rotate-half RoPE, evaluated in fp32 and cast back (what TE's fused kernel does)."""
+    x = x_B_L_h_d.float()
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x * cos_L_1_d + rotated * sin_L_1_d).to(x_B_L_h_d.dtype)
+
+
+class LearnablePosEmb(nn.Module):
+    """Optional absolute per-axis embedding (off in all releases), RMS-normalised, added at every block input."""
+
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        D = cfg.model_channels
+        self.pos_emb_h = nn.Parameter(torch.empty(cfg.max_img_h // cfg.patch_spatial, D))
+        self.pos_emb_w = nn.Parameter(torch.empty(cfg.max_img_w // cfg.patch_spatial, D))
+        self.pos_emb_t = nn.Parameter(torch.empty(cfg.max_frames // cfg.patch_temporal, D))
+
+    def forward(self, T, H, W):
+        emb = self.pos_emb_t[:T, None, None] + self.pos_emb_h[None, :H, None] + self.pos_emb_w[None, None, :W]
+        norm = torch.linalg.vector_norm(emb, dim=-1, keepdim=True, dtype=torch.float32)
+        norm = 1e-6 + norm * math.sqrt(1.0 / emb.shape[-1])
+        return (emb / norm.to(emb.dtype)).reshape(1, T, H * W, -1)
+
+
+class Timesteps(nn.Module):
+    """Sinusoidal embedding of the rectified-flow time t in (0,1): [cos | sin], computed in fp32."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, t_B_T):
+        half = self.dim // 2
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t_B_T.device) / half)
+        arg = t_B_T.float()[..., None] * freqs
+        return torch.cat([torch.cos(arg), torch.sin(arg)], dim=-1)
+
+
+class TimestepEmbedding(nn.Module):
+    def __init__(self, dim, use_adaln_lora):
+        super().__init__()
+        self.linear_1 = nn.Linear(dim, dim, bias=not use_adaln_lora)
+        self.linear_2 = nn.Linear(dim, 3 * dim if use_adaln_lora else dim, bias=False)
+
+    def forward(self, sinusoid):
+        return self.linear_2(F.silu(self.linear_1(sinusoid)))
+
+
+def modulation(dim, chunks, lora_dim):
+    """adaLN modulation MLP: SiLU -> Linear (D -> chunks*D), or a rank-`lora_dim` factorisation when set."""
+    if lora_dim:
+        return nn.Sequential(nn.SiLU(), nn.Linear(dim, lora_dim, bias=False), nn.Linear(lora_dim, chunks * dim, bias=False))
+    return nn.Sequential(nn.SiLU(), nn.Linear(dim, chunks * dim, bias=False))
+
+
+def attention(q_B_L_h_d, k_B_S_h_d, v_B_S_h_d):
+    """softmax(q k^T / sqrt(d)) v per head, no mask (upstream lets zero-padded text tokens take softmax mass)."""
+    q, k, v = (t.transpose(1, 2) for t in (q_B_L_h_d, k_B_S_h_d, v_B_S_h_d))
+    # On Hopper cuDNN's fused attention is ~1.8x flash at 31k tokens; the list is a priority order, so any
+    # shape cuDNN rejects falls back to flash, then memory-efficient, then math.
+    ctx = sdpa_kernel(_CUDA_SDPA_ORDER, set_priority=True) if q.is_cuda else nullcontext()
+    with ctx:
+        out = F.scaled_dot_product_attention(q, k, v)
+    return out.transpose(1, 2)
+
+
+_CUDA_SDPA_ORDER = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                    SDPBackend.MATH]
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, context_dim, num_heads):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
+        self.k_proj = nn.Linear(context_dim, dim, bias=False)
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
+        self.v_proj = nn.Linear(context_dim, dim, bias=False)
+        self.output_proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x_B_L_D, context_B_S_D, rope_cos_sin=None):
+        B, L, _ = x_B_L_D.shape
+        S = context_B_S_D.shape[1]
+        q = self.q_norm(self.q_proj(x_B_L_D).view(B, L, self.num_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(context_B_S_D).view(B, S, self.num_heads, self.head_dim))
+        v = self.v_proj(context_B_S_D).view(B, S, self.num_heads, self.head_dim)
+        if rope_cos_sin is not None:
+            q, k = apply_rope(q, *rope_cos_sin), apply_rope(k, *rope_cos_sin)
+        out = attention(q, k, v)
+        return self.output_proj(out.reshape(B, L, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.layer1 = nn.Linear(dim, hidden, bias=False)
+        self.layer2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        return self.layer2(F.gelu(self.layer1(x)))
+
+
+def layer_norm(x):
+    return F.layer_norm(x, x.shape[-1:], eps=1e-6)
+
+
+class Block(nn.Module):
+    """x += gate * op(LN(x) * (1 + scale) + shift) for self-attention, cross-attention and the MLP.
+
+    Tokens are held as [B, T, H*W, D] so the per-frame adaLN modulations [B, T or 1, 1, D] broadcast over space.
+    `checkpoint_fn` is set by sac.apply(); it wraps `_forward` here, inside the block, so no wrapper module (and no
+    `_checkpoint_wrapped_module` segment) ever appears in parameter names or state_dict keys.
+    """
+
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        D, lora = cfg.model_channels, cfg.adaln_lora_dim if cfg.use_adaln_lora else 0
+        self.self_attn = Attention(D, D, cfg.num_heads)
+        self.cross_attn = Attention(D, cfg.crossattn_emb_channels, cfg.num_heads)
+        self.mlp = FeedForward(D, int(D * cfg.mlp_ratio))
+        self.adaln_modulation_self_attn = modulation(D, 3, lora)
+        self.adaln_modulation_cross_attn = modulation(D, 3, lora)
+        self.adaln_modulation_mlp = modulation(D, 3, lora)
+        self.checkpoint_fn = None
+
+    def forward(self, x_B_T_S_D, emb_B_T_D, crossattn_emb_B_N_D, rope_cos_sin, adaln_lora_B_T_3D=None, extra_pos=None):
+        args = (x_B_T_S_D, emb_B_T_D, crossattn_emb_B_N_D, rope_cos_sin, adaln_lora_B_T_3D, extra_pos)
+        if self.checkpoint_fn is not None and torch.is_grad_enabled():
+            return self.checkpoint_fn(self._forward, *args)
+        return self._forward(*args)
+
+    def _forward(self, x, emb, crossattn_emb, rope_cos_sin, adaln_lora, extra_pos):
+        B, T, S, D = x.shape
+        if extra_pos is not None:
+            x = x + extra_pos
+
+        def modulate(mlp):
+            m = mlp(emb)
+            if adaln_lora is not None:
+                m = m + adaln_lora
+            return [c.unsqueeze(2) for c in m.chunk(3, dim=-1)]  # shift, scale, gate as [B, T|1, 1, D]
+
+        shift, scale, gate = modulate(self.adaln_modulation_self_attn)
+        h = (layer_norm(x) * (1 + scale) + shift).view(B, T * S, D)
+        x = x + gate * self.self_attn(h, h, rope_cos_sin).view(B, T, S, D)
+        shift, scale, gate = modulate(self.adaln_modulation_cross_attn)
+        h = (layer_norm(x) * (1 + scale) + shift).view(B, T * S, D)
+        x = x + gate * self.cross_attn(h, crossattn_emb).view(B, T, S, D)
+        shift, scale, gate = modulate(self.adaln_modulation_mlp)
+        return x + gate * self.mlp(layer_norm(x) * (1 + scale) + shift)
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        D = cfg.model_channels
+        out = cfg.patch_spatial ** 2 * cfg.patch_temporal * cfg.out_channels
+        self.linear = nn.Linear(D, out, bias=False)
+        self.adaln_modulation = modulation(D, 2, cfg.adaln_lora_dim if cfg.use_adaln_lora else 0)
+
+    def forward(self, x_B_T_S_D, emb_B_T_D, adaln_lora_B_T_3D=None):
+        m = self.adaln_modulation(emb_B_T_D)
+        if adaln_lora_B_T_3D is not None:
+            m = m + adaln_lora_B_T_3D[..., : m.shape[-1]]
+        shift, scale = (c.unsqueeze(2) for c in m.chunk(2, dim=-1))
+        return self.linear(layer_norm(x_B_T_S_D) * (1 + scale) + shift)
+
+
+# -----------------------------------------------------------------------------
+# The network
+
+
+class DiT(nn.Module):
+    """forward(x [B,16,T,H,W], timesteps [B] or [B,T'], crossattn_emb [B,N,Dc]) -> velocity [B,16,T,H,W]."""
+
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        self.cfg = cfg
+        D = cfg.model_channels
+        if D % cfg.num_heads:
+            raise ValueError(f"model_channels {D} not divisible by num_heads {cfg.num_heads}")
+        in_ch = cfg.in_channels + int(cfg.video2world) + int(cfg.concat_padding_mask)
+        self.x_embedder = PatchEmbed(in_ch, D, cfg.patch_temporal, cfg.patch_spatial)
+        self.pos_embedder = RopePositions(cfg)
+        if cfg.extra_per_block_abs_pos_emb:
+            self.extra_pos_embedder = LearnablePosEmb(cfg)
+        self.t_embedder = nn.Sequential(Timesteps(D), TimestepEmbedding(D, cfg.use_adaln_lora))
+        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.num_blocks)])
+        self.final_layer = FinalLayer(cfg)
+        if cfg.crossattn_proj_in_channels != cfg.crossattn_emb_channels:
+            self.crossattn_proj = nn.Sequential(
+                nn.Linear(cfg.crossattn_proj_in_channels, cfg.crossattn_emb_channels, bias=True), nn.GELU())
+        self.t_embedding_norm = nn.RMSNorm(D, eps=1e-6)
+        if not self.t_embedding_norm.weight.is_meta:
+            self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self, generator=None):
+        """Random init (for `--init random` and after `to_empty`); loaded checkpoints overwrite all of it."""
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=module.in_features ** -0.5, generator=generator)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.RMSNorm):
+                nn.init.ones_(module.weight)
+        # adaLN up-projections start small: residual branches start nearly closed, yet every weight gets gradient
+        for module in [*self.blocks, self.final_layer]:
+            for name, child in module.named_children():
+                if name.startswith("adaln_modulation"):
+                    nn.init.normal_(child[-1].weight, std=0.02, generator=generator)
+        if self.cfg.extra_per_block_abs_pos_emb:
+            for p in self.extra_pos_embedder.parameters():
+                nn.init.normal_(p, std=0.02, generator=generator)
+        self.pos_embedder.reset_buffers()
+        for module in self.modules():  # LoRA adapters, if any were added before materialising
+            if isinstance(module, LoRALinear):
+                module.reset_lora(generator)
+
+    def forward(self, x_B_C_T_H_W, timesteps_B_T, crossattn_emb, condition_mask_B_1_T_H_W=None, fps=None,
+                padding_mask_B_1_H_W=None):
+        cfg = self.cfg
+        dtype = self.x_embedder.proj[1].weight.dtype
+        B, _, T, H, W = x_B_C_T_H_W.shape
+        x = x_B_C_T_H_W.to(dtype)
+        if cfg.video2world:  # no mask = no conditioning frames (image batches, unconditional generation)
+            mask = condition_mask_B_1_T_H_W
+            x = torch.cat([x, torch.zeros_like(x[:, :1]) if mask is None else mask.to(dtype)], dim=1)
+        if cfg.concat_padding_mask:
+            pad = padding_mask_B_1_H_W
+            if pad is None:  # the pipelines and datasets always pass zeros
+                pad = torch.zeros(B, 1, H, W, dtype=dtype, device=x.device)
+            elif pad.shape[-2:] != (H, W):  # legacy nearest: src = floor(dst * in / out)
+                pad = F.interpolate(pad.float(), size=(H, W), mode="nearest")
+            x = torch.cat([x, pad.to(dtype)[:, :, None].expand(B, 1, T, H, W)], dim=1)
+        x = self.x_embedder(x)  # [B, T', H', W', D]
+        _, Tp, Hp, Wp, D = x.shape
+        x = x.view(B, Tp, Hp * Wp, D)
+
+        angles = self.pos_embedder.angles(Tp, Hp, Wp, fps, x.device)[:, None, :]  # fp32 [L, 1, d]
+        rope_cos_sin = (torch.cos(angles), torch.sin(angles))
+        extra_pos = self.extra_pos_embedder(Tp, Hp, Wp) if cfg.extra_per_block_abs_pos_emb else None
+
+        if timesteps_B_T.ndim == 1:
+            timesteps_B_T = timesteps_B_T[:, None]
+        if timesteps_B_T.shape[1] not in (1, Tp):
+            raise ValueError(f"timesteps {tuple(timesteps_B_T.shape)}: need [B], [B,1] or [B,{Tp}] (patched frames)")
+        sinusoid = self.t_embedder[0](timesteps_B_T).to(dtype)
+        t_mlp = self.t_embedder[1](sinusoid)
+        # with adaLN-LoRA the raw sinusoid drives the per-block modulations and the MLP output is the shared bias
+        emb, adaln_lora = (sinusoid, t_mlp) if cfg.use_adaln_lora else (t_mlp, None)
+        emb = self.t_embedding_norm(emb)
+
+        crossattn_emb = crossattn_emb.to(dtype)
+        if hasattr(self, "crossattn_proj"):
+            crossattn_emb = self.crossattn_proj(crossattn_emb)
+        for block in self.blocks:
+            x = block(x, emb, crossattn_emb, rope_cos_sin, adaln_lora, extra_pos)
+        x = self.final_layer(x, emb, adaln_lora)  # [B, T', H'*W', p*p*pt*C]
+
+        p, pt, C = cfg.patch_spatial, cfg.patch_temporal, cfg.out_channels
+        x = x.view(B, Tp, Hp, Wp, p, p, pt, C).permute(0, 7, 1, 6, 2, 4, 3, 5)  # unpatchify: channel innermost
+        return x.reshape(B, C, Tp * pt, Hp * p, Wp * p)
+
+
+def build_model(cfg: DiTConfig, device=None, dtype=None):
+    with torch.device(device or "cpu"):
+        model = DiT(cfg)
+    return model.to(dtype) if dtype is not None else model
+
+
+def num_params(model, trainable_only=False):
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+# -----------------------------------------------------------------------------
+# LoRA
+
+
+class LoRALinear(nn.Linear):
+    """nn.Linear plus a low-rank update; `weight`/`bias` keep their keys, the adapters add `lora_a`/`lora_b`."""
+
+    def add_adapter(self, rank, alpha):
+        self.rank, self.scale, self.lora_enabled = rank, alpha / rank, True
+        w = self.weight
+        self.lora_a = nn.Linear(self.in_features, rank, bias=False, device=w.device, dtype=torch.float32)
+        self.lora_b = nn.Linear(rank, self.out_features, bias=False, device=w.device, dtype=torch.float32)
+        if not w.is_meta:
+            self.reset_lora()
+
+    @torch.no_grad()
+    def reset_lora(self, generator=None):
+        nn.init.kaiming_uniform_(self.lora_a.weight, a=math.sqrt(5), generator=generator)
+        nn.init.zeros_(self.lora_b.weight)  # the adapted model starts exactly at the base model
+
+    def forward(self, x):
+        out = super().forward(x)
+        if not self.lora_enabled:
+            return out
+        lora_dtype = self.lora_a.weight.dtype
+        return out + (self.lora_b(self.lora_a(x.to(lora_dtype))) * self.scale).to(out.dtype)
+
+
+LORA_TARGETS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.output_proj",
+                "cross_attn.q_proj", "cross_attn.k_proj", "cross_attn.v_proj", "cross_attn.output_proj",
+                "mlp.layer1", "mlp.layer2")
+
+
+def add_lora(model, rank, alpha=None, targets=LORA_TARGETS):
+    """Turn the target Linears of every block into LoRALinear in place, freeze everything else.
+
+    Returns the adapter parameters (the only ones left trainable). alpha defaults to rank (scale 1).
+    """
+    if rank <= 0:
+        raise ValueError(f"LoRA rank must be positive, got {rank}")
+    alpha = float(rank if alpha is None else alpha)
+    model.requires_grad_(False)
+    adapted = []
+    for name, module in model.named_modules():
+        if type(module) is nn.Linear and name.startswith("blocks.") and name.split(".", 2)[2] in targets:
+            module.__class__ = LoRALinear  # keeps the same weight Parameter object and its key
+            module.add_adapter(rank, alpha)
+            adapted.append(name)
+    if not adapted:
+        raise ValueError(f"no Linear matched the LoRA targets {targets}")
+    params = [p for m in model.modules() if isinstance(m, LoRALinear) for p in (m.lora_a.weight, m.lora_b.weight)]
+    for p in params:
+        p.requires_grad_(True)
+    return params
+
+
+def set_lora_enabled(model, enabled):
+    """Switch every adapter on/off: the LoRA-disabled model is the frozen reference policy (GRPO KL)."""
+    for m in model.modules():
+        if isinstance(m, LoRALinear):
+            m.lora_enabled = enabled
+
+
+# -----------------------------------------------------------------------------
+# Rectified flow behind the EDM-sigma interface (sigma_data = 1)
+#   x_sigma = x0 + sigma * eps,  t = sigma / (1 + sigma),  net input (1-t) x_sigma = (1-t) x0 + t eps,
+#   the net predicts the velocity eps - x0, and x0_hat = (1-t) x_sigma - t * net(...).
+
+SIGMA_CONDITIONAL = 1e-4  # the "noise level" the net is told for clean conditioning frames
+
+
+def denoise(net, x_sigma, sigma, crossattn_emb, gt_frames=None, condition_mask_B_1_T_H_W=None, fps=None,
+            padding_mask=None):
+    """x0 prediction for video2world (conditioning frames replaced by the clean `gt_frames`). fp32 throughout.
+
+    sigma: [B] (or [B,T] per latent frame). condition_mask: 1 on the conditioning latent frames, or None.
+    Returns (x0_hat, velocity) in fp32.
+    """
+    x_sigma = x_sigma.float()
+    sigma = sigma.float()
+    sigma_B_1_T = sigma.view(sigma.shape[0], 1, -1, 1, 1)
+    t = sigma_B_1_T / (sigma_B_1_T + 1)
+    c_skip = c_in = 1 - t
+    c_out = -t
+    if condition_mask_B_1_T_H_W is None:
+        net_in, t_B_T, mask = c_in * x_sigma, t.view(t.shape[0], -1), None
+    else:
+        mask = condition_mask_B_1_T_H_W.float()
+        if gt_frames is None:
+            raise ValueError("condition_mask given without gt_frames (the clean conditioning latents)")
+        gt_frames = gt_frames.float()
+        net_in = gt_frames * mask + c_in * x_sigma * (1 - mask)
+        sigma_cond = torch.full_like(sigma_B_1_T, SIGMA_CONDITIONAL)
+        t_cond = (sigma_cond / (sigma_cond + 1)).view(t.shape[0], -1)
+        mask_t = mask.mean(dim=(1, 3, 4))  # [B, T]: 1 on conditioning frames
+        t_B_T = t_cond * mask_t + t.view(t.shape[0], -1) * (1 - mask_t)
+    velocity = net(net_in, t_B_T, crossattn_emb, condition_mask_B_1_T_H_W=mask, fps=fps,
+                   padding_mask_B_1_H_W=padding_mask).float()
+    x0 = c_skip * x_sigma + c_out * velocity
+    if mask is not None:
+        x0 = gt_frames * mask + x0 * (1 - mask)
+    return x0, velocity
+
+
+def condition_mask(latent_B_C_T_H_W, num_conditional_frames):
+    """[B,1,T,H,W] mask, 1 on the first n latent frames; n is an int or a per-sample LongTensor [B]."""
+    B, _, T, H, W = latent_B_C_T_H_W.shape
+    n = torch.as_tensor(num_conditional_frames, device=latent_B_C_T_H_W.device).reshape(-1, 1)
+    frames = torch.arange(T, device=latent_B_C_T_H_W.device)[None, :]
+    mask_B_T = (frames < n).to(latent_B_C_T_H_W.dtype).expand(B, T)
+    return mask_B_T[:, None, :, None, None].expand(B, 1, T, H, W).contiguous()

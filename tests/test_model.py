@@ -1,0 +1,150 @@
+"""model.py: parity with the upstream reference tensors, released key tables, LoRA, gradients, numerics."""
+import glob
+import os
+
+import pytest
+import torch
+
+import check_reference
+from model import (DiT, LoRALinear, add_lora, build_model, condition_mask, denoise, get_config, num_params,
+                   set_lora_enabled)
+
+REF = os.path.join(os.path.dirname(__file__), "data", "reference")
+DIT_CASES = sorted(p for p in glob.glob(os.path.join(REF, "*.json"))
+                   if os.path.exists(p[: -len(".json")] + ".weights.safetensors") and "vae_" not in p)
+
+
+def assert_within(results):
+    bad = [(label, err, bound) for label, err, bound in results if not err <= bound]
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("case", DIT_CASES, ids=lambda p: os.path.basename(p))
+def test_reference_case(case):
+    results = check_reference.check_dit_case(case)
+    assert any(label.startswith("out.") for label, _, _ in results)
+    assert_within(results)
+
+
+def test_sampler_and_components_reference():
+    assert_within(check_reference.check_sampler(REF))
+    assert_within(check_reference.check_sampler_step(os.path.join(REF, "sampler_step_ref.safetensors")))
+    assert_within(check_reference.check_components(os.path.join(REF, "components_ref.json")))
+
+
+def test_released_key_tables():
+    results = check_reference.check_released_keys(os.path.join(REF, "released_configs_keys.json"))
+    assert len(results) == 10
+    assert_within(results)
+
+
+@pytest.mark.parametrize("name,count", [("v2w-2b", 1_956_413_440), ("v2w-14b", 14_265_285_632),
+                                        ("t2i-0.6b", 597_536_000), ("t2i-2b", 1_956_405_248),
+                                        ("t2i-14b", 14_265_265_152)])
+def test_named_config_parameter_counts(name, count):
+    with torch.device("meta"):
+        net = DiT(get_config(name))
+    assert num_params(net) == count
+
+
+def test_lora_14b_preset_counts_exactly():
+    with torch.device("meta"):
+        net = DiT(get_config("v2w-14b"))
+    base_keys = set(net.state_dict())
+    params = add_lora(net, rank=32)
+    assert sum(p.numel() for p in params) == 143_917_056
+    assert num_params(net, trainable_only=True) == 143_917_056
+    keys = set(net.state_dict())
+    assert base_keys <= keys  # base weights keep their exact keys
+    assert all(".lora_a." in k or ".lora_b." in k for k in keys - base_keys)
+
+
+def tiny_inputs(cfg, B=2, T=3, H=8, W=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, cfg.in_channels, T, H, W, generator=g)
+    t = torch.rand(B, T, generator=g)
+    ctx = torch.randn(B, 7, cfg.crossattn_emb_channels, generator=g)
+    return x, t, ctx
+
+
+def test_no_wrapper_segments_and_gradients_reach_every_parameter():
+    torch.manual_seed(0)
+    net = build_model(get_config("tiny"))
+    x, t, ctx = tiny_inputs(net.cfg)
+    net(x, t, ctx, condition_mask(x, 1)).square().mean().backward()
+    names = [n for n, _ in net.named_parameters()] + list(net.state_dict())
+    assert not [n for n in names if "_checkpoint_wrapped_module" in n or "_orig_mod" in n or n.startswith("module.")]
+    no_grad = [n for n, p in net.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert not no_grad, no_grad
+
+
+def test_lora_trains_only_adapters_and_starts_at_base():
+    torch.manual_seed(0)
+    net = build_model(get_config("tiny"))
+    x, t, ctx = tiny_inputs(net.cfg)
+    with torch.no_grad():
+        base = net(x, t, ctx)
+    params = add_lora(net, rank=4, alpha=8)
+    assert isinstance(net.blocks[0].mlp.layer1, LoRALinear)
+    with torch.no_grad():
+        assert torch.equal(net(x, t, ctx), base)  # lora_b starts at zero
+    net(x, t, ctx).square().mean().backward()
+    got = {n for n, p in net.named_parameters() if p.grad is not None}
+    assert got == {n for n, p in net.named_parameters() if p.requires_grad}
+    assert all(".lora_" in n for n in got)
+    assert any(p.grad.abs().sum() > 0 for p in params)
+    with torch.no_grad():
+        for p in params:
+            p.add_(0.1)
+        moved = net(x, t, ctx)
+        set_lora_enabled(net, False)
+        assert torch.equal(net(x, t, ctx), base)  # adapters off = the reference policy
+        set_lora_enabled(net, True)
+        assert not torch.equal(moved, base)
+
+
+def test_bf16_model_rope_equals_fp32_and_output_close():
+    torch.manual_seed(0)
+    net = build_model(get_config("tiny"))
+    net16 = build_model(get_config("tiny"))
+    net16.load_state_dict(net.state_dict())
+    net16 = net16.to(torch.bfloat16)
+    assert net16.pos_embedder.seq.dtype == torch.bfloat16  # buffers got cast, the angles must not care
+    a32 = net.pos_embedder.angles(24, 27, 48, None, "cpu")
+    a16 = net16.pos_embedder.angles(24, 27, 48, None, "cpu")
+    assert a16.dtype == torch.float32 and torch.equal(a16, a32)
+    x, t, ctx = tiny_inputs(net.cfg)
+    with torch.no_grad():
+        y32, y16 = net(x, t, ctx), net16(x, t, ctx)
+    assert y16.dtype == torch.bfloat16
+    assert (y16.float() - y32).abs().max() < 0.1 * y32.abs().max()
+
+
+def test_denoise_replaces_conditioning_frames_and_is_velocity_parameterised():
+    torch.manual_seed(0)
+    net = build_model(get_config("tiny"))
+    x0, t, ctx = tiny_inputs(net.cfg)
+    sigma = torch.tensor([0.5, 3.0])
+    eps = torch.randn_like(x0)
+    x_sigma = x0 + sigma.view(-1, 1, 1, 1, 1) * eps
+    mask = condition_mask(x0, torch.tensor([1, 2]))
+    with torch.no_grad():
+        x0_hat, velocity = denoise(net, x_sigma, sigma, ctx, gt_frames=x0, condition_mask_B_1_T_H_W=mask)
+    assert torch.equal(x0_hat[0, :, :1], x0[0, :, :1]) and torch.equal(x0_hat[1, :, :2], x0[1, :, :2])
+    t_ = (sigma / (1 + sigma)).view(-1, 1, 1, 1, 1)
+    expected = (1 - t_) * x_sigma - t_ * velocity
+    assert torch.allclose(x0_hat[0, :, 1:], expected[0, :, 1:], atol=1e-6)
+
+
+def test_bad_inputs_are_clear_errors():
+    net = build_model(get_config("tiny"))
+    x, t, ctx = tiny_inputs(net.cfg, H=9)
+    with pytest.raises(ValueError, match="not divisible by patch"):
+        net(x, t[:, :1], ctx)
+    x, t, ctx = tiny_inputs(net.cfg)
+    with pytest.raises(ValueError, match="timesteps"):
+        net(x, torch.rand(2, 2), ctx)
+    with pytest.raises(ValueError, match="unknown DiT config"):
+        get_config("v2w-3b")
+    with pytest.raises(ValueError, match="not understood"):
+        check_reference.config_from_upstream("MiniTrainDIT", {"model_channels": 64, "bogus": 1})
