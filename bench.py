@@ -1,0 +1,362 @@
+"""Memory and speed of one DiT training step (forward + backward, no optimizer step) at the DROID shape.
+
+    python bench.py --config v2w-2b --sac selective                  # one JSON line
+    python bench.py --config v2w-14b --lora 32 --sac block --steps 3
+    python bench.py --sweep --out bench.jsonl                        # the BENCHMARKS.md table, one subprocess each
+    python bench.py --device cpu --dtype float32 --config tiny --frames 9 --height 64 --width 64 --text_len 16
+
+The model is built on `meta`, materialised in bf16 on the GPU with random weights (no download), and trained on
+random latents [1, 16, T, H/8, W/8] (T = 1 + (frames-1)/4, the Wan VAE's compression) with a 512 x 1024 text
+embedding and the video2world condition mask. Model FLOPs come from the explicit formula in `model_flops`; MFU is
+against a bf16 matmul peak measured in the same process. An out-of-memory is reported as status "OOM", not a crash.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+
+# before the first CUDA allocation: growable segments keep fragmentation from turning a fit into an OOM
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+import torch  # noqa: E402
+
+import sac  # noqa: E402
+from model import DiT, add_lora, condition_mask, denoise, get_config  # noqa: E402
+
+
+@dataclass
+class BenchConfig:
+    config: str = "v2w-2b"
+    sac: str = "selective"
+    every: int = 1
+    lora: int = 0  # LoRA rank; 0 = full fine-tune
+    frames: int = 93  # pixel frames; latent T = 1 + (frames - 1) // 4
+    height: int = 432
+    width: int = 768
+    text_len: int = 512
+    cond_frames: int = 1  # latent conditioning frames (video2world)
+    steps: int = 5  # timed steps; the median is reported
+    warmup: int = 2
+    compile: bool = False  # torch.compile each block in place (state_dict keys unchanged)
+    tf32: bool = True  # TF32 for the fp32 LoRA adapter matmuls; bf16 matmuls are unaffected
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+    seed: int = 0
+    profile: str = ""  # write a per-kernel time table here (one extra profiled step) and add shares to the JSON
+    sweep: bool = False  # run SWEEP, each entry in its own subprocess, forwarding --compile/--steps/...
+    out: str = ""  # also append the JSON line(s) to this file
+    timeout: int = 300  # seconds per sweep entry
+
+
+# The BENCHMARKS.md table: v2w-2b full fine-tune under every mode, v2w-14b LoRA r=32 under block and attn.
+SWEEP = [
+    "--config v2w-2b --sac none",
+    "--config v2w-2b --sac mm",
+    "--config v2w-2b --sac attn",
+    "--config v2w-2b --sac selective",
+    "--config v2w-2b --sac block",
+    "--config v2w-14b --lora 32 --sac block --steps 3 --warmup 1",
+    "--config v2w-14b --lora 32 --sac attn --steps 3 --warmup 1",
+]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    for f in fields(BenchConfig):
+        if f.type is bool or f.type == "bool":
+            p.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, default=f.default)
+        else:
+            p.add_argument(f"--{f.name}", type=type(f.default), default=f.default)
+    return BenchConfig(**vars(p.parse_args(argv)))  # argparse rejects unknown keys
+
+
+# -----------------------------------------------------------------------------
+# FLOPs
+
+
+def latent_shape(b: BenchConfig):
+    if (b.frames - 1) % 4 or b.height % 8 or b.width % 8:
+        raise ValueError(f"frames-1 must be divisible by 4 and height/width by 8, got {b.frames}x{b.height}x{b.width}")
+    return (1, 16, 1 + (b.frames - 1) // 4, b.height // 8, b.width // 8)
+
+
+def model_flops(cfg, latent, text_len, lora_rank=0):
+    """Forward FLOPs of one sample (a multiply-add = 2 FLOPs), and the step total under two backward rules.
+
+    Per block, L video tokens of width D, S text tokens of width Dc, MLP hidden F, Tt adaLN rows (one per frame):
+      self-attention projections q,k,v,o  4 * 2LD^2        self-attention  QK^T and PV: 4 L^2 D
+      cross-attention q,o                 2 * 2LD^2        cross-attention QK^T and PV: 4 L S D
+      cross-attention k,v on the text     2 * 2S Dc D      MLP                          2 * 2LDF
+      adaLN(-LoRA) modulations            3 * 2Tt(D r + r 3D)   (or 3 * 2Tt D 3D without adaLN-LoRA)
+      LoRA adapters on each target linear 2 tokens r (in + out)
+    plus the patch embedding, the final layer (with its adaLN), the timestep MLP (Tt rows) and the text projection
+    when the config has one. Recompute under activation checkpointing is not counted.
+    Returns (fwd, step_3x, step_needed): step_3x = 3 * fwd, the usual rule (each linear's backward costs twice
+    its forward); step_needed drops the weight gradients that a LoRA run does not compute (frozen linears cost 1x
+    in backward, attention always 2x).
+    """
+    _, C, T, H, W = latent
+    p, pt = cfg.patch_spatial, cfg.patch_temporal
+    Tt, L, S = T // pt, (T // pt) * (H // p) * (W // p), text_len
+    D, Dc, F = cfg.model_channels, cfg.crossattn_emb_channels, int(cfg.model_channels * cfg.mlp_ratio)
+    r_ada = cfg.adaln_lora_dim if cfg.use_adaln_lora else 0
+    ada = 3 * 2 * Tt * (D * r_ada + r_ada * 3 * D) if r_ada else 3 * 2 * Tt * D * 3 * D
+    linear = 4 * 2 * L * D * D + 2 * 2 * L * D * D + 2 * 2 * S * Dc * D + 2 * 2 * L * D * F
+    attn = 4 * L * L * D + 4 * L * S * D
+    lora = 0
+    if lora_rank:
+        r = lora_rank
+        lora = (4 * 2 * L * r * 2 * D  # self q,k,v,o
+                + 2 * 2 * L * r * 2 * D + 2 * 2 * S * r * (Dc + D)  # cross q,o on video; k,v on text
+                + 2 * 2 * L * r * (D + F))  # mlp layer1, layer2
+    in_ch = C + int(cfg.video2world) + int(cfg.concat_padding_mask)
+    outer = (2 * L * in_ch * pt * p * p * D + 2 * L * D * cfg.out_channels * pt * p * p  # embed, final linear
+             + 2 * Tt * (D * r_ada + r_ada * 2 * D if r_ada else D * 2 * D)  # final adaLN
+             + 2 * Tt * (D * D + D * (3 * D if r_ada else D)))  # timestep MLP
+    if cfg.crossattn_proj_in_channels != Dc:
+        outer += 2 * S * cfg.crossattn_proj_in_channels * Dc
+    per_block = linear + attn + ada + lora
+    fwd = cfg.num_blocks * per_block + outer
+    step_3x = 3 * fwd
+    if not lora_rank:
+        return fwd, step_3x, step_3x
+    frozen = cfg.num_blocks * (linear + ada) + outer
+    step_needed = fwd + 2 * cfg.num_blocks * attn + frozen + 2 * cfg.num_blocks * lora
+    return fwd, step_3x, step_needed
+
+
+def matmul_peak(device, dtype, n=8192, reps=20):
+    """Median FLOP/s of an n^3 matmul on random data (zeros run faster than real data on this GPU)."""
+    if device.type != "cuda":
+        n, reps = 512, 5
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    times = []
+    for i in range(reps + 3):
+        t = _timer(device)
+        a @ b
+        if i >= 3:
+            times.append(t())
+    return 2 * n ** 3 / statistics.median(times)
+
+
+def _timer(device):
+    """Start a timer; calling the result returns seconds elapsed (CUDA events on the GPU)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+
+        def stop():
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        return stop
+    t0 = time.perf_counter()
+    return lambda: time.perf_counter() - t0
+
+
+# -----------------------------------------------------------------------------
+# Model, batch, step
+
+
+def build(b: BenchConfig, device, dtype):
+    """Meta -> dtype -> (LoRA, adapters in fp32) -> empty on device -> random init. Returns model and trainables."""
+    cfg = get_config(b.config)
+    with torch.device("meta"):
+        model = DiT(cfg).to(dtype)
+    trainable = add_lora(model, b.lora) if b.lora else list(model.parameters())
+    model.to_empty(device=device)
+    g = torch.Generator(device=device).manual_seed(b.seed)
+    model.init_weights(generator=g)
+    sac.apply(model, b.sac, b.every)
+    if b.compile:
+        for block in model.blocks:
+            block.compile()  # compiles Block._call_impl in place: no _orig_mod segment in any key
+    return model, trainable
+
+
+def make_batch(b: BenchConfig, cfg, device, dtype):
+    g = torch.Generator(device=device).manual_seed(b.seed + 1)
+    shape = latent_shape(b)
+    x0 = torch.randn(shape, device=device, generator=g)
+    eps = torch.randn(shape, device=device, generator=g)
+    text = torch.randn(1, b.text_len, cfg.crossattn_proj_in_channels, device=device, generator=g).to(dtype)
+    sigma = torch.ones(1, device=device)
+    return dict(x0=x0, eps=eps, text=text, sigma=sigma, mask=condition_mask(x0, b.cond_frames))
+
+
+def train_step(model, batch, trainable, measure=None):
+    """Rectified-flow loss on the generated frames, backward; no optimizer step (as in the anchor's numbers)."""
+    for p in trainable:
+        p.grad = None
+    x0, eps, mask = batch["x0"], batch["eps"], batch["mask"]
+    x_sigma = x0 + batch["sigma"].view(-1, 1, 1, 1, 1) * eps
+    _, velocity = denoise(model, x_sigma, batch["sigma"], batch["text"], gt_frames=x0, condition_mask_B_1_T_H_W=mask)
+    loss = ((velocity - (eps - x0)) ** 2 * (1 - mask)).mean()
+    if measure is not None:  # bytes held between forward and backward: the saved activations (+ loss graph)
+        measure["act_bytes"] = torch.cuda.memory_allocated() - measure["before"]
+    loss.backward()
+    return loss
+
+
+# -----------------------------------------------------------------------------
+# Profile: where the GPU time goes
+
+
+def kernel_category(name):
+    n = name.lower()
+    if any(k in n for k in ("fmha", "flash", "sdpa", "attention", "attn")):
+        return "attention"
+    if any(k in n for k in ("gemm", "nvjet", "xmma", "cutlass", "cublas", "triton_tem", "matmul", "aten::mm",
+                            "aten::addmm", "aten::bmm")):
+        return "matmul"
+    if n.startswith("triton_"):
+        return "fused(triton)"
+    return "elementwise/other"
+
+
+def profile_step(model, batch, trainable, device, path):
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        train_step(model, batch, trainable)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        if device.type == "cuda":
+            if e.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            us = e.self_device_time_total
+        else:  # CPU: aten ops' own time stands in for kernels (code-path test only)
+            if not e.key.startswith("aten::"):
+                continue
+            us = e.self_cpu_time_total
+        if us > 0:
+            rows.append((us, e.count, e.key))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows) or 1.0
+    shares = {}
+    for us, _, name in rows:
+        shares[kernel_category(name)] = shares.get(kernel_category(name), 0.0) + us / total
+    with open(path, "w") as f:
+        f.write(f"# kernel time {total / 1e6:.3f} s in one step; shares {json.dumps(shares)}\n")
+        f.write("# us  count  share  category  name\n")
+        for us, n, name in rows[:60]:
+            f.write(f"{us:12.0f} {n:6d} {us / total:6.1%}  {kernel_category(name):18s} {name[:160]}\n")
+    return {k: round(v, 4) for k, v in sorted(shares.items(), key=lambda kv: -kv[1])}, total / 1e6
+
+
+# -----------------------------------------------------------------------------
+# One benchmark, and the sweep
+
+
+def run(b: BenchConfig):
+    device, dtype = torch.device(b.device), getattr(torch, b.dtype)
+    torch.manual_seed(b.seed)
+    torch.backends.cuda.matmul.allow_tf32 = b.tf32
+    cfg = get_config(b.config)
+    shape = latent_shape(b)
+    fwd, step_3x, step_needed = model_flops(cfg, shape, b.text_len, b.lora)
+    tokens = (shape[2] // cfg.patch_temporal) * (shape[3] // cfg.patch_spatial) * (shape[4] // cfg.patch_spatial)
+    res = dict(config=b.config, sac=b.sac, every=b.every, lora=b.lora, compile=b.compile, latent=list(shape),
+               tokens=tokens, text_len=b.text_len, dtype=b.dtype, device=b.device, torch=torch.__version__,
+               gpu=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", tf32=b.tf32,
+               flops_fwd=fwd, flops_step_3x=step_3x, flops_step_needed=step_needed)
+    cuda = device.type == "cuda"
+    peak = matmul_peak(device, dtype)
+    res["matmul_peak_tflops"] = round(peak / 1e12, 1)
+    try:
+        t0 = time.perf_counter()
+        model, trainable = build(b, device, dtype)
+        batch = make_batch(b, cfg, device, dtype)
+        res["weights_gib"] = round(torch.cuda.memory_allocated() / 2**30, 2) if cuda else None
+        res["trainable_params"] = sum(p.numel() for p in trainable)
+        sac.reset_counters()
+        for i in range(b.warmup):
+            t = _timer(device)
+            train_step(model, batch, trainable)
+            res.setdefault("warmup_s", []).append(round(t(), 3))
+        if b.sac in ("mm", "attn", "selective"):
+            res["saved"] = sac.check_first_step(b.sac)  # raises if the save list missed the kernels that ran
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for i in range(b.steps):
+            measure = {"before": torch.cuda.memory_allocated()} if cuda and i == 0 else None
+            t = _timer(device)
+            loss = train_step(model, batch, trainable, measure)
+            times.append(t())
+            if measure:
+                res["act_gib"] = round(measure["act_bytes"] / 2**30, 2)
+        if not torch.isfinite(loss):
+            raise RuntimeError(f"non-finite loss {loss.item()}")
+        med = statistics.median(times)
+        res.update(status="ok", step_s=round(med, 4), step_times=[round(x, 4) for x in times],
+                   tflops=round(step_3x / med / 1e12, 1), mfu=round(step_3x / med / peak, 4),
+                   tokens_per_s=round(tokens / med, 1),
+                   peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+                   reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 2) if cuda else None,
+                   loss=round(loss.item(), 5), wall_s=round(time.perf_counter() - t0, 1))
+        if b.lora:
+            res["mfu_needed"] = round(step_needed / med / peak, 4)
+        if b.compile:
+            from torch._dynamo.utils import counters
+            res["graph_breaks"] = sum(counters["graph_break"].values())
+            res["unique_graphs"] = counters["stats"]["unique_graphs"]
+        if b.profile:
+            res["profile"], res["profile_kernel_s"] = profile_step(model, batch, trainable, device, b.profile)
+    except torch.OutOfMemoryError as e:
+        res.update(status="OOM", error=str(e).split("\n")[0][:300],
+                   peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None)
+    return res
+
+
+def emit(res, out):
+    line = json.dumps(res)
+    print(line, flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
+
+
+def sweep(b: BenchConfig, argv):
+    """Each SWEEP entry in its own process (an OOM or a crash in one leaves the others running)."""
+    skip = {"--sweep", "--out", "--config", "--sac", "--lora", "--every", "--timeout"}
+    forwarded, i = [], 0
+    while i < len(argv):  # forward the parent's other flags (e.g. --compile, --steps) to every entry
+        key = argv[i].split("=")[0]
+        takes_value = "=" not in argv[i] and i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        if key not in skip:
+            forwarded += argv[i:i + 1 + takes_value]
+        i += 1 + takes_value
+    for entry in SWEEP:
+        cmd = [sys.executable, os.path.abspath(__file__), *forwarded, *entry.split()]  # the entry wins
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=b.timeout)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+            if lines:
+                res = json.loads(lines[-1])
+            else:
+                res = dict(args=entry, status="error", rc=proc.returncode, stderr=proc.stderr[-1500:])
+        except subprocess.TimeoutExpired:
+            res = dict(args=entry, status="timeout", timeout_s=b.timeout)
+        res["cmd"] = "python bench.py " + " ".join([*forwarded, *entry.split()])
+        emit(res, b.out)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    b = parse_args(argv)
+    sac.validate(b.sac, b.every)
+    if b.sweep:
+        return sweep(b, argv)
+    emit(run(b), b.out)
+
+
+if __name__ == "__main__":
+    main()
