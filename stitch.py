@@ -1,0 +1,774 @@
+"""LeRobot robot episodes -> 2x2 grid H.264 videos for Cosmos-Predict2 video2world post-training.
+
+    python stitch.py SRC OUT [--stride 4] [--frames 93] [--size 432x768] [--workers N] [--prompt droid|TEMPLATE]
+                     [--min-frames N] [--episodes FILE] [--per-task N] [--cameras ...] [--fit auto] [--crf 15]
+    python stitch.py --synthetic OUT    # tiny synthetic LeRobot v2.1 dataset (H.264) for the tiny default and tests
+    python stitch.py --bench SRC        # our time vs. one bundled-ffmpeg command decoding + encoding the same grids
+
+Grid: top-left exterior_1_left, top-right exterior_2_left, bottom-left wrist, bottom-right black. OUT gets
+videos/<stem>.mp4, metas/<stem>.txt, metadata.csv, manifest.jsonl (one line per verified video, written last),
+skips.jsonl (one line per skipped episode with its reason) and RECIPE.json; stems are <source folder>__ep<index>.
+
+Per episode three ffmpeg decoders (one per camera) cut the episode out by timestamp, keep every stride-th frame,
+resize it to its cell and stream yuv420p; we paste the planes into the grid and stream it to one libx264 encoder.
+Cells have even sides, so pasting yuv420p planes is exact and no colour conversion happens between decode and encode.
+"""
+import argparse
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import multiprocessing
+import os
+import re
+import resource
+import string
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from fractions import Fraction
+
+import imageio_ffmpeg
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+RECIPE_VERSION = 1  # bump when the code changes the bytes written for the same recipe
+SLOTS = ("ext_1", "ext_2", "wrist")  # top-left, top-right, bottom-left; bottom-right stays black
+# Camera names per slot, matched against the last dotted part of a feature key, best first (specs/data.md 1.4).
+CAMERA_ALIASES = {"ext_1": ("exterior_1_left", "exterior_image_1_left", "robot0_agentview_left"),
+                  "ext_2": ("exterior_2_left", "exterior_image_2_left", "robot0_agentview_right"),
+                  "wrist": ("wrist_image_left", "wrist_left", "robot0_eye_in_hand")}
+DROID_TEMPLATE = (
+    "A multi-view video shows that a robot {task} The video is split into four views: The top-left view shows the "
+    "robotic arm from the left side, the top-right view shows it from the right side, the bottom-left view shows a "
+    "first-person perspective from the robot's end-effector (gripper), and the bottom-right view is a black screen "
+    "(inactive view). The robot {task}")
+PLACEHOLDER_TASKS = {"", "none", "null", "nan", "n/a"}
+LANGUAGE_COLUMNS = ("language_instruction", "language_instruction_2", "language_instruction_3")
+RETRYABLE = {"decode_error", "encode_error", "verify_error", "worker_error"}  # a rerun tries these again
+
+
+@dataclasses.dataclass
+class StitchConfig:
+    stride: int = 4  # keep every stride-th source frame (DROID 15 fps / 4 = 3.75 fps)
+    frames: int = 93  # clip length the model trains on
+    size: str = "432x768"  # grid HxW; multiples of 4 so every cell has even sides (yuv420p)
+    min_frames: int = 0  # shortest video kept, in output frames; 0 = --frames (use 94 for the upstream loader)
+    workers: int = 0  # episodes in parallel; 0 = half the cores
+    prompt: str = "droid"  # "droid" or a template holding {task}
+    episodes: str = ""  # file with the episode indices to stitch (a pilot subset)
+    per_task: int = 0  # keep the first N episodes of each task; 0 = all
+    cameras: str = ""  # override the alias table: "ext_1=KEY,ext_2=KEY,wrist=KEY"
+    fit: str = "auto"  # auto: stretch when the aspect is within 5% of the cell's, else pad; or stretch / pad
+    crf: int = 15
+    preset: str = "fast"
+    retry_skips: bool = False  # also retry episodes skipped for data reasons (too_short, no_task, ...)
+
+
+@dataclasses.dataclass
+class Episode:
+    index: int
+    length: int  # parquet rows
+    tasks: list  # task strings of the episode metadata (only --per-task uses them)
+    data_path: str
+    segments: dict  # slot -> (mp4 path, from_timestamp, to_timestamp)
+
+
+@dataclasses.dataclass
+class Source:
+    root: str
+    name: str
+    layout: str  # "v2" (v2.0 / v2.1) or "v3"
+    fps: Fraction
+    cams: dict  # slot -> feature key
+    cam_hw: dict  # slot -> (height, width) from info.json
+    task_table: dict  # task_index -> task string
+    episodes: list
+
+
+def make_config(overrides: dict) -> StitchConfig:
+    names = {f.name for f in dataclasses.fields(StitchConfig)}
+    if set(overrides) - names:
+        raise ValueError(f"unknown stitch option(s) {sorted(set(overrides) - names)}; known: {sorted(names)}")
+    cfg = dataclasses.replace(StitchConfig(), **overrides)
+    if cfg.stride < 1 or cfg.frames < 1 or min(cfg.min_frames, cfg.per_task, cfg.workers) < 0:
+        raise ValueError(f"stride and frames must be >= 1, min_frames / per_task / workers >= 0: {cfg}")
+    if cfg.fit not in ("auto", "stretch", "pad"):
+        raise ValueError(f"fit={cfg.fit!r}: expected auto, stretch or pad")
+    parse_size(cfg.size), prompt_template(cfg.prompt)
+    return cfg
+
+
+def parse_size(size: str) -> tuple:
+    m = re.fullmatch(r"([1-9]\d*)x([1-9]\d*)", size)
+    if not m or int(m[1]) % 4 or int(m[2]) % 4:
+        raise ValueError(f"size={size!r}: expected HxW, both multiples of 4 (e.g. 432x768)")
+    return int(m[1]), int(m[2])
+
+
+def prompt_template(prompt: str) -> tuple:
+    """(template, template_id); a custom template must use {task} and no other field."""
+    if prompt == "droid":
+        return DROID_TEMPLATE, "droid"
+    fields = {f for _, f, _, _ in string.Formatter().parse(prompt) if f is not None}
+    if fields != {"task"}:
+        raise ValueError(f"prompt template {prompt!r} must contain {{task}} and no other field (has {fields or 'none'})")
+    return prompt, "custom-" + hashlib.sha1(prompt.encode()).hexdigest()[:8]
+
+
+def normalize_task(task: str) -> str:
+    """Strip, collapse whitespace and newlines, drop '"' and trailing .!?, lower-case (specs/data.md 2.6)."""
+    return " ".join(task.replace('"', " ").split()).rstrip(".!? ").lower()
+
+
+def ffmpeg_exe() -> str:
+    return imageio_ffmpeg.get_ffmpeg_exe()  # honours IMAGEIO_FFMPEG_EXE
+
+
+# ---------------------------------------------------------------------------------------------- reading LeRobot
+
+def read_jsonl(path: str) -> list:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                rows += [json.loads(line)] if line.strip() else []
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e})") from None
+    return rows
+
+
+def resolve_cameras(features: dict, override: str, where: str) -> dict:
+    videos = sorted(k for k, v in features.items() if v.get("dtype") == "video")
+    images = sorted(k for k, v in features.items() if v.get("dtype") == "image")
+    cams = dict(item.split("=", 1) for item in override.split(",")) if override else {}
+    if override and sorted(cams) != sorted(SLOTS):
+        raise ValueError(f"--cameras {override!r}: give each of the slots {SLOTS} once, as slot=KEY")
+    for slot, aliases in CAMERA_ALIASES.items():
+        for alias in aliases if slot not in cams else ():
+            hits = [k for k in videos + images if k.split(".")[-1] == alias]
+            if len(hits) > 1:
+                raise ValueError(f"{where}: camera slot {slot} is ambiguous: {hits}; pass --cameras")
+            if hits:
+                cams[slot] = hits[0]
+                break
+        if slot not in cams:
+            raise ValueError(f"{where}: no camera for grid slot {slot} (tried {aliases}); video features are "
+                             f"{videos}. A slot is never left black: pass --cameras if it has another name")
+        if cams[slot] not in videos:
+            kind = "stored as images in the parquet" if cams[slot] in images else "not a video feature"
+            raise ValueError(f"{where}: camera {cams[slot]!r} ({slot}) is {kind}; video features are {videos}")
+    return cams
+
+
+def camera_hw(feature: dict, key: str) -> tuple:
+    dims = dict(zip(feature.get("names") or [], feature.get("shape") or []))  # by name: [H,W,C] and [C,H,W] occur
+    if "height" not in dims or "width" not in dims:
+        raise ValueError(f"feature {key}: no height/width in names={feature.get('names')} shape={feature.get('shape')}")
+    return int(dims["height"]), int(dims["width"])
+
+
+def open_source(src: str, cameras: str = "") -> Source:
+    """Read a LeRobot v2.0 / v2.1 / v3.0 dataset's metadata; the layout comes from the files, not the version."""
+    src = os.path.abspath(src)
+    info_path = os.path.join(src, "meta", "info.json")
+    if not os.path.isfile(info_path):
+        raise FileNotFoundError(f"{info_path} not found: {src} is not a LeRobot v2/v3 dataset")
+    with open(info_path, encoding="utf-8") as f:
+        info = json.load(f)
+    for key in ("fps", "features", "data_path", "video_path"):
+        if info.get(key) is None:
+            raise ValueError(f"{info_path}: {key!r} is missing or null")
+    fps = Fraction(str(info["fps"])).limit_denominator(1001)
+    cams = resolve_cameras(info["features"], cameras, info_path)
+    path = lambda template, **kw: os.path.join(src, template.format(**kw))  # noqa: E731
+    episodes = []
+    if os.path.isfile(os.path.join(src, "meta", "episodes.jsonl")):
+        layout, chunks = "v2", int(info.get("chunks_size", 1000))
+        table = {int(r["task_index"]): r["task"] for r in read_jsonl(os.path.join(src, "meta", "tasks.jsonl"))}
+        for row in read_jsonl(os.path.join(src, "meta", "episodes.jsonl")):
+            ep, length, chunk = int(row["episode_index"]), int(row["length"]), int(row["episode_index"]) // chunks
+            segs = {s: (path(info["video_path"], episode_chunk=chunk, video_key=k, episode_index=ep), 0.0,
+                        float(length / fps)) for s, k in cams.items()}
+            data = path(info["data_path"], episode_chunk=chunk, episode_index=ep)
+            episodes.append(Episode(ep, length, list(row.get("tasks") or []), data, segs))
+    elif os.path.isdir(os.path.join(src, "meta", "episodes")):
+        layout = "v3"
+        # the task string is the pandas index column, whatever name it was stored under; re-index by task_index
+        table = {int(r.pop("task_index")): next(iter(r.values()))
+                 for r in pq.read_table(os.path.join(src, "meta", "tasks.parquet")).to_pylist()}
+        for file in sorted(os.path.join(d, n) for d, _, ns in os.walk(os.path.join(src, "meta", "episodes"))
+                           for n in ns if n.endswith(".parquet")):
+            columns = [c for c in pq.read_schema(file).names if not c.startswith("stats/")]
+            for row in pq.read_table(file, columns=columns).to_pylist():
+                segs = {}
+                for s, k in cams.items():
+                    if f"videos/{k}/from_timestamp" not in row:
+                        raise ValueError(f"{file}: no column videos/{k}/from_timestamp for camera {k}")
+                    v = lambda name: row[f"videos/{k}/{name}"]  # noqa: E731
+                    segs[s] = (path(info["video_path"], video_key=k, chunk_index=v("chunk_index"),
+                                    file_index=v("file_index")), v("from_timestamp"), v("to_timestamp"))
+                data = path(info["data_path"], chunk_index=row["data/chunk_index"], file_index=row["data/file_index"])
+                episodes.append(Episode(int(row["episode_index"]), int(row["length"]), list(row.get("tasks") or []),
+                                        data, segs))
+    else:
+        raise ValueError(f"{src}: has neither meta/episodes.jsonl (v2.x) nor meta/episodes/ (v3.0)")
+    if not episodes:
+        raise ValueError(f"{src}: the dataset lists no episodes")
+    episodes.sort(key=lambda e: e.index)
+    for file in [episodes[0].data_path] + [seg[0] for seg in episodes[0].segments.values()]:
+        if not os.path.isfile(file):  # a broken template (e.g. a hard-coded camera) would skip every episode
+            raise FileNotFoundError(f"{file} (episode {episodes[0].index}, templates of {info_path}) does not exist")
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(src))  # no commas: upstream splits metadata.csv on them
+    cam_hw = {s: camera_hw(info["features"][k], k) for s, k in cams.items()}
+    return Source(src, name, layout, fps, cams, cam_hw, table, episodes)
+
+
+def check_frames_table(ep: Episode, source: Source) -> tuple:
+    """Check an episode's parquet rows and pick its task: (task, None) or (None, (reason, detail))."""
+    names = pq.read_schema(ep.data_path).names
+    cols = [c for c in ("frame_index", "timestamp", "task_index") + LANGUAGE_COLUMNS if c in names]
+    filters = [("episode_index", "=", ep.index)] if source.layout == "v3" else None  # v3 files hold many episodes
+    rows = pq.read_table(ep.data_path, columns=cols, filters=filters).to_pydict()
+    frame_index = np.asarray(rows["frame_index"])
+    if not np.array_equal(frame_index, np.arange(ep.length)):
+        return None, ("length_mismatch", f"{ep.data_path}: frame_index is not 0..{ep.length - 1}")
+    # the parquet timestamp is float32; frame_index/fps is the canonical time
+    error = float(np.max(np.abs(np.asarray(rows["timestamp"], np.float64) - frame_index / float(source.fps))))
+    if error > 1e-3:
+        return None, ("timestamp_error", f"{ep.data_path}: timestamps are up to {error:.4f}s off frame_index/fps")
+    task = source.task_table.get(Counter(rows["task_index"]).most_common(1)[0][0], "") if "task_index" in rows else ""
+    for col in LANGUAGE_COLUMNS:
+        if task.strip().lower() in PLACEHOLDER_TASKS and col in rows:
+            task = rows[col][0] or ""
+    if task.strip().lower() in PLACEHOLDER_TASKS:
+        return None, ("no_task", f"episode {ep.index}: task_index and language columns give no task")
+    return task, None
+
+
+# ------------------------------------------------------------------------------------------------- ffmpeg pipes
+
+def cell_filter(src_hw: tuple, cell_hw: tuple, fit: str) -> str:
+    (sh, sw), (ch, cw) = src_hw, cell_hw
+    flags = "area" if sh >= ch and sw >= cw else "bicubic"  # area when shrinking, bicubic when enlarging
+    if fit == "stretch":
+        return f"scale={cw}:{ch}:flags={flags},format=yuv420p"
+    return (f"scale={cw}:{ch}:force_original_aspect_ratio=decrease:force_divisible_by=2:flags={flags},"
+            f"format=yuv420p,pad={cw}:{ch}:(ow-iw)/2:(oh-ih)/2:black")
+
+
+def segment_input(path: str, start: float, length: int, fps: Fraction) -> list:
+    """ffmpeg input options for source frames start .. start + (length-1)/fps: the cut lies half a frame inside each
+    boundary, so float timestamps can't add or lose a frame."""
+    seek, end = max(0.0, start - 0.5 / fps), start + (length - 0.5) / fps
+    return ["-ss", f"{seek:.6f}", "-t", f"{end - seek:.6f}", "-i", path]
+
+
+def open_decoder(path, start, length, fps, stride, vf, log) -> subprocess.Popen:
+    """Stream every stride-th frame of the segment as raw yuv420p. -copyts keeps the source timestamps, which
+    showinfo logs per kept frame: the caller checks the alignment from them."""
+    args = [ffmpeg_exe(), "-hide_banner", "-nostdin", "-nostats", "-threads", "1", "-copyts",
+            *segment_input(path, start, length, fps), "-map", "0:v:0",
+            "-vf", f"select='not(mod(n,{stride}))',showinfo,{vf}", "-fps_mode", "passthrough",
+            "-f", "rawvideo", "-pix_fmt", "yuv420p", "pipe:1"]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log)
+
+
+def x264_args(crf: int, preset: str) -> list:
+    return ["-an", "-c:v", "libx264", "-preset", preset, "-crf", str(crf), "-pix_fmt", "yuv420p", "-threads", "2"]
+
+
+def open_encoder(path: str, hw: tuple, fps, crf: int, preset: str, log, pix_fmt="yuv420p") -> subprocess.Popen:
+    args = [ffmpeg_exe(), "-hide_banner", "-nostdin", "-nostats", "-loglevel", "error", "-f", "rawvideo",
+            "-pix_fmt", pix_fmt, "-s", f"{hw[1]}x{hw[0]}", "-framerate", str(fps), "-i", "pipe:0",
+            *x264_args(crf, preset), "-f", "mp4", "-y", path]
+    return subprocess.Popen(args, stdin=subprocess.PIPE, stderr=log)
+
+
+def read_exact(stream, buf: memoryview) -> bool:
+    """Fill buf from a pipe: False on a clean end of stream, EOFError on a partial frame."""
+    got = 0
+    while got < len(buf):
+        n = stream.readinto(buf[got:])
+        if not n:
+            if got:
+                raise EOFError(f"partial frame: {got} of {len(buf)} bytes")
+            return False
+        got += n
+    return True
+
+
+def probe_video(path: str, decode: bool = True) -> dict:
+    """Frame count, codec and size of a video's first stream; decode=False counts packets without decoding."""
+    args = [ffmpeg_exe(), "-hide_banner", "-nostdin", "-nostats", "-progress", "pipe:1", "-threads", "1",
+            "-i", path, "-map", "0:v:0", *([] if decode else ["-c", "copy"]), "-f", "null", "-"]
+    proc = subprocess.run(args, capture_output=True, text=True, errors="replace")
+    stream = re.search(r"Stream #0:\d+.*?: Video: (\w+).*?, (\d+)x(\d+)", proc.stderr)
+    frames = re.findall(r"^frame=(\d+)", proc.stdout, re.M)
+    errors = [line for line in proc.stderr.splitlines() if "rror" in line or "nvalid" in line]
+    if proc.returncode != 0 or not stream or not frames or errors:
+        raise RuntimeError(f"{path}: unreadable (ffmpeg rc {proc.returncode}): "
+                           f"{(errors or proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return {"frames": int(frames[-1]), "codec": stream[1], "height": int(stream[3]), "width": int(stream[2])}
+
+
+def log_tail(f, lines: int = 3) -> str:
+    f.flush()
+    f.seek(0)
+    return " | ".join(f.read().strip().splitlines()[-lines:])
+
+
+def compose(decoders: list, encoder: subprocess.Popen, hw: tuple, n_want: int) -> tuple:
+    """Paste the cameras' yuv420p cells into grids and feed them to the encoder until a camera ends or n_want grids
+    are written; then drain the decoders. Returns (frames each camera gave, grids written)."""
+    H, W = hw
+    ch, cw = H // 2, W // 2
+    cells = [np.empty(ch * cw * 3 // 2, np.uint8) for _ in decoders]
+    grid = np.empty(H * W * 3 // 2, np.uint8)
+    planes = [grid[:H * W].reshape(H, W), grid[H * W:H * W * 5 // 4].reshape(H // 2, W // 2),
+              grid[H * W * 5 // 4:].reshape(H // 2, W // 2)]
+    for plane, black, s in zip(planes, (16, 128, 128), (1, 2, 2)):  # black in limited-range YUV
+        plane[ch // s:, cw // s:] = black
+    if hasattr(fcntl, "F_SETPIPE_SZ"):  # 1 MiB pipes let the processes run a few frames ahead of us (Linux)
+        for stream in [p.stdout for p in decoders] + [encoder.stdin]:
+            fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
+    counts, n = [0] * len(decoders), 0
+    try:
+        while n < n_want:
+            alive = [read_exact(p.stdout, memoryview(c)) for p, c in zip(decoders, cells)]
+            counts = [k + a for k, a in zip(counts, alive)]
+            if not all(alive):
+                break
+            for (r, c), cell in zip(((0, 0), (0, 1), (1, 0)), cells):
+                offsets = (0, ch * cw, ch * cw * 5 // 4, ch * cw * 3 // 2)
+                for p, (plane, s) in enumerate(zip(planes, (1, 2, 2))):
+                    plane[r * ch // s:(r + 1) * ch // s, c * cw // s:(c + 1) * cw // s] = \
+                        cell[offsets[p]:offsets[p + 1]].reshape(ch // s, cw // s)
+            encoder.stdin.write(grid)
+            n += 1
+        for i, (p, c) in enumerate(zip(decoders, cells)):  # drain to the end: what each camera really had
+            while read_exact(p.stdout, memoryview(c)):
+                counts[i] += 1
+        encoder.stdin.close()
+    except BaseException:  # a dying encoder, a torn frame, Ctrl-C: stop every ffmpeg before leaving
+        for proc in decoders + [encoder]:
+            proc.kill()
+            proc.wait()
+        raise
+    return counts, n
+
+
+def sha1_file(path: str) -> str:
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------ one episode
+
+_CTX = {}  # per worker process (see _init_worker): source, cfg, out, fits, template, template_id, recipe_hash
+
+
+def _init_worker(ctx: dict):
+    _CTX.clear()
+    _CTX.update(ctx)  # sent once per worker, not with each of 70k jobs
+
+
+def stitch_episode(stem: str, ep: Episode) -> dict:
+    """Stitch one episode: {"done": manifest record} or {"skip": skip record}. Never raises."""
+    try:
+        return run_episode(stem, ep)
+    except Exception:  # a bug or an odd file must not stop the other 70k episodes: recorded, and retried on rerun
+        return {"skip": {"stem": stem, "source": _CTX["source"].name, "episode_index": ep.index,
+                         "reason": "worker_error", "detail": traceback.format_exc(limit=4).strip()}}
+
+
+def run_episode(stem: str, ep: Episode) -> dict:
+    source, cfg, fits = _CTX["source"], _CTX["cfg"], _CTX["fits"]
+    fps, cams = source.fps, source.cams
+    skip = lambda reason, detail: {"skip": {"stem": stem, "source": source.name, "episode_index": ep.index,  # noqa
+                                            "reason": reason, "detail": detail}}
+    task, problem = check_frames_table(ep, source)
+    if problem:
+        return skip(*problem)
+    for slot, (path, start, end) in ep.segments.items():
+        if not os.path.isfile(path):
+            return skip("missing_file", f"{cams[slot]}: {path}")
+        if abs(round((end - start) * fps) - ep.length) > 1:
+            return skip("segment_mismatch", f"{cams[slot]}: [{start}, {end}) s holds {(end - start) * fps:.1f} "
+                                            f"frames, the parquet {ep.length}")
+    H, W = parse_size(cfg.size)
+    n_want = (ep.length - 1) // cfg.stride + 1
+    n_floor = (max(ep.length - 2, 1) - 1) // cfg.stride + 1  # a camera may be up to 2 source frames short
+    video = os.path.join(_CTX["out"], "videos", stem + ".mp4")
+    with tempfile.TemporaryDirectory(prefix="stitch-") as tmp, contextlib.ExitStack() as stack:
+        logs = [stack.enter_context(open(os.path.join(tmp, name), "w+")) for name in SLOTS + ("encoder",)]
+        decoders = [open_decoder(*ep.segments[slot][:2], ep.length, fps, cfg.stride,
+                                 cell_filter(source.cam_hw[slot], (H // 2, W // 2), fits[slot]), log)
+                    for slot, log in zip(SLOTS, logs)]
+        encoder = open_encoder(video + ".tmp", (H, W), fps / cfg.stride, cfg.crf, cfg.preset, logs[-1])
+        try:
+            counts, n = compose(decoders, encoder, (H, W), n_want)
+        except (EOFError, BrokenPipeError) as e:
+            return skip("encode_error" if isinstance(e, BrokenPipeError) else "decode_error",
+                        f"{e}: " + " / ".join(log_tail(log) for log in logs))
+        for slot, proc, log in zip(SLOTS + ("encoder",), decoders + [encoder], logs):
+            if proc.wait() != 0:
+                return skip("encode_error" if proc is encoder else "decode_error",
+                            f"{cams.get(slot, slot)}: ffmpeg rc {proc.returncode}: {log_tail(log)}")
+        for slot, k, log in zip(SLOTS, counts, logs):
+            if not n_floor <= k <= n_want:
+                return skip("cam_len_mismatch", f"{cams[slot]} gave {k} frames, the parquet length {ep.length} "
+                                                f"makes {n_want} at stride {cfg.stride}")
+            log.seek(0)  # alignment by timestamp: kept frame j must sit at from_timestamp + j*stride/fps
+            times = np.array([float(t) for t in re.findall(r"pts_time:(\S+)", log.read())])
+            expect = ep.segments[slot][1] + np.arange(k) * cfg.stride / float(fps)
+            off = np.flatnonzero(np.abs(times - expect) >= 0.5 / fps) if len(times) == k else [0]
+            if len(off):
+                return skip("misaligned", f"{cams[slot]}: kept frame {off[0]} is at "
+                                          f"{times[off[0]] if len(times) > off[0] else 'nothing'} s, expected "
+                                          f"{expect[off[0]]:.4f} s (dropped or repeated source frames?)")
+    min_frames = cfg.min_frames or cfg.frames
+    if n < min_frames:
+        os.remove(video + ".tmp")
+        return skip("too_short_after_decode", f"{n} frames decoded, need {min_frames}")
+    try:  # the container must hold the n frames (what decord's len() reads), as h264 at the grid size
+        info = probe_video(video + ".tmp", decode=False)
+    except RuntimeError as e:
+        return skip("verify_error", str(e))
+    if (info["frames"], info["codec"], info["height"], info["width"]) != (n, "h264", H, W):
+        return skip("verify_error", f"wrote {n} frames {H}x{W} h264, read back {info}")
+    prompt = _CTX["template"].format(task=normalize_task(task))
+    metas = os.path.join(_CTX["out"], "metas", stem + ".txt")
+    with open(metas + ".tmp", "w", encoding="utf-8") as f:
+        f.write(prompt)
+    os.replace(metas + ".tmp", metas)
+    digest, size = sha1_file(video + ".tmp"), os.path.getsize(video + ".tmp")
+    os.replace(video + ".tmp", video)
+    return {"done": {
+        "stem": stem, "source": source.name, "layout": source.layout, "episode_index": ep.index, "cams": cams,
+        "fit": fits, "src_fps": str(fps), "stride": cfg.stride, "out_fps": str(fps / cfg.stride), "src_len": ep.length,
+        "cam_frames": dict(zip(SLOTS, counts)), "n_out": n, "height": H, "width": W, "task_raw": task,
+        "prompt": prompt, "prompt_template_id": _CTX["template_id"], "crf": cfg.crf, "sha1": digest, "bytes": size,
+        "recipe_hash": _CTX["recipe_hash"]}}
+
+
+# ----------------------------------------------------------------------------------------- the whole dataset
+
+def load_records(path: str, valid) -> dict:
+    """stem -> last valid record of a jsonl file; a torn last line (killed mid-write) is dropped, not fatal."""
+    records = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    print(f"stitch: dropping a torn line of {path}: {line[:80]!r}", file=sys.stderr)
+                    continue
+                if valid(rec):
+                    records[rec["stem"]] = rec
+    return records
+
+
+def write_atomic(path: str, text: str):
+    with open(path + ".tmp", "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def jsonl(records: dict) -> str:
+    """Sorted by stem, so a killed-and-rerun build ends with the same bytes as a clean one."""
+    return "".join(json.dumps(records[s], ensure_ascii=False) + "\n" for s in sorted(records))
+
+
+def metadata_csv(done: dict) -> str:
+    """Header video,prompt; the prompt is always quoted (RFC 4180), the path never (upstream splits on the first ,)."""
+    q = '"'
+    return "video,prompt\n" + "".join(f"videos/{s}.mp4,{q}{done[s]['prompt'].replace(q, q + q)}{q}\n"
+                                      for s in sorted(done))
+
+
+def select_episodes(source: Source, cfg: StitchConfig) -> list:
+    episodes = source.episodes
+    if cfg.episodes:
+        with open(cfg.episodes, encoding="utf-8") as f:
+            tokens = f.read().replace(",", " ").split()
+        if not all(t.isdigit() for t in tokens):
+            raise ValueError(f"{cfg.episodes}: not episode indices: {[t for t in tokens if not t.isdigit()][:5]}")
+        missing = sorted({int(t) for t in tokens} - {e.index for e in episodes})
+        if missing:
+            raise ValueError(f"{cfg.episodes}: episodes {missing[:10]} are not in {source.root}")
+        episodes = [e for e in episodes if e.index in {int(t) for t in tokens}]
+    if cfg.per_task:
+        seen = Counter()
+        episodes = [e for e in episodes if seen.update([(e.tasks or [""])[0]]) or seen[(e.tasks or [""])[0]] <= cfg.per_task]
+    return episodes
+
+
+def fit_policy(cfg: StitchConfig, src_hw: tuple, cell_hw: tuple) -> str:
+    if cfg.fit != "auto":
+        return cfg.fit
+    return "stretch" if abs(src_hw[1] / src_hw[0] / (cell_hw[1] / cell_hw[0]) - 1) <= 0.05 else "pad"
+
+
+def check_ffmpeg():
+    """Sources need a software AV1 decoder (LeRobot writes AV1; ffmpeg's native av1 is hwaccel-only), output libx264."""
+    run = lambda what: subprocess.run([ffmpeg_exe(), "-hide_banner", what], capture_output=True, text=True).stdout  # noqa
+    if not re.search(r"\b(libdav1d|libaom-av1)\b", run("-decoders")):
+        raise RuntimeError(f"{ffmpeg_exe()} has no libdav1d / libaom-av1 decoder; upgrade imageio-ffmpeg")
+    if not re.search(r"\blibx264\b", run("-encoders")):
+        raise RuntimeError(f"{ffmpeg_exe()} has no libx264 encoder; point IMAGEIO_FFMPEG_EXE to one that has")
+
+
+def stitch(src: str, out: str, **overrides) -> dict:
+    """Stitch the episodes of LeRobot dataset src into out (resuming a killed run); returns the counts."""
+    cfg = make_config(overrides)
+    source = open_source(src, cfg.cameras)
+    check_ffmpeg()
+    H, W = parse_size(cfg.size)
+    template, template_id = prompt_template(cfg.prompt)
+    min_frames = cfg.min_frames or cfg.frames
+    recipe = {"version": RECIPE_VERSION, "stride": cfg.stride, "size": [H, W], "min_frames": min_frames,
+              "fit": cfg.fit, "prompt_template": template, "prompt_template_id": template_id, "crf": cfg.crf,
+              "preset": cfg.preset, "codec": "libx264", "pix_fmt": "yuv420p"}
+    recipe_hash = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    for sub in ("videos", "metas"):
+        os.makedirs(os.path.join(out, sub), exist_ok=True)
+        for name in os.listdir(os.path.join(out, sub)):  # leftovers of a killed run
+            if name.endswith(".tmp"):
+                os.remove(os.path.join(out, sub, name))
+    recipe_path = os.path.join(out, "RECIPE.json")
+    if os.path.exists(recipe_path):
+        with open(recipe_path, encoding="utf-8") as f:
+            old = json.load(f)
+        if old.get("recipe_hash") != recipe_hash:
+            raise ValueError(f"{out} was built with another recipe ({recipe_path}: {old}); a different stride, size, "
+                             f"prompt, fit or crf needs a new output folder. This run: {recipe}")
+    else:
+        write_atomic(recipe_path, json.dumps({**recipe, "recipe_hash": recipe_hash,
+                                              "ffmpeg": imageio_ffmpeg.get_ffmpeg_version()}, indent=1))
+    manifest_path, skips_path = os.path.join(out, "manifest.jsonl"), os.path.join(out, "skips.jsonl")
+    # done = a manifest line whose video is still there with the recorded size (videos are renamed in complete)
+    done = load_records(manifest_path, lambda r: os.path.isfile(os.path.join(out, "videos", f"{r.get('stem')}.mp4"))
+                        and os.path.getsize(os.path.join(out, "videos", f"{r['stem']}.mp4")) == r.get("bytes"))
+    skips = {s: r for s, r in load_records(skips_path, lambda r: "stem" in r).items() if s not in done}
+    write_atomic(manifest_path, jsonl(done))
+    write_atomic(skips_path, jsonl(skips))
+
+    episodes = select_episodes(source, cfg)
+    stems = {e.index: f"{source.name}__ep{e.index:06d}" for e in episodes}
+    fits = {s: fit_policy(cfg, source.cam_hw[s], (H // 2, W // 2)) for s in SLOTS}
+    jobs, pre_skips, already = [], [], 0
+    for e in episodes:
+        stem, n_out = stems[e.index], (e.length - 1) // cfg.stride + 1
+        if stem in done:
+            already += 1
+        elif stem in skips and not cfg.retry_skips and skips[stem]["reason"] not in RETRYABLE:
+            pass
+        elif n_out < min_frames:  # cheap pre-filter from the metadata: no decoding
+            pre_skips.append({"stem": stem, "source": source.name, "episode_index": e.index, "reason": "too_short",
+                              "detail": f"{e.length} source frames -> {n_out} at stride {cfg.stride}, need {min_frames}"})
+        else:
+            jobs.append((stem, e))
+
+    ctx = {"source": source, "cfg": cfg, "out": out, "fits": fits, "template": template, "template_id": template_id,
+           "recipe_hash": recipe_hash}
+    with open(manifest_path, "a", encoding="utf-8") as manifest, open(skips_path, "a", encoding="utf-8") as skipf:
+        def record(kind: str, rec: dict):
+            f = manifest if kind == "done" else skipf
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")  # one write + flush per line
+            f.flush()
+            os.fsync(f.fileno())
+            (done if kind == "done" else skips)[rec["stem"]] = rec
+            if kind == "done":
+                skips.pop(rec["stem"], None)
+            elif rec["reason"] in RETRYABLE:
+                tqdm.write(f"stitch: {rec['stem']}: {rec['reason']}: {rec['detail']}", file=sys.stderr)
+
+        for rec in pre_skips:
+            record("skip", rec)
+        workers = cfg.workers or max(1, (os.cpu_count() or 2) // 2)
+        with tqdm(total=len(jobs), desc=f"stitch {source.name}", unit="ep", disable=None) as bar:
+            if workers == 1 or len(jobs) <= 1:
+                _init_worker(ctx)
+                for job in jobs:
+                    record(*next(iter(stitch_episode(*job).items())))
+                    bar.update()
+            else:  # spawn: workers start clean, without our pipes or decoder state (specs/data.md 3.7)
+                with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=_init_worker, initargs=(ctx,)) as pool:
+                    for fut in as_completed([pool.submit(stitch_episode, *job) for job in jobs]):
+                        record(*next(iter(fut.result().items())))
+                        bar.update()
+    write_atomic(manifest_path, jsonl(done))
+    write_atomic(skips_path, jsonl(skips))
+    write_atomic(os.path.join(out, "metadata.csv"), metadata_csv(done))
+
+    written = sum(stems[e.index] in done for e in episodes)
+    reasons = Counter(skips[stems[e.index]]["reason"] for e in episodes if stems[e.index] in skips)
+    summary = {"episodes_in": len(episodes), "written": written, "skipped": sum(reasons.values()),
+               "by_reason": dict(sorted(reasons.items())), "new": written - already, "already_done": already}
+    print(f"stitch: {source.name}: {len(episodes)} episodes in = {written} written + {summary['skipped']} skipped "
+          f"({', '.join(f'{k}: {v}' for k, v in sorted(reasons.items())) or 'none'}); this run wrote "
+          f"{summary['new']}, {already} were already done -> {out}")
+    if written + summary["skipped"] != len(episodes):
+        raise RuntimeError(f"stitch: counts do not add up, an episode was neither written nor skipped: {summary}")
+    return summary
+
+
+# ------------------------------------------------------------------------------------- synthetic LeRobot data
+
+CAMERA_COLOURS = {1: (200, 30, 30), 2: (30, 170, 30), 3: (30, 60, 200)}  # as in tests/data/*/README.md
+SYNTHETIC_TASKS = ('Put the marker, then the cap, in the "blue" cup.', "Öffne die Schublade — langsam!")
+
+
+def code_frame(episode: int, camera: int, frame_index: int, height: int, width: int) -> np.ndarray:
+    """The frame code of tests/data/*/README.md, scaled from 180x320: camera colour; white/black bit blocks for the
+    episode (4 bits), camera (2) and sync 1010 on the top band and frame_index (10) on the bottom; a moving square."""
+    img = np.empty((height, width, 3), np.uint8)
+    img[:] = CAMERA_COLOURS[camera]
+    sx, sy = width / 320, height / 180
+    bits = lambda value, n: [(value >> (n - 1 - i)) & 1 for i in range(n)]  # noqa: E731 (MSB first)
+    for y0, y1, values in ((8, 40, bits(episode % 16, 4) + bits(camera, 2) + [1, 0, 1, 0]),
+                           (136, 172, bits(frame_index % 1024, 10))):
+        for k, bit in enumerate(values):
+            img[round(y0 * sy):round(y1 * sy), round((32 * k + 4) * sx):round((32 * k + 28) * sx)] = 255 * bit
+    x0 = 8 + 8 * (frame_index % 36)
+    img[round(78 * sy):round(102 * sy), round(x0 * sx):round((x0 + 24) * sx)] = (255, 255, 0)
+    return img
+
+
+def make_synthetic(out: str, lengths=(48, 40, 8, 56), height: int = 90, width: int = 160, fps: int = 15) -> str:
+    """Write a LeRobot v2.1 dataset (lerobot's files, H.264 video) with 3 DROID cameras showing code_frame.
+
+    Tasks alternate between two strings with commas, quotes and non-ASCII; the 8-frame episode is too short for any
+    clip. Built in a temporary folder and renamed at the end, so a killed run leaves no half dataset behind."""
+    if os.path.exists(out):
+        raise FileExistsError(f"{out} exists; make_synthetic never writes into an existing folder")
+    tmp = f"{out}.tmp-{os.getpid()}"
+    cams = [f"observation.images.{c}" for c in ("exterior_1_left", "exterior_2_left", "wrist_left")]
+    scalar = lambda dtype: {"dtype": dtype, "shape": [1], "names": None}  # noqa: E731
+    video = {"dtype": "video", "shape": [height, width, 3], "names": ["height", "width", "channels"],
+             "info": {"video.height": height, "video.width": width, "video.codec": "h264", "video.pix_fmt": "yuv420p",
+                      "video.is_depth_map": False, "video.fps": fps, "video.channels": 3, "has_audio": False}}
+    info = {"codebase_version": "v2.1", "robot_type": "droid", "total_episodes": len(lengths),
+            "total_frames": sum(lengths), "total_tasks": len(SYNTHETIC_TASKS), "total_videos": 3 * len(lengths),
+            "total_chunks": 1, "chunks_size": 1000, "fps": fps, "splits": {"train": f"0:{len(lengths)}"},
+            "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
+            "video_path": "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4",
+            "features": {**{c: video for c in cams},
+                         **{k: {"dtype": "float32", "shape": [8], "names": [f"joint_{i}" for i in range(8)]}
+                            for k in ("observation.state", "action")}, "timestamp": scalar("float32"),
+                         **{k: scalar("int64") for k in ("frame_index", "episode_index", "index", "task_index")}}}
+    for sub in ["meta", "data/chunk-000"] + [f"videos/chunk-000/{c}" for c in cams]:
+        os.makedirs(os.path.join(tmp, sub))
+    meta = {"episodes": [], "tasks": [{"task_index": i, "task": t} for i, t in enumerate(SYNTHETIC_TASKS)],
+            "episodes_stats": []}
+    for ep, length in enumerate(lengths):
+        t, task_index = np.arange(length), ep % len(SYNTHETIC_TASKS)
+        state = (np.sin(t[:, None] / 10 + np.arange(8)) / 2).astype(np.float32)
+        cols = {"observation.state": state, "action": np.roll(state, -1, axis=0),
+                "timestamp": (t / fps).astype(np.float32), "frame_index": t, "episode_index": np.full(length, ep),
+                "index": sum(lengths[:ep]) + t, "task_index": np.full(length, task_index)}
+        pq.write_table(pa.table({k: pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), 8) if v.ndim == 2 else v
+                                 for k, v in cols.items()}),
+                       os.path.join(tmp, info["data_path"].format(episode_chunk=0, episode_index=ep)))
+        for camera, key in enumerate(cams, 1):
+            path = os.path.join(tmp, info["video_path"].format(episode_chunk=0, video_key=key, episode_index=ep))
+            with tempfile.TemporaryFile("w+") as log:
+                enc = open_encoder(path, (height, width), fps, 18, "veryfast", log, pix_fmt="rgb24")
+                for k in range(length):
+                    enc.stdin.write(code_frame(ep, camera, k, height, width).tobytes())
+                enc.stdin.close()
+                if enc.wait() != 0:
+                    raise RuntimeError(f"encoding {path} failed: {log_tail(log)}")
+        meta["episodes"].append({"episode_index": ep, "tasks": [SYNTHETIC_TASKS[task_index]], "length": length})
+        meta["episodes_stats"].append({"episode_index": ep, "stats": {k: {
+            "min": v.min(0).tolist(), "max": v.max(0).tolist(), "mean": v.mean(0).tolist(), "std": v.std(0).tolist(),
+            "count": [length]} for k, v in cols.items()}})
+    for name, rows in meta.items():
+        write_atomic(os.path.join(tmp, "meta", name + ".jsonl"), jsonl(dict(enumerate(rows))))
+    write_atomic(os.path.join(tmp, "meta", "info.json"), json.dumps(info, indent=4))
+    os.rename(tmp, out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- bench
+
+def bench(src: str, **overrides) -> dict:
+    """Time stitch() on src (one worker) against the bundled ffmpeg alone doing the same job in one command per
+    episode: decode the three camera segments, keep every stride-th frame, scale, stack, encode with the same x264."""
+    overrides = {"workers": 1, **overrides}
+    cfg = make_config(overrides)
+    H, W = parse_size(cfg.size)
+    cpu = lambda: sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2]) + sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # noqa
+    with tempfile.TemporaryDirectory(prefix="stitch-bench-") as tmp:
+        t0, c0 = time.perf_counter(), cpu()
+        stitch(src, os.path.join(tmp, "out"), **overrides)
+        ours, ours_cpu = time.perf_counter() - t0, cpu() - c0
+        source = open_source(src, cfg.cameras)
+        written = load_records(os.path.join(tmp, "out", "manifest.jsonl"), lambda r: True)
+        by_index = {e.index: e for e in source.episodes}
+        base = base_cpu = 0.0
+        for rec in written.values():
+            ep = by_index[rec["episode_index"]]
+            fc = ";".join(f"[{i}:v]select='not(mod(n,{cfg.stride}))',setpts=N/({float(Fraction(rec['out_fps']))}*TB),"
+                          f"{cell_filter(source.cam_hw[s], (H // 2, W // 2), rec['fit'][s])}[c{i}]"
+                          for i, s in enumerate(SLOTS))
+            fc += f";[c0][c1]hstack[top];[c2]pad={W}:{H // 2}:0:0:black[bottom];[top][bottom]vstack,format=yuv420p"
+            args = [ffmpeg_exe(), "-hide_banner", "-nostdin", "-loglevel", "error"]
+            for s in SLOTS:
+                args += ["-threads", "1", *segment_input(*ep.segments[s][:2], ep.length, source.fps)]
+            args += ["-filter_complex", fc, "-r", rec["out_fps"], *x264_args(cfg.crf, cfg.preset),
+                     "-f", "mp4", "-y", os.path.join(tmp, "baseline.mp4")]
+            t0, c0 = time.perf_counter(), cpu()
+            subprocess.run(args, check=True)
+            base, base_cpu = base + time.perf_counter() - t0, base_cpu + cpu() - c0
+            if probe_video(os.path.join(tmp, "baseline.mp4"), decode=False)["frames"] != rec["n_out"]:
+                raise RuntimeError(f"baseline for {rec['stem']} did not produce {rec['n_out']} frames")
+    result = {"source": source.name, "episodes_written": len(written), "grid_frames": sum(r["n_out"] for r in
+              written.values()), "size": cfg.size, "stride": cfg.stride, "preset": cfg.preset, "crf": cfg.crf,
+              "stitch_wall_s": round(ours, 2), "ffmpeg_wall_s": round(base, 2), "ratio_wall": round(ours / base, 3),
+              "stitch_cpu_s": round(ours_cpu, 2), "ffmpeg_cpu_s": round(base_cpu, 2),
+              "ratio_cpu": round(ours_cpu / base_cpu, 3), "cpus": os.cpu_count()}
+    print(json.dumps(result))
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------ CLI
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("paths", nargs="*", metavar="SRC OUT", help="LeRobot dataset folder and output folder")
+    p.add_argument("--synthetic", metavar="OUT", help="write a tiny synthetic LeRobot v2.1 dataset to OUT and exit")
+    p.add_argument("--bench", metavar="SRC", help="time stitching SRC against one ffmpeg command doing the same")
+    for f in dataclasses.fields(StitchConfig):
+        if isinstance(f.default, bool):
+            p.add_argument("--" + f.name.replace("_", "-"), action="store_true")
+        else:
+            p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    args = p.parse_args(argv)  # unknown flags are an error
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(StitchConfig)
+                 if getattr(args, f.name) != f.default}
+    if args.synthetic and not (args.paths or args.bench or overrides):
+        print(f"stitch: wrote a synthetic LeRobot dataset to {make_synthetic(args.synthetic)}")
+    elif args.bench and not (args.paths or args.synthetic):
+        bench(args.bench, **overrides)
+    elif len(args.paths) == 2 and not (args.bench or args.synthetic):
+        stitch(*args.paths, **overrides)
+    else:
+        p.error("give SRC OUT, or --synthetic OUT alone, or --bench SRC [options]")
+
+
+if __name__ == "__main__":
+    main()
