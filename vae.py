@@ -114,8 +114,10 @@ def from_frames(x, B):
 class CausalConv3d(nn.Conv3d):
     """Conv3d padded 'same' in space and only on the past side in time (kernel_t - 1 frames of left context).
 
-    The left context is the previous chunk's last frames, taken from the cache, or zeros at the start of the clip.
-    So running a clip chunk by chunk equals one causal convolution over the whole clip.
+    The left context is the previous chunk's last input frames, taken from the cache, or zeros at the start of
+    the clip, so running a clip chunk by chunk equals one causal convolution over the whole clip.
+    forward(x, cache, norm) = conv(pad(x, cache, norm)); the two halves are public so that a caller can drop
+    its reference to x between them (ResidualBlock does: it saves one chunk-sized tensor at the peak).
     """
 
     def __init__(self, in_dim, out_dim, kernel_size):
@@ -123,13 +125,29 @@ class CausalConv3d(nn.Conv3d):
         super().__init__(in_dim, out_dim, (kt, kh, kw), padding=(0, kh // 2, kw // 2))
         self.context = kt - 1
 
-    def forward(self, x, cache):
+    def pad(self, x, cache, norm=None):
+        """[B, C, T, H, W] -> [B, C, k+T, H, W]: the k cached past frames, then x (or silu(norm(x)), written
+        straight into the buffer: no chunk-sized norm temporaries or torch.cat copy). Updates the cache."""
+        B, C, T, H, W = x.shape
+        k = self.context
+        buf = torch.empty(B, C, k + T, H, W, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
         past = cache.get(self)
-        if past is None:  # zeros_like keeps x's memory layout, so the cat below stays channels-last
-            past = torch.cat([torch.zeros_like(x[:, :, :1])] * self.context, dim=2)
-        x = torch.cat([past, x], dim=2)
-        cache[self] = x[:, :, -self.context:].clone()  # clone: don't keep the whole chunk alive
-        return super().forward(x)
+        if past is None:
+            buf[:, :, :k].zero_()
+        else:
+            buf[:, :, :k] = past
+        if norm is None:
+            buf[:, :, k:] = x
+        else:
+            F.silu(norm(x, out=buf[:, :, k:]), inplace=True)
+        cache[self] = buf[:, :, -k:].clone()  # clone: don't keep the whole chunk alive
+        return buf
+
+    def conv(self, padded):
+        return super().forward(padded)
+
+    def forward(self, x, cache, norm=None):
+        return self.conv(self.pad(x, cache, norm))
 
 
 class RMSNorm(nn.Module):
@@ -141,8 +159,10 @@ class RMSNorm(nn.Module):
         self.gamma = nn.Parameter(torch.ones(dim, *[1] * gamma_dims))
         self.scale = dim ** 0.5
 
-    def forward(self, x):
-        return F.normalize(x, dim=1) * self.scale * self.gamma.view(-1, 1, 1, 1)
+    def forward(self, x, out=None):
+        # F.normalize's formula, written out so that the result can go into `out`
+        norm = x.norm(2, dim=1, keepdim=True).clamp_min_(1e-12)
+        return torch.div(x, norm, out=out).mul_(self.gamma.view(-1, 1, 1, 1) * self.scale)
 
 
 class ResidualBlock(nn.Module):
@@ -158,9 +178,9 @@ class ResidualBlock(nn.Module):
 
     def forward(self, x, cache):
         norm1, _, conv1, norm2, _, _, conv2 = self.residual
-        h = conv1(F.silu(norm1(x), inplace=True), cache)
-        h = conv2(F.silu(norm2(h), inplace=True), cache)
-        return h.add_(self.shortcut(x))
+        h = conv1(x, cache, norm1)
+        h = conv2.pad(h, cache, norm2)  # rebinding h frees conv1's output before conv2 allocates its own
+        return conv2.conv(h).add_(self.shortcut(x))
 
 
 class AttentionBlock(nn.Module):
@@ -251,7 +271,7 @@ class Encoder3d(nn.Module):
         for block in [*self.downsamples, *self.middle]:
             x = block(x, cache)
         norm, _, conv = self.head
-        return conv(F.silu(norm(x), inplace=True), cache)
+        return conv(x, cache, norm)
 
 
 class Decoder3d(nn.Module):
@@ -279,7 +299,7 @@ class Decoder3d(nn.Module):
         for block in [*self.middle, *self.upsamples]:
             x = block(x, cache)
         norm, _, conv = self.head
-        return conv(F.silu(norm(x), inplace=True), cache)
+        return conv(x, cache, norm)
 
 
 # -----------------------------------------------------------------------------
