@@ -386,10 +386,14 @@ def _init_worker(ctx: dict):
 def stitch_episode(stem: str, ep: Episode) -> dict:
     """Stitch one episode: {"done": manifest record} or {"skip": skip record}. Never raises."""
     try:
-        return run_episode(stem, ep)
+        result = run_episode(stem, ep)
     except Exception:  # a bug or an odd file must not stop the other 70k episodes: recorded, and retried on rerun
-        return {"skip": {"stem": stem, "source": _CTX["source"].name, "episode_index": ep.index,
-                         "reason": "worker_error", "detail": traceback.format_exc(limit=4).strip()}}
+        result = {"skip": {"stem": stem, "source": _CTX["source"].name, "episode_index": ep.index,
+                           "reason": "worker_error", "detail": traceback.format_exc(limit=4).strip()}}
+    partial = os.path.join(_CTX["out"], "videos", stem + ".mp4.tmp")
+    if "skip" in result and os.path.exists(partial):
+        os.remove(partial)
+    return result
 
 
 def run_episode(stem: str, ep: Episode) -> dict:
@@ -439,7 +443,6 @@ def run_episode(stem: str, ep: Episode) -> dict:
                                           f"{expect[off[0]]:.4f} s (dropped or repeated source frames?)")
     min_frames = cfg.min_frames or cfg.frames
     if n < min_frames:
-        os.remove(video + ".tmp")
         return skip("too_short_after_decode", f"{n} frames decoded, need {min_frames}")
     try:  # the container must hold the n frames (what decord's len() reads), as h264 at the grid size
         info = probe_video(video + ".tmp", decode=False)

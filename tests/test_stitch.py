@@ -1,0 +1,265 @@
+"""stitch.py on lerobot-written v2.1 / v3.0 datasets (tests/data/*/README.md): every frame carries its camera id,
+episode and frame_index as bit blocks, which these tests decode from the stitched grids."""
+import atexit
+import csv
+import functools
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+import stitch
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+V21, V30 = os.path.join(DATA, "lerobot_v21_tiny"), os.path.join(DATA, "lerobot_v30_tiny")
+SIZE = (180, 320)  # grid HxW: cells are the sources at 0.5625 scale, large enough to read the bit blocks
+SRC_LENGTHS = {"lerobot_v21_tiny": {0: 400, 1: 60, 2: 380}, "lerobot_v30_tiny": {0: 373, 1: 372, 2: 410}}
+ROOT_TMP = tempfile.mkdtemp(prefix="test-stitch-")
+atexit.register(shutil.rmtree, ROOT_TMP, True)
+
+
+@functools.lru_cache(maxsize=None)
+def stitched(src: str) -> tuple:
+    """src stitched once per session at SIZE with the default stride 4 / frames 93: (out, summary); test_data uses it."""
+    out = os.path.join(ROOT_TMP, os.path.basename(src))
+    summary = stitch.stitch(src, out, size=f"{SIZE[0]}x{SIZE[1]}", workers=2 if src == V30 else 1)
+    return out, summary
+
+
+def decode_rgb(path: str, height: int, width: int) -> np.ndarray:
+    raw = subprocess.run([stitch.ffmpeg_exe(), "-v", "error", "-i", path, "-f", "rawvideo", "-pix_fmt", "rgb24", "-"],
+                         capture_output=True, check=True).stdout
+    return np.frombuffer(raw, np.uint8).reshape(-1, height, width, 3)
+
+
+def read_code(cell: np.ndarray) -> dict:
+    """The README's frame code from one camera image (any size): mean of each block's centre > 128 is a 1 bit."""
+    h, w = cell.shape[:2]
+    sx, sy = w / 320, h / 180
+
+    def bits(y_centre, n):
+        rows = slice(round((y_centre - 8) * sy), round((y_centre + 8) * sy))
+        return [int(cell[rows, round((32 * k + 8) * sx):round((32 * k + 24) * sx)].mean() > 128) for k in range(n)]
+
+    number = lambda b: int("".join(map(str, b)), 2)  # noqa: E731
+    top, bottom = bits(24, 10), bits(154, 10)
+    return {"episode": number(top[:4]), "camera": number(top[4:6]), "sync": top[6:], "frame": number(bottom)}
+
+
+def grid_codes(frame: np.ndarray) -> list:
+    """Codes of the top-left, top-right and bottom-left cells of one grid frame."""
+    h, w = frame.shape[0] // 2, frame.shape[1] // 2
+    return [read_code(frame[r * h:(r + 1) * h, c * w:(c + 1) * w]) for r, c in ((0, 0), (0, 1), (1, 0))]
+
+
+def manifest(out: str) -> dict:
+    with open(os.path.join(out, "manifest.jsonl"), encoding="utf-8") as f:
+        return {r["stem"]: r for r in map(json.loads, f)}
+
+
+def skips(out: str) -> dict:
+    with open(os.path.join(out, "skips.jsonl"), encoding="utf-8") as f:
+        return {r["stem"]: r for r in map(json.loads, f)}
+
+
+def check_grid_video(path: str, episode: int, stride: int, n_frames: int, size=SIZE):
+    """Slot placement, alignment and stride: frame j of each slot shows its camera and frame_index j*stride."""
+    frames = decode_rgb(path, *size)
+    assert len(frames) == n_frames, path
+    h, w = size[0] // 2, size[1] // 2
+    for j, frame in enumerate(frames):
+        codes = grid_codes(frame)
+        assert [c["camera"] for c in codes] == [1, 2, 3], (path, j, codes)  # ext_1 | ext_2 / wrist
+        assert all(c["episode"] == episode and c["sync"] == [1, 0, 1, 0] for c in codes), (path, j, codes)
+        assert [c["frame"] for c in codes] == [j * stride] * 3, (path, j, codes)  # aligned, stride exact
+        assert frame[h:, w:].max() < 24, (path, j)  # bottom-right stays black
+    return frames
+
+
+@pytest.mark.parametrize("src", [V21, V30], ids=["v2.1", "v3.0"])
+def test_slots_alignment_stride_and_counts(src):
+    out, summary = stitched(src)
+    lengths = SRC_LENGTHS[os.path.basename(src)]
+    kept = {ep: (n - 1) // 4 + 1 for ep, n in lengths.items() if (n - 1) // 4 + 1 >= 93}
+    assert summary["episodes_in"] == 3 == summary["written"] + summary["skipped"]
+    assert summary["written"] == len(kept)
+    records = manifest(out)
+    assert sorted(r["episode_index"] for r in records.values()) == sorted(kept)
+    for stem, rec in records.items():
+        assert rec["n_out"] == kept[rec["episode_index"]] and rec["cam_frames"] == {s: rec["n_out"] for s in stitch.SLOTS}
+        assert rec["sha1"] == stitch.sha1_file(os.path.join(out, "videos", stem + ".mp4"))
+        assert rec["out_fps"] == "15/4" and rec["fit"] == {s: "stretch" for s in stitch.SLOTS}
+        check_grid_video(os.path.join(out, "videos", stem + ".mp4"), rec["episode_index"], 4, rec["n_out"])
+    with open(os.path.join(out, "metadata.csv"), encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["video", "prompt"] and len(rows) == 1 + len(kept)
+    for video, prompt in rows[1:]:
+        stem = os.path.basename(video)[:-4]
+        assert prompt == records[stem]["prompt"] == open(os.path.join(out, "metas", stem + ".txt")).read()
+        task = stitch.normalize_task(records[stem]["task_raw"])
+        assert prompt == stitch.DROID_TEMPLATE.format(task=task) and not task.endswith(".")
+    assert sorted(os.listdir(os.path.join(out, "videos"))) == sorted(s + ".mp4" for s in records)
+
+
+def test_too_short_episode_skipped_with_reason():
+    out, summary = stitched(V21)
+    assert summary["by_reason"] == {"too_short": 1}
+    (rec,) = skips(out).values()
+    assert rec["episode_index"] == 1 and rec["reason"] == "too_short" and "60 source frames -> 15" in rec["detail"]
+
+
+def test_93_frame_episode_is_kept_and_min_frames_94_drops_it(tmp_path):
+    out, _ = stitched(V30)  # v3.0 episode 1: 372 frames -> exactly 93 at stride 4
+    assert manifest(out)["lerobot_v30_tiny__ep000001"]["n_out"] == 93
+    (tmp_path / "eps.txt").write_text("1\n")
+    summary = stitch.stitch(V30, str(tmp_path / "out"), size="48x80", min_frames=94, episodes=str(tmp_path / "eps.txt"))
+    assert summary["by_reason"] == {"too_short": 1} and summary["written"] == 0
+
+
+def test_other_stride_is_exact(tmp_path):
+    (tmp_path / "eps.txt").write_text("0")
+    summary = stitch.stitch(V21, str(tmp_path / "out"), size=f"{SIZE[0]}x{SIZE[1]}", stride=3, frames=9,
+                            episodes=str(tmp_path / "eps.txt"))
+    assert summary["written"] == 1
+    check_grid_video(str(tmp_path / "out" / "videos" / "lerobot_v21_tiny__ep000000.mp4"), 0, 3, (400 - 1) // 3 + 1)
+
+
+def tree(out: str) -> dict:
+    return {os.path.relpath(os.path.join(d, n), out): open(os.path.join(d, n), "rb").read()
+            for d, _, names in os.walk(out) for n in names}
+
+
+def test_kill_mid_run_then_rerun_gives_the_same_outputs(tmp_path):
+    reference, _ = stitched(V21)
+    out = tmp_path / "out"
+    cmd = [sys.executable, stitch.__file__, V21, str(out), "--size", f"{SIZE[0]}x{SIZE[1]}", "--workers", "1"]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # kill (the whole process group, ffmpegs included, like a preempted machine) while the second video is being
+    # written: one episode finished, one partial .tmp
+    deadline, phase = time.time() + 60, 0
+    while time.time() < deadline and proc.poll() is None:
+        if phase == 0 and (out / "manifest.jsonl").exists() and (out / "manifest.jsonl").read_text().count("\n") >= 1:
+            phase = 1
+        if phase == 1 and any(n.endswith(".tmp") for n in os.listdir(out / "videos")):
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.002)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the stitcher finished before it could be killed mid-episode"
+    assert len(manifest(str(out))) == 1
+    with open(out / "manifest.jsonl", "a") as f:
+        f.write('{"stem": "lerobot_v21_tiny__ep0000')  # and a torn line, as a kill during the write leaves
+    summary = stitch.stitch(V21, str(out), size=f"{SIZE[0]}x{SIZE[1]}", workers=1)
+    assert summary["new"] == 1 and summary["already_done"] == 1 and summary["written"] == 2
+    assert tree(str(out)) == tree(reference)  # byte for byte: videos, manifest, skips, csv, metas, recipe
+    again = stitch.stitch(V21, str(out), size=f"{SIZE[0]}x{SIZE[1]}", workers=1)
+    assert again["new"] == 0 and again["already_done"] == 2 and tree(str(out)) == tree(reference)
+
+
+def test_rerun_with_another_recipe_is_refused():
+    out, _ = stitched(V21)
+    with pytest.raises(ValueError, match="another recipe"):
+        stitch.stitch(V21, out, size=f"{SIZE[0]}x{SIZE[1]}", stride=3)
+
+
+def test_synthetic_dataset_and_csv_with_commas_quotes_newlines_non_ascii(tmp_path):
+    src = stitch.make_synthetic(str(tmp_path / "syn"))
+    with pytest.raises(FileExistsError):
+        stitch.make_synthetic(src)
+    template = 'Clip: "{task}",\nsaid the robot; ✓'
+    summary = stitch.stitch(src, str(tmp_path / "grid"), size="64x112", frames=9, stride=2, prompt=template)
+    assert summary == {"episodes_in": 4, "written": 3, "skipped": 1, "by_reason": {"too_short": 1}, "new": 3,
+                       "already_done": 0}
+    records = manifest(str(tmp_path / "grid"))
+    assert {r["task_raw"] for r in records.values()} == set(stitch.SYNTHETIC_TASKS)  # raw tasks survive as JSON
+    with open(tmp_path / "grid" / "metadata.csv", encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f))
+    assert [tuple(r) for r in rows[1:]] == [(f"videos/{s}.mp4", records[s]["prompt"]) for s in sorted(records)]
+    assert rows[1][1] == 'Clip: "put the marker, then the cap, in the blue cup",\nsaid the robot; ✓'
+    assert rows[2][1] == 'Clip: "öffne die schublade — langsam",\nsaid the robot; ✓'
+    for stem, rec in records.items():  # the synthetic frames carry the same code as the lerobot-written datasets
+        check_grid_video(str(tmp_path / "grid" / "videos" / f"{stem}.mp4"), rec["episode_index"], 2, rec["n_out"],
+                         size=(64, 112))
+
+
+def test_metadata_csv_parses_for_csv_readers_and_the_upstream_split():
+    prompts = {"a": 'with, commas and "quotes"', "b": "line\nbreak", "c": "ünïcødé, ok"}
+    text = stitch.metadata_csv({s: {"prompt": p} for s, p in prompts.items()})
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    assert rows == [["video", "prompt"]] + [[f"videos/{s}.mp4", prompts[s]] for s in sorted(prompts)]
+    # upstream get_t5_embeddings_from_groot_dataset: readlines()[1:], split(",", 1), strip one pair of quotes
+    line = stitch.metadata_csv({"c": {"prompt": prompts["c"]}}).splitlines()[1]
+    video, prompt = line.split(",", 1)
+    assert os.path.basename(video) == "c.mp4" and prompt.strip('"') == prompts["c"]
+
+
+def copy_meta(src: str, dst) -> str:
+    shutil.copytree(src, dst)
+    return str(dst)
+
+
+def test_missing_camera_fails_loudly(tmp_path):
+    src = copy_meta(V21, tmp_path / "src")
+    info_path = os.path.join(src, "meta", "info.json")
+    info = json.load(open(info_path))
+    del info["features"]["observation.images.wrist_left"]
+    json.dump(info, open(info_path, "w"))
+    with pytest.raises(ValueError, match="no camera for grid slot wrist"):
+        stitch.stitch(src, str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="not a video feature"):
+        stitch.open_source(src, cameras="ext_1=observation.images.exterior_1_left,"
+                                        "ext_2=observation.images.exterior_2_left,wrist=observation.state")
+
+
+def test_missing_video_file_and_short_camera_are_skipped_with_reasons(tmp_path):
+    src = copy_meta(V21, tmp_path / "src")
+    videos = os.path.join(src, "videos", "chunk-000")
+    os.remove(os.path.join(videos, "observation.images.exterior_2_left", "episode_000002.mp4"))
+    # episode 0's wrist camera swapped for episode 2's: 380 frames where the parquet says 400
+    shutil.copy(os.path.join(videos, "observation.images.wrist_left", "episode_000002.mp4"),
+                os.path.join(videos, "observation.images.wrist_left", "episode_000000.mp4"))
+    out = str(tmp_path / "out")
+    summary = stitch.stitch(src, out, size="48x80")
+    assert summary["written"] == 0 and summary["by_reason"] == {"cam_len_mismatch": 1, "missing_file": 1,
+                                                                 "too_short": 1}
+    reasons = {r["episode_index"]: r for r in skips(out).values()}
+    assert "wrist_left gave 95 frames" in reasons[0]["detail"]
+    assert "exterior_2_left" in reasons[2]["detail"] and not os.listdir(os.path.join(out, "videos"))
+
+
+def test_layout_detection_and_subsets(tmp_path):
+    v2, v3 = stitch.open_source(V21), stitch.open_source(V30)
+    assert (v2.layout, v3.layout) == ("v2", "v3") and v2.fps == v3.fps == 15
+    assert v3.task_table == {0: "Place the red block in the bowl.", 1: "Close the laptop lid"}
+    assert [round(v3.episodes[e].segments["wrist"][1] * 15) for e in range(3)] == [0, 373, 745]
+    cfg = stitch.make_config({"per_task": 1})
+    assert [e.index for e in stitch.select_episodes(v2, cfg)] == [0, 1]
+    (tmp_path / "eps.txt").write_text("2, 0\n")
+    assert [e.index for e in stitch.select_episodes(v2, stitch.make_config({"episodes": str(tmp_path / "eps.txt")}))] \
+        == [0, 2]
+    (tmp_path / "bad.txt").write_text("0 7")
+    with pytest.raises(ValueError, match=r"episodes \[7\] are not in"):
+        stitch.select_episodes(v2, stitch.make_config({"episodes": str(tmp_path / "bad.txt")}))
+    with pytest.raises(ValueError, match="unknown stitch option"):
+        stitch.make_config({"strid": 2})
+    with pytest.raises(ValueError, match="multiples of 4"):
+        stitch.make_config({"size": "430x768"})
+    with pytest.raises(ValueError, match="must contain"):
+        stitch.make_config({"prompt": "no field"})
+    with pytest.raises(SystemExit):
+        stitch.main([V21, str(tmp_path / "o"), "--no-such-flag", "1"])
+
+
+def test_bench_runs(tmp_path, capsys):
+    src = stitch.make_synthetic(str(tmp_path / "syn"), lengths=(20,))
+    result = stitch.bench(src, size="48x80", frames=5, stride=2)
+    assert result["episodes_written"] == 1 and result["ratio_wall"] > 0 and result["ratio_cpu"] > 0
