@@ -424,6 +424,7 @@ def bench(args):
     print(json.dumps({
         "bench": "vae", "config": args.config, "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "dtype": args.dtype, "video": [1, 3, args.frames, args.height, args.width], "latent": list(latent.shape),
+        "latent_finite": bool(torch.isfinite(latent).all()),
         "window": args.window, "runs": args.runs, "cudnn_benchmark": args.cudnn_benchmark,
         "encode_s": round(enc_s, 4), "decode_s": round(dec_s, 4),
         # peak = allocation above what was live before the call (weights, input), like the upstream numbers

@@ -34,7 +34,7 @@ def key_table_rows(label, model, table, num_parameters):
             (f"{label} parameter count {n_params} vs {num_parameters}", float(abs(n_params - num_parameters)), 0.0)]
 
 
-def run_vae_case(json_path: str) -> list:
+def run_vae_case(json_path: str) -> list[tuple[str, float, float]]:
     """[(label, max_abs_err, bound)] for every output of one VAE reference case."""
     case = json.load(open(json_path))
     stem = json_path[: -len(".json")]
