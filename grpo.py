@@ -1,0 +1,450 @@
+"""GRPO post-training of the video DiT with LoRA: Flow-GRPO's objective on Cosmos-Predict2's sampler.
+
+Read ../shared/specs/grpo.md first. In short: Predict2 is a rectified-flow net behind an EDM-sigma interface
+(state x = x0 + sigma * eps). A rollout walks N Karras sigmas with a stochastic first-order x0 step ("DDIM-eta"):
+
+    x' = mean + beta * z,   mean = c * x + (1 - c) * x0_hat(x, sigma),   c = alpha / sigma,   alpha^2 + beta^2 = sigma'^2
+
+so every transition is an exact Gaussian whose log-density we store (fp32, averaged over the generated, i.e.
+non-conditioning, latent elements). Training recomputes the same log-density with gradients and maximises
+Flow-GRPO's clipped surrogate with group-normalised advantages, optionally with a KL to the LoRA-disabled base.
+
+Rollout and training call the *same* function on the *same* stored tensors with B = 1 per network call (cond and
+uncond as separate calls), so before the first optimizer step logp_new == logp_old bit for bit and the ratio is
+exactly 1 (spec section 5.1, infra.md section 5.2). Keep it that way: no batching of CFG branches, no compile,
+no merged LoRA in the rollout; if you add any of these, set recompute_old_logp.
+
+Contents, top to bottom: config -> conditions -> step coefficients and log-prob -> rollout -> advantages ->
+loss -> update. train.py drives these functions; there is no trainer class.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+
+from model import denoise, set_lora_enabled
+from sample import karras_sigmas
+
+# -----------------------------------------------------------------------------
+# Config
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    group_size: int = 2  # K samples per group (one conditioning frame + instruction)
+    num_steps: int = 8  # N stochastic steps over Karras sigmas 80 -> 0.002, then one clean pass at sigma_min
+    sde_type: str = "ddim_eta"  # "ddim_eta" or "cps" (Flow-GRPO-Fast's step); both keep alpha^2 + beta^2 = sigma'^2
+    eta: float = 0.5  # ddim_eta: eta in [0, 1] (= a / sqrt 2 for Flow-GRPO's noise_level a); cps: a in [0, 1]
+    window_size: int = 0  # > 0: Flow-GRPO-Fast, noise (and training) only on this many consecutive steps
+    window_range: tuple = ()  # (lo, hi): window start drawn in [lo, hi - window_size] per group; () = (0, N // 2)
+    train_steps: tuple = ()  # steps to train; () = every stochastic step except the last one (never N - 1)
+    same_latent: bool = False  # one initial noise draw per group (with a window, the deterministic prefix is shared)
+    guidance: float = 7.0  # Predict2 CFG x0 = c + g (c - u), i.e. classic scale g + 1; 0 = one forward per step
+    uncond_grad: bool = False  # False: the uncond branch is a separate no-grad forward (same value, half the memory)
+    adv_eps: float = 1e-4  # added to the std, outside the sqrt
+    adv_clip: float = 5.0
+    global_std: bool = True  # normalise by the std of all rewards in the update (advised for K <= 4), else per group
+    std_ddof: int = 0  # 0: population std (Flow-GRPO, K = 2 gives |A| ~ 1); 1: unbiased (|A| ~ 0.7071 at K = 2)
+    clip_range: float = 1e-3  # ratio clip epsilon (per-element-mean log-probs make ratios tiny)
+    kl_coef: float = 0.0  # beta_KL to the LoRA-disabled reference; 0.004 if reward hacking shows up
+    pg_step_weight: str = "exact"  # "exact" or "beta2": scale step i by beta_i^2 / mean beta^2 (high-sigma emphasis)
+    opt_steps_per_update: int = 1  # optimizer steps per batch of rollouts; > 1 makes the later ones off-policy
+    recompute_old_logp: bool = False  # recompute logp_old in the training layout before updating (see docstring)
+    lr: float = 1e-4
+    weight_decay: float = 1e-4
+    betas: tuple = (0.9, 0.999)
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self):
+        N = self.num_steps
+        if self.group_size < 2:
+            raise ValueError(f"group_size={self.group_size}: a group baseline needs K >= 2")
+        if N < 2:
+            raise ValueError(f"num_steps={N}: need >= 2 (the last step is never trained)")
+        if self.sde_type not in SDE_TYPES:
+            raise ValueError(f"sde_type={self.sde_type!r}; valid: {SDE_TYPES}")
+        if not 0.0 <= self.eta <= 1.0:
+            raise ValueError(f"eta={self.eta} outside [0, 1]")
+        if self.pg_step_weight not in ("exact", "beta2"):
+            raise ValueError(f"pg_step_weight={self.pg_step_weight!r}; valid: exact, beta2")
+        if self.std_ddof not in (0, 1):
+            raise ValueError(f"std_ddof={self.std_ddof}; valid: 0 (population), 1 (unbiased)")
+        if self.window_size:
+            if self.train_steps:
+                raise ValueError("train_steps and window_size are exclusive: a window trains exactly its steps")
+            lo, hi = self.window
+            if not 0 <= lo <= hi - self.window_size or hi > N - 1:
+                raise ValueError(f"window_size={self.window_size} does not fit window_range=({lo}, {hi}) inside "
+                                 f"steps 0..{N - 2} (the last step {N - 1} is never trained)")
+        elif self.window_range:
+            raise ValueError("window_range is set but window_size is 0")
+        bad = [i for i in self.train_steps if not 0 <= i < N - 1]
+        if bad:
+            raise ValueError(f"train_steps {bad} outside 0..{N - 2}: the last step {N - 1} is never trained")
+        if self.opt_steps_per_update < 1 or self.clip_range <= 0 or self.kl_coef < 0:
+            raise ValueError("need opt_steps_per_update >= 1, clip_range > 0, kl_coef >= 0")
+
+    @property
+    def window(self):
+        return tuple(self.window_range) if self.window_range else (0, self.num_steps // 2)
+
+
+SDE_TYPES = ("ddim_eta", "cps")
+DETERMINISTIC_STD = 1e-8  # a step with beta below this is an ODE step: no noise, no log-prob, not trained
+MIN_TRAIN_STD = 1e-6  # trained steps must have at least this much noise (the smallest at eta 0.5, N 8 is ~1e-3)
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+# -----------------------------------------------------------------------------
+# Conditions: built once per group, cached, and reused by rollout, training and the KL reference.
+# Re-encoding text or frames (T5, VAE) or calling a conditioner with dropout would change bits and break ratio == 1.
+
+
+@dataclass
+class Condition:
+    crossattn_emb: torch.Tensor  # [1, S, 1024] prompt embedding
+    neg_crossattn_emb: torch.Tensor = None  # [1, S, 1024] negative-prompt embedding; needed when guidance != 0
+    gt_frames: torch.Tensor = None  # [1, 16, T, H, W] clean latent; only its conditioning frames are read
+    condition_mask: torch.Tensor = None  # [1, 1, T, H, W], 1 on the conditioning latent frames (model.condition_mask)
+    padding_mask: torch.Tensor = None
+    fps: float = None
+    key: tuple = ()  # group key for the advantages: (episode id, instruction), never the text alone
+
+
+def generated_mask(cond: Condition, latent_shape, device):
+    """[1, 1, T, H, W] fp32: 1 on generated latent frames, 0 on conditioning frames (excluded from log-probs)."""
+    C, T, H, W = latent_shape
+    if cond.condition_mask is None:
+        return torch.ones(1, 1, T, H, W, device=device)
+    if tuple(cond.condition_mask.shape) != (1, 1, T, H, W):
+        raise ValueError(f"condition_mask {tuple(cond.condition_mask.shape)} does not match latent {latent_shape}")
+    return 1.0 - cond.condition_mask.float()
+
+
+def guided_x0(net, x, sigma, cond: Condition, guidance, uncond_grad=False):
+    """x0 prediction with Predict2's CFG, x0_c + g (x0_c - x0_u), as two separate B = 1 network calls.
+
+    The uncond branch runs without autograd unless uncond_grad: its value is identical either way, but no
+    activations are kept for it (the gradient becomes (1 + g) d x0_c instead of (1 + g) d x0_c - g d x0_u).
+    """
+    sigma_B = torch.full((x.shape[0],), sigma, dtype=torch.float32, device=x.device)
+    kw = dict(gt_frames=cond.gt_frames, condition_mask_B_1_T_H_W=cond.condition_mask, fps=cond.fps,
+              padding_mask=cond.padding_mask)
+    x0_cond, _ = denoise(net, x, sigma_B, cond.crossattn_emb, **kw)
+    if guidance == 0:
+        return x0_cond
+    if cond.neg_crossattn_emb is None:
+        raise ValueError(f"guidance={guidance} needs cond.neg_crossattn_emb (an empty negative prompt makes CFG a "
+                         "no-op; use Predict2's default negative prompt)")
+    with torch.set_grad_enabled(uncond_grad and torch.is_grad_enabled()):
+        x0_uncond, _ = denoise(net, x, sigma_B, cond.neg_crossattn_emb, **kw)
+    return x0_cond + guidance * (x0_cond - x0_uncond)
+
+
+# -----------------------------------------------------------------------------
+# The stochastic step and its exact log-density
+
+
+def step_coefficients(sde_type, sigma, sigma_next, eta):
+    """(alpha, beta) in float64 for x' = x0_hat + alpha * eps_hat + beta * z, with alpha^2 + beta^2 = sigma'^2.
+
+    ddim_eta: beta = eta * sigma' * sqrt(1 - sigma'^2 / sigma^2); eta = 1 is the exact posterior q(x_sigma' | x,
+    x0), eta = 0 is Predict2's Euler x0 step. cps: beta = sigma' * sin(eta * pi / 2), Flow-GRPO's "cps" step.
+    """
+    if not sigma > sigma_next > 0:
+        raise ValueError(f"need sigma > sigma_next > 0, got {sigma}, {sigma_next}")
+    if sde_type == "ddim_eta":
+        beta = eta * sigma_next * math.sqrt(1.0 - sigma_next ** 2 / sigma ** 2)
+    elif sde_type == "cps":
+        beta = sigma_next * math.sin(eta * math.pi / 2)
+    else:
+        raise ValueError(f"sde_type={sde_type!r}; valid: {SDE_TYPES}")
+    if beta < DETERMINISTIC_STD:
+        return sigma_next, 0.0
+    return math.sqrt(sigma_next ** 2 - beta ** 2), beta
+
+
+def step_mean(x, x0, sigma, alpha):
+    """Gaussian mean c x + (1 - c) x0 with c = alpha / sigma (fp32; the same op order in rollout and training)."""
+    c = alpha / sigma
+    return c * x + (1.0 - c) * x0
+
+
+def gaussian_log_prob(x_next, mean, std, gen_mask):
+    """log N(x_next; mean, std^2) averaged over generated elements: [B] fp32. The gradient flows through mean only.
+
+    The mean (not the sum) over ~2e6 elements keeps ratios exp(mean delta) near 1 (Flow-GRPO does the same); the
+    constants are kept so E[logp] = -log(std) - 1.4189 can be checked. gen_mask: [B or 1, 1, T, H, W].
+    """
+    if std < MIN_TRAIN_STD:
+        raise ValueError(f"step std {std} < {MIN_TRAIN_STD}: a deterministic step has no log-prob")
+    squared = ((x_next.detach() - mean) ** 2 * gen_mask).sum(dim=(1, 2, 3, 4))
+    count = gen_mask.sum(dim=(1, 2, 3, 4)) * x_next.shape[1]
+    return -squared / count / (2.0 * std ** 2) - math.log(std) - LOG_SQRT_2PI
+
+
+# -----------------------------------------------------------------------------
+# Rollout: K trajectories of one group, one sample per network call (the training layout)
+
+
+@dataclass
+class Rollout:
+    cond: Condition
+    sigmas: list  # N + 1 python floats (float64): sigma_0 = 80 ... sigma_N = 0.002
+    alphas: list  # N
+    betas: list  # N; 0.0 marks a deterministic step
+    train_steps: list  # steps trained for this group
+    states: torch.Tensor  # [K, N + 1, C, T, H, W] fp32: x_0 = sigma_0 * noise, ..., x_N
+    log_probs: torch.Tensor  # [K, N] fp32 log pi_old(x_{i+1} | x_i); NaN on deterministic steps
+    x0_final: torch.Tensor  # [K, C, T, H, W] fp32: the clean pass at sigma_N, the sample to decode and reward
+
+
+def step_noise_levels(cfg: GRPOConfig, generator):
+    """Per-step eta: cfg.eta everywhere, or (Flow-GRPO-Fast) only inside one random window per group."""
+    N = cfg.num_steps
+    if not cfg.window_size:
+        return [cfg.eta] * N
+    lo, hi = cfg.window
+    start = lo + int(torch.randint(hi - cfg.window_size - lo + 1, (1,), generator=generator,
+                                   device=generator.device))
+    return [cfg.eta if start <= i < start + cfg.window_size else 0.0 for i in range(N)]
+
+
+def steps_to_train(cfg: GRPOConfig, betas):
+    N = cfg.num_steps
+    if cfg.window_size:
+        steps = [i for i in range(N) if betas[i] > 0]
+    elif cfg.train_steps:
+        steps = sorted(set(cfg.train_steps))
+    else:
+        steps = [i for i in range(N - 1) if betas[i] > 0]
+    if N - 1 in steps:
+        raise ValueError(f"step {N - 1} (the last) must never be trained: its log-prob is ~700x more sensitive")
+    weak = [i for i in steps if betas[i] < MIN_TRAIN_STD]
+    if weak:
+        raise ValueError(f"train_steps {weak} have std < {MIN_TRAIN_STD} (deterministic): nothing to train")
+    return steps
+
+
+@torch.no_grad()
+def rollout_group(net, cond: Condition, latent_shape, cfg: GRPOConfig, generator):
+    """Sample K trajectories for one group. latent_shape: (C, T, H, W). generator: a torch.Generator on the device.
+
+    Conditioning elements get no noise (their mean is theta-independent), so they stay on Predict2's deterministic
+    path. Log-probs are computed from the stored next state, exactly as training will recompute them.
+    """
+    N, K = cfg.num_steps, cfg.group_size
+    device = generator.device
+    sigmas = [float(s) for s in karras_sigmas(N)]
+    etas = step_noise_levels(cfg, generator)
+    alphas, betas = zip(*(step_coefficients(cfg.sde_type, sigmas[i], sigmas[i + 1], etas[i]) for i in range(N)))
+    gen_mask = generated_mask(cond, latent_shape, device)
+    states = torch.empty(K, N + 1, *latent_shape, device=device)
+    log_probs = torch.full((K, N), float("nan"), device=device)
+    x0_final = torch.empty(K, *latent_shape, device=device)
+    first_random = next((i for i in range(N) if betas[i] > 0), N)
+
+    shared_noise = torch.randn(1, *latent_shape, generator=generator, device=device) if cfg.same_latent else None
+    for k in range(K):
+        start = 0
+        if shared_noise is not None and k > 0:  # the deterministic prefix is identical: compute it once
+            start = first_random
+            states[k, : start + 1] = states[0, : start + 1]
+        else:
+            noise = shared_noise if shared_noise is not None else torch.randn(
+                1, *latent_shape, generator=generator, device=device)
+            states[k, 0] = sigmas[0] * noise[0]
+        for i in range(start, N):
+            x = states[k, i: i + 1]
+            mean = step_mean(x, guided_x0(net, x, sigmas[i], cond, cfg.guidance), sigmas[i], alphas[i])
+            if betas[i] > 0:
+                z = torch.randn(mean.shape, generator=generator, device=device)
+                states[k, i + 1] = (mean + betas[i] * z * gen_mask)[0]
+                log_probs[k, i] = gaussian_log_prob(states[k, i + 1: i + 2], mean, betas[i], gen_mask)[0]
+            else:
+                states[k, i + 1] = mean[0]
+        x0_final[k] = guided_x0(net, states[k, N: N + 1], sigmas[N], cond, cfg.guidance)[0]
+
+    return Rollout(cond=cond, sigmas=sigmas, alphas=list(alphas), betas=list(betas),
+                   train_steps=steps_to_train(cfg, betas), states=states, log_probs=log_probs, x0_final=x0_final)
+
+
+# -----------------------------------------------------------------------------
+# Advantages
+
+
+def group_advantages(rewards, keys, eps=1e-4, clip=5.0, global_std=True, ddof=0):
+    """(r - mean_group) / (std + eps), clipped to +-clip: [n] float64 advantages for [n] rewards.
+
+    keys: one hashable group key per reward, (episode id, instruction); interleaved keys are fine. std is the
+    population std (ddof 0, Flow-GRPO) or unbiased (ddof 1), of the group or, with global_std, of all valid
+    rewards. A non-finite reward (failed scoring) gets advantage 0; a group whose valid rewards are all equal
+    (or has fewer than 2) gets exactly 0, so the zero-advantage filter drops it.
+    """
+    r = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1).cpu()
+    if len(keys) != r.numel():
+        raise ValueError(f"{r.numel()} rewards but {len(keys)} group keys")
+    valid = torch.isfinite(r)
+    advantages = torch.zeros_like(r)
+    if global_std:
+        pooled = r[valid]
+        global_sd = pooled.std(correction=ddof) if pooled.numel() > ddof else torch.tensor(0.0, dtype=r.dtype)
+    for key in dict.fromkeys(keys):
+        idx = torch.tensor([j for j, k in enumerate(keys) if k == key and valid[j]], dtype=torch.long)
+        group = r[idx]
+        if group.numel() < 2 or bool((group == group[0]).all()):
+            continue
+        sd = global_sd if global_std else group.std(correction=ddof)
+        advantages[idx] = (group - group.mean()) / (sd + eps)
+    return advantages.clamp(-clip, clip)
+
+
+# -----------------------------------------------------------------------------
+# Loss for one (trajectory, step)
+
+
+def clipped_surrogate(log_prob, old_log_prob, advantage, clip_range):
+    """Flow-GRPO / PPO: max(-A rho, -A clip(rho, 1 - eps, 1 + eps)), rho = exp(logp - logp_old). Returns (loss, rho)."""
+    ratio = torch.exp(log_prob - old_log_prob)
+    loss = torch.maximum(-advantage * ratio, -advantage * ratio.clamp(1.0 - clip_range, 1.0 + clip_range))
+    return loss, ratio
+
+
+def step_log_prob(net, rollout: Rollout, sample, step, cfg: GRPOConfig):
+    """Recompute log pi_theta(x_{i+1} | x_i) of a stored transition (with grad if enabled); returns (logp [1], mean)."""
+    x = rollout.states[sample, step: step + 1]
+    x_next = rollout.states[sample, step + 1: step + 2]
+    sigma, alpha, beta = rollout.sigmas[step], rollout.alphas[step], rollout.betas[step]
+    x0 = guided_x0(net, x, sigma, rollout.cond, cfg.guidance, cfg.uncond_grad)
+    mean = step_mean(x, x0, sigma, alpha)
+    gen_mask = generated_mask(rollout.cond, tuple(x.shape[1:]), x.device)
+    return gaussian_log_prob(x_next, mean, beta, gen_mask), mean
+
+
+def reference_kl(net, rollout: Rollout, sample, step, mean, cfg: GRPOConfig):
+    """Exact per-element KL(pi_theta || pi_ref) of the step, averaged over generated elements (same std, so only
+    the means differ). The reference is the same net with LoRA switched off, run without autograd."""
+    with torch.no_grad():
+        set_lora_enabled(net, False)
+        try:
+            _, mean_ref = step_log_prob(net, rollout, sample, step, cfg)
+        finally:
+            set_lora_enabled(net, True)
+    gen_mask = generated_mask(rollout.cond, tuple(mean.shape[1:]), mean.device)
+    squared = ((mean - mean_ref) ** 2 * gen_mask).sum(dim=(1, 2, 3, 4))
+    count = gen_mask.sum(dim=(1, 2, 3, 4)) * mean.shape[1]
+    return squared / count / (2.0 * rollout.betas[step] ** 2)
+
+
+def grpo_loss(net, rollout: Rollout, sample, step, advantage, cfg: GRPOConfig, step_weight=1.0):
+    """Loss of one (trajectory, trained step): step_weight * surrogate + kl_coef * KL. Returns (loss [1], info).
+
+    info holds the graph-carrying log_prob (for health checks) and detached ratio / kl.
+    """
+    log_prob, mean = step_log_prob(net, rollout, sample, step, cfg)
+    old = rollout.log_probs[sample, step]
+    if not torch.isfinite(old):
+        raise ValueError(f"no stored log-prob for sample {sample} step {step} (a deterministic step?)")
+    surrogate, ratio = clipped_surrogate(log_prob, old, float(advantage), cfg.clip_range)
+    loss = step_weight * surrogate
+    kl = None
+    if cfg.kl_coef > 0:
+        kl = reference_kl(net, rollout, sample, step, mean, cfg)
+        loss = loss + cfg.kl_coef * kl
+    return loss, {"log_prob": log_prob, "old_log_prob": old, "ratio": ratio.detach(),
+                  "kl": None if kl is None else kl.detach()}
+
+
+# -----------------------------------------------------------------------------
+# Update
+
+
+def lora_optimizer(net, params, cfg: GRPOConfig):
+    """AdamW over the LoRA parameters; refuses if anything else in the net is trainable."""
+    trainable = {id(p) for p in net.parameters() if p.requires_grad}
+    if trainable != {id(p) for p in params}:
+        raise ValueError(f"{len(trainable)} trainable tensors in the net but {len(params)} given: GRPO trains the "
+                         "LoRA adapters only (model.add_lora freezes the rest)")
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, weight_decay=cfg.weight_decay)
+
+
+@torch.no_grad()
+def recompute_old_log_probs(net, rollout: Rollout, cfg: GRPOConfig):
+    """Overwrite logp_old of the trained steps with a no-grad pass in the training layout (the fallback for rollouts
+    run with a different layout or kernels: the ratio is then 1 up to bf16 rounding of the sampling distribution)."""
+    for k in range(rollout.states.shape[0]):
+        for i in rollout.train_steps:
+            rollout.log_probs[k, i] = step_log_prob(net, rollout, k, i, cfg)[0][0]
+
+
+def step_weights(rollout: Rollout, cfg: GRPOConfig):
+    if cfg.pg_step_weight == "exact" or not rollout.train_steps:
+        return {i: 1.0 for i in rollout.train_steps}
+    mean_sq = sum(rollout.betas[i] ** 2 for i in rollout.train_steps) / len(rollout.train_steps)
+    return {i: rollout.betas[i] ** 2 / mean_sq for i in rollout.train_steps}
+
+
+def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, generator=None):
+    """Train on a batch of rollouts: backward over every (trajectory, trained step), accumulated, then step.
+
+    rollouts: list of Rollout (one per group); advantages: per rollout a [K] tensor (advantages[g][k]).
+    Trajectories with advantage exactly 0 are dropped. The rest (shuffled if a CPU generator is given) is split
+    into cfg.opt_steps_per_update chunks, one optimizer step each; each backward uses loss / (micro-steps in chunk).
+    Returns a dict of stats, including the health checks of the first chunk (theta == theta_old there):
+    first_logp_equal (every logp_new == logp_old bitwise), first_max_abs_dlogp, first_ratio, and per optimizer
+    step grad_norm (before clipping) and grads_outside_params (must be 0). A non-finite grad norm skips that
+    optimizer step and is counted in nonfinite_steps.
+    """
+    items = [(g, k) for g, adv in enumerate(advantages) for k in range(len(adv)) if float(adv[k]) != 0.0]
+    stats = {"trajectories": len(items), "micro_steps": 0, "opt_steps": 0, "nonfinite_steps": 0,
+             "grad_norm": [], "grads_outside_params": [], "loss": 0.0, "kl": 0.0, "clipfrac": 0.0,
+             "approx_kl": 0.0, "first_logp_equal": None, "first_max_abs_dlogp": None, "first_ratio": None,
+             "logp_requires_grad": None, "logp_has_grad_fn": None}
+    if not items:
+        return stats
+    if cfg.recompute_old_logp:
+        for g in sorted({g for g, _ in items}):
+            recompute_old_log_probs(net, rollouts[g], cfg)
+    if generator is not None:
+        items = [items[j] for j in torch.randperm(len(items), generator=generator).tolist()]
+    n_chunks = min(cfg.opt_steps_per_update, len(items))
+    chunks = [items[c::n_chunks] for c in range(n_chunks)]
+    param_ids = {id(p) for p in params}
+    weights = [step_weights(ro, cfg) for ro in rollouts]
+    max_dlogp, all_equal = 0.0, True
+
+    for c, chunk in enumerate(chunks):
+        n_micro = sum(len(rollouts[g].train_steps) for g, _ in chunk)
+        for g, k in chunk:
+            for i in rollouts[g].train_steps:
+                loss, info = grpo_loss(net, rollouts[g], k, i, advantages[g][k], cfg, weights[g][i])
+                (loss / n_micro).backward()
+                ratio, dlogp = info["ratio"], (info["log_prob"].detach() - info["old_log_prob"])
+                if stats["first_ratio"] is None:
+                    stats["first_ratio"] = float(ratio)
+                    stats["logp_requires_grad"] = bool(info["log_prob"].requires_grad)
+                    stats["logp_has_grad_fn"] = info["log_prob"].grad_fn is not None
+                if c == 0:
+                    all_equal &= bool(torch.equal(info["log_prob"].detach().reshape(()), info["old_log_prob"]))
+                    max_dlogp = max(max_dlogp, float(dlogp.abs()))
+                stats["micro_steps"] += 1
+                stats["loss"] += float(loss.detach()) / n_micro / n_chunks
+                stats["clipfrac"] += float((ratio - 1).abs() > cfg.clip_range)
+                stats["approx_kl"] += 0.5 * float(dlogp) ** 2
+                if info["kl"] is not None:
+                    stats["kl"] += float(info["kl"])
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+        stats["grad_norm"].append(grad_norm)
+        stats["grads_outside_params"].append(
+            sum(p.grad is not None for p in net.parameters() if id(p) not in param_ids))
+        if math.isfinite(grad_norm):
+            optimizer.step()
+            stats["opt_steps"] += 1
+        else:
+            stats["nonfinite_steps"] += 1
+            print(f"grpo_update: non-finite grad norm {grad_norm} in chunk {c}: optimizer step skipped")
+        optimizer.zero_grad(set_to_none=True)
+    stats["first_logp_equal"], stats["first_max_abs_dlogp"] = all_equal, max_dlogp
+    for key in ("clipfrac", "approx_kl", "kl"):
+        stats[key] /= stats["micro_steps"]
+    return stats

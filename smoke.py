@@ -1,0 +1,295 @@
+"""The 1-step GRPO smoke test: one rollout group, rewards, advantages, one LoRA update, and PASS criteria.
+
+    python smoke.py                       # tiny DiT + tiny VAE on CPU, well under a minute
+    python smoke.py --config v2w-14b --device cuda --frames 93 --height 432 --width 768 --k 2 --steps 8 --sac block
+
+Random weights unless --init names a checkpoint (loaded strictly through ckpt.py). The base net is built on the
+meta device and materialised directly in its final dtype (bf16 on CUDA), so a 14B model never exists in fp32;
+the LoRA adapters are fp32. Prints time and peak memory per phase and the MFU of the rollout and of the update
+against a bf16 matmul peak measured in the same run, then each criterion, then `SMOKE PASS` or `SMOKE FAIL: ...`.
+"""
+import argparse
+import math
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import grpo
+import reward
+from model import DiT, add_lora, condition_mask, get_config
+
+
+@dataclass(frozen=True)
+class SmokeConfig:
+    config: str = "tiny"  # model.py config name
+    device: str = "cpu"
+    dtype: str = "auto"  # base weights: auto = bf16 on cuda, fp32 on cpu; fp32 | bf16. LoRA is always fp32
+    frames: int = 9  # pixel frames, 4k + 1 (93 -> 24 latent frames)
+    height: int = 64  # pixels, multiple of 16 (VAE x8, then 2x2 patches)
+    width: int = 64
+    cond_frames: int = 1  # conditioning latent frames (1 = one input image)
+    text_tokens: int = 512  # T5 sequence length of the (random) prompt embeddings
+    k: int = 2  # samples per group
+    steps: int = 8  # rollout steps N
+    eta: float = 0.5
+    guidance: float = 7.0
+    uncond_grad: bool = False
+    kl_coef: float = 0.0
+    lora_rank: int = 32  # Predict2's 14B preset: r = 32, alpha = 32 -> 143,917,056 parameters
+    lora_alpha: float = 32.0
+    lr: float = 1e-4
+    sac: str = "none"  # activation checkpointing mode passed to sac.apply (none | block | mm | attn | selective)
+    init: str = ""  # base checkpoint (anything ckpt.resolve_source accepts); empty = random weights
+    vae: str = "auto"  # tiny | real (architecture; random weights); auto = tiny for the tiny DiT, else real
+    seed: int = 0
+    count_flops: str = "auto"  # FlopCounterMode around rollout and update (MFU): true | false | auto = on cuda only
+    # (on CPU the counter's per-op Python dispatch costs ~10x on the tiny model, and it cannot count CPU attention)
+
+    def __post_init__(self):
+        for name, valid in (("dtype", ("auto", "fp32", "bf16")), ("vae", ("auto", "tiny", "real")),
+                            ("count_flops", ("auto", "true", "false"))):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"--{name}={getattr(self, name)!r}; valid: {valid}")
+
+
+def parse_args(argv=None):
+    """argparse generated from SmokeConfig's fields; unknown flags are an error."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    for f in fields(SmokeConfig):
+        kind = parse_bool if f.type is bool else f.type
+        parser.add_argument(f"--{f.name}", type=kind, default=f.default, help=f"default: {f.default}")
+    return SmokeConfig(**vars(parser.parse_args(argv)))
+
+
+def parse_bool(text):
+    if text.lower() in ("1", "true", "yes"):
+        return True
+    if text.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+# -----------------------------------------------------------------------------
+# Phases: wall time and peak memory, synchronised
+
+
+class Phases:
+    def __init__(self, device):
+        self.device, self.rows = device, []
+
+    def sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextmanager
+    def __call__(self, name):
+        self.sync()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        start = time.perf_counter()
+        yield
+        self.sync()
+        seconds = time.perf_counter() - start
+        peak = torch.cuda.max_memory_allocated(self.device) / 2 ** 30 if self.device.type == "cuda" else None
+        self.rows.append((name, seconds, peak))
+        print(f"phase {name:<8} {seconds:8.2f} s   peak " + (f"{peak:6.2f} GiB" if peak is not None else "n/a (cpu)"),
+              flush=True)
+
+    def peak(self):
+        peaks = [p for _, _, p in self.rows if p is not None]
+        return max(peaks) if peaks else None
+
+
+def matmul_peak(device, dtype):
+    """Achievable matmul FLOP/s measured here (bf16 8192^3 on CUDA; the run's dtype at 1024^3 on CPU)."""
+    n, iters = (8192, 20) if device.type == "cuda" else (1024, 3)
+    mm_dtype = torch.bfloat16 if device.type == "cuda" else dtype
+    a = torch.randn(n, n, device=device, dtype=mm_dtype)
+    b = torch.randn(n, n, device=device, dtype=mm_dtype)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(3):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(iters):
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, (time.perf_counter() - start) / iters)
+    return 2 * n ** 3 / best, f"{str(mm_dtype).replace('torch.', '')} {n}^3 matmul"
+
+
+@contextmanager
+def flop_count(enabled):
+    counter = FlopCounterMode(display=False) if enabled else None
+    if counter is None:
+        yield None
+        return
+    with counter:
+        yield counter
+
+
+# -----------------------------------------------------------------------------
+# Model, VAE and one group's condition
+
+
+def build_policy(cfg: SmokeConfig, device, dtype):
+    """DiT on meta -> base dtype -> materialised on device -> random init or strict load -> LoRA -> SAC."""
+    with torch.device("meta"):
+        net = DiT(get_config(cfg.config))
+    net = net.to(dtype)  # free on meta: weights are allocated once, directly in their final dtype
+    net.to_empty(device=device)
+    if cfg.init:
+        import ckpt
+        ckpt.load(net, ckpt.resolve_source(cfg.init))
+    else:
+        torch.manual_seed(cfg.seed)
+        net.init_weights()
+    torch.manual_seed(cfg.seed + 1)
+    params = add_lora(net, cfg.lora_rank, cfg.lora_alpha)
+    if cfg.sac != "none":
+        import sac
+        sac.apply(net, cfg.sac)
+    return net, params
+
+
+def build_vae(cfg: SmokeConfig, device, dtype):
+    from vae import WanVAE, get_vae_config
+    name = cfg.vae if cfg.vae != "auto" else ("tiny" if cfg.config == "tiny" else "real")
+    torch.manual_seed(cfg.seed + 2)
+    with torch.device(device):
+        vae = WanVAE(get_vae_config(name))
+    return vae.to(dtype).eval(), name
+
+
+def make_condition(cfg: SmokeConfig, latent_shape, device):
+    """Random stand-ins for the cached T5 embeddings and the encoded first frame of one group."""
+    g = torch.Generator(device=device).manual_seed(cfg.seed + 3)
+    emb = torch.randn(2, cfg.text_tokens, 1024, generator=g, device=device)
+    gt = torch.randn(1, *latent_shape, generator=g, device=device)
+    return grpo.Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt,
+                          condition_mask=condition_mask(gt, cfg.cond_frames), key=("smoke-episode", "smoke task"))
+
+
+# -----------------------------------------------------------------------------
+# The smoke
+
+
+def main(argv=None):
+    cfg = parse_args(argv)
+    device = torch.device(cfg.device)
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "fp32": torch.float32,
+             "bf16": torch.bfloat16}[cfg.dtype]
+    if (cfg.frames - 1) % 4 or cfg.height % 16 or cfg.width % 16:
+        raise SystemExit(f"--frames must be 4k+1 and --height/--width multiples of 16, got "
+                         f"{cfg.frames}x{cfg.height}x{cfg.width}")
+    count_flops = {"auto": device.type == "cuda", "true": True, "false": False}[cfg.count_flops]
+    latent_shape = (16, 1 + (cfg.frames - 1) // 4, cfg.height // 8, cfg.width // 8)
+    gcfg = grpo.GRPOConfig(group_size=cfg.k, num_steps=cfg.steps, eta=cfg.eta, guidance=cfg.guidance,
+                           uncond_grad=cfg.uncond_grad, kl_coef=cfg.kl_coef, lr=cfg.lr)
+    print(f"smoke config: {asdict(cfg)}")
+    print(f"grpo config: {asdict(gcfg)}")
+    print(f"latent {latent_shape}, base dtype {dtype}, torch {torch.__version__}", flush=True)
+    phases = Phases(device)
+
+    with phases("build"):
+        net, params = build_policy(cfg, device, dtype)
+        optimizer = grpo.lora_optimizer(net, params, gcfg)
+        vae, vae_name = build_vae(cfg, device, dtype)
+    n_lora = sum(p.numel() for p in params)
+    mcfg = net.cfg
+    print(f"DiT {cfg.config}: {sum(p.numel() for p in net.parameters()) - n_lora:,} base params ({dtype}), "
+          f"{n_lora:,} LoRA params (fp32, r={cfg.lora_rank}); VAE '{vae_name}' with random weights; sac {cfg.sac}")
+    with phases("peak"):
+        peak_flops, peak_what = matmul_peak(device, dtype)
+    print(f"measured matmul peak: {peak_flops / 1e12:.1f} TFLOP/s ({peak_what})")
+
+    cond = make_condition(cfg, latent_shape, device)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    with phases("rollout"), flop_count(count_flops) as counter:
+        rollout = grpo.rollout_group(net, cond, latent_shape, gcfg, generator)
+    rollout_flops = counter.get_total_flops() if counter else None
+    rollout_seconds = phases.rows[-1][1]
+
+    with phases("decode"):  # one sample at a time: decoding memory does not grow with K
+        video = torch.cat([vae.decode(rollout.x0_final[k: k + 1]) for k in range(cfg.k)]).float()
+    with phases("reward"):
+        scores = reward.grid_rewards(video)
+    rewards = scores["reward"]
+    advantages = grpo.group_advantages(rewards, [cond.key] * cfg.k, eps=gcfg.adv_eps, clip=gcfg.adv_clip,
+                                       global_std=gcfg.global_std, ddof=gcfg.std_ddof)
+    print(f"video {tuple(video.shape)}, rewards {rewards.tolist()}, advantages {advantages.tolist()}")
+    print("raw reward statistics: " + ", ".join(f"{k} {v.tolist()}" for k, v in scores.items() if k != "reward"))
+
+    with phases("update"), flop_count(count_flops) as counter:
+        stats = grpo.grpo_update(net, optimizer, params, [rollout], [advantages.to(device)], gcfg)
+    update_flops = counter.get_total_flops() if counter else None
+    update_seconds = phases.rows[-1][1]
+
+    # -- report
+    n_fwd_rollout = cfg.k * (cfg.steps + 1) * (2 if gcfg.guidance else 1)
+    if rollout_flops:
+        print(f"rollout: {n_fwd_rollout} forwards, {rollout_flops / 1e15:.3f} PFLOP counted, "
+              f"{rollout_seconds / n_fwd_rollout:.3f} s/forward, MFU {rollout_flops / rollout_seconds / peak_flops:.1%}")
+    if update_flops:
+        print(f"update: {stats['micro_steps']} micro-steps (fwd + bwd + uncond fwd), {update_flops / 1e15:.3f} PFLOP "
+              f"counted (incl. activation recompute), {update_seconds / max(1, stats['micro_steps']):.3f} s/micro-step, "
+              f"MFU {update_flops / update_seconds / peak_flops:.1%}")
+    if device.type == "cpu" and count_flops:
+        print("note: on CPU FlopCounterMode does not count attention (the CPU SDPA kernel has no FLOP formula)")
+    peak = phases.peak()
+    print(f"peak memory over all phases: {peak:.2f} GiB" if peak is not None else "peak memory: n/a on cpu")
+    print(f"update stats: { {k: v for k, v in stats.items()} }")
+
+    sigma_check = []
+    for i in range(cfg.steps):
+        if rollout.betas[i] > 0:
+            expected = -math.log(rollout.betas[i]) - grpo.LOG_SQRT_2PI - 0.5
+            sigma_check.append(abs(float(rollout.log_probs[:, i].mean()) - expected))
+    adv_std = float(advantages.std(correction=0))
+    expected_adv_std = expected_advantage_std(rewards, gcfg)
+    expected_lora = mcfg.num_blocks * cfg.lora_rank * (24 * mcfg.model_channels + 2 * mcfg.crossattn_emb_channels)
+    N, C, T, H, W = cfg.steps, *latent_shape
+    criteria = [
+        ("rollout shapes", (tuple(rollout.states.shape), tuple(rollout.log_probs.shape)),
+         tuple(rollout.states.shape) == (cfg.k, N + 1, C, T, H, W) and tuple(rollout.log_probs.shape) == (cfg.k, N)),
+        ("logp_old mean within 0.05 of -log(beta) - 1.4189 per step", max(sigma_check), max(sigma_check) < 0.05),
+        ("reward std > 0", float(rewards.std(correction=0)), float(rewards.std(correction=0)) > 0),
+        (f"advantage std (ddof {gcfg.std_ddof}, eps {gcfg.adv_eps}) == {expected_adv_std:.6f}", adv_std,
+         abs(adv_std - expected_adv_std) < 1e-6),
+        ("log_prob.requires_grad and grad_fn", (stats["logp_requires_grad"], stats["logp_has_grad_fn"]),
+         bool(stats["logp_requires_grad"] and stats["logp_has_grad_fn"])),
+        ("first-inner-step ratio == 1 exactly", stats["first_ratio"], stats["first_ratio"] == 1.0),
+        ("every logp_new == logp_old bitwise before the step (max |dlogp|)", stats["first_max_abs_dlogp"],
+         bool(stats["first_logp_equal"])),
+        ("grad norm finite and > 0", stats["grad_norm"], all(math.isfinite(g) and g > 0 for g in stats["grad_norm"])
+         and bool(stats["grad_norm"])),
+        ("gradients on LoRA params only (base params with grad)", stats["grads_outside_params"],
+         stats["grads_outside_params"] == [0] * stats["opt_steps"] and stats["opt_steps"] == 1),
+        (f"LoRA params == blocks * r * (24 D + 2 * 1024) = {expected_lora:,}", n_lora, n_lora == expected_lora),
+        ("loss finite", stats["loss"], math.isfinite(stats["loss"])),
+    ]
+    for name, value, ok in criteria:
+        print(f"[{'PASS' if ok else 'FAIL'}] {name}: {value}")
+    failed = [name for name, _, ok in criteria if not ok]
+    print("SMOKE PASS" if not failed else "SMOKE FAIL: " + "; ".join(failed), flush=True)
+    return 0 if not failed else 1
+
+
+def expected_advantage_std(rewards, gcfg: grpo.GRPOConfig):
+    """The advantage std one group must have under the configured convention, by the hand formula."""
+    r = rewards.double().cpu()
+    sd = float(r.std(correction=gcfg.std_ddof))
+    if sd == 0:
+        return 0.0
+    return float(r.std(correction=0)) / (sd + gcfg.adv_eps)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

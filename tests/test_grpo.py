@@ -1,0 +1,354 @@
+"""grpo.py: exact step log-probs, masking, advantages, the clipped loss, ratio == 1, LoRA-only gradients."""
+import math
+
+import pytest
+import torch
+
+import grpo
+from model import add_lora, build_model, condition_mask, get_config, set_lora_enabled
+from sample import karras_sigmas
+
+LATENT = (16, 3, 4, 4)  # C, T, H, W: 3 latent frames, the first one conditioning
+
+
+def tiny_policy(seed=0, rank=4):
+    torch.manual_seed(seed)
+    net = build_model(get_config("tiny"))
+    params = add_lora(net, rank)
+    return net, params
+
+
+def tiny_condition(seed=0, text_tokens=8, cond_frames=1):
+    g = torch.Generator().manual_seed(seed)
+    emb = torch.randn(2, text_tokens, 1024, generator=g)
+    gt = torch.randn(1, *LATENT, generator=g)
+    return grpo.Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt,
+                          condition_mask=condition_mask(gt, cond_frames), key=("ep0", "pick"))
+
+
+def rollout(net, cfg, seed=0, cond=None):
+    return grpo.rollout_group(net, cond or tiny_condition(), LATENT, cfg, torch.Generator().manual_seed(seed))
+
+
+def perturb_lora_b(params, scale=0.05, seed=1):
+    """Zero-init B makes LoRA-on == LoRA-off; move the adapters so the two policies differ."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in params:
+            p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+# -----------------------------------------------------------------------------
+# Step coefficients and log-prob
+
+
+def test_coefficients_preserve_the_noise_level():
+    sig = karras_sigmas(8).tolist()
+    for sde, eta in (("ddim_eta", 0.5), ("ddim_eta", 1.0), ("cps", 0.8)):
+        for i in range(8):
+            a, b = grpo.step_coefficients(sde, sig[i], sig[i + 1], eta)
+            assert abs(a * a + b * b - sig[i + 1] ** 2) <= 1e-12 * sig[i + 1] ** 2
+    a, _ = grpo.step_coefficients("ddim_eta", sig[2], sig[3], 1.0)  # eta 1: the exact VE posterior mean
+    assert abs(a - sig[3] ** 2 / sig[2]) < 1e-12
+    assert grpo.step_coefficients("ddim_eta", sig[2], sig[3], 0.0) == (sig[3], 0.0)
+
+
+def test_log_prob_equals_torch_normal():
+    g = torch.Generator().manual_seed(0)
+    mean = 3 * torch.randn(2, *LATENT, generator=g)
+    x_next = mean + 0.7 * torch.randn(2, *LATENT, generator=g)
+    gen = 1 - condition_mask(mean[:1], 1)
+    got = grpo.gaussian_log_prob(x_next, mean, 0.7, gen)
+    ref = torch.distributions.Normal(mean.double(), 0.7).log_prob(x_next.double())
+    ref = (ref * gen.double()).sum(dim=(1, 2, 3, 4)) / (gen.sum() * LATENT[0])
+    assert got.dtype == torch.float32 and got.shape == (2,)
+    torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=0)
+
+
+def test_conditioning_elements_are_excluded_from_log_prob():
+    g = torch.Generator().manual_seed(0)
+    mean = torch.randn(1, *LATENT, generator=g)
+    x_next = mean + 0.3 * torch.randn(1, *LATENT, generator=g)
+    mask = condition_mask(mean, 1)
+    gen = 1 - mask
+    base = grpo.gaussian_log_prob(x_next, mean, 0.3, gen)
+    changed = x_next + 100.0 * mask  # move only the conditioning frame
+    assert torch.equal(grpo.gaussian_log_prob(changed, mean, 0.3, gen), base)
+    # the divisor is |G| (generated elements), not all elements
+    gen_only = ((x_next - mean)[:, :, 1:] ** 2).mean()
+    expected = -gen_only / (2 * 0.3 ** 2) - math.log(0.3) - grpo.LOG_SQRT_2PI
+    torch.testing.assert_close(base[0], expected, atol=1e-6, rtol=0)
+    # gradient wrt the mean: (x' - mu) / (beta^2 |G|) on generated elements, 0 on conditioning ones
+    mean_req = mean.clone().requires_grad_(True)
+    grpo.gaussian_log_prob(x_next, mean_req, 0.3, gen).sum().backward()
+    n_gen = gen.sum() * LATENT[0]
+    torch.testing.assert_close(mean_req.grad, (x_next - mean) * gen / (0.3 ** 2 * n_gen), atol=1e-7, rtol=1e-5)
+    assert torch.all(mean_req.grad[:, :, 0] == 0)
+
+
+def test_log_prob_mean_matches_entropy_statistically():
+    g = torch.Generator().manual_seed(0)
+    mean = torch.randn(1, 16, 8, 32, 32, generator=g)
+    beta = 0.05
+    x_next = mean + beta * torch.randn(mean.shape, generator=g)
+    gen = torch.ones(1, 1, 8, 32, 32)
+    got = float(grpo.gaussian_log_prob(x_next, mean, beta, gen))
+    n = mean.numel()
+    assert abs(got - (-math.log(beta) - 1.4189385)) < 3 * 0.7071 / math.sqrt(n)
+
+
+def test_deterministic_step_has_no_log_prob():
+    with pytest.raises(ValueError, match="deterministic"):
+        grpo.gaussian_log_prob(torch.zeros(1, *LATENT), torch.zeros(1, *LATENT), 0.0, torch.ones(1, 1, 3, 4, 4))
+
+
+def test_eta_zero_rollout_is_predict2_euler_and_untrainable():
+    net, _ = tiny_policy()
+    cfg = grpo.GRPOConfig(num_steps=4, eta=0.0, guidance=0.0)
+    ro = rollout(net, cfg)
+    assert ro.train_steps == [] and torch.isnan(ro.log_probs).all() and torch.isfinite(ro.states).all()
+    x = ro.states[0, 0:1]
+    with torch.no_grad():
+        x0 = grpo.guided_x0(net, x, ro.sigmas[0], ro.cond, 0.0)
+    r = ro.sigmas[1] / ro.sigmas[0]
+    torch.testing.assert_close(ro.states[0, 1:2], r * x + (1 - r) * x0, atol=1e-5, rtol=1e-6)
+
+
+# -----------------------------------------------------------------------------
+# Rollout <-> training identity
+
+
+def test_rollout_shapes_masks_and_conditioning_frames_untouched():
+    net, _ = tiny_policy()
+    cfg = grpo.GRPOConfig(num_steps=4)
+    ro = rollout(net, cfg)
+    assert ro.states.shape == (2, 5, *LATENT) and ro.log_probs.shape == (2, 4) and ro.x0_final.shape == (2, *LATENT)
+    assert ro.train_steps == [0, 1, 2] and torch.isfinite(ro.log_probs).all()
+    # no noise on the conditioning frame: its state follows the theta-independent deterministic path
+    for i in range(4):
+        c = ro.alphas[i] / ro.sigmas[i]
+        expected = c * ro.states[:, i, :, :1] + (1 - c) * ro.cond.gt_frames[:, :, :1]
+        torch.testing.assert_close(ro.states[:, i + 1, :, :1], expected, atol=1e-5, rtol=1e-6)
+    assert torch.equal(ro.x0_final[:, :, :1], ro.cond.gt_frames[:, :, :1].expand(2, -1, -1, -1, -1))
+
+
+def test_stored_log_prob_recomputes_bitwise_with_grad():
+    net, params = tiny_policy()
+    perturb_lora_b(params)
+    cfg = grpo.GRPOConfig(num_steps=4)
+    ro = rollout(net, cfg)
+    for k in range(2):
+        for i in ro.train_steps:
+            logp, _ = grpo.step_log_prob(net, ro, k, i, cfg)
+            assert logp.requires_grad and logp.grad_fn is not None
+            assert torch.equal(logp.detach()[0], ro.log_probs[k, i])
+            loss, info = grpo.grpo_loss(net, ro, k, i, 1.0, cfg)
+            assert float(info["ratio"]) == 1.0
+
+
+def test_update_ratio_one_and_lora_only_gradients():
+    net, params = tiny_policy()
+    cfg = grpo.GRPOConfig(num_steps=4, kl_coef=0.004)
+    ro = rollout(net, cfg)
+    base = {n: p.detach().clone() for n, p in net.named_parameters() if not p.requires_grad}
+    opt = grpo.lora_optimizer(net, params, cfg)
+    stats = grpo.grpo_update(net, opt, params, [ro], [torch.tensor([1.0, -1.0])], cfg)
+    assert stats["first_logp_equal"] and stats["first_max_abs_dlogp"] == 0.0 and stats["first_ratio"] == 1.0
+    assert stats["logp_requires_grad"] and stats["logp_has_grad_fn"]
+    assert stats["micro_steps"] == 6 and stats["opt_steps"] == 1 and stats["grads_outside_params"] == [0]
+    g = stats["grad_norm"][0]
+    assert math.isfinite(g) and g > 0 and math.isfinite(stats["loss"])
+    assert stats["kl"] == 0.0  # zero-init B: policy == reference exactly
+    assert all(torch.equal(p, base[n]) for n, p in net.named_parameters() if n in base)
+    assert all(p.grad is None for p in net.parameters())  # zeroed (set to None) after the step
+
+
+def test_gradients_reach_lora_only_before_the_step():
+    net, params = tiny_policy()
+    perturb_lora_b(params)
+    cfg = grpo.GRPOConfig(num_steps=4)
+    ro = rollout(net, cfg)
+    loss, _ = grpo.grpo_loss(net, ro, 0, 1, 1.0, cfg)
+    loss.backward()
+    lora = {id(p) for p in params}
+    assert all(p.grad is None for p in net.parameters() if id(p) not in lora)
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
+
+
+def test_one_sgd_step_moves_log_probs_along_the_advantage():
+    """Sign check: after one small step, sum_k A_k (logp_new - logp_old) > 0 (catches sign errors)."""
+    net, params = tiny_policy()
+    perturb_lora_b(params)
+    cfg = grpo.GRPOConfig(num_steps=4, max_grad_norm=1e9)
+    ro = rollout(net, cfg)
+    adv = torch.tensor([1.0, -1.0])
+    opt = torch.optim.SGD(params, lr=1e-3)
+    grpo.grpo_update(net, opt, params, [ro], [adv], cfg)
+    with torch.no_grad():
+        gain = sum(float(adv[k]) * float(grpo.step_log_prob(net, ro, k, i, cfg)[0] - ro.log_probs[k, i])
+                   for k in range(2) for i in ro.train_steps)
+    assert gain > 0
+
+
+def test_zero_advantages_skip_the_update():
+    net, params = tiny_policy()
+    cfg = grpo.GRPOConfig(num_steps=4)
+    ro = rollout(net, cfg)
+    before = [p.detach().clone() for p in params]
+    stats = grpo.grpo_update(net, grpo.lora_optimizer(net, params, cfg), params, [ro], [torch.zeros(2)], cfg)
+    assert stats["trajectories"] == 0 and stats["opt_steps"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, params))
+
+
+def test_uncond_detach_same_value_different_gradient():
+    net, params = tiny_policy()
+    perturb_lora_b(params)
+    cond = tiny_condition()
+    x = 5 * torch.randn(1, *LATENT, generator=torch.Generator().manual_seed(3))
+    grads = []
+    for uncond_grad in (False, True):
+        x0 = grpo.guided_x0(net, x, 5.0, cond, 7.0, uncond_grad=uncond_grad)
+        x0.square().mean().backward()
+        grads.append((x0.detach(), [p.grad.clone() for p in params]))
+        for p in params:
+            p.grad = None
+    assert torch.equal(grads[0][0], grads[1][0])
+    assert any(not torch.equal(a, b) for a, b in zip(grads[0][1], grads[1][1]))
+
+
+def test_guidance_without_negative_prompt_is_an_error():
+    net, _ = tiny_policy()
+    cond = tiny_condition()
+    cond.neg_crossattn_emb = None
+    with pytest.raises(ValueError, match="neg_crossattn_emb"):
+        rollout(net, grpo.GRPOConfig(num_steps=2), cond=cond)
+
+
+def test_kl_to_reference_matches_normal_kl():
+    net, params = tiny_policy()
+    perturb_lora_b(params)
+    cfg = grpo.GRPOConfig(num_steps=4, kl_coef=1.0)
+    ro = rollout(net, cfg)
+    k, i = 1, 2
+    _, mean = grpo.step_log_prob(net, ro, k, i, cfg)
+    kl = grpo.reference_kl(net, ro, k, i, mean, cfg)
+    with torch.no_grad():
+        set_lora_enabled(net, False)
+        _, mean_ref = grpo.step_log_prob(net, ro, k, i, cfg)
+        set_lora_enabled(net, True)
+    beta = ro.betas[i]
+    ref = torch.distributions.kl_divergence(torch.distributions.Normal(mean.detach().double(), beta),
+                                            torch.distributions.Normal(mean_ref.double(), beta))[:, :, 1:].mean()
+    assert float(kl.detach()) > 0
+    torch.testing.assert_close(kl.detach().double()[0], ref, rtol=1e-4, atol=1e-9)
+
+
+# -----------------------------------------------------------------------------
+# The clipped surrogate
+
+
+@pytest.mark.parametrize("advantage", [1.5, -1.5])
+def test_surrogate_at_ratio_one_and_outside_the_clip(advantage):
+    eps = 1e-3
+    old = torch.tensor(-2.0)
+    logp = old.clone().requires_grad_(True)
+    loss, ratio = grpo.clipped_surrogate(logp, old, advantage, eps)
+    loss.backward()
+    assert float(ratio) == 1.0 and float(logp.grad) == -advantage
+    for shift, frozen_sign in ((math.log(1 + 2 * eps), 1), (math.log(1 - 2 * eps), -1)):
+        logp = (old + shift).requires_grad_(True)
+        loss, _ = grpo.clipped_surrogate(logp, old, advantage, eps)
+        loss.backward()
+        # PPO pessimism: moving further in the advantage's direction past the clip earns nothing
+        if math.copysign(1, advantage) == frozen_sign:
+            assert float(logp.grad) == 0.0
+        else:
+            assert float(logp.grad) != 0.0
+
+
+# -----------------------------------------------------------------------------
+# Advantages
+
+
+def test_all_equal_rewards_give_zero_advantages():
+    for global_std in (True, False):
+        for ddof in (0, 1):
+            adv = grpo.group_advantages([0.1, 0.1, 0.1, 0.3, 0.3, 0.3], ["a"] * 3 + ["b"] * 3,
+                                        global_std=global_std, ddof=ddof)
+            assert torch.equal(adv, torch.zeros(6))
+    adv = grpo.group_advantages([0.7, 0.7], [("ep", "x")] * 2)
+    assert torch.equal(adv, torch.zeros(2)) and not torch.isnan(adv).any()
+
+
+def test_k2_advantage_conventions():
+    d = 3e-3
+    r = [0.5 + d, 0.5]
+    a0 = grpo.group_advantages(r, ["g", "g"], ddof=0, global_std=False)
+    torch.testing.assert_close(a0, torch.tensor([1.0, -1.0], dtype=torch.float64) * (d / 2) / (d / 2 + 1e-4))
+    a1 = grpo.group_advantages(r, ["g", "g"], ddof=1, global_std=False)
+    s = d / math.sqrt(2)
+    torch.testing.assert_close(a1, torch.tensor([1.0, -1.0], dtype=torch.float64) * (d / 2) / (s + 1e-4))
+    assert abs(float(a0.std(correction=0)) - (d / 2) / (d / 2 + 1e-4)) < 1e-12
+
+
+def test_global_std_interleaved_keys_clip_and_failed_rewards():
+    r = torch.tensor([0.1, 0.9, 0.4, 0.2, 0.8, 0.5])
+    keys = [("e1", "t"), ("e2", "t"), ("e1", "t"), ("e2", "t"), ("e1", "t"), ("e2", "t")]
+    adv = grpo.group_advantages(r, keys, global_std=True, ddof=0)
+    rd = r.double()
+    sd = rd.std(correction=0)
+    g1, g2 = rd[[0, 2, 4]], rd[[1, 3, 5]]
+    expected = torch.empty(6, dtype=torch.float64)
+    expected[[0, 2, 4]] = (g1 - g1.mean()) / (sd + 1e-4)
+    expected[[1, 3, 5]] = (g2 - g2.mean()) / (sd + 1e-4)
+    torch.testing.assert_close(adv, expected)
+    # same instruction, different episodes: two groups, not one (the key is (episode, instruction))
+    assert not torch.allclose(adv, grpo.group_advantages(r, [("*", "t")] * 6, global_std=True))
+    # sorted order gives the same advantages
+    order = [0, 2, 4, 1, 3, 5]
+    torch.testing.assert_close(grpo.group_advantages(r[order], [keys[j] for j in order]), adv[order])
+    # clipping and a failed (NaN) reward
+    big = grpo.group_advantages([0.0, 0.0, 0.0, 0.0, 0.0, 1.0], ["g"] * 6, eps=0.0, clip=2.0, global_std=False)
+    assert float(big.max()) == 2.0
+    nan = grpo.group_advantages([0.2, float("nan"), 0.4], ["g"] * 3, global_std=False)
+    assert float(nan[1]) == 0.0 and torch.isfinite(nan).all() and float(nan[0]) < 0 < float(nan[2])
+
+
+# -----------------------------------------------------------------------------
+# Config, windows, shared latents
+
+
+def test_config_rejects_training_the_last_step_and_bad_windows():
+    with pytest.raises(ValueError, match="never trained"):
+        grpo.GRPOConfig(num_steps=4, train_steps=(1, 3))
+    with pytest.raises(ValueError, match="window"):
+        grpo.GRPOConfig(num_steps=4, window_size=2, window_range=(2, 4))
+    with pytest.raises(ValueError, match="sde_type"):
+        grpo.GRPOConfig(sde_type="flow_sde")
+
+
+def test_fast_window_with_shared_latent():
+    net, _ = tiny_policy()
+    cfg = grpo.GRPOConfig(num_steps=6, window_size=2, window_range=(1, 5), same_latent=True, group_size=3)
+    ro = rollout(net, cfg, seed=4)
+    stochastic = [i for i, b in enumerate(ro.betas) if b > 0]
+    assert len(stochastic) == 2 and stochastic[1] == stochastic[0] + 1 and 1 <= stochastic[0] <= 3
+    assert ro.train_steps == stochastic
+    start = stochastic[0]
+    assert torch.equal(ro.states[1, : start + 1], ro.states[0, : start + 1])  # shared deterministic prefix
+    assert not torch.equal(ro.states[1, start + 1], ro.states[0, start + 1])  # branches at the window
+    assert torch.isfinite(ro.log_probs[:, stochastic]).all() and torch.isnan(ro.log_probs[:, [0, 5]]).all()
+    # the prefix computed once equals the deterministic prefix walked again from the shared noise
+    x = ro.states[2, 0:1]
+    with torch.no_grad():
+        for i in range(start):
+            x = grpo.step_mean(x, grpo.guided_x0(net, x, ro.sigmas[i], ro.cond, cfg.guidance), ro.sigmas[i],
+                               ro.alphas[i])
+    assert torch.equal(x[0], ro.states[2, start])
+
+
+def test_lora_optimizer_refuses_other_trainable_params():
+    net, params = tiny_policy()
+    net.final_layer.linear.weight.requires_grad_(True)
+    with pytest.raises(ValueError, match="LoRA adapters only"):
+        grpo.lora_optimizer(net, params, grpo.GRPOConfig())
