@@ -282,6 +282,7 @@ def run(b: BenchConfig):
             res.setdefault("warmup_s", []).append(round(t(), 3))
         if b.sac in ("mm", "attn", "selective"):
             res["saved"] = sac.check_first_step(b.sac)  # raises if the save list missed the kernels that ran
+            res["saved_ops"] = dict(sac.SAVED)
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
