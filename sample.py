@@ -78,3 +78,19 @@ def sample(x0_fn, noise, num_steps=35, callback=None):
             callback(i, x, x0)
     sigma = torch.full((batch,), float(sigmas[-1]), dtype=torch.float32, device=x.device)
     return x0_fn(x, sigma)  # final clean pass at sigma_min
+
+
+def write_mp4(path, video_3_T_H_W, fps=16):
+    """Write a [3,T,H,W] video in [-1,1] as H.264 mp4 (yuv420p: sides rounded down to even)."""
+    import imageio.v2 as imageio
+    frames = ((video_3_T_H_W.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    frames = frames.permute(1, 2, 3, 0).cpu().numpy()  # [T,H,W,3]
+    H, W = frames.shape[1] // 2 * 2, frames.shape[2] // 2 * 2
+    tmp = path + ".tmp.mp4"
+    with imageio.get_writer(tmp, fps=fps, codec="libx264", quality=8, pixelformat="yuv420p",
+                            macro_block_size=1) as writer:
+        for frame in frames[:, :H, :W]:
+            writer.append_data(frame)
+    import os
+    os.replace(tmp, path)  # a reader never sees a half-written file
+    return path

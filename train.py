@@ -1,0 +1,526 @@
+"""Fine-tune Cosmos-Predict2 video2world on stitched 2x2 robot-grid videos.
+
+    python train.py                                            # tiny built-in default, CPU, a few minutes
+    torchrun --nproc_per_node=8 train.py --config v2w-14b --init droid --data DIR
+    torchrun --nproc_per_node=8 train.py --config v2w-2b --init 2b-480p-16fps --data DIR --sac block
+
+One script, top to bottom: config -> setup -> data -> model -> optimizer -> loop -> checkpoint.
+"""
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+import ckpt
+import data
+import sac
+import stitch
+import vae as vae_lib
+from model import DiT, add_lora, condition_mask, denoise, get_config, num_params
+
+# -----------------------------------------------------------------------------
+# Config: every field is a --flag; unknown flags are an error. None means "resolved from --config" below.
+
+
+@dataclass
+class TrainConfig:
+    config: str = "tiny"  # DiT config (model.CONFIGS)
+    init: str = ""  # droid | 2b-480p-16fps | 14b-720p-10fps | PATH | hf://org/repo/file@rev | random
+    ema_weights: bool = False  # load the net_ema. copy of a release file that holds both
+    data: str = ""  # stitched folder (stitch.py); the tiny default builds one from a synthetic LeRobot dataset
+    out: str = "out"
+    vae: str = ""  # tiny | real
+    vae_ckpt: str = ""  # tokenizer.pth (Wan2.1 VAE) for --vae real
+    frames: int = 0  # pixel frames per clip (4k+1)
+    height: int = 0
+    width: int = 0
+    text_len: int = 512
+    batch_size: int = 1  # per rank
+    grad_accum: int = 1
+    steps: int = 0
+    lr: float = 0.0
+    warmup: int = -1
+    lr_min_ratio: float = 0.1  # cosine decay to lr * this
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0
+    loss_scale: float = 10.0  # upstream's loss_scale; only matters against grad_clip
+    high_sigma_ratio: float = 0.05  # upstream's predict2_video2world_fsdp_* value
+    text_dropout: float = 0.2
+    sac: str = "none"  # none | block | mm | attn | selective
+    sac_every: int = 1
+    compile: bool = False  # torch.compile each block in place (keys unchanged)
+    lora: int = 0  # LoRA rank; 0 = full fine-tune
+    lora_alpha: float = 0.0  # 0 = rank (scale 1)
+    ema: float = 0.0  # power-EMA rate s (upstream 0.1); 0 = off
+    save_every: int = 0
+    keep: int = 3
+    sample_every: int = 0  # write a sample mp4 every N steps (0 = at the end only for the tiny default)
+    sample_steps: int = 35
+    log_every: int = 10
+    seed: int = 0
+    device: str = ""  # cuda | cpu (default: cuda when available)
+    workers: int = 2
+    cache_latents: bool = False  # keep encoded clips in memory by (video, start frame): small datasets only
+    objective: str = "sft"  # sft | grpo
+    wandb: str = ""  # project name; used only if wandb happens to be installed
+
+
+TINY = dict(data="data/tiny_grid", vae="tiny", frames=9, height=64, width=112, steps=200, lr=2e-3, warmup=20,
+            save_every=100, sample_every=0, text_len=16, workers=0, log_every=10, cache_latents=True)
+REAL = dict(vae="real", frames=93, height=432, width=768, steps=20000, lr=2 ** -14.5, warmup=1000, save_every=200,
+            sample_every=1000)
+
+
+def parse_config(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(TrainConfig):
+        if f.type is bool or f.type == "bool":
+            parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=f.default)
+        else:
+            parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=f.default)
+    cfg = TrainConfig(**vars(parser.parse_args(argv)))  # argparse rejects unknown flags
+    preset = TINY if cfg.config == "tiny" else REAL
+    for key, value in preset.items():  # fill only what the user left at the "resolve me" default
+        if getattr(cfg, key) == TrainConfig.__dataclass_fields__[key].default:
+            setattr(cfg, key, value)
+    return validate(cfg)
+
+
+def validate(cfg):
+    """Fail fast, before anything is built."""
+    get_config(cfg.config)  # raises with the valid names
+    if cfg.objective not in ("sft", "grpo"):
+        raise ValueError(f"--objective {cfg.objective!r}: valid are sft, grpo")
+    if cfg.objective == "grpo":
+        raise ValueError("--objective grpo: use grpo.py's loop (python smoke.py shows the wiring); not wired here yet")
+    if not cfg.init:
+        if cfg.config != "tiny":
+            raise ValueError(f"--config {cfg.config} needs an explicit --init (droid, 2b-480p-16fps, a path, ... "
+                             "or 'random' to really train from scratch)")
+        cfg.init = "random"
+    sac.make_checkpoint_fn(cfg.sac)  # raises with the valid modes
+    if cfg.sac_every < 1 or cfg.grad_accum < 1 or cfg.batch_size < 1 or cfg.steps < 1:
+        raise ValueError("--sac-every, --grad-accum, --batch-size and --steps must be >= 1")
+    if cfg.keep < 2:
+        raise ValueError(f"--keep {cfg.keep}: at least 2, so a save in progress never leaves nothing to resume from")
+    if (cfg.frames - 1) % 4 or cfg.height % 16 or cfg.width % 16:
+        raise ValueError(f"clip {cfg.frames}x{cfg.height}x{cfg.width}: frames must be 4k+1, height/width multiples of 16")
+    if cfg.vae == "real" and not cfg.vae_ckpt:
+        raise ValueError("--vae real needs --vae-ckpt PATH (tokenizer/tokenizer.pth of a Cosmos-Predict2 repo)")
+    if not 0 <= cfg.ema < 1 or cfg.lora < 0:
+        raise ValueError(f"--ema {cfg.ema} must be in [0,1), --lora {cfg.lora} >= 0")
+    return cfg
+
+
+# -----------------------------------------------------------------------------
+# Setup: torchrun environment -> process group; one device per rank
+
+
+def setup_distributed(cfg):
+    device_type = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    distributed = "RANK" in os.environ
+    if distributed:
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local = int(os.environ.get("LOCAL_RANK", 0))
+    else:
+        rank, world, local = 0, 1, 0
+    device = torch.device(device_type, local) if device_type == "cuda" else torch.device("cpu")
+    if device_type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return distributed, rank, world, device
+
+
+def sample_seed(*keys):
+    """A 63-bit seed from a tuple of counters: every random draw depends only on (seed, step, sample, purpose),
+    so a resumed or re-sharded run draws exactly the same numbers as an uninterrupted one."""
+    digest = hashlib.blake2b(repr(keys).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+# -----------------------------------------------------------------------------
+# The video2world training loss, as upstream (Predict2Video2WorldModel) draws it
+
+
+def draw_sample_noise(cfg, latent_C_T_H_W, seed):
+    """sigma, eps, number of conditioning latent frames and text-drop flag for one sample."""
+    g = torch.Generator().manual_seed(seed)
+    T = latent_C_T_H_W.shape[1]
+    log_sigma = torch.randn((), generator=g, dtype=torch.float64)
+    sigma = log_sigma.exp() * (math.sqrt(T) if T > 1 else 1.0)  # adjust_video_noise: x sqrt(latent frames)
+    if torch.rand((), generator=g) < cfg.high_sigma_ratio:  # occasional very high noise, log-uniform in [200, 1e5]
+        sigma = torch.exp(math.log(200) + torch.rand((), generator=g, dtype=torch.float64) * math.log(1e5 / 200))
+    eps = torch.randn(latent_C_T_H_W.shape, generator=g)
+    n_cond = int(torch.randint(1, 3, (), generator=g)) if T > 1 else 0  # 1 or 2 conditioning latent frames
+    drop_text = bool(torch.rand((), generator=g) < cfg.text_dropout)
+    return float(sigma), eps, n_cond, drop_text
+
+
+def training_loss(net, cfg, latent, text_emb, seeds):
+    """Rectified-flow loss: (1+s)^2/s^2 |x0_hat - x0|^2 equals |v_hat - (eps - x0)|^2 exactly; we use the velocity
+    form (no 1e8 weights at small sigma). Conditioning frames are replaced by the clean latent, so they add 0."""
+    draws = [draw_sample_noise(cfg, latent[b], s) for b, s in enumerate(seeds)]
+    sigma = torch.tensor([d[0] for d in draws], device=latent.device)
+    eps = torch.stack([d[1] for d in draws]).to(latent.device)
+    n_cond = torch.tensor([d[2] for d in draws], device=latent.device)
+    keep_text = torch.tensor([0.0 if d[3] else 1.0 for d in draws], device=latent.device).view(-1, 1, 1)
+    x_sigma = latent + sigma.view(-1, 1, 1, 1, 1) * eps
+    mask = condition_mask(latent, n_cond)
+    _, velocity = denoise(net, x_sigma, sigma, text_emb * keep_text, gt_frames=latent,
+                          condition_mask_B_1_T_H_W=mask)
+    err = (velocity - (eps - latent)).square() * (1 - mask)
+    return err.mean() * cfg.loss_scale
+
+
+# -----------------------------------------------------------------------------
+# Distributed model: FSDP2 per block, then the final layer, then the root (torchtitan's order)
+
+
+def shard_model(net, device):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
+    # fp32 master weights, bf16 compute on GPUs, fp32 gradient reduction. cast_forward_inputs=False: the fp32 diffusion
+    # time must not be rounded to bf16 on its way into a block (t = 0.9995 would arrive as 1.0).
+    compute = torch.bfloat16 if device.type == "cuda" else torch.float32
+    mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    last = len(net.blocks) - 1
+    for i, block in enumerate(net.blocks):
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < last)  # backward starts at the last
+    fully_shard(net.final_layer, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    fully_shard(net, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    return net
+
+
+def lr_at(cfg, step):
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.lr_min_ratio + (1 - cfg.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def ema_beta(step, rate):
+    """Upstream's power EMA: beta = (1 - 1/(step+1))^(gamma+1), gamma the largest real root of
+    x^3 + 7x^2 + (16 - s^-2) x + (12 - s^-2)."""
+    roots = np.roots([1, 7, 16 - rate ** -2, 12 - rate ** -2])
+    gamma = max(r.real for r in roots if abs(r.imag) < 1e-9)
+    return (1 - 1 / (step + 1)) ** (gamma + 1)
+
+
+def model_flops_per_token(mcfg, tokens, text_tokens):
+    """Forward FLOPs per token: linears 2*params_in_blocks, self-attention 4*L*D, cross-attention 4*N*D."""
+    D, blocks = mcfg.model_channels, mcfg.num_blocks
+    hidden = int(D * mcfg.mlp_ratio)
+    linear = 2 * blocks * (4 * D * D + 2 * D * D + 2 * D * mcfg.crossattn_emb_channels + 2 * D * hidden)
+    return linear + blocks * (4 * tokens * D + 4 * text_tokens * D)
+
+
+# -----------------------------------------------------------------------------
+# Small helpers for the loop: the tiny dataset, VAE, batches, metrics, plots, evaluation markers
+
+
+def make_tiny_dataset(root):
+    """Synthetic LeRobot episodes (stitch.make_synthetic) stitched into a small grid folder."""
+    raw = root + "_lerobot"
+    if not os.path.exists(raw):
+        stitch.make_synthetic(raw)
+    stitch.stitch(raw, root, stride=4, frames=TINY["frames"], size=f"{TINY['height']}x{TINY['width']}", workers=1)
+
+
+def build_vae(cfg, device, dtype):
+    if cfg.vae == "real":
+        vae = vae_lib.WanVAE(vae_lib.get_vae_config("real"))
+        ckpt.load(vae, cfg.vae_ckpt)
+    else:  # the tiny VAE is a fixed, seeded random encoder: it compresses like the real one and nothing more
+        with torch.random.fork_rng():
+            torch.manual_seed(1234)
+            vae = vae_lib.WanVAE(vae_lib.get_vae_config("tiny"))
+    return vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def all_mean(value, device):
+    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+        t /= dist.get_world_size()
+    return t.item()
+
+
+def any_rank(flag, device):
+    t = torch.tensor([int(flag)], device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def measured_matmul_peak(device):
+    """bf16 dense matmul TFLOP/s on this GPU, measured now (MFU is reported against it); None on CPU."""
+    if device.type != "cuda":
+        return None
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ a
+    torch.cuda.synchronize()
+    t0, n = time.perf_counter(), 20
+    for _ in range(n):
+        a @ a
+    torch.cuda.synchronize()
+    return 2 * 8192 ** 3 * n / (time.perf_counter() - t0) / 1e12
+
+
+def plot_loss(path, steps, losses):
+    """A PNG loss curve without matplotlib: log-scale loss in black on white, with the running mean in red."""
+    import imageio.v2 as imageio
+    H, W, pad = 240, 480, 12
+    img = np.full((H, W, 3), 255, np.uint8)
+    y = np.log10(np.maximum(np.asarray(losses, np.float64), 1e-12))
+    smooth = np.convolve(y, np.ones(min(20, len(y))) / min(20, len(y)), mode="valid")
+    lo, hi = y.min(), max(y.max(), y.min() + 1e-6)
+    def draw(values, offset, colour):
+        xs = pad + (np.arange(len(values)) + offset) * (W - 2 * pad) / max(1, len(y) - 1)
+        ys = H - pad - (values - lo) / (hi - lo) * (H - 2 * pad)
+        for x0, y0, x1, y1 in zip(xs[:-1], ys[:-1], xs[1:], ys[1:]):
+            n = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
+            img[np.linspace(y0, y1, n).astype(int), np.linspace(x0, x1, n).astype(int)] = colour
+    img[pad:H - pad, pad] = img[H - pad, pad:W - pad] = 128  # axes
+    draw(y, 0, (0, 0, 0))
+    draw(smooth, len(y) - len(smooth), (220, 30, 30))
+    imageio.imwrite(path, img)
+
+
+EVAL_MARKER = "eval.json"
+
+
+def write_json(path, obj):
+    """tmp + fsync + rename: the file is either absent or complete."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def eval_marker_valid(step_dir):
+    """A checkpoint counts as evaluated only if its marker exists, parses, and its checksum matches its contents."""
+    path = os.path.join(step_dir, EVAL_MARKER)
+    if not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        marker = json.load(f)
+    body = json.dumps(marker.get("result"), sort_keys=True)
+    return marker.get("status") == "completed" and marker.get("sha256") == hashlib.sha256(body.encode()).hexdigest()
+
+
+def write_eval_marker(step_dir, result):
+    """Written last, atomically, and only once the evaluation finished: "completed" means completed."""
+    body = json.dumps(result, sort_keys=True)
+    write_json(os.path.join(step_dir, EVAL_MARKER),
+                   {"status": "completed", "result": result, "sha256": hashlib.sha256(body.encode()).hexdigest()})
+
+
+@torch.no_grad()
+def evaluate(net, cfg, batches):
+    """Held-out loss on fixed clips with fixed noise: comparable across checkpoints and runs."""
+    losses = [training_loss(net, cfg, latent, text, [sample_seed(cfg.seed, "eval", i, b) for b in range(len(latent))])
+              for i, (latent, text) in enumerate(batches)]
+    return {"eval_loss": all_mean(torch.stack(losses).mean().item(), batches[0][0].device)}
+
+
+# -----------------------------------------------------------------------------
+# Main: setup -> data -> model -> optimizer -> loop -> checkpoint
+
+
+def main(argv=None):
+    cfg = parse_config(sys.argv[1:] if argv is None else argv)
+    distributed, rank, world, device = setup_distributed(cfg)
+    master = rank == 0
+    say = (lambda *a: print(*a, flush=True)) if master else (lambda *a: None)
+    compute_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    mcfg = get_config(cfg.config)
+    os.makedirs(cfg.out, exist_ok=True)
+    if master:
+        write_json(os.path.join(cfg.out, "config.json"), dataclasses.asdict(cfg))
+
+    # data: clips of cfg.frames frames, encoded online by the frozen VAE
+    if cfg.config == "tiny" and not os.path.exists(cfg.data):
+        if master:
+            make_tiny_dataset(cfg.data)
+        if distributed:
+            dist.barrier()
+    dataset = data.GridClips(cfg.data, cfg.frames, cfg.height, cfg.width, text_len=cfg.text_len,
+                             text_dim=mcfg.crossattn_emb_channels, text="standin" if cfg.config == "tiny" else "t5",
+                             seed=cfg.seed)
+    sampler = data.ClipSampler(len(dataset), rank=rank, world_size=world, seed=cfg.seed)
+    vae = build_vae(cfg, device, compute_dtype)
+
+    latent_cache = {}
+
+    def to_latent(batch):
+        keys = list(zip(batch["stem"], batch["start"].tolist()))
+        if not (cfg.cache_latents and all(k in latent_cache for k in keys)):
+            with torch.no_grad():
+                latent = vae.encode(batch["video"].to(device, compute_dtype)).float()
+            if not cfg.cache_latents:
+                return latent, batch["text_emb"].to(device)
+            latent_cache.update(zip(keys, latent))
+        return torch.stack([latent_cache[k] for k in keys]), batch["text_emb"].to(device)
+
+    # model: meta build -> LoRA/freeze -> activation checkpointing -> compile -> FSDP -> materialise -> load
+    with torch.device("meta"):
+        net = DiT(mcfg)
+    if cfg.lora:
+        add_lora(net, cfg.lora, cfg.lora_alpha or None)
+    sac.apply(net, cfg.sac, cfg.sac_every)
+    if cfg.compile:
+        for block in net.blocks:
+            block.compile()  # in place: no _orig_mod. in any key
+    if distributed:
+        shard_model(net, device)
+    net.to_empty(device=device)
+    torch.manual_seed(cfg.seed)  # same on every rank, so the DTensor init is one consistent model
+    net.init_weights()
+    if cfg.init == "random":
+        say(f"init: RANDOM weights (--init random): {cfg.config} trains from scratch")
+    else:
+        ckpt.load(net, cfg.init, ema=cfg.ema_weights if cfg.ema_weights else None,
+                  allow_missing=(ckpt.LORA_KEYS,) if cfg.lora else ())
+    trainable = [p for p in net.parameters() if p.requires_grad]
+    say(f"model: {cfg.config}, {num_params(net):,} parameters, {sum(p.numel() for p in trainable):,} trainable"
+        f"{f' (LoRA r={cfg.lora})' if cfg.lora else ''}, sac={cfg.sac}/{cfg.sac_every}, {world} rank(s) on {device.type}")
+
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
+                                  fused=device.type == "cuda")
+    ema = [p.detach().clone() for p in trainable] if cfg.ema else None
+
+    # resume from OUT/latest if there is one: model, optimizer, step and data position
+    state = ckpt.resume(cfg.out, net, optimizer)
+    start_step = state["step"] if state else 0
+    if state:
+        sampler.load_state_dict(state["sampler"])
+        if state["config_hash"] != config_hash(cfg):
+            raise ValueError(f"{cfg.out} was written with a different model/data config; use a new --out")
+    loader = iter(torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler,
+                                              num_workers=cfg.workers, persistent_workers=cfg.workers > 0))
+
+    # held-out batches for evaluation and the init guard (fixed clips, never trained on in this order)
+    held_sampler = data.ClipSampler(len(dataset), rank=rank, world_size=world, seed=cfg.seed + 1)
+    held_loader = iter(torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, sampler=held_sampler))
+    held_batches = [to_latent(next(held_loader)) for _ in range(2)]
+
+    if start_step == 0 and cfg.init != "random":  # prove that the pretrained weights went in before training
+        latent, text = held_batches[0]
+        loss, zero_loss = ckpt.guard_loss(net, latent, text, condition_mask(latent, 1))
+        ckpt.init_guard(loss, zero_loss, source=cfg.init)
+
+    stop = {"signal": None}  # SIGTERM / SIGUSR1 (schedulers' pre-emption notice): finish the step, save, exit 0
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda signum, frame: stop.__setitem__("signal", signum))
+
+    peak = measured_matmul_peak(device)
+    tokens = (1 + (cfg.frames - 1) // 4) * (cfg.height // 16) * (cfg.width // 16)
+    flops_per_step = 3 * model_flops_per_token(mcfg, tokens, cfg.text_len) * tokens * cfg.batch_size * cfg.grad_accum
+    metrics_path = os.path.join(cfg.out, "metrics.jsonl")
+    history = []
+    if master and os.path.exists(metrics_path):  # keep the curve of the steps before the resume point
+        with open(metrics_path) as f:
+            history = [r for r in map(json.loads, f) if r["step"] <= start_step]
+    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not master, desc="train")
+    for step in bar:
+        t0 = time.perf_counter()
+        lr = lr_at(cfg, step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = 0.0
+        for micro in range(cfg.grad_accum):
+            latent, text = to_latent(next(loader))
+            seeds = [sample_seed(cfg.seed, step, (micro * world + rank) * cfg.batch_size + b)
+                     for b in range(latent.shape[0])]
+            loss = training_loss(net, cfg, latent, text, seeds) / cfg.grad_accum
+            loss.backward()
+            loss_sum += loss.item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if ema is not None:
+            with torch.no_grad():
+                torch._foreach_lerp_(ema, [p.detach() for p in trainable], 1 - ema_beta(step, cfg.ema))
+        if step == start_step and cfg.sac != "none":
+            sac.check_first_step(cfg.sac)  # the save lists matched the kernels that really ran
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        row = {"step": step + 1, "loss": all_mean(loss_sum, device), "lr": lr, "grad_norm": grad_norm.item(),
+               "s_per_step": dt, "tokens_per_s": tokens * cfg.batch_size * cfg.grad_accum * world / dt,
+               "mfu": flops_per_step / dt / 1e12 / peak if peak else None,
+               "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == "cuda" else None}
+        history.append(row)
+        if master:
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            bar.set_postfix(loss=f"{row['loss']:.4f}", s_it=f"{dt:.2f}")
+        done = step + 1
+        stopping = any_rank(stop["signal"] is not None, device)
+        if done % cfg.save_every == 0 or done == cfg.steps or stopping:
+            extra = {"sampler": sampler.state_dict(consumed=done * cfg.batch_size * cfg.grad_accum),
+                     "config_hash": config_hash(cfg), "config": dataclasses.asdict(cfg)}
+            path = ckpt.save(cfg.out, done, net, optimizer, extra, keep=cfg.keep, lora_only=bool(cfg.lora))
+            result = evaluate(net, cfg, held_batches)
+            if master:
+                write_eval_marker(path, dict(result, step=done))
+                plot_loss(os.path.join(cfg.out, "loss.png"), [r["step"] for r in history],
+                          [r["loss"] for r in history])
+                say(f"step {done}: loss {row['loss']:.4f}, eval {result['eval_loss']:.4f} -> {path}")
+        if cfg.sample_every and done % cfg.sample_every == 0:
+            write_sample(net, vae, dataset, cfg, os.path.join(cfg.out, f"sample_{done:08d}.mp4"), master)
+        if stopping:
+            say(f"stopping after step {done} on signal {stop['signal']}: checkpoint saved, exit 0")
+            break
+    if distributed:
+        dist.destroy_process_group()
+    return history
+
+
+def config_hash(cfg):
+    """The settings a resumed run must share with the saved one (shapes, data, objective), hashed."""
+    keys = ("config", "lora", "frames", "height", "width", "text_len", "batch_size", "grad_accum", "seed", "data")
+    return hashlib.sha256(json.dumps({k: getattr(cfg, k) for k in keys}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@torch.no_grad()
+def write_sample(net, vae, dataset, cfg, path, master):
+    """Generate a clip from the first frame of a fixed video with the default sampler; save it beside the truth."""
+    import sample as sampling
+    item = dataset[(0, 0)]
+    device = next(net.parameters()).device
+    video = item["video"][None].to(device, next(vae.parameters()).dtype)
+    latent = vae.encode(video).float()
+    text = item["text_emb"][None].to(device)
+    cond = dict(gt_frames=latent, condition_mask_B_1_T_H_W=condition_mask(latent, 1))
+    x0_fn = sampling.guided_x0_fn(net, text, torch.zeros_like(text), guidance=7.0, **cond)
+    noise = sampling.initial_noise(tuple(latent.shape), seed=cfg.seed).to(device)
+    generated = vae.decode(sampling.sample(x0_fn, noise, num_steps=cfg.sample_steps).to(video.dtype))
+    if master:
+        sampling.write_mp4(path, torch.cat([video, generated.to(video.dtype)], dim=-1)[0])
+        print(f"sample: {path} (left: data, right: generated from its first frame)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
