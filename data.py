@@ -28,7 +28,7 @@ import safetensors.torch
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from stitch import ffmpeg_exe, probe_video, read_exact
+from stitch import ffmpeg_exe, probe_video
 
 
 @dataclass
@@ -125,16 +125,16 @@ def read_clip(path: str, start: int, frames: int, height: int, width: int, fit: 
     clip = np.empty((frames, height, width, 3), np.uint8)
     with tempfile.TemporaryFile() as log:  # a file, not a pipe: a flood of decode errors can't block ffmpeg
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log)
-        got = 0
+        view, got = memoryview(clip).cast("B"), 0
         with proc.stdout:
-            while got < frames and read_exact(proc.stdout, memoryview(clip[got]).cast("B")):
-                got += 1
+            while got < len(view) and (n := proc.stdout.readinto(view[got:])):
+                got += n
             extra = proc.stdout.read(1)  # ffmpeg stops after `frames`; anything more would be a bug
         rc = proc.wait()
-        if rc != 0 or got != frames or extra:
+        if rc != 0 or got != len(view) or extra:
             log.seek(0)
             err = log.read().decode(errors="replace").strip().splitlines()
-            raise ClipError(f"decoded {got} of {frames} frames from frame {start} "
+            raise ClipError(f"decoded {got // (height * width * 3)} of {frames} frames from frame {start} "
                             f"(ffmpeg rc {rc}{': ' + err[-1] if err else ''})")
     return clip
 

@@ -14,9 +14,7 @@ resize it to its cell and stream yuv420p; we paste the planes into the grid and 
 Cells have even sides, so pasting yuv420p planes is exact and no colour conversion happens between decode and encode.
 """
 import argparse
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import multiprocessing
@@ -52,7 +50,7 @@ DROID_TEMPLATE = (
     "(inactive view). The robot {task}")
 PLACEHOLDER_TASKS = {"", "none", "null", "nan", "n/a"}
 LANGUAGE_COLUMNS = ("language_instruction", "language_instruction_2", "language_instruction_3")
-RETRYABLE = {"decode_error", "encode_error", "verify_error", "worker_error"}  # a rerun tries these again
+RETRYABLE = {"ffmpeg_error", "verify_error", "worker_error"}  # a rerun tries these again
 
 
 @dataclasses.dataclass
@@ -253,7 +251,7 @@ def check_frames_table(ep: Episode, source: Source) -> tuple:
     return task, None
 
 
-# ------------------------------------------------------------------------------------------------- ffmpeg pipes
+# ------------------------------------------------------------------------------------------------------ ffmpeg
 
 def cell_filter(src_hw: tuple, cell_hw: tuple, fit: str) -> str:
     (sh, sw), (ch, cw) = src_hw, cell_hw
@@ -268,41 +266,37 @@ def segment_input(path: str, start: float, length: int, fps: Fraction) -> list:
     """ffmpeg input options for source frames start .. start + (length-1)/fps: the cut lies half a frame inside each
     boundary, so float timestamps can't add or lose a frame."""
     seek, end = max(0.0, start - 0.5 / fps), start + (length - 0.5) / fps
-    return ["-ss", f"{seek:.6f}", "-t", f"{end - seek:.6f}", "-i", path]
-
-
-def open_decoder(path, start, length, fps, stride, vf, log) -> subprocess.Popen:
-    """Stream every stride-th frame of the segment as raw yuv420p. -copyts keeps the source timestamps, which
-    showinfo logs per kept frame: the caller checks the alignment from them."""
-    args = [ffmpeg_exe(), "-hide_banner", "-nostdin", "-nostats", "-threads", "1", "-copyts",
-            *segment_input(path, start, length, fps), "-map", "0:v:0",
-            "-vf", f"select='not(mod(n,{stride}))',showinfo,{vf}", "-fps_mode", "passthrough",
-            "-f", "rawvideo", "-pix_fmt", "yuv420p", "pipe:1"]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log)
+    return ["-threads", "1", "-ss", f"{seek:.6f}", "-t", f"{end - seek:.6f}", "-i", path]
 
 
 def x264_args(crf: int, preset: str) -> list:
     return ["-an", "-c:v", "libx264", "-preset", preset, "-crf", str(crf), "-pix_fmt", "yuv420p", "-threads", "2"]
 
 
-def open_encoder(path: str, hw: tuple, fps, crf: int, preset: str, log, pix_fmt="yuv420p") -> subprocess.Popen:
+def grid_command(ep: Episode, source: Source, cfg: StitchConfig, fits: dict, out: list, log_times: bool) -> list:
+    """One ffmpeg command for one episode: cut each camera's segment out, keep every stride-th frame, (log its source
+    timestamp,) resize it into its cell, stack the cells into the grid and write `out` (output options + path).
+
+    The j-th kept frame of every camera gets the same timestamp j/out_fps, so stacking pairs them; hstack/vstack stop
+    at the shortest camera. With log_times, -copyts keeps the source timestamps for showinfo@<slot> to print."""
+    H, W = parse_size(cfg.size)
+    fps_out = source.fps / cfg.stride
+    chains = [f"[{i}:v:0]select='not(mod(n,{cfg.stride}))',{f'showinfo@{slot},' * log_times}"
+              f"setpts=N*{fps_out.denominator}/({fps_out.numerator}*TB),"
+              f"{cell_filter(source.cam_hw[slot], (H // 2, W // 2), fits[slot])}[{slot}]" for i, slot in enumerate(SLOTS)]
+    graph = ";".join(chains + [f"[ext_1][ext_2]hstack=shortest=1[top]", f"[wrist]pad={W}:{H // 2}:0:0:black[bottom]",
+                               "[top][bottom]vstack=shortest=1[grid]"])
+    inputs = [a for slot in SLOTS for a in segment_input(*ep.segments[slot][:2], ep.length, source.fps)]
+    return [ffmpeg_exe(), "-hide_banner", "-nostdin", "-nostats", *(["-copyts"] if log_times else []), *inputs,
+            "-filter_complex", graph, "-map", "[grid]", "-r", str(fps_out), *out]
+
+
+def open_encoder(path: str, hw: tuple, fps, crf: int, preset: str, log, pix_fmt="rgb24") -> subprocess.Popen:
+    """An x264 mp4 writer fed raw frames on stdin (the synthetic dataset and the benchmark use it)."""
     args = [ffmpeg_exe(), "-hide_banner", "-nostdin", "-nostats", "-loglevel", "error", "-f", "rawvideo",
             "-pix_fmt", pix_fmt, "-s", f"{hw[1]}x{hw[0]}", "-framerate", str(fps), "-i", "pipe:0",
             *x264_args(crf, preset), "-f", "mp4", "-y", path]
     return subprocess.Popen(args, stdin=subprocess.PIPE, stderr=log)
-
-
-def read_exact(stream, buf: memoryview) -> bool:
-    """Fill buf from a pipe: False on a clean end of stream, EOFError on a partial frame."""
-    got = 0
-    while got < len(buf):
-        n = stream.readinto(buf[got:])
-        if not n:
-            if got:
-                raise EOFError(f"partial frame: {got} of {len(buf)} bytes")
-            return False
-        got += n
-    return True
 
 
 def probe_video(path: str, decode: bool = True) -> dict:
@@ -323,46 +317,6 @@ def log_tail(f, lines: int = 3) -> str:
     f.flush()
     f.seek(0)
     return " | ".join(f.read().strip().splitlines()[-lines:])
-
-
-def compose(decoders: list, encoder: subprocess.Popen, hw: tuple, n_want: int) -> tuple:
-    """Paste the cameras' yuv420p cells into grids and feed them to the encoder until a camera ends or n_want grids
-    are written; then drain the decoders. Returns (frames each camera gave, grids written)."""
-    H, W = hw
-    ch, cw = H // 2, W // 2
-    cells = [np.empty(ch * cw * 3 // 2, np.uint8) for _ in decoders]
-    grid = np.empty(H * W * 3 // 2, np.uint8)
-    planes = [grid[:H * W].reshape(H, W), grid[H * W:H * W * 5 // 4].reshape(H // 2, W // 2),
-              grid[H * W * 5 // 4:].reshape(H // 2, W // 2)]
-    for plane, black, s in zip(planes, (16, 128, 128), (1, 2, 2)):  # black in limited-range YUV
-        plane[ch // s:, cw // s:] = black
-    if hasattr(fcntl, "F_SETPIPE_SZ"):  # 1 MiB pipes let the processes run a few frames ahead of us (Linux)
-        for stream in [p.stdout for p in decoders] + [encoder.stdin]:
-            fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
-    counts, n = [0] * len(decoders), 0
-    try:
-        while n < n_want:
-            alive = [read_exact(p.stdout, memoryview(c)) for p, c in zip(decoders, cells)]
-            counts = [k + a for k, a in zip(counts, alive)]
-            if not all(alive):
-                break
-            for (r, c), cell in zip(((0, 0), (0, 1), (1, 0)), cells):
-                offsets = (0, ch * cw, ch * cw * 5 // 4, ch * cw * 3 // 2)
-                for p, (plane, s) in enumerate(zip(planes, (1, 2, 2))):
-                    plane[r * ch // s:(r + 1) * ch // s, c * cw // s:(c + 1) * cw // s] = \
-                        cell[offsets[p]:offsets[p + 1]].reshape(ch // s, cw // s)
-            encoder.stdin.write(grid)
-            n += 1
-        for i, (p, c) in enumerate(zip(decoders, cells)):  # drain to the end: what each camera really had
-            while read_exact(p.stdout, memoryview(c)):
-                counts[i] += 1
-        encoder.stdin.close()
-    except BaseException:  # a dying encoder, a torn frame, Ctrl-C: stop every ffmpeg before leaving
-        for proc in decoders + [encoder]:
-            proc.kill()
-            proc.wait()
-        raise
-    return counts, n
 
 
 def sha1_file(path: str) -> str:
@@ -411,45 +365,39 @@ def run_episode(stem: str, ep: Episode) -> dict:
             return skip("segment_mismatch", f"{cams[slot]}: [{start}, {end}) s holds {(end - start) * fps:.1f} "
                                             f"frames, the parquet {ep.length}")
     H, W = parse_size(cfg.size)
+    video = os.path.join(_CTX["out"], "videos", stem + ".mp4")
+    with tempfile.TemporaryFile("w+", errors="replace") as log:
+        rc = subprocess.run(grid_command(ep, source, cfg, fits, [*x264_args(cfg.crf, cfg.preset), "-f", "mp4", "-y",
+                                                                 video + ".tmp"], log_times=True), stderr=log).returncode
+        if rc != 0:
+            return skip("ffmpeg_error", f"ffmpeg rc {rc}: {log_tail(log)}")
+        log.seek(0)
+        text = log.read()
+    # alignment by timestamp: kept frame j of each camera must be the source frame at from_timestamp + j*stride/fps
+    times = {s: np.array(re.findall(rf"\[showinfo@{s} @ [^\]]*\] n:\s*\d+ pts:\s*\S+ pts_time:(\S+)", text), float)
+             for s in SLOTS}
+    counts = {s: len(t) for s, t in times.items()}
     n_want = (ep.length - 1) // cfg.stride + 1
     n_floor = (max(ep.length - 2, 1) - 1) // cfg.stride + 1  # a camera may be up to 2 source frames short
-    video = os.path.join(_CTX["out"], "videos", stem + ".mp4")
-    with tempfile.TemporaryDirectory(prefix="stitch-") as tmp, contextlib.ExitStack() as stack:
-        logs = [stack.enter_context(open(os.path.join(tmp, name), "w+")) for name in SLOTS + ("encoder",)]
-        decoders = [open_decoder(*ep.segments[slot][:2], ep.length, fps, cfg.stride,
-                                 cell_filter(source.cam_hw[slot], (H // 2, W // 2), fits[slot]), log)
-                    for slot, log in zip(SLOTS, logs)]
-        encoder = open_encoder(video + ".tmp", (H, W), fps / cfg.stride, cfg.crf, cfg.preset, logs[-1])
-        try:
-            counts, n = compose(decoders, encoder, (H, W), n_want)
-        except (EOFError, BrokenPipeError) as e:
-            return skip("encode_error" if isinstance(e, BrokenPipeError) else "decode_error",
-                        f"{e}: " + " / ".join(log_tail(log) for log in logs))
-        for slot, proc, log in zip(SLOTS + ("encoder",), decoders + [encoder], logs):
-            if proc.wait() != 0:
-                return skip("encode_error" if proc is encoder else "decode_error",
-                            f"{cams.get(slot, slot)}: ffmpeg rc {proc.returncode}: {log_tail(log)}")
-        for slot, k, log in zip(SLOTS, counts, logs):
-            if not n_floor <= k <= n_want:
-                return skip("cam_len_mismatch", f"{cams[slot]} gave {k} frames, the parquet length {ep.length} "
-                                                f"makes {n_want} at stride {cfg.stride}")
-            log.seek(0)  # alignment by timestamp: kept frame j must sit at from_timestamp + j*stride/fps
-            times = np.array([float(t) for t in re.findall(r"pts_time:(\S+)", log.read())])
-            expect = ep.segments[slot][1] + np.arange(k) * cfg.stride / float(fps)
-            off = np.flatnonzero(np.abs(times - expect) >= 0.5 / fps) if len(times) == k else [0]
-            if len(off):
-                return skip("misaligned", f"{cams[slot]}: kept frame {off[0]} is at "
-                                          f"{times[off[0]] if len(times) > off[0] else 'nothing'} s, expected "
-                                          f"{expect[off[0]]:.4f} s (dropped or repeated source frames?)")
-    min_frames = cfg.min_frames or cfg.frames
+    short = min(SLOTS, key=counts.get)
+    if counts[short] < n_floor:  # the shortest camera ended the grid; the others were not read to their end
+        return skip("cam_len_mismatch", f"{cams[short]} gave {counts[short]} frames, the parquet length {ep.length} "
+                                        f"makes {n_want} at stride {cfg.stride}")
+    for s in SLOTS:
+        expect = ep.segments[s][1] + np.arange(counts[s]) * cfg.stride / float(fps)
+        off = np.flatnonzero(np.abs(times[s] - expect) >= 0.5 / float(fps))
+        if len(off):
+            return skip("misaligned", f"{cams[s]}: kept frame {off[0]} is the source frame at {times[s][off[0]]} s, "
+                                      f"expected {expect[off[0]]:.4f} s (dropped or repeated source frames?)")
+    n, min_frames = counts[short], cfg.min_frames or cfg.frames
     if n < min_frames:
         return skip("too_short_after_decode", f"{n} frames decoded, need {min_frames}")
-    try:  # the container must hold the n frames (what decord's len() reads), as h264 at the grid size
+    try:  # the container must hold the n grids (what decord's len() reads), as h264 at the grid size
         info = probe_video(video + ".tmp", decode=False)
     except RuntimeError as e:
         return skip("verify_error", str(e))
     if (info["frames"], info["codec"], info["height"], info["width"]) != (n, "h264", H, W):
-        return skip("verify_error", f"wrote {n} frames {H}x{W} h264, read back {info}")
+        return skip("verify_error", f"expected {n} frames {H}x{W} h264, read back {info}")
     prompt = _CTX["template"].format(task=normalize_task(task))
     metas = os.path.join(_CTX["out"], "metas", stem + ".txt")
     with open(metas + ".tmp", "w", encoding="utf-8") as f:
@@ -460,8 +408,8 @@ def run_episode(stem: str, ep: Episode) -> dict:
     return {"done": {
         "stem": stem, "source": source.name, "layout": source.layout, "episode_index": ep.index, "cams": cams,
         "fit": fits, "src_fps": str(fps), "stride": cfg.stride, "out_fps": str(fps / cfg.stride), "src_len": ep.length,
-        "cam_frames": dict(zip(SLOTS, counts)), "n_out": n, "height": H, "width": W, "task_raw": task,
-        "prompt": prompt, "prompt_template_id": _CTX["template_id"], "crf": cfg.crf, "sha1": digest, "bytes": size,
+        "cam_frames": counts, "n_out": n, "height": H, "width": W, "task_raw": task, "prompt": prompt,
+        "prompt_template_id": _CTX["template_id"], "crf": cfg.crf, "sha1": digest, "bytes": size,
         "recipe_hash": _CTX["recipe_hash"]}}
 
 
@@ -689,7 +637,7 @@ def make_synthetic(out: str, lengths=(48, 40, 8, 56), height: int = 90, width: i
         for camera, key in enumerate(cams, 1):
             path = os.path.join(tmp, info["video_path"].format(episode_chunk=0, video_key=key, episode_index=ep))
             with tempfile.TemporaryFile("w+") as log:
-                enc = open_encoder(path, (height, width), fps, 18, "veryfast", log, pix_fmt="rgb24")
+                enc = open_encoder(path, (height, width), fps, 18, "veryfast", log)
                 for k in range(length):
                     enc.stdin.write(code_frame(ep, camera, k, height, width).tobytes())
                 enc.stdin.close()
@@ -708,42 +656,55 @@ def make_synthetic(out: str, lengths=(48, 40, 8, 56), height: int = 90, width: i
 
 # ---------------------------------------------------------------------------------------------------- bench
 
-def bench(src: str, **overrides) -> dict:
-    """Time stitch() on src (one worker) against the bundled ffmpeg alone doing the same job in one command per
-    episode: decode the three camera segments, keep every stride-th frame, scale, stack, encode with the same x264."""
+def bench(src: str, rounds: int = 3, **overrides) -> dict:
+    """Time stitch() (one worker) on src against the bundled ffmpeg alone: decoding the three camera segments of
+    every written episode to null plus encoding the same grid frames (from raw frames in a file) with the same x264
+    settings. Also timed: our ffmpeg command without our checks (the cost of verification). The runs alternate for
+    `rounds` rounds and the medians are reported, as the machine may be shared."""
     overrides = {"workers": 1, **overrides}
-    cfg = make_config(overrides)
+    cfg, source = make_config(overrides), open_source(src, overrides.get("cameras", ""))
     H, W = parse_size(cfg.size)
-    cpu = lambda: sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2]) + sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # noqa
-    with tempfile.TemporaryDirectory(prefix="stitch-bench-") as tmp:
+    by_index = {e.index: e for e in source.episodes}
+
+    def timed(work) -> tuple:  # (wall s, cpu s of this process and its finished children)
+        cpu = lambda: sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2]) + sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # noqa
         t0, c0 = time.perf_counter(), cpu()
-        stitch(src, os.path.join(tmp, "out"), **overrides)
-        ours, ours_cpu = time.perf_counter() - t0, cpu() - c0
-        source = open_source(src, cfg.cameras)
-        written = load_records(os.path.join(tmp, "out", "manifest.jsonl"), lambda r: True)
-        by_index = {e.index: e for e in source.episodes}
-        base = base_cpu = 0.0
-        for rec in written.values():
-            ep = by_index[rec["episode_index"]]
-            fc = ";".join(f"[{i}:v]select='not(mod(n,{cfg.stride}))',setpts=N/({float(Fraction(rec['out_fps']))}*TB),"
-                          f"{cell_filter(source.cam_hw[s], (H // 2, W // 2), rec['fit'][s])}[c{i}]"
-                          for i, s in enumerate(SLOTS))
-            fc += f";[c0][c1]hstack[top];[c2]pad={W}:{H // 2}:0:0:black[bottom];[top][bottom]vstack,format=yuv420p"
-            args = [ffmpeg_exe(), "-hide_banner", "-nostdin", "-loglevel", "error"]
-            for s in SLOTS:
-                args += ["-threads", "1", *segment_input(*ep.segments[s][:2], ep.length, source.fps)]
-            args += ["-filter_complex", fc, "-r", rec["out_fps"], *x264_args(cfg.crf, cfg.preset),
-                     "-f", "mp4", "-y", os.path.join(tmp, "baseline.mp4")]
-            t0, c0 = time.perf_counter(), cpu()
-            subprocess.run(args, check=True)
-            base, base_cpu = base + time.perf_counter() - t0, base_cpu + cpu() - c0
-            if probe_video(os.path.join(tmp, "baseline.mp4"), decode=False)["frames"] != rec["n_out"]:
-                raise RuntimeError(f"baseline for {rec['stem']} did not produce {rec['n_out']} frames")
+        work()
+        return time.perf_counter() - t0, cpu() - c0
+
+    def run_all(commands):
+        for args in commands:
+            subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+
+    times = {"stitch": [], "decode": [], "encode": [], "graph_unchecked": []}
+    with tempfile.TemporaryDirectory(prefix="stitch-bench-") as tmp:
+        for r in range(rounds):
+            out = os.path.join(tmp, f"out{r}")
+            times["stitch"].append(timed(lambda: stitch(src, out, **overrides)))
+            written = load_records(os.path.join(out, "manifest.jsonl"), lambda rec: True)
+            eps = [by_index[rec["episode_index"]] for rec in written.values()]
+            fits = {s: fit_policy(cfg, source.cam_hw[s], (H // 2, W // 2)) for s in SLOTS}
+            quiet = ["-loglevel", "error"]
+            decode = [[ffmpeg_exe(), *quiet, *segment_input(*ep.segments[s][:2], ep.length, source.fps), "-map",
+                       "0:v:0", "-f", "null", "-"] for ep in eps for s in SLOTS]
+            raw = [os.path.join(tmp, f"{ep.index}.yuv") for ep in eps]  # the grid frames, made outside the timing
+            run_all(grid_command(ep, source, cfg, fits, [*quiet, "-f", "rawvideo", "-pix_fmt", "yuv420p", "-y", path],
+                                 False) for ep, path in zip(eps, raw))
+            encode = [[ffmpeg_exe(), *quiet, "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", f"{W}x{H}", "-framerate",
+                       str(source.fps / cfg.stride), "-i", path, *x264_args(cfg.crf, cfg.preset), "-f", "mp4", "-y",
+                       path + ".mp4"] for path in raw]
+            unchecked = [grid_command(ep, source, cfg, fits, [*quiet, *x264_args(cfg.crf, cfg.preset), "-f", "mp4",
+                                                              "-y", os.path.join(tmp, "g.mp4")], False) for ep in eps]
+            for name, commands in (("decode", decode), ("encode", encode), ("graph_unchecked", unchecked)):
+                times[name].append(timed(lambda: run_all(commands)))
+    med = {k: np.median(np.array(v), axis=0) for k, v in times.items()}  # (wall, cpu)
+    base = med["decode"] + med["encode"]
     result = {"source": source.name, "episodes_written": len(written), "grid_frames": sum(r["n_out"] for r in
               written.values()), "size": cfg.size, "stride": cfg.stride, "preset": cfg.preset, "crf": cfg.crf,
-              "stitch_wall_s": round(ours, 2), "ffmpeg_wall_s": round(base, 2), "ratio_wall": round(ours / base, 3),
-              "stitch_cpu_s": round(ours_cpu, 2), "ffmpeg_cpu_s": round(base_cpu, 2),
-              "ratio_cpu": round(ours_cpu / base_cpu, 3), "cpus": os.cpu_count()}
+              "rounds": rounds, "cpus": os.cpu_count(),
+              **{f"{k}_{unit}_s": round(float(v[i]), 2) for k, v in med.items() for i, unit in enumerate(("wall", "cpu"))},
+              "ratio_wall": round(float(med["stitch"][0] / base[0]), 3),
+              "ratio_cpu": round(float(med["stitch"][1] / base[1]), 3)}
     print(json.dumps(result))
     return result
 
