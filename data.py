@@ -21,6 +21,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -175,10 +176,8 @@ class GridClips(Dataset):
                     f"{root}: {len(missing)} of {len(self.videos)} videos have no text embedding "
                     f"(t5_xxl/{missing[0]}.pickle or .safetensors); compute them with `python t5.py {root}`. "
                     "Only the built-in tiny default may use text='standin'.")
-        reasons = {}
-        for reason in self.skipped.values():
-            reasons[reason.split(":")[0]] = reasons.get(reason.split(":")[0], 0) + 1
-        print(f"GridClips: {root}: {len(self.videos)} videos, {len(self.skipped)} skipped {reasons or ''}")
+        reasons = Counter(reason.split(":")[0] for reason in self.skipped.values())
+        print(f"GridClips: {root}: {len(self.videos)} videos, {len(self.skipped)} skipped {dict(reasons) or ''}")
 
     def _text_path(self, stem: str):
         for ext in (".pickle", ".safetensors"):

@@ -3,17 +3,18 @@
     python stitch.py SRC OUT [--stride 4] [--frames 93] [--size 432x768] [--workers N] [--prompt droid|TEMPLATE]
                      [--min-frames N] [--episodes FILE] [--per-task N] [--cameras ...] [--fit auto] [--crf 15]
     python stitch.py --synthetic OUT    # tiny synthetic LeRobot v2.1 dataset (H.264) for the tiny default and tests
-    python stitch.py --bench SRC        # our time vs. one bundled-ffmpeg command decoding + encoding the same grids
+    python stitch.py --bench SRC        # our time vs. the bundled ffmpeg only decoding the sources + encoding the grids
 
 Grid: top-left exterior_1_left, top-right exterior_2_left, bottom-left wrist, bottom-right black. OUT gets
 videos/<stem>.mp4, metas/<stem>.txt, metadata.csv, manifest.jsonl (one line per verified video, written last),
 skips.jsonl (one line per skipped episode with its reason) and RECIPE.json; stems are <source folder>__ep<index>.
 
-Per episode three ffmpeg decoders (one per camera) cut the episode out by timestamp, keep every stride-th frame,
-resize it to its cell and stream yuv420p; we paste the planes into the grid and stream it to one libx264 encoder.
-Cells have even sides, so pasting yuv420p planes is exact and no colour conversion happens between decode and encode.
+Per episode one ffmpeg command cuts each camera out of its mp4 by timestamp, keeps every stride-th frame, logs the
+source timestamp of each kept frame (checked here), resizes it into its cell, stacks the grid and encodes it with
+libx264; Python reads the LeRobot metadata, checks everything, verifies the output and keeps the books.
 """
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -460,9 +461,12 @@ def select_episodes(source: Source, cfg: StitchConfig) -> list:
         if missing:
             raise ValueError(f"{cfg.episodes}: episodes {missing[:10]} are not in {source.root}")
         episodes = [e for e in episodes if e.index in {int(t) for t in tokens}]
-    if cfg.per_task:
-        seen = Counter()
-        episodes = [e for e in episodes if seen.update([(e.tasks or [""])[0]]) or seen[(e.tasks or [""])[0]] <= cfg.per_task]
+    if cfg.per_task:  # the first N episodes (by index) of each task, as the episode metadata names it
+        seen, kept = Counter(), []
+        for e in episodes:
+            seen[tuple(e.tasks[:1])] += 1
+            kept += [e] if seen[tuple(e.tasks[:1])] <= cfg.per_task else []
+        episodes = kept
     return episodes
 
 
@@ -549,18 +553,16 @@ def stitch(src: str, out: str, **overrides) -> dict:
         for rec in pre_skips:
             record("skip", rec)
         workers = cfg.workers or max(1, (os.cpu_count() or 2) // 2)
-        with tqdm(total=len(jobs), desc=f"stitch {source.name}", unit="ep", disable=None) as bar:
-            if workers == 1 or len(jobs) <= 1:
+        serial = workers == 1 or len(jobs) <= 1
+        # spawn: pool workers start clean, without our open files (specs/data.md 3.7)
+        with contextlib.nullcontext() if serial else ProcessPoolExecutor(
+                workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker, initargs=(ctx,)) as pool:
+            if serial:
                 _init_worker(ctx)
-                for job in jobs:
-                    record(*next(iter(stitch_episode(*job).items())))
-                    bar.update()
-            else:  # spawn: workers start clean, without our pipes or decoder state (specs/data.md 3.7)
-                with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                         initializer=_init_worker, initargs=(ctx,)) as pool:
-                    for fut in as_completed([pool.submit(stitch_episode, *job) for job in jobs]):
-                        record(*next(iter(fut.result().items())))
-                        bar.update()
+            results = (stitch_episode(*job) for job in jobs) if serial else \
+                (f.result() for f in as_completed([pool.submit(stitch_episode, *job) for job in jobs]))
+            for result in tqdm(results, total=len(jobs), desc=f"stitch {source.name}", unit="ep", disable=None):
+                record(*next(iter(result.items())))
     write_atomic(manifest_path, jsonl(done))
     write_atomic(skips_path, jsonl(skips))
     write_atomic(os.path.join(out, "metadata.csv"), metadata_csv(done))
@@ -715,7 +717,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("paths", nargs="*", metavar="SRC OUT", help="LeRobot dataset folder and output folder")
     p.add_argument("--synthetic", metavar="OUT", help="write a tiny synthetic LeRobot v2.1 dataset to OUT and exit")
-    p.add_argument("--bench", metavar="SRC", help="time stitching SRC against one ffmpeg command doing the same")
+    p.add_argument("--bench", metavar="SRC", help="time stitching SRC against ffmpeg decoding + encoding alone")
     for f in dataclasses.fields(StitchConfig):
         if isinstance(f.default, bool):
             p.add_argument("--" + f.name.replace("_", "-"), action="store_true")
