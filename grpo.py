@@ -49,6 +49,8 @@ class GRPOConfig:
     kl_coef: float = 0.0  # beta_KL to the LoRA-disabled reference; 0.004 if reward hacking shows up
     pg_step_weight: str = "exact"  # "exact" or "beta2": scale step i by beta_i^2 / mean beta^2 (high-sigma emphasis)
     opt_steps_per_update: int = 1  # optimizer steps per batch of rollouts; > 1 makes the later ones off-policy
+    drop_zero_advantage: bool = True  # skip trajectories with A == 0 (all-tie groups); under FSDP every rank must
+    # then still run the same number of micro-steps: disable it, or equalise the counts in train.py
     recompute_old_logp: bool = False  # recompute logp_old in the training layout before updating (see docstring)
     lr: float = 1e-4
     weight_decay: float = 1e-4
@@ -199,15 +201,21 @@ class Rollout:
     x0_final: torch.Tensor  # [K, C, T, H, W] fp32: the clean pass at sigma_N, the sample to decode and reward
 
 
-def step_noise_levels(cfg: GRPOConfig, generator):
-    """Per-step eta: cfg.eta everywhere, or (Flow-GRPO-Fast) only inside one random window per group."""
+def step_noise_levels(cfg: GRPOConfig, generator, window_start=None):
+    """Per-step eta: cfg.eta everywhere, or (Flow-GRPO-Fast) only inside one window per group, starting at
+    window_start or, if None, at a start drawn from the generator."""
     N = cfg.num_steps
     if not cfg.window_size:
+        if window_start is not None:
+            raise ValueError("window_start given but window_size is 0")
         return [cfg.eta] * N
     lo, hi = cfg.window
-    start = lo + int(torch.randint(hi - cfg.window_size - lo + 1, (1,), generator=generator,
-                                   device=generator.device))
-    return [cfg.eta if start <= i < start + cfg.window_size else 0.0 for i in range(N)]
+    if window_start is None:
+        window_start = lo + int(torch.randint(hi - cfg.window_size - lo + 1, (1,), generator=generator,
+                                              device=generator.device))
+    if not lo <= window_start <= hi - cfg.window_size:
+        raise ValueError(f"window_start {window_start} outside [{lo}, {hi - cfg.window_size}]")
+    return [cfg.eta if window_start <= i < window_start + cfg.window_size else 0.0 for i in range(N)]
 
 
 def steps_to_train(cfg: GRPOConfig, betas):
@@ -227,16 +235,18 @@ def steps_to_train(cfg: GRPOConfig, betas):
 
 
 @torch.no_grad()
-def rollout_group(net, cond: Condition, latent_shape, cfg: GRPOConfig, generator):
+def rollout_group(net, cond: Condition, latent_shape, cfg: GRPOConfig, generator, window_start=None):
     """Sample K trajectories for one group. latent_shape: (C, T, H, W). generator: a torch.Generator on the device.
 
-    Conditioning elements get no noise (their mean is theta-independent), so they stay on Predict2's deterministic
+    window_start (Flow-GRPO-Fast only): fix the window instead of drawing it; under FSDP pass the same start on
+    every rank (e.g. from a generator seeded identically everywhere), since the shared-prefix shortcut of
+    same_latent changes how many forwards a group takes. Conditioning elements get no noise (their mean is theta-independent), so they stay on Predict2's deterministic
     path. Log-probs are computed from the stored next state, exactly as training will recompute them.
     """
     N, K = cfg.num_steps, cfg.group_size
     device = generator.device
     sigmas = [float(s) for s in karras_sigmas(N)]
-    etas = step_noise_levels(cfg, generator)
+    etas = step_noise_levels(cfg, generator, window_start)
     alphas, betas = zip(*(step_coefficients(cfg.sde_type, sigmas[i], sigmas[i + 1], etas[i]) for i in range(N)))
     gen_mask = generated_mask(cond, latent_shape, device)
     states = torch.empty(K, N + 1, *latent_shape, device=device)
@@ -384,18 +394,21 @@ def step_weights(rollout: Rollout, cfg: GRPOConfig):
     return {i: rollout.betas[i] ** 2 / mean_sq for i in rollout.train_steps}
 
 
-def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, generator=None):
+def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, generator=None, set_grad_sync=None):
     """Train on a batch of rollouts: backward over every (trajectory, trained step), accumulated, then step.
 
     rollouts: list of Rollout (one per group); advantages: per rollout a [K] tensor (advantages[g][k]).
-    Trajectories with advantage exactly 0 are dropped. The rest (shuffled if a CPU generator is given) is split
+    set_grad_sync: optional callable(bool) run before each backward with "is this the chunk's last micro-step"
+    (FSDP2: net.set_requires_gradient_sync, so gradients are reduced once per optimizer step).
+    Trajectories with advantage exactly 0 are dropped (cfg.drop_zero_advantage). The rest (shuffled if a CPU generator is given) is split
     into cfg.opt_steps_per_update chunks, one optimizer step each; each backward uses loss / (micro-steps in chunk).
     Returns a dict of stats, including the health checks of the first chunk (theta == theta_old there):
     first_logp_equal (every logp_new == logp_old bitwise), first_max_abs_dlogp, first_ratio, and per optimizer
     step grad_norm (before clipping) and grads_outside_params (must be 0). A non-finite grad norm skips that
     optimizer step and is counted in nonfinite_steps.
     """
-    items = [(g, k) for g, adv in enumerate(advantages) for k in range(len(adv)) if float(adv[k]) != 0.0]
+    items = [(g, k) for g, adv in enumerate(advantages) for k in range(len(adv))
+             if float(adv[k]) != 0.0 or not cfg.drop_zero_advantage]
     stats = {"trajectories": len(items), "micro_steps": 0, "opt_steps": 0, "nonfinite_steps": 0,
              "grad_norm": [], "grads_outside_params": [], "loss": 0.0, "kl": 0.0, "clipfrac": 0.0,
              "approx_kl": 0.0, "first_logp_equal": None, "first_max_abs_dlogp": None, "first_ratio": None,
@@ -415,9 +428,13 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
 
     for c, chunk in enumerate(chunks):
         n_micro = sum(len(rollouts[g].train_steps) for g, _ in chunk)
+        done = 0
         for g, k in chunk:
             for i in rollouts[g].train_steps:
                 loss, info = grpo_loss(net, rollouts[g], k, i, advantages[g][k], cfg, weights[g][i])
+                done += 1
+                if set_grad_sync is not None:
+                    set_grad_sync(done == n_micro)
                 (loss / n_micro).backward()
                 ratio, dlogp = info["ratio"], (info["log_prob"].detach() - info["old_log_prob"])
                 if stats["first_ratio"] is None:

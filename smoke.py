@@ -3,7 +3,7 @@
     python smoke.py                       # tiny DiT + tiny VAE on CPU, well under a minute
     python smoke.py --config v2w-14b --device cuda --frames 93 --height 432 --width 768 --k 2 --steps 8 --sac block
 
-Random weights unless --init names a checkpoint (loaded strictly through ckpt.py). The base net is built on the
+Random weights unless --init names a checkpoint (loaded strictly through ckpt.load). The base net is built on the
 meta device and materialised directly in its final dtype (bf16 on CUDA), so a 14B model never exists in fp32;
 the LoRA adapters are fp32. Prints time and peak memory per phase and the MFU of the rollout and of the update
 against a bf16 matmul peak measured in the same run, then each criterion, then `SMOKE PASS` or `SMOKE FAIL: ...`.
@@ -43,7 +43,7 @@ class SmokeConfig:
     lora_alpha: float = 32.0
     lr: float = 1e-4
     sac: str = "none"  # activation checkpointing mode passed to sac.apply (none | block | mm | attn | selective)
-    init: str = ""  # base checkpoint (anything ckpt.resolve_source accepts); empty = random weights
+    init: str = "random"  # base weights: random, or anything ckpt.load accepts (named init, path, hf://...)
     vae: str = "auto"  # tiny | real (architecture; random weights); auto = tiny for the tiny DiT, else real
     seed: int = 0
     count_flops: str = "auto"  # FlopCounterMode around rollout and update (MFU): true | false | auto = on cuda only
@@ -140,17 +140,16 @@ def flop_count(enabled):
 
 
 def build_policy(cfg: SmokeConfig, device, dtype):
-    """DiT on meta -> base dtype -> materialised on device -> random init or strict load -> LoRA -> SAC."""
+    """DiT on meta -> base dtype -> materialised on device -> init (+ strict load) -> LoRA -> SAC."""
     with torch.device("meta"):
         net = DiT(get_config(cfg.config))
     net = net.to(dtype)  # free on meta: weights are allocated once, directly in their final dtype
     net.to_empty(device=device)
-    if cfg.init:
+    torch.manual_seed(cfg.seed)
+    net.init_weights()
+    if cfg.init != "random":  # strict: every key of the base net, before the adapters exist
         import ckpt
-        ckpt.load(net, ckpt.resolve_source(cfg.init))
-    else:
-        torch.manual_seed(cfg.seed)
-        net.init_weights()
+        ckpt.load(net, cfg.init)
     torch.manual_seed(cfg.seed + 1)
     params = add_lora(net, cfg.lora_rank, cfg.lora_alpha)
     if cfg.sac != "none":
@@ -231,14 +230,18 @@ def main(argv=None):
         stats = grpo.grpo_update(net, optimizer, params, [rollout], [advantages.to(device)], gcfg)
     update_flops = counter.get_total_flops() if counter else None
     update_seconds = phases.rows[-1][1]
+    sac_check = None
+    if cfg.sac != "none":
+        import sac
+        sac_check = sac.check_first_step(cfg.sac)  # raises if the save list matched no kernel that ran
 
     # -- report
     n_fwd_rollout = cfg.k * (cfg.steps + 1) * (2 if gcfg.guidance else 1)
     if rollout_flops:
-        print(f"rollout: {n_fwd_rollout} forwards, {rollout_flops / 1e15:.3f} PFLOP counted, "
+        print(f"rollout: {n_fwd_rollout} forwards, {rollout_flops:.3e} FLOP counted, "
               f"{rollout_seconds / n_fwd_rollout:.3f} s/forward, MFU {rollout_flops / rollout_seconds / peak_flops:.1%}")
     if update_flops:
-        print(f"update: {stats['micro_steps']} micro-steps (fwd + bwd + uncond fwd), {update_flops / 1e15:.3f} PFLOP "
+        print(f"update: {stats['micro_steps']} micro-steps (fwd + bwd + uncond fwd), {update_flops:.3e} FLOP "
               f"counted (incl. activation recompute), {update_seconds / max(1, stats['micro_steps']):.3f} s/micro-step, "
               f"MFU {update_flops / update_seconds / peak_flops:.1%}")
     if device.type == "cpu" and count_flops:
@@ -275,6 +278,8 @@ def main(argv=None):
         (f"LoRA params == blocks * r * (24 D + 2 * 1024) = {expected_lora:,}", n_lora, n_lora == expected_lora),
         ("loss finite", stats["loss"], math.isfinite(stats["loss"])),
     ]
+    if sac_check is not None:
+        criteria.append((f"sac {cfg.sac}: saved-op counts after the first step", sac_check, True))
     for name, value, ok in criteria:
         print(f"[{'PASS' if ok else 'FAIL'}] {name}: {value}")
     failed = [name for name, _, ok in criteria if not ok]

@@ -198,6 +198,13 @@ def test_zero_advantages_skip_the_update():
     stats = grpo.grpo_update(net, grpo.lora_optimizer(net, params, cfg), params, [ro], [torch.zeros(2)], cfg)
     assert stats["trajectories"] == 0 and stats["opt_steps"] == 0
     assert all(torch.equal(a, b) for a, b in zip(before, params))
+    # kept (same micro-step count on every FSDP rank): they run, with gradient sync on the last micro-step only
+    cfg = grpo.GRPOConfig(num_steps=4, drop_zero_advantage=False, opt_steps_per_update=2)
+    syncs = []
+    stats = grpo.grpo_update(net, grpo.lora_optimizer(net, params, cfg), params, [ro], [torch.zeros(2)], cfg,
+                             set_grad_sync=syncs.append)
+    assert stats["micro_steps"] == 6 and stats["opt_steps"] == 2 and stats["grad_norm"] == [0.0, 0.0]
+    assert syncs == [False, False, True] * 2
 
 
 def test_uncond_detach_same_value_different_gradient():
@@ -254,7 +261,7 @@ def test_surrogate_at_ratio_one_and_outside_the_clip(advantage):
     logp = old.clone().requires_grad_(True)
     loss, ratio = grpo.clipped_surrogate(logp, old, advantage, eps)
     loss.backward()
-    assert float(ratio) == 1.0 and float(logp.grad) == -advantage
+    assert float(ratio.detach()) == 1.0 and float(logp.grad) == -advantage
     for shift, frozen_sign in ((math.log(1 + 2 * eps), 1), (math.log(1 - 2 * eps), -1)):
         logp = (old + shift).requires_grad_(True)
         loss, _ = grpo.clipped_surrogate(logp, old, advantage, eps)
@@ -345,6 +352,11 @@ def test_fast_window_with_shared_latent():
             x = grpo.step_mean(x, grpo.guided_x0(net, x, ro.sigmas[i], ro.cond, cfg.guidance), ro.sigmas[i],
                                ro.alphas[i])
     assert torch.equal(x[0], ro.states[2, start])
+    # a fixed window start (the same on every FSDP rank)
+    fixed = grpo.rollout_group(net, ro.cond, LATENT, cfg, torch.Generator().manual_seed(5), window_start=2)
+    assert fixed.train_steps == [2, 3]
+    with pytest.raises(ValueError, match="window_start"):
+        grpo.rollout_group(net, ro.cond, LATENT, cfg, torch.Generator(), window_start=4)
 
 
 def test_lora_optimizer_refuses_other_trainable_params():
