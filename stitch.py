@@ -393,8 +393,8 @@ def run_episode(stem: str, ep: Episode) -> dict:
     n, min_frames = counts[short], cfg.min_frames or cfg.frames
     if n < min_frames:
         return skip("too_short_after_decode", f"{n} frames decoded, need {min_frames}")
-    try:  # the container must hold the n grids (what decord's len() reads), as h264 at the grid size
-        info = probe_video(video + ".tmp", decode=False)
+    try:  # decode it back: n grids, h264, the grid size
+        info = probe_video(video + ".tmp")
     except RuntimeError as e:
         return skip("verify_error", str(e))
     if (info["frames"], info["codec"], info["height"], info["width"]) != (n, "h264", H, W):
