@@ -601,7 +601,7 @@ def code_frame(episode: int, camera: int, frame_index: int, height: int, width: 
     return img
 
 
-def make_synthetic(out: str, lengths=(48, 40, 8, 56), height: int = 90, width: int = 160, fps: int = 15) -> str:
+def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: int = 160, fps: int = 15) -> str:
     """Write a LeRobot v2.1 dataset (lerobot's files, H.264 video) with 3 DROID cameras showing code_frame.
 
     Tasks alternate between two strings with commas, quotes and non-ASCII; the 8-frame episode is too short for any
