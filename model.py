@@ -495,8 +495,10 @@ class LoRALinear(nn.Linear):
         out = super().forward(x)
         if not self.lora_enabled:
             return out
-        lora_dtype = self.lora_a.weight.dtype
-        return out + (self.lora_b(self.lora_a(x.to(lora_dtype))) * self.scale).to(out.dtype)
+        # fp32 master adapters, computed in the activation dtype (as under FSDP2's bf16 param_dtype or autocast): an
+        # fp32 copy of x would be saved for backward by every adapter (2x x's bytes) and run as slow fp32 GEMMs
+        a, b = self.lora_a.weight.to(x.dtype), self.lora_b.weight.to(x.dtype)
+        return out + F.linear(F.linear(x, a), b) * self.scale
 
 
 LORA_TARGETS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.output_proj",
