@@ -293,7 +293,7 @@ def grid_command(ep: Episode, source: Source, cfg: StitchConfig, fits: dict, out
 
 
 def open_encoder(path: str, hw: tuple, fps, crf: int, preset: str, log, pix_fmt="rgb24") -> subprocess.Popen:
-    """An x264 mp4 writer fed raw frames on stdin (the synthetic dataset and the benchmark use it)."""
+    """An x264 mp4 writer fed raw RGB frames on stdin (make_synthetic writes its cameras with it)."""
     args = [ffmpeg_exe(), "-hide_banner", "-nostdin", "-nostats", "-loglevel", "error", "-f", "rawvideo",
             "-pix_fmt", pix_fmt, "-s", f"{hw[1]}x{hw[0]}", "-framerate", str(fps), "-i", "pipe:0",
             *x264_args(crf, preset), "-f", "mp4", "-y", path]

@@ -236,6 +236,21 @@ def test_missing_video_file_and_short_camera_are_skipped_with_reasons(tmp_path):
     assert "exterior_2_left" in reasons[2]["detail"] and not os.listdir(os.path.join(out, "videos"))
 
 
+def test_dropped_source_frame_is_caught_by_the_timestamps(tmp_path):
+    src = copy_meta(V21, tmp_path / "src")
+    wrist = os.path.join(src, "videos", "chunk-000", "observation.images.wrist_left", "episode_000000.mp4")
+    # the wrist camera loses frame 50 but keeps every other timestamp: later frames would pair with the wrong time
+    subprocess.run([stitch.ffmpeg_exe(), "-v", "error", "-i", wrist, "-vf", "select='not(eq(n,50))'", "-fps_mode",
+                    "passthrough", "-c:v", "libx264", "-preset", "ultrafast", "-crf", "18", "-y", wrist + ".mp4"], check=True)
+    os.replace(wrist + ".mp4", wrist)
+    (tmp_path / "eps.txt").write_text("0")
+    out = str(tmp_path / "out")
+    summary = stitch.stitch(src, out, size="48x80", episodes=str(tmp_path / "eps.txt"))
+    assert summary["by_reason"] == {"misaligned": 1}
+    (rec,) = skips(out).values()
+    assert "wrist_left: kept frame 13 is the source frame at 3.533" in rec["detail"]  # frame 53, not 52
+
+
 def test_layout_detection_and_subsets(tmp_path):
     v2, v3 = stitch.open_source(V21), stitch.open_source(V30)
     assert (v2.layout, v3.layout) == ("v2", "v3") and v2.fps == v3.fps == 15
