@@ -1,0 +1,535 @@
+"""ckpt.py on CPU: strict loading into FSDP2 shards (gloo, 2 ranks), a fault matrix where every fault is a clear
+error on every rank, DCP save/resume bit-exactness, kill -9 during a save, rotation, export, the init guard, CLI.
+
+The sharded cases all run inside ONE spawned 2-rank job (the `dist_job` fixture) to keep the file fast on 2 cores;
+the tests below assert on its per-rank results.
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+import ckpt
+from dist_utils import run_dist
+from model import DiT, add_lora, denoise, get_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# tiny, with an odd dim 0 (crossattn_proj.0: 33 rows -> 17 + 16 on 2 ranks)
+CFG = get_config("tiny", crossattn_emb_channels=33, crossattn_proj_in_channels=40)
+
+
+def reference_state():
+    torch.manual_seed(0)
+    return {k: v.clone() for k, v in DiT(CFG).state_dict().items()}
+
+
+def build(lora=0, dtype=None, sharded=True):
+    """The train.py order: meta -> (dtype, LoRA) -> fully_shard blocks, final layer, root -> to_empty -> init."""
+    with torch.device("meta"):
+        net = DiT(CFG)
+    if dtype is not None:
+        net = net.to(dtype)
+    if lora:
+        add_lora(net, lora)
+    if sharded:
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for block in net.blocks:
+            fully_shard(block, mesh=mesh, reshard_after_forward=True)
+        fully_shard(net.final_layer, mesh=mesh, reshard_after_forward=False)
+        fully_shard(net, mesh=mesh, reshard_after_forward=False)
+    net.to_empty(device="cpu")
+    net.init_weights()
+    return net
+
+
+def full_state(net):
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in net.state_dict().items()}
+
+
+def train_step(net, opt, step):
+    """One rectified-flow step on a batch fixed by (step, rank)."""
+    g = torch.Generator().manual_seed(1000 * step + (dist.get_rank() if dist.is_initialized() else 0))
+    x0, eps = torch.randn(1, 16, 1, 4, 4, generator=g), torch.randn(1, 16, 1, 4, 4, generator=g)
+    sigma = torch.rand(1, generator=g) * 3
+    _, velocity = denoise(net, x0 + sigma * eps, sigma, torch.randn(1, 3, 40, generator=g))
+    loss = ((velocity - (eps - x0)) ** 2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.item()
+
+
+# -----------------------------------------------------------------------------
+# Fixture files (written once by the parent, read by both ranks)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ckpt")
+    sd = reference_state()
+    f = {}
+
+    def st(name, tensors):
+        f[name] = str(d / f"{name}.safetensors")
+        save_file({k: v.contiguous() for k, v in tensors.items()}, f[name])
+
+    def pt(name, obj, **kw):
+        f[name] = str(d / f"{name}.pt")
+        torch.save(obj, f[name], **kw)
+    st("ref", sd)
+    pt("ref_pt", sd)
+    release = {"net." + k: v.to(torch.bfloat16) for k, v in sd.items()}
+    release.update({"net.accum_iteration": torch.tensor(7), "net.blocks.0.self_attn.q_norm._extra_state":
+                    torch.zeros(5, dtype=torch.uint8)})
+    pt("release", release)
+    # sharded safetensors with an index json
+    os.makedirs(d / "index")
+    keys = sorted(sd)
+    weight_map = {k: f"part-{i % 2}.safetensors" for i, k in enumerate(keys)}
+    for part in ("part-0.safetensors", "part-1.safetensors"):
+        save_file({k: sd[k].contiguous() for k in keys if weight_map[k] == part}, str(d / "index" / part))
+    f["index"] = str(d / "index" / "model.safetensors.index.json")
+    with open(f["index"], "w") as fh:
+        json.dump({"metadata": {}, "weight_map": weight_map}, fh)
+    # faults
+    k0, k1 = "blocks.1.mlp.layer2.weight", "blocks.0.self_attn.q_proj.weight"
+    st("missing_key", {k: v for k, v in sd.items() if k != k0})
+    st("missing_buffer", {k: v for k, v in sd.items() if k != "pos_embedder.seq"})
+    st("extra_key", {**sd, "blocks.0.mlp.layer3.weight": torch.zeros(3)})
+    st("wrong_shape", {**sd, k1: torch.zeros(64, 32)})
+    st("int_dtype", {**sd, k1: sd[k1].to(torch.int32)})
+    st("fp64_into_fp32", {k: v.double() for k, v in sd.items()})
+    st("prefix_mix", {("net." + k if i % 2 else k): v for i, (k, v) in enumerate(sd.items())})
+    st("collision", {**sd, "module." + k1: sd[k1].clone()})
+    nan = dict(sd)
+    nan[k1] = sd[k1].clone()
+    nan[k1][3, 5] = float("nan")
+    st("nan_value", nan)
+    pt("both_copies", {**{"net." + k: v for k, v in sd.items()}, **{"net_ema." + k: v for k, v in sd.items()}})
+    pt("non_tensor", {**sd, "step": 5})
+    pt("nested", {"model": sd, "optimizer": {}})
+    pt("pickled_object", {**sd, "args": argparse.Namespace(lr=1)})
+    pt("legacy_format", sd, _use_new_zipfile_serialization=False)
+    for name, src in (("truncated_pt", f["ref_pt"]), ("truncated_safetensors", f["ref"])):
+        data = open(src, "rb").read()
+        f[name] = str(d / (name + (".pt" if name.endswith("pt") else ".safetensors")))
+        open(f[name], "wb").write(data[: len(data) // 2])
+    f["garbage_safetensors"] = str(d / "garbage.safetensors")
+    open(f["garbage_safetensors"], "wb").write(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    f["empty_file"] = str(d / "empty.safetensors")
+    open(f["empty_file"], "wb").close()
+    f["bin"] = str(d / "model.bin")
+    open(f["bin"], "wb").write(b"x")
+    for name in ("empty_dir", "dcp_no_metadata", "out_dir/step_00000001"):
+        os.makedirs(d / name)
+    open(d / "dcp_no_metadata" / "__0_0.distcp", "wb").write(b"x")
+    f.update(empty_dir=str(d / "empty_dir"), dcp_no_metadata=str(d / "dcp_no_metadata"), out_dir=str(d / "out_dir"))
+    os.makedirs(d / "index_missing")
+    with open(d / "index_missing" / "model.safetensors.index.json", "w") as fh:
+        json.dump({"weight_map": {k: "gone.safetensors" for k in sd}}, fh)
+    f["index_missing_shard"] = str(d / "index_missing")
+    os.makedirs(d / "index_wrong")
+    for part in ("part-0.safetensors", "part-1.safetensors"):
+        os.link(d / "index" / part, d / "index_wrong" / part)
+    with open(d / "index_wrong" / "model.safetensors.index.json", "w") as fh:
+        json.dump({"weight_map": {**weight_map, k1: "part-1.safetensors" if weight_map[k1].startswith("part-0")
+                                  else "part-0.safetensors"}}, fh)
+    f["index_wrong_map"] = str(d / "index_wrong")
+    f["dir"] = str(d)
+    return f
+
+
+# Every fault must raise CheckpointError on BOTH ranks with the same text, which must contain the expected words.
+# (fault, fixture file or literal source, expected text): ckpt.load(model, source)
+LOAD_FAULTS = [
+    ("missing key", "missing_key", "missing 1"), ("missing buffer", "missing_buffer", "pos_embedder.seq"),
+    ("unexpected key", "extra_key", "unexpected 1"), ("wrong shape", "wrong_shape", "file (64, 32) vs model (64, 64)"),
+    ("int dtype", "int_dtype", "int/bool/float mismatch"), ("fp64 into trainable fp32", "fp64_into_fp32", "narrowing"),
+    ("prefix mix", "prefix_mix", "unexpected"), ("key collision", "collision", "collisions 1"),
+    ("net and net_ema, no choice", "both_copies", "both net. and net_ema."),
+    ("non-tensor payload", "non_tensor", "step (int)"), ("nested training dict", "nested", "model (dict)"),
+    ("pickled object", "pickled_object", "weights-only"), ("legacy .pt format", "legacy_format", "weights-only"),
+    ("truncated .pt", "truncated_pt", "weights-only"), ("truncated .safetensors", "truncated_safetensors", "truncated"),
+    ("garbage .safetensors", "garbage_safetensors", "safetensors"), ("empty file", "empty_file", "not safetensors"),
+    ("unsupported extension", "bin", "unsupported checkpoint format"),
+    ("DCP without .metadata", "dcp_no_metadata", "no .metadata"), ("empty dir", "empty_dir", "holds no checkpoint"),
+    ("out_dir given as init", "out_dir", "training out_dir"), ("index: shard missing", "index_missing_shard", "gone.safetensors is missing"),
+    ("index: wrong shard", "index_wrong_map", "not in the shard the index names"),
+    ("unknown named init", "2b-480p", "not a named init"), ("'random' passed to load", "random", "'random' is not"),
+    ("malformed hf://", "hf://nvidia/only-repo", "hf://ORG/REPO/PATH"),
+    ("named init while offline", "2b-480p-16fps", "offline"),
+]
+
+
+def fault_cases(f, tmp):
+    load = ckpt.load
+    return [(name, lambda m, src=src: load(m, f.get(src, src)), text) for name, src, text in LOAD_FAULTS] + [
+        ("ema asked, absent", lambda m: load(m, f["release"], ema=True), "has only ['net']"),
+        (".pt path that does not exist", lambda m: load(m, f["dir"] + "/model-480p-16fps.pt"), "not found"),
+        ("NaN weight (verification)", lambda m: load(m, f["nan_value"]), "not finite"),
+        ("file on rank 0 only", lambda m: load(m, f["ref"] if dist.get_rank() == 0 else f["dir"] + "/gone.pt"),
+         "rank(s) [1]"),
+        ("model still on meta", lambda m: load(build_meta(), f["ref"]), "meta device"),
+        ("LoRA adapters absent, not allowed", lambda m: load(build(lora=2), f["ref"]), "lora_a.weight"),
+        ("bf16 trainable from fp32 file", lambda m: load(build(dtype=torch.bfloat16), f["ref"]), "narrowing"),
+        ("DCP shard file deleted", lambda m: load(m, tmp["dcp_broken"]), "__1_0.distcp"),
+        ("LoRA-only DCP as full init", lambda m: load(m, tmp["lora_step"]), "missing"),
+        ("dangling latest", lambda m: ckpt.resume(tmp["dangling"], m), "missing or incomplete"),
+        ("garbage latest", lambda m: ckpt.resume(tmp["garbage_latest"], m), "not a step_XXXXXXXX"),
+        ("resume into other config", lambda m: ckpt.resume(tmp["out"], build_other()), "shape mismatch"),
+        ("save keep=1", lambda m: ckpt.save(tmp["scratch"], 1, m, keep=1), "at least 2"),
+        ("save extra not JSON", lambda m: ckpt.save(tmp["scratch"], 1, m, extra={"t": torch.ones(1)}),
+         "JSON-serialisable"),
+        ("save over a complete step", lambda m: ckpt.save(tmp["out"], 3, m), "already exists"),
+    ]
+
+
+def build_meta():
+    with torch.device("meta"):
+        return DiT(CFG)
+
+
+def build_other():
+    with torch.device("meta"):
+        net = DiT(get_config("tiny", crossattn_emb_channels=33, crossattn_proj_in_channels=48))
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    fully_shard(net, mesh=mesh)
+    net.to_empty(device="cpu")
+    return net
+
+
+def _job(rank, ws, f, tmpdir):
+    import shutil
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["HF_HOME"] = os.path.join(tmpdir, f"hf{rank}")
+    out, res = {}, {}
+    ref = reference_state()
+    # 1. every source format into FSDP2 shards, compared bitwise after gathering
+    expect_bf16 = {k: v.to(torch.bfloat16).to(v.dtype) for k, v in ref.items()}
+    for name, src, want in (("pt", f["ref_pt"], ref),
+                            ("safetensors", f["ref"], ref), ("index", f["index"], ref),
+                            ("release_pt", f["release"], expect_bf16)):
+        net = build()
+        report = ckpt.load(net, src)
+        got = full_state(net)
+        res[f"load_{name}"] = all(torch.equal(got[k], want[k]) for k in want) and got.keys() == want.keys()
+        res[f"checksum_{name}"] = report.checksum
+        res[f"ignored_{name}"] = len(report.ignored)
+    # 2. train 3 steps, saving at 1, 2, 3 (keep 2); step 4 after the save is the reference for resume
+    out["out"] = os.path.join(tmpdir, "out")
+    net = build()
+    ckpt.load(net, f["ref"], verbose=False)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    for step in (1, 2, 3):
+        train_step(net, opt, step)
+        torch.manual_seed(100 + rank)  # different per rank: per-rank RNG keys must bring back each rank's own state
+        ckpt.save(out["out"], step, net, opt, extra={"data_position": step * 4, "config": {"lr": 1e-3}}, keep=2)
+    res["state_step3"], res["out_dir"] = full_state(net), out["out"]
+    res["rand_after_save"] = torch.rand(4)
+    res["loss4"] = train_step(net, opt, 4)
+    res["state4"] = full_state(net)
+    res["dirs_after_rotation"] = sorted(os.listdir(out["out"]))
+    # resume into fresh objects
+    net2 = build()
+    opt2 = torch.optim.AdamW(net2.parameters(), lr=1e-3)
+    torch.manual_seed(999)
+    extra = ckpt.resume(out["out"], net2, opt2)
+    res["extra"] = extra
+    res["rand_after_resume"] = torch.rand(4)
+    res["loss4_resumed"] = train_step(net2, opt2, 4)
+    res["state4_resumed"] = full_state(net2)
+    # DCP step dir as an init source (every rank reads only the chunks of its shard)
+    net3 = build()
+    ckpt.load(net3, os.path.join(out["out"], "step_00000003"))
+    res["load_dcp"] = all(torch.equal(a, b) for a, b in zip(full_state(net3).values(), res["state_step3"].values()))
+    # 3. LoRA-only save (frozen base excluded) and resume on top of the base loaded from the init file
+    out["lora"] = os.path.join(tmpdir, "lora")
+    net = build(lora=2)
+    ckpt.load(net, f["ref"], allow_missing=(ckpt.LORA_KEYS,), verbose=False)
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-2)
+    train_step(net, opt, 1)
+    train_step(net, opt, 2)
+    ckpt.save(out["lora"], 2, net, opt, extra={}, lora_only=True)
+    res["lora_loss3"] = train_step(net, opt, 3)
+    res["lora_state3"] = full_state(net)
+    out["lora_step"] = os.path.join(out["lora"], "step_00000002")
+    res["lora_keys"] = sorted(k for k in FileSystemReader(out["lora_step"]).read_metadata().state_dict_metadata
+                              if k.startswith("model."))
+    net = build(lora=2)
+    ckpt.load(net, f["ref"], allow_missing=(ckpt.LORA_KEYS,), verbose=False)
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-2)
+    res["lora_extra"] = ckpt.resume(out["lora"], net, opt)
+    res["lora_loss3_resumed"] = train_step(net, opt, 3)
+    res["lora_state3_resumed"] = full_state(net)
+    # 4. fault matrix
+    if rank == 0:
+        shutil.copytree(os.path.join(out["out"], "step_00000003"), os.path.join(tmpdir, "dcp_broken"))
+        os.remove(os.path.join(tmpdir, "dcp_broken", "__1_0.distcp"))
+        for name, text in (("dangling", "step_00000009\n"), ("garbage_latest", "../../etc\n")):
+            shutil.copytree(out["out"], os.path.join(tmpdir, name))
+            with open(os.path.join(tmpdir, name, "latest"), "w") as fh:
+                fh.write(text)
+    dist.barrier()
+    out.update(dcp_broken=os.path.join(tmpdir, "dcp_broken"), dangling=os.path.join(tmpdir, "dangling"),
+               garbage_latest=os.path.join(tmpdir, "garbage_latest"), scratch=os.path.join(tmpdir, "scratch"))
+    faults = {}
+    for name, call, _ in fault_cases(f, out):
+        with open(os.path.join(tmpdir, f"progress.{rank}"), "a") as fh:
+            fh.write(name + "\n")  # the last line names the culprit if the job times out
+        try:
+            call(build())
+            faults[name] = ("no error", "")
+        except Exception as e:
+            faults[name] = (type(e).__name__, str(e))
+        dist.barrier()
+    res["faults"] = faults
+    return res
+
+
+@pytest.fixture(scope="module")
+def dist_job(files, tmp_path_factory):
+    t0 = time.time()
+    results = run_dist(_job, 2, 240, files, str(tmp_path_factory.mktemp("job")))
+    print(f"2-rank job: {time.time() - t0:.1f}s")
+    return results
+
+
+def test_every_format_loads_bitwise_into_fsdp2_shards(dist_job, files):
+    for r in dist_job:
+        for name in ("pt", "safetensors", "index", "release_pt", "dcp"):
+            assert r[f"load_{name}"], name
+        assert r["ignored_release_pt"] == 2  # accum_iteration and _extra_state: counted, not loaded
+    # the checksum is a property of the file's bytes, not of the world size: ws=2 equals ws=1
+    net = build(sharded=False)
+    single = ckpt.load(net, files["ref"])
+    assert {r["checksum_safetensors"] for r in dist_job} == {r["checksum_pt"] for r in dist_job} == {single.checksum}
+
+
+def test_fault_matrix_every_fault_is_a_clear_error_on_every_rank(dist_job, files):
+    cases = fault_cases(files, {})
+    assert len(cases) >= 25
+    for name, _, text in cases:
+        outcomes = [r["faults"][name] for r in dist_job]
+        for rank, (kind, message) in enumerate(outcomes):
+            assert kind == "CheckpointError", f"{name}: rank {rank} -> {kind}"
+            assert text in message, f"{name}: rank {rank} message lacks {text!r}:\n{message}"
+        assert outcomes[0][1] == outcomes[1][1], f"{name}: ranks disagree"
+
+
+def test_resume_is_bitwise_and_restores_per_rank_rng(dist_job):
+    for rank, r in enumerate(dist_job):
+        assert r["extra"] == {"data_position": 12, "config": {"lr": 1e-3}, "step": 3}
+        assert r["loss4_resumed"] == r["loss4"]
+        assert all(torch.equal(r["state4"][k], r["state4_resumed"][k]) for k in r["state4"])
+        assert torch.equal(r["rand_after_save"], r["rand_after_resume"]), rank
+    assert not torch.equal(dist_job[0]["rand_after_save"], dist_job[1]["rand_after_save"])
+    assert dist_job[0]["dirs_after_rotation"] == ["latest", "step_00000002", "step_00000003"]
+
+
+def test_lora_only_checkpoint_excludes_base_and_resumes_bitwise(dist_job):
+    r = dist_job[0]
+    base = [k for k in r["lora_keys"] if ".lora_a." not in k and ".lora_b." not in k]
+    assert len(r["lora_keys"]) == 3 + 2 * 10 * CFG.num_blocks  # adapters + the 3 persistent RoPE buffers only
+    assert base == ["model.pos_embedder." + b for b in ("dim_spatial_range", "dim_temporal_range", "seq")]
+    assert r["lora_extra"] == {"step": 2}
+    assert r["lora_loss3"] == r["lora_loss3_resumed"]
+    assert all(torch.equal(r["lora_state3"][k], r["lora_state3_resumed"][k]) for k in r["lora_state3"])
+
+
+def test_export_round_trip(dist_job, tmp_path):
+    step3 = dist_job[0]["state_step3"]
+    out_dir = dist_job[0]["out_dir"]
+    ckpt.export_safetensors(out_dir, str(tmp_path / "m.safetensors"))
+    got = load_file(str(tmp_path / "m.safetensors"))
+    assert got.keys() == step3.keys() and all(torch.equal(got[k], step3[k]) for k in got)
+    ckpt.export_release_pt(os.path.join(out_dir, "step_00000003"), str(tmp_path / "release.pt"))
+    rel = torch.load(str(tmp_path / "release.pt"), weights_only=True)
+    assert all(torch.equal(rel["net." + k], v.to(torch.bfloat16)) for k, v in step3.items())
+    net = build(sharded=False)
+    ckpt.load(net, str(tmp_path / "release.pt"))  # upstream-style file loads back through the strict path
+    assert all(torch.equal(v, step3[k].to(torch.bfloat16).float()) for k, v in net.state_dict().items())
+
+
+# -----------------------------------------------------------------------------
+# kill -9 in the middle of a save: resume must find the previous complete checkpoint
+
+KILL_CHILD = r"""
+import os, sys, time
+sys.path.insert(0, sys.argv[3])
+import torch, ckpt
+import torch.distributed.checkpoint.filesystem as fs
+from model import DiT, get_config
+out, point = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+net = DiT(get_config("tiny"))
+opt = torch.optim.AdamW(net.parameters())
+ckpt.save(out, 1, net, opt, extra={"n": 1})
+def block(*args, **kwargs):
+    print("BLOCKED", flush=True)
+    time.sleep(600)
+if point == "before_metadata":  # every data file written, .metadata not yet
+    fs.FileSystemWriter.finish = block
+elif point == "before_rename":  # complete under the .tmp name, not yet renamed
+    real = os.rename
+    os.rename = lambda a, b: block() if str(b).endswith("step_00000002") else real(a, b)
+elif point == "before_pointer":  # renamed, latest not yet updated
+    ckpt.commit_latest = block
+with torch.no_grad():
+    for p in net.parameters():
+        p.add_(1)
+ckpt.save(out, 2, net, opt, extra={"n": 2})
+print("NOT KILLED", flush=True)
+"""
+
+
+def test_kill_9_during_save_resumes_from_previous_complete_checkpoint(tmp_path):
+    points = {"before_metadata": 1, "before_rename": 1, "before_pointer": 2}
+    procs = {p: subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(tmp_path / p), p, ROOT],
+                                 stdout=subprocess.PIPE, text=True) for p in points}
+    try:
+        for point, proc in procs.items():
+            said = []
+            while not said or said[-1] not in ("BLOCKED", ""):  # wait until the child sits at its kill point
+                said.append(proc.stdout.readline().strip())
+            assert said[-1] == "BLOCKED", f"{point}: child said {said}"
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    torch.manual_seed(0)
+    initial = DiT(get_config("tiny")).state_dict()
+    for point, step in points.items():
+        out = str(tmp_path / point)
+        net = DiT(get_config("tiny"))
+        extra = ckpt.resume(out, net, torch.optim.AdamW(net.parameters()))
+        assert extra == {"n": step, "step": step}, point
+        assert all(torch.equal(v, initial[k] + (step - 1)) for k, v in net.state_dict().items()
+                   if k in dict(net.named_parameters())), point
+        # the run goes on: the next save replaces the killed one's leftovers, rotation keeps the resume target
+        ckpt.save(out, 3, net, extra={}, keep=2)
+        assert sorted(os.listdir(out)) == ["latest", f"step_0000000{step}", "step_00000003"] if step == 1 else \
+            ["latest", "step_00000002", "step_00000003"], point
+
+
+# -----------------------------------------------------------------------------
+# Single-process pieces
+
+
+def test_keys_are_normalised_by_whole_segments():
+    assert ckpt.normalize_key("net.blocks.0.adaln_net.weight", "net") == "blocks.0.adaln_net.weight"
+    assert ckpt.normalize_key("module._orig_mod.blocks.3._checkpoint_wrapped_module.mlp.w", None) == "blocks.3.mlp.w"
+    assert ckpt.normalize_key("net_ema.x", "net") is None
+    report, _ = ckpt.build_report({f"blocks.{i}.w": ((2,), torch.float32, True) for i in range(28)}, {}, "f")
+    assert "blocks.*.w x28" in report.details()
+
+
+def test_named_inits_and_offline_error():
+    assert {"droid", "2b-480p-16fps", "2b-720p-16fps", "2b-480p-10fps", "2b-720p-10fps", "14b-480p-16fps",
+            "14b-720p-16fps", "14b-480p-10fps", "14b-720p-10fps"} == set(ckpt.NAMED_INITS)
+    assert ckpt.NAMED_INITS["droid"].endswith("@ebc29d30a3fab504bcc779a85bca073d14ad39f9")
+    with pytest.raises(ckpt.CheckpointError, match="offline"):
+        ckpt.resolve_source("droid", offline=True)
+
+
+def test_rotation_never_deletes_latest_target_or_a_save_in_flight(tmp_path):
+    out = str(tmp_path)
+    for step in range(1, 6):
+        os.makedirs(f"{out}/step_{step:08d}")
+        open(f"{out}/step_{step:08d}/.metadata", "w").close()
+        open(f"{out}/step_{step:08d}/meta.json", "w").close()
+    os.makedirs(f"{out}/step_00000006.tmp")  # in flight
+    os.makedirs(f"{out}/step_00000000.tmp")  # left by a run killed long ago
+    ckpt.commit_latest(out, "step_00000002")  # e.g. the pointer lagged behind
+    open(f"{out}/.latest.999.tmp", "w").write("step_00000001\n")  # a pointer write killed before os.replace
+    ckpt.rotate(out, keep=2)
+    assert sorted(os.listdir(out)) == [".latest.999.tmp", "latest", "step_00000002", "step_00000004",
+                                       "step_00000005", "step_00000006.tmp"]
+    assert ckpt.find_resume(out).endswith("step_00000005")  # newest complete; the lagging pointer is reported
+    with pytest.raises(ckpt.CheckpointError, match="at least 2"):
+        ckpt.rotate(out, keep=1)
+
+
+def _write_tiny(path, cfg_name="tiny", drop=None, prefix="", dtype=None):
+    torch.manual_seed(0)
+    sd = DiT(get_config(cfg_name)).state_dict()
+    save_file({prefix + k: (v.to(dtype) if dtype else v).contiguous() for k, v in sd.items() if k != drop}, path)
+    return path
+
+
+def test_check_cli_reports_from_metadata_and_sets_the_exit_code(tmp_path, capsys):
+    good = _write_tiny(str(tmp_path / "good.safetensors"), prefix="net.", dtype=torch.bfloat16)
+    bad = _write_tiny(str(tmp_path / "bad.safetensors"), drop="blocks.1.mlp.layer1.weight")
+    assert ckpt.main(["check", "--config", "tiny", good]) == 0
+    assert ckpt.main(["check", "--config", "tiny", "--lora-rank", "4", good]) == 0
+    assert ckpt.main(["check", "--config", "v2w-2b", good]) == 1  # shapes differ; nothing is allocated (meta)
+    assert ckpt.main(["check", "--config", "tiny", str(tmp_path / "nope.pt")]) == 1
+    assert "not found" in capsys.readouterr().out
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "ckpt.py"), "check", "--config", "tiny", bad],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "missing: blocks.1.mlp.layer1.weight" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_bench_runs_at_a_tiny_size(tmp_path):
+    for fmt in ("pt", "safetensors"):
+        times = ckpt.bench(0.002, str(tmp_path), fmt, "cpu", threads=2)
+        assert set(times) == {("cat", "cold"), ("load", "cold"), ("cat", "warm"), ("load", "warm")}
+
+
+# -----------------------------------------------------------------------------
+# The iteration-0 init guard, calibrated: random init fails it, weights that learned something pass it
+
+
+def test_init_guard_separates_random_init_from_loaded_weights(tmp_path):
+    cfg = get_config("tiny", crossattn_emb_channels=16, crossattn_proj_in_channels=16)
+    g = torch.Generator().manual_seed(0)
+    basis = torch.randn(1, 16, 1, 8, 8, generator=g)
+
+    def batch(n):
+        return torch.randn(n, 1, 1, 1, 1, generator=g) * basis, torch.zeros(n, 1, 16)
+    x0, emb = batch(8)  # the fixed guard batch
+    torch.manual_seed(0)
+    net = DiT(cfg)
+    ratio_random = ckpt.guard_loss(net, x0, emb)
+    with pytest.raises(ckpt.CheckpointError, match="looks like random init"):
+        ckpt.init_guard(*ratio_random, source="random")
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    for _ in range(150):  # "pretraining": a few seconds on CPU
+        x, c = batch(16)
+        sigma = torch.exp(torch.randn(16, generator=g) * 1.2)
+        eps = torch.randn(x.shape, generator=g)
+        _, velocity = denoise(net, x + sigma.view(-1, 1, 1, 1, 1) * eps, sigma, c)
+        ((velocity - (eps - x)) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(tmp_path / "warm.safetensors"))
+    with torch.device("meta"):
+        fresh = DiT(cfg)
+    fresh.to_empty(device="cpu")
+    fresh.init_weights()
+    not_loaded = ckpt.guard_loss(fresh, x0, emb)
+    ckpt.load(fresh, str(tmp_path / "warm.safetensors"))
+    loaded = ckpt.guard_loss(fresh, x0, emb)
+    ratio = ckpt.init_guard(*loaded, source="warm")
+    print(f"guard ratios: random {ratio_random[0] / ratio_random[1]:.3f}, init_weights"
+          f" {not_loaded[0] / not_loaded[1]:.3f}, loaded {ratio:.3f} (threshold {ckpt.GUARD_MAX_RATIO})")
+    assert ratio < ckpt.GUARD_MAX_RATIO - 0.1 and min(ratio_random[0] / ratio_random[1],
+                                                     not_loaded[0] / not_loaded[1]) > 1.0
+    # with conditioning frames (video2world): they are excluded, and the guard still runs
+    x2 = torch.cat([x0, x0], dim=2)
+    from model import condition_mask
+    loss, zero = ckpt.guard_loss(fresh, x2, emb, condition_mask=condition_mask(x2, 1))
+    assert 0 < loss < zero
