@@ -43,6 +43,8 @@ class SmokeConfig:
     lora_alpha: float = 32.0
     lr: float = 1e-4
     sac: str = "none"  # activation checkpointing mode passed to sac.apply (none | block | mm | attn | selective)
+    offload: bool = False  # GRPOConfig.offload_activations: saved block inputs wait in pinned host memory
+    recompute_old_logp: bool = False  # GRPOConfig.recompute_old_logp: only if the rollout's kernels differ
     init: str = "random"  # base weights: random, or anything ckpt.load accepts (named init, path, hf://...)
     vae: str = "auto"  # tiny | real (architecture; random weights); auto = tiny for the tiny DiT, else real
     seed: int = 0
@@ -191,7 +193,8 @@ def main(argv=None):
     count_flops = {"auto": device.type == "cuda", "true": True, "false": False}[cfg.count_flops]
     latent_shape = (16, 1 + (cfg.frames - 1) // 4, cfg.height // 8, cfg.width // 8)
     gcfg = grpo.GRPOConfig(group_size=cfg.k, num_steps=cfg.steps, eta=cfg.eta, guidance=cfg.guidance,
-                           uncond_grad=cfg.uncond_grad, kl_coef=cfg.kl_coef, lr=cfg.lr)
+                           uncond_grad=cfg.uncond_grad, kl_coef=cfg.kl_coef, lr=cfg.lr,
+                           offload_activations=cfg.offload, recompute_old_logp=cfg.recompute_old_logp)
     print(f"smoke config: {asdict(cfg)}")
     print(f"grpo config: {asdict(gcfg)}")
     print(f"latent {latent_shape}, base dtype {dtype}, torch {torch.__version__}", flush=True)

@@ -163,6 +163,32 @@ def test_update_ratio_one_and_lora_only_gradients():
     assert all(p.grad is None for p in net.parameters())  # zeroed (set to None) after the step
 
 
+def test_offloaded_activations_give_identical_gradients():
+    net, params = tiny_policy()
+    perturb_lora_b(params)
+    grads = []
+    for offload in (False, True):
+        cfg = grpo.GRPOConfig(num_steps=4, offload_activations=offload)
+        ro = rollout(net, cfg)
+        loss, info = grpo.grpo_loss(net, ro, 1, 2, -0.7, cfg)
+        loss.backward()
+        assert float(info["ratio"]) == 1.0
+        grads.append([p.grad.clone() for p in params])
+        for p in params:
+            p.grad = None
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_recompute_old_log_probs_reproduces_the_rollout():
+    net, params = tiny_policy()
+    perturb_lora_b(params)
+    cfg = grpo.GRPOConfig(num_steps=4, recompute_old_logp=True)
+    ro = rollout(net, cfg)
+    stored = ro.log_probs.clone()
+    grpo.recompute_old_log_probs(net, ro, cfg)
+    assert torch.equal(ro.log_probs, stored) and not ro.log_probs.requires_grad
+
+
 def test_gradients_reach_lora_only_before_the_step():
     net, params = tiny_policy()
     perturb_lora_b(params)
