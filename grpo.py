@@ -3,7 +3,7 @@
 Read ../shared/specs/grpo.md first. In short: Predict2 is a rectified-flow net behind an EDM-sigma interface
 (state x = x0 + sigma * eps). A rollout walks N Karras sigmas with a stochastic first-order x0 step ("DDIM-eta"):
 
-    x' = mean + beta * z,   mean = c * x + (1 - c) * x0_hat(x, sigma),   c = alpha / sigma,   alpha^2 + beta^2 = sigma'^2
+    x' = mean + beta * z,  mean = c * x + (1 - c) * x0_hat(x, sigma),  c = alpha / sigma,  alpha^2 + beta^2 = sigma'^2
 
 so every transition is an exact Gaussian whose log-density we store (fp32, averaged over the generated, i.e.
 non-conditioning, latent elements). Training recomputes the same log-density with gradients and maximises
@@ -241,10 +241,10 @@ def steps_to_train(cfg: GRPOConfig, betas):
 def rollout_group(net, cond: Condition, latent_shape, cfg: GRPOConfig, generator, window_start=None):
     """Sample K trajectories for one group. latent_shape: (C, T, H, W). generator: a torch.Generator on the device.
 
-    window_start (Flow-GRPO-Fast only): fix the window instead of drawing it; under FSDP pass the same start on
-    every rank (e.g. from a generator seeded identically everywhere), since the shared-prefix shortcut of
-    same_latent changes how many forwards a group takes. Conditioning elements get no noise (their mean is theta-independent), so they stay on Predict2's deterministic
+    Conditioning elements get no noise (their mean is theta-independent), so they stay on Predict2's deterministic
     path. Log-probs are computed from the stored next state, exactly as training will recompute them.
+    window_start (Flow-GRPO-Fast only) fixes the window instead of drawing it. Under FSDP every rank must run the
+    same number of forwards: pass the same start everywhere (same_latent skips the shared deterministic prefix).
     """
     N, K = cfg.num_steps, cfg.group_size
     device = generator.device
@@ -410,10 +410,10 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     """Train on a batch of rollouts: backward over every (trajectory, trained step), accumulated, then step.
 
     rollouts: list of Rollout (one per group); advantages: per rollout a [K] tensor (advantages[g][k]).
-    set_grad_sync: optional callable(bool) run before each backward with "is this the chunk's last micro-step"
-    (FSDP2: net.set_requires_gradient_sync, so gradients are reduced once per optimizer step).
-    Trajectories with advantage exactly 0 are dropped (cfg.drop_zero_advantage). The rest (shuffled if a CPU generator is given) is split
-    into cfg.opt_steps_per_update chunks, one optimizer step each; each backward uses loss / (micro-steps in chunk).
+    Trajectories with advantage exactly 0 are dropped (cfg.drop_zero_advantage). The rest (shuffled when a CPU
+    generator is given) is split into cfg.opt_steps_per_update chunks, one optimizer step each; each backward uses
+    loss / (micro-steps in the chunk). set_grad_sync: optional callable(bool), run before each backward with "is
+    this the chunk's last micro-step" (FSDP2: net.set_requires_gradient_sync, one gradient reduction per step).
     Returns a dict of stats, including the health checks of the first chunk (theta == theta_old there):
     first_logp_equal (every logp_new == logp_old bitwise), first_max_abs_dlogp, first_ratio, and per optimizer
     step grad_norm (before clipping) and grads_outside_params (must be 0). A non-finite grad norm skips that
@@ -425,7 +425,7 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
              "grad_norm": [], "grads_outside_params": [], "loss": 0.0, "kl": 0.0, "clipfrac": 0.0,
              "approx_kl": 0.0, "first_logp_equal": None, "first_max_abs_dlogp": None, "first_ratio": None,
              "logp_requires_grad": None, "logp_has_grad_fn": None}
-    if not items:
+    if not any(rollouts[g].train_steps for g, _ in items):  # all-tie groups, or only deterministic steps
         return stats
     if cfg.recompute_old_logp:
         for g in sorted({g for g, _ in items}):

@@ -236,21 +236,26 @@ def main(argv=None):
     sac_check = None
     if cfg.sac != "none":
         import sac
-        sac_check = sac.check_first_step(cfg.sac)  # raises if the save list matched no kernel that ran
+        try:  # raises when the mode's save list matched no kernel that ran: report it as a failed criterion
+            sac_check = (sac.check_first_step(cfg.sac), True)
+        except RuntimeError as err:
+            sac_check = (str(err), False)
 
     # -- report
-    n_fwd_rollout = cfg.k * (cfg.steps + 1) * (2 if gcfg.guidance else 1)
+    n_forwards = cfg.k * (cfg.steps + 1) * (2 if gcfg.guidance else 1)
+    n_micro = max(1, stats["micro_steps"])
     if rollout_flops:
-        print(f"rollout: {n_fwd_rollout} forwards, {rollout_flops:.3e} FLOP counted, "
-              f"{rollout_seconds / n_fwd_rollout:.3f} s/forward, MFU {rollout_flops / rollout_seconds / peak_flops:.1%}")
+        print(f"rollout: {n_forwards} forwards, {rollout_flops:.3e} FLOP counted, {rollout_seconds / n_forwards:.3f} "
+              f"s/forward, MFU {rollout_flops / rollout_seconds / peak_flops:.1%}")
     if update_flops:
-        print(f"update: {stats['micro_steps']} micro-steps (fwd + bwd + uncond fwd), {update_flops:.3e} FLOP "
-              f"counted (incl. activation recompute), {update_seconds / max(1, stats['micro_steps']):.3f} s/micro-step, "
+        print(f"update: {n_micro} micro-steps (fwd + bwd + uncond fwd), {update_flops:.3e} FLOP counted (incl. "
+              f"activation recompute), {update_seconds / n_micro:.3f} s/micro-step, "
               f"MFU {update_flops / update_seconds / peak_flops:.1%}")
     if device.type == "cpu" and count_flops:
         print("note: on CPU FlopCounterMode does not count attention (the CPU SDPA kernel has no FLOP formula)")
     peak = phases.peak()
-    print(f"peak memory over all phases: {peak:.2f} GiB" if peak is not None else "peak memory: n/a on cpu")
+    print(f"peak memory over all phases: {peak:.2f} GiB = {peak * 2 ** 30 / 1e9:.2f} GB" if peak is not None
+          else "peak memory: n/a on cpu")
     print(f"update stats: { {k: v for k, v in stats.items()} }")
 
     sigma_check = []
@@ -265,7 +270,8 @@ def main(argv=None):
     criteria = [
         ("rollout shapes", (tuple(rollout.states.shape), tuple(rollout.log_probs.shape)),
          tuple(rollout.states.shape) == (cfg.k, N + 1, C, T, H, W) and tuple(rollout.log_probs.shape) == (cfg.k, N)),
-        ("logp_old mean within 0.05 of -log(beta) - 1.4189 per step", max(sigma_check), max(sigma_check) < 0.05),
+        ("logp_old mean within 0.05 of -log(beta) - 1.4189 per step", max(sigma_check, default=math.nan),
+         max(sigma_check, default=math.inf) < 0.05),
         ("reward std > 0", float(rewards.std(correction=0)), float(rewards.std(correction=0)) > 0),
         (f"advantage std (ddof {gcfg.std_ddof}, eps {gcfg.adv_eps}) == {expected_adv_std:.6f}", adv_std,
          abs(adv_std - expected_adv_std) < 1e-6),
@@ -282,7 +288,7 @@ def main(argv=None):
         ("loss finite", stats["loss"], math.isfinite(stats["loss"])),
     ]
     if sac_check is not None:
-        criteria.append((f"sac {cfg.sac}: saved-op counts after the first step", sac_check, True))
+        criteria.append((f"sac {cfg.sac}: saved-op counts after the first step", *sac_check))
     for name, value, ok in criteria:
         print(f"[{'PASS' if ok else 'FAIL'}] {name}: {value}")
     failed = [name for name, _, ok in criteria if not ok]
