@@ -178,7 +178,7 @@ def fault_cases(f, tmp):
     return [(name, lambda m, src=src: load(m, f.get(src, src)), text) for name, src, text in LOAD_FAULTS] + [
         ("ema asked, absent", lambda m: load(m, f["release"], ema=True), "has only ['net']"),
         (".pt path that does not exist", lambda m: load(m, f["dir"] + "/model-480p-16fps.pt"), "not found"),
-        ("NaN weight (verification)", lambda m: load(m, f["nan_value"]), "not finite"),
+        ("NaN weight", lambda m: load(m, f["nan_value"]), "blocks.0.self_attn.q_proj.weight holds NaN or Inf"),
         ("file on rank 0 only", lambda m: load(m, f["ref"] if dist.get_rank() == 0 else f["dir"] + "/gone.pt"),
          "rank(s) [1]"),
         ("model still on meta", lambda m: load(build_meta(), f["ref"]), "meta device"),
