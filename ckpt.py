@@ -310,12 +310,12 @@ class LoadReport:
     def summary(self):
         conv = ", ".join(f"{k} x{v}" for k, v in sorted(self.dtype_conversions.items())) or "none"
         errors = ", ".join(f"{n.replace('_', ' ')} {len(getattr(self, n))}" for n in self.ERRORS)
-        return (f"{self.source}: {len(self.loaded)} tensors match; {errors}; known-ignorable {len(self.ignored)},"
+        return (f"{len(self.loaded)} tensors match; {errors}; known-ignorable {len(self.ignored)},"
                 f" allowed missing {len(self.allowed_missing)}, other copy/state {len(self.other_prefix)};"
                 f" dtype conversions: {conv}")
 
     def details(self, limit=12):
-        lines = [("would not load " if not self.ok else "") + self.summary()]
+        lines = [f"{self.source}: {'would load' if self.ok else 'would NOT load'}: {self.summary()}"]
         for name in (*self.ERRORS, "allowed_missing", "ignored"):
             items = _collapse(getattr(self, name))
             lines += [f"  {name}: {item}" for item in items[:limit]]
@@ -530,7 +530,7 @@ def load(model, source, ema=None, allow_missing=(), verbose=True, threads=8):
     dt = time.time() - t0
     if verbose:
         _say(f"ckpt: loaded {len(keys)} tensors, {numel:,} values, {nbytes / 1e9:.2f} GB from {src.path} in {dt:.1f}s"
-             f" ({nbytes / 1e9 / max(dt, 1e-9):.2f} GB/s); " + report.summary().split(": ", 1)[1])
+             f" ({nbytes / 1e9 / max(dt, 1e-9):.2f} GB/s); " + report.summary())
         _say(f"ckpt: verified on {_world()} rank(s): every local shard holds exactly the file's bits, all finite;"
              f" checksum {checksum:016x}")
     report.checksum = checksum
