@@ -238,8 +238,8 @@ def model_flops_per_token(mcfg, tokens, text_tokens):
 def make_tiny_dataset(root):
     """Synthetic LeRobot episodes (stitch.make_synthetic) stitched into a small grid folder."""
     raw = root + "_lerobot"
-    if not os.path.exists(raw):
-        stitch.make_synthetic(raw)
+    if not os.path.exists(raw):  # 4 usable episodes (shards evenly over 1, 2 or 4 ranks) and 1 too short to use
+        stitch.make_synthetic(raw, lengths=(48, 40, 8, 56, 44))
     stitch.stitch(raw, root, stride=4, frames=TINY["frames"], size=f"{TINY['height']}x{TINY['width']}", workers=1)
 
 
@@ -359,7 +359,7 @@ def main(argv=None):
         write_json(os.path.join(cfg.out, "config.json"), dataclasses.asdict(cfg))
 
     # data: clips of cfg.frames frames, encoded online by the frozen VAE
-    if cfg.config == "tiny" and not os.path.exists(cfg.data):
+    if cfg.config == "tiny":  # (re)stitching a finished folder only re-reads its manifest; a killed one resumes
         if master:
             make_tiny_dataset(cfg.data)
         if distributed:
@@ -423,6 +423,12 @@ def main(argv=None):
     held_sampler = data.ClipSampler(len(dataset), rank=rank, world_size=world, seed=cfg.seed + 1)
     held_loader = iter(torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, sampler=held_sampler))
     held_batches = [to_latent(next(held_loader)) for _ in range(2)]
+    if state and not eval_marker_valid(os.path.join(cfg.out, f"step_{start_step:08d}")):
+        # killed between the save and its evaluation: a missing or partial result is re-run, never assumed done
+        result = evaluate(net, cfg, held_batches)
+        if master:
+            write_eval_marker(os.path.join(cfg.out, f"step_{start_step:08d}"), dict(result, step=start_step))
+        say(f"evaluated the resumed checkpoint step {start_step}: {result}")
 
     if start_step == 0 and cfg.init != "random":  # prove that the pretrained weights went in before training
         latent, text = held_batches[0]

@@ -1,0 +1,163 @@
+"""train.py end to end on the tiny config: runs, resumes bit for bit after kill -9, FSDP2 on 2 gloo ranks, init guard."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import train  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("data") / "tiny_grid")
+    train.make_tiny_dataset(root)
+    return root
+
+
+def run(args, env=None, check=True, torchrun=0, **kw):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={torchrun}"] \
+        if torchrun else [sys.executable]
+    proc = subprocess.run(cmd + [os.path.join(ROOT, "train.py")] + args, cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})), timeout=600, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"train.py {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def metrics(out):
+    """Last row per step (a resumed run re-appends the steps after its checkpoint)."""
+    rows = {}
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            rows[row["step"]] = row
+    return rows
+
+
+@pytest.fixture(scope="module")
+def trained(grid, tmp_path_factory):
+    """A tiny run long enough to denoise (the init guard's notion of trained): 120 steps, checkpoints at 60, 120."""
+    out = str(tmp_path_factory.mktemp("trained") / "out")
+    run(["--data", grid, "--out", out, "--steps", "120", "--save-every", "60", "--warmup", "10"])
+    return out
+
+
+def test_tiny_default_trains_and_writes_everything(trained):
+    rows = metrics(trained)
+    assert sorted(rows) == list(range(1, 121))
+    losses = [rows[s]["loss"] for s in range(1, 121)]
+    assert all(v == v and v < 1e4 for v in losses)
+    assert sum(losses[-20:]) < 0.7 * sum(losses[:20])  # it learns
+    assert open(os.path.join(trained, "latest")).read().strip() == "step_00000120"
+    for step in (60, 120):
+        assert train.eval_marker_valid(os.path.join(trained, f"step_{step:08d}"))
+    assert os.path.getsize(os.path.join(trained, "loss.png")) > 0
+
+
+def test_resume_after_kill_is_bitwise(grid, tmp_path):
+    args = ["--data", grid, "--steps", "8", "--save-every", "3", "--warmup", "2"]
+    ref = str(tmp_path / "ref")
+    run(args + ["--out", ref])
+    out = str(tmp_path / "killed")
+    proc = subprocess.Popen([sys.executable, "train.py"] + args + ["--out", out], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    deadline = time.time() + 300
+    while time.time() < deadline:  # kill -9 once step 4 is logged: checkpoint 3 exists, step 4+ is lost
+        path = os.path.join(out, "metrics.jsonl")
+        if os.path.exists(path) and sum(1 for _ in open(path)) >= 4:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert os.path.exists(os.path.join(out, "step_00000003"))
+    run(args + ["--out", out])
+    got, want = metrics(out), metrics(ref)
+    assert sorted(got) == sorted(want) == list(range(1, 9))
+    for step in want:
+        for key in ("loss", "grad_norm", "lr"):
+            assert got[step][key] == want[step][key], (step, key, got[step][key], want[step][key])
+
+
+def test_sigterm_saves_and_exits_zero(grid, tmp_path):
+    out = str(tmp_path / "out")
+    proc = subprocess.Popen([sys.executable, "train.py", "--data", grid, "--out", out, "--steps", "500",
+                             "--save-every", "1000"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    deadline = time.time() + 300
+    while time.time() < deadline and not (os.path.exists(os.path.join(out, "metrics.jsonl"))
+                                          and sum(1 for _ in open(os.path.join(out, "metrics.jsonl"))) >= 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output[-2000:]
+    latest = open(os.path.join(out, "latest")).read().strip()
+    assert int(latest.split("_")[1]) == max(metrics(out))  # the step it finished is the step it saved
+    assert "stopping after step" in output
+
+
+@pytest.fixture(scope="module")
+def trained_file(trained, tmp_path_factory):
+    import ckpt
+    return ckpt.export_safetensors(trained, str(tmp_path_factory.mktemp("export") / "trained.safetensors"))
+
+
+def test_fsdp_two_gloo_ranks_match_one_process(grid, trained_file, tmp_path):
+    # Both start from the same file: a random init differs between a plain and a sharded (DTensor RNG) model.
+    # A small lr: Adam divides each gradient element by its own magnitude, so fp32 reduction-order noise in
+    # near-zero gradients turns into +-lr updates; at lr 1e-5 that stays far below the tolerance below.
+    args = ["--data", grid, "--steps", "3", "--save-every", "3", "--warmup", "0", "--lr", "1e-5", "--init", trained_file]
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    run(args + ["--out", one, "--batch-size", "2"])
+    run(args + ["--out", two, "--batch-size", "1"], torchrun=2)
+    a, b = metrics(one), metrics(two)
+    for step in (1, 2, 3):
+        # same global batch and noise; only the order of fp32 reductions differs (gradient all-reduce vs one batch)
+        assert a[step]["loss"] == pytest.approx(b[step]["loss"], rel=1e-5, abs=1e-6), (step, a[step], b[step])
+        assert a[step]["grad_norm"] == pytest.approx(b[step]["grad_norm"], rel=1e-4)
+
+
+def test_init_guard_passes_trained_weights_and_stops_rerandomised_ones(grid, trained_file, tmp_path):
+    from model import DiT, get_config
+    from safetensors.torch import save_file
+    proc = run(["--data", grid, "--out", str(tmp_path / "ft"), "--steps", "1", "--init", trained_file])
+    assert "init guard" in proc.stdout
+    net = DiT(get_config("tiny"))
+    torch.manual_seed(123)
+    net.init_weights()
+    rerandomised = str(tmp_path / "random.safetensors")
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, rerandomised)
+    proc = run(["--data", grid, "--out", str(tmp_path / "bad"), "--steps", "1", "--init", rerandomised], check=False)
+    assert proc.returncode != 0 and "init guard" in proc.stdout + proc.stderr
+
+
+def test_options_are_validated_before_anything_is_built():
+    with pytest.raises(SystemExit):
+        train.parse_config(["--no-such-flag", "1"])
+    with pytest.raises(ValueError, match="explicit --init"):
+        train.parse_config(["--config", "v2w-2b"])
+    with pytest.raises(ValueError, match="valid"):
+        train.parse_config(["--sac", "block_wise"])
+    with pytest.raises(ValueError, match="4k\\+1"):
+        train.parse_config(["--frames", "10"])
+    with pytest.raises(ValueError, match="at least 2"):
+        train.parse_config(["--keep", "1"])
+
+
+def test_eval_marker_partial_or_tampered_is_not_done(tmp_path):
+    d = str(tmp_path)
+    assert not train.eval_marker_valid(d)
+    train.write_eval_marker(d, {"eval_loss": 1.5, "step": 3})
+    assert train.eval_marker_valid(d)
+    marker = json.load(open(os.path.join(d, train.EVAL_MARKER)))
+    marker["result"]["eval_loss"] = 0.1
+    json.dump(marker, open(os.path.join(d, train.EVAL_MARKER), "w"))
+    assert not train.eval_marker_valid(d)
+    json.dump({"status": "submitted"}, open(os.path.join(d, train.EVAL_MARKER), "w"))
+    assert not train.eval_marker_valid(d)
