@@ -22,8 +22,11 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+import bench
 import ckpt
 import data
+import grpo
+import reward
 import sac
 import stitch
 import vae as vae_lib
@@ -74,7 +77,11 @@ class TrainConfig:
     device: str = ""  # cuda | cpu (default: cuda when available)
     workers: int = 2
     cache_latents: bool = False  # keep encoded clips in memory by (video, start frame): small datasets only
-    objective: str = "sft"  # sft | grpo
+    objective: str = "sft"  # sft | grpo (GRPO trains LoRA adapters: needs --lora)
+    grpo_k: int = 2  # samples per group (one conditioning clip + prompt)
+    grpo_steps: int = 8  # stochastic sampler steps per rollout
+    grpo_eta: float = 0.5
+    guidance: float = 7.0  # upstream CFG convention (x0_c + g (x0_c - x0_u)); for rollouts and samples
     wandb: str = ""  # project name; used only if wandb happens to be installed
 
 
@@ -105,8 +112,8 @@ def validate(cfg):
     get_config(cfg.config)  # raises with the valid names
     if cfg.objective not in ("sft", "grpo"):
         raise ValueError(f"--objective {cfg.objective!r}: valid are sft, grpo")
-    if cfg.objective == "grpo":
-        raise ValueError("--objective grpo: use grpo.py's loop (python smoke.py shows the wiring); not wired here yet")
+    if cfg.objective == "grpo" and not cfg.lora:
+        raise ValueError("--objective grpo trains LoRA adapters only: pass --lora RANK (e.g. 32)")
     if not cfg.init:
         if cfg.config != "tiny":
             raise ValueError(f"--config {cfg.config} needs an explicit --init (droid, 2b-480p-16fps, a path, ... "
@@ -223,14 +230,6 @@ def ema_beta(step, rate):
     return (1 - 1 / (step + 1)) ** (gamma + 1)
 
 
-def model_flops_per_token(mcfg, tokens, text_tokens):
-    """Forward FLOPs per token: linears 2*params_in_blocks, self-attention 4*L*D, cross-attention 4*N*D."""
-    D, blocks = mcfg.model_channels, mcfg.num_blocks
-    hidden = int(D * mcfg.mlp_ratio)
-    linear = 2 * blocks * (4 * D * D + 2 * D * D + 2 * D * mcfg.crossattn_emb_channels + 2 * D * hidden)
-    return linear + blocks * (4 * tokens * D + 4 * text_tokens * D)
-
-
 # -----------------------------------------------------------------------------
 # Small helpers for the loop: the tiny dataset, VAE, batches, metrics, plots, evaluation markers
 
@@ -343,6 +342,42 @@ def evaluate(net, cfg, batches):
     return {"eval_loss": all_mean(torch.stack(losses).mean().item(), batches[0][0].device)}
 
 
+def grpo_step(net, vae, optimizer, params, cfg, gcfg, batch, seed, distributed, device):
+    """One GRPO update: per clip of this rank's batch, K rollouts from its first latent frame and prompt, decoded and
+    scored; advantages over all ranks' groups; then the clipped-surrogate update of the LoRA adapters."""
+    latent, text = batch
+    generator = torch.Generator(device=device).manual_seed(seed)
+    rollouts, rewards, keys = [], [], []
+    for b in range(latent.shape[0]):
+        gt = latent[b: b + 1]
+        cond = grpo.Condition(crossattn_emb=text[b: b + 1], neg_crossattn_emb=torch.zeros_like(text[b: b + 1]),
+                              gt_frames=gt, condition_mask=condition_mask(gt, 1), key=(seed, b))
+        rollout = grpo.rollout_group(net, cond, tuple(gt.shape[1:]), gcfg, generator)
+        with torch.no_grad():  # one decode at a time: memory does not grow with K
+            video = torch.cat([vae.decode(rollout.x0_final[k: k + 1].to(next(vae.parameters()).dtype))
+                               for k in range(gcfg.group_size)]).float()
+        rollouts.append(rollout)
+        rewards.append(reward.grid_rewards(video)["reward"].cpu())
+        keys += [cond.key] * gcfg.group_size
+    local = torch.cat(rewards)
+    everyone = [local]
+    if distributed:  # advantages are normalised over every group of the update, on every rank alike
+        everyone = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+        dist.all_gather(everyone, local.to(device) if device.type == "cuda" else local)
+        everyone = [r.cpu() for r in everyone]
+        keys = [(r, *k) for r in range(len(everyone)) for k in keys]
+    advantages = grpo.group_advantages(torch.cat(everyone), keys, eps=gcfg.adv_eps, clip=gcfg.adv_clip,
+                                       global_std=gcfg.global_std, ddof=gcfg.std_ddof)
+    mine = advantages.view(len(everyone), -1)[dist.get_rank() if distributed else 0].view(len(rollouts), -1)
+    stats = grpo.grpo_update(net, optimizer, params, rollouts, [a.to(device) for a in mine], gcfg,
+                             set_grad_sync=net.set_requires_gradient_sync if distributed else None)
+    if stats["nonfinite_steps"]:
+        raise FloatingPointError(f"GRPO update produced a non-finite gradient norm: {stats['grad_norm']}")
+    return stats["loss"], stats["grad_norm"][-1] if stats["grad_norm"] else 0.0, {
+        "reward_mean": all_mean(local.mean().item(), device), "first_ratio": stats["first_ratio"],
+        "clipfrac": stats["clipfrac"], "approx_kl": stats["approx_kl"]}
+
+
 # -----------------------------------------------------------------------------
 # Main: setup -> data -> model -> optimizer -> loop -> checkpoint
 
@@ -408,6 +443,8 @@ def main(argv=None):
     optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
                                   fused=device.type == "cuda")
     ema = [p.detach().clone() for p in trainable] if cfg.ema else None
+    gcfg = grpo.GRPOConfig(group_size=cfg.grpo_k, num_steps=cfg.grpo_steps, eta=cfg.grpo_eta, guidance=cfg.guidance,
+                           max_grad_norm=cfg.grad_clip, drop_zero_advantage=False) if cfg.objective == "grpo" else None
 
     # resume from OUT/latest if there is one: model, optimizer, step and data position
     state = ckpt.resume(cfg.out, net, optimizer)
@@ -440,8 +477,9 @@ def main(argv=None):
         signal.signal(sig, lambda signum, frame: stop.__setitem__("signal", signum))
 
     peak = measured_matmul_peak(device)
-    tokens = (1 + (cfg.frames - 1) // 4) * (cfg.height // 16) * (cfg.width // 16)
-    flops_per_step = 3 * model_flops_per_token(mcfg, tokens, cfg.text_len) * tokens * cfg.batch_size * cfg.grad_accum
+    latent_shape = (1, 16, 1 + (cfg.frames - 1) // 4, cfg.height // 8, cfg.width // 8)
+    tokens = latent_shape[2] * (cfg.height // 16) * (cfg.width // 16)
+    flops_per_step = bench.model_flops(mcfg, latent_shape, cfg.text_len, cfg.lora)[2] * cfg.batch_size * cfg.grad_accum
     metrics_path = os.path.join(cfg.out, "metrics.jsonl")
     history = []
     if master and os.path.exists(metrics_path):  # keep the curve of the steps before the resume point
@@ -453,18 +491,23 @@ def main(argv=None):
         lr = lr_at(cfg, step)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss_sum = 0.0
-        for micro in range(cfg.grad_accum):
-            latent, text = to_latent(next(loader))
-            seeds = [sample_seed(cfg.seed, step, (micro * world + rank) * cfg.batch_size + b)
-                     for b in range(latent.shape[0])]
-            loss = training_loss(net, cfg, latent, text, seeds) / cfg.grad_accum
-            loss.backward()
-            loss_sum += loss.item()
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        if cfg.objective == "sft":
+            loss_sum = 0.0
+            for micro in range(cfg.grad_accum):
+                latent, text = to_latent(next(loader))
+                seeds = [sample_seed(cfg.seed, step, (micro * world + rank) * cfg.batch_size + b)
+                         for b in range(latent.shape[0])]
+                loss = training_loss(net, cfg, latent, text, seeds) / cfg.grad_accum
+                loss.backward()
+                loss_sum += loss.item()
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+            grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            extra_metrics = {}
+        else:
+            loss_sum, grad_norm, extra_metrics = grpo_step(net, vae, optimizer, trainable, cfg, gcfg, to_latent(
+                next(loader)), sample_seed(cfg.seed, step, rank), distributed, device)
         if ema is not None:
             with torch.no_grad():
                 torch._foreach_lerp_(ema, [p.detach() for p in trainable], 1 - ema_beta(step, cfg.ema))
@@ -473,7 +516,7 @@ def main(argv=None):
         if device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-        row = {"step": step + 1, "loss": all_mean(loss_sum, device), "lr": lr, "grad_norm": grad_norm.item(),
+        row = {"step": step + 1, "loss": all_mean(loss_sum, device), "lr": lr, "grad_norm": grad_norm, **extra_metrics,
                "s_per_step": dt, "tokens_per_s": tokens * cfg.batch_size * cfg.grad_accum * world / dt,
                "mfu": flops_per_step / dt / 1e12 / peak if peak else None,
                "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == "cuda" else None}
@@ -520,7 +563,7 @@ def write_sample(net, vae, dataset, cfg, path, master):
     latent = vae.encode(video).float()
     text = item["text_emb"][None].to(device)
     cond = dict(gt_frames=latent, condition_mask_B_1_T_H_W=condition_mask(latent, 1))
-    x0_fn = sampling.guided_x0_fn(net, text, torch.zeros_like(text), guidance=7.0, **cond)
+    x0_fn = sampling.guided_x0_fn(net, text, torch.zeros_like(text), guidance=cfg.guidance, **cond)
     noise = sampling.initial_noise(tuple(latent.shape), seed=cfg.seed).to(device)
     generated = vae.decode(sampling.sample(x0_fn, noise, num_steps=cfg.sample_steps).to(video.dtype))
     if master:

@@ -161,3 +161,17 @@ def test_eval_marker_partial_or_tampered_is_not_done(tmp_path):
     assert not train.eval_marker_valid(d)
     json.dump({"status": "submitted"}, open(os.path.join(d, train.EVAL_MARKER), "w"))
     assert not train.eval_marker_valid(d)
+
+
+def test_grpo_objective_updates_lora_and_resumes(grid, tmp_path):
+    out = str(tmp_path / "grpo")
+    args = ["--data", grid, "--out", out, "--objective", "grpo", "--lora", "4", "--save-every", "2", "--warmup", "0"]
+    run(args + ["--steps", "2"])
+    run(args + ["--steps", "3"])  # resumes the LoRA-only checkpoint on top of the same base
+    rows = metrics(out)
+    assert sorted(rows) == [1, 2, 3]
+    for row in rows.values():
+        assert row["first_ratio"] == 1.0  # rollout and training forward identical before the update
+        assert 0 < row["grad_norm"] < float("inf") and 0 < row["reward_mean"] <= 1
+    meta = json.load(open(os.path.join(out, "step_00000002", "meta.json")))
+    assert meta["lora_only"] is True
