@@ -442,8 +442,10 @@ def _pread(path, offset, nbytes, pin):
 def _read_rows(src, key, lo, hi, pin):
     shape, dtype = src.entries[key]
     if src.kind == "pt":
-        t = src.tensors[key]
-        return t[lo:hi] if t.dim() else t
+        t = src.tensors[key][lo:hi] if src.tensors[key].dim() else src.tensors[key]
+        # for a GPU, fault the mmapped pages in here, in this reader thread (a pageable host-to-device copy would
+        # serialise the disk reads inside the driver), then DMA from pinned memory
+        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t) if pin else t
     path, start = src.spans[key]
     row = math.prod(shape[1:]) * dtype.itemsize if shape else dtype.itemsize
     buf = _pread(path, start + lo * row, (hi - lo) * row, pin)
@@ -717,9 +719,8 @@ def resume(out_dir, model, optimizer=None, restore_rng=True):
     def apply():
         result = set_model_state_dict(model, state["model"], options=StateDictOptions(
             ignore_frozen_params=options.ignore_frozen_params, strict=not options.ignore_frozen_params))
-        frozen = {k for k, p in model.named_parameters() if not p.requires_grad}
-        frozen |= {k for k in model.state_dict() if k not in dict(model.named_parameters())}  # buffers
-        if result.unexpected_keys or set(result.missing_keys) - frozen:
+        trainable = {k for k, p in model.named_parameters() if p.requires_grad}
+        if result.unexpected_keys or set(result.missing_keys) & trainable:  # frozen base: from the init file
             raise CheckpointError(f"{path}: model keys not restored: {result}")
         if optimizer is not None:
             set_optimizer_state_dict(model, optimizer, state["optim"], options=options)

@@ -35,8 +35,9 @@ def reference_state():
     return {k: v.clone() for k, v in DiT(CFG).state_dict().items()}
 
 
-def build(lora=0, dtype=None, sharded=True):
-    """The train.py order: meta -> (dtype, LoRA) -> fully_shard blocks, final layer, root -> to_empty -> init."""
+def build(lora=0, dtype=None, sharded=True, hsdp=False):
+    """The train.py order: meta -> (dtype, LoRA) -> fully_shard blocks, final layer, root -> to_empty -> init.
+    hsdp: a 2-D (replicate=2, shard=1) mesh, so the loader meets Replicate placements too."""
     with torch.device("meta"):
         net = DiT(CFG)
     if dtype is not None:
@@ -44,7 +45,9 @@ def build(lora=0, dtype=None, sharded=True):
     if lora:
         add_lora(net, lora)
     if sharded:
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        ws = dist.get_world_size()
+        shape, names = ((ws, 1), ("replicate", "shard")) if hsdp else ((ws,), ("shard",))
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
         for block in net.blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=True)
         fully_shard(net.final_layer, mesh=mesh, reshard_after_forward=False)
@@ -227,6 +230,10 @@ def _job(rank, ws, f, tmpdir):
         res[f"load_{name}"] = all(torch.equal(got[k], want[k]) for k in want) and got.keys() == want.keys()
         res[f"checksum_{name}"] = report.checksum
         res[f"ignored_{name}"] = len(report.ignored)
+    net = build(hsdp=True)
+    report = ckpt.load(net, f["ref"])
+    res["load_hsdp"] = all(torch.equal(v, ref[k]) for k, v in full_state(net).items())
+    res["checksum_hsdp"], res["placements_hsdp"] = report.checksum, str(net.blocks[0].mlp.layer1.weight.placements)
     # 2. train 3 steps, saving at 1, 2, 3 (keep 2); step 4 after the save is the reference for resume
     out["out"] = os.path.join(tmpdir, "out")
     net = build()
@@ -308,13 +315,14 @@ def dist_job(files, tmp_path_factory):
 
 def test_every_format_loads_bitwise_into_fsdp2_shards(dist_job, files):
     for r in dist_job:
-        for name in ("pt", "safetensors", "index", "release_pt", "dcp"):
+        for name in ("pt", "safetensors", "index", "release_pt", "dcp", "hsdp"):
             assert r[f"load_{name}"], name
+        assert r["placements_hsdp"] == "(Replicate(), Shard(dim=0))"
         assert r["ignored_release_pt"] == 2  # accum_iteration and _extra_state: counted, not loaded
     # the checksum is a property of the file's bytes, not of the world size: ws=2 equals ws=1
     net = build(sharded=False)
     single = ckpt.load(net, files["ref"])
-    assert {r["checksum_safetensors"] for r in dist_job} == {r["checksum_pt"] for r in dist_job} == {single.checksum}
+    assert {r[f"checksum_{name}"] for r in dist_job for name in ("pt", "safetensors", "hsdp")} == {single.checksum}
 
 
 def test_fault_matrix_every_fault_is_a_clear_error_on_every_rank(dist_job, files):
