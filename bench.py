@@ -11,6 +11,7 @@ embedding and the video2world condition mask. Model FLOPs come from the explicit
 against a bf16 matmul peak measured in the same process. An out-of-memory is reported as status "OOM", not a crash.
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -42,6 +43,8 @@ class BenchConfig:
     steps: int = 5  # timed steps; the median is reported
     warmup: int = 2
     compile: bool = False  # torch.compile each block in place (state_dict keys unchanged)
+    offload: bool = False  # keep tensors saved for backward (under `block`: the block inputs) in pinned host memory
+    parity: bool = False  # instead of timing: the v2w reference case on this device in fp32 and bf16 vs upstream
     tf32: bool = True  # TF32 for the fp32 LoRA adapter matmuls; bf16 matmuls are unaffected
     device: str = "cuda"
     dtype: str = "bfloat16"
@@ -185,7 +188,7 @@ def make_batch(b: BenchConfig, cfg, device, dtype):
     eps = torch.randn(shape, device=device, generator=g)
     text = torch.randn(1, b.text_len, cfg.crossattn_proj_in_channels, device=device, generator=g).to(dtype)
     sigma = torch.ones(1, device=device)
-    return dict(x0=x0, eps=eps, text=text, sigma=sigma, mask=condition_mask(x0, b.cond_frames))
+    return dict(x0=x0, eps=eps, text=text, sigma=sigma, mask=condition_mask(x0, b.cond_frames), offload=b.offload)
 
 
 def train_step(model, batch, trainable, measure=None):
@@ -194,7 +197,10 @@ def train_step(model, batch, trainable, measure=None):
         p.grad = None
     x0, eps, mask = batch["x0"], batch["eps"], batch["mask"]
     x_sigma = x0 + batch["sigma"].view(-1, 1, 1, 1, 1) * eps
-    _, velocity = denoise(model, x_sigma, batch["sigma"], batch["text"], gt_frames=x0, condition_mask_B_1_T_H_W=mask)
+    offload = torch.autograd.graph.save_on_cpu(pin_memory=True) if batch.get("offload") else contextlib.nullcontext()
+    with offload:
+        _, velocity = denoise(model, x_sigma, batch["sigma"], batch["text"], gt_frames=x0,
+                              condition_mask_B_1_T_H_W=mask)
     loss = ((velocity - (eps - x0)) ** 2 * (1 - mask)).mean()
     if measure is not None:  # bytes held between forward and backward: the saved activations (+ loss graph)
         measure["act_bytes"] = torch.cuda.memory_allocated() - measure["before"]
@@ -262,7 +268,8 @@ def run(b: BenchConfig):
     shape = latent_shape(b)
     fwd, step_3x, step_needed = model_flops(cfg, shape, b.text_len, b.lora)
     tokens = (shape[2] // cfg.patch_temporal) * (shape[3] // cfg.patch_spatial) * (shape[4] // cfg.patch_spatial)
-    res = dict(config=b.config, sac=b.sac, every=b.every, lora=b.lora, compile=b.compile, latent=list(shape),
+    res = dict(config=b.config, sac=b.sac, every=b.every, lora=b.lora, compile=b.compile, offload=b.offload,
+               latent=list(shape),
                tokens=tokens, text_len=b.text_len, dtype=b.dtype, device=b.device, torch=torch.__version__,
                gpu=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", tf32=b.tf32,
                flops_fwd=fwd, flops_step_3x=step_3x, flops_step_needed=step_needed)
@@ -352,10 +359,37 @@ def sweep(b: BenchConfig, argv):
         emit(res, b.out)
 
 
+@torch.no_grad()
+def parity(b: BenchConfig):
+    """The upstream v2w reference case (CPU fp32 outputs) run here in fp32 and in bf16: how close is this device?"""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
+    import check_reference
+    from safetensors.torch import load_file
+    stem = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests", "data", "reference", "v2w_lora_cond")
+    case, io = json.load(open(stem + ".json")), load_file(stem + ".io.safetensors")
+    res = dict(parity="v2w_lora_cond", device=b.device, torch=torch.__version__)
+    for dtype in (torch.float32, torch.bfloat16):
+        net = check_reference.build_dit_case(case, stem + ".weights.safetensors").to(b.device, dtype)
+        kwargs = check_reference.call_kwargs(case["call"]["forward_kwargs"], io, net.cfg)
+        kwargs = {k: v.to(b.device) if torch.is_tensor(v) else v for k, v in kwargs.items()}
+        activity = torch.profiler.ProfilerActivity.CUDA if b.device.startswith("cuda") else torch.profiler.ProfilerActivity.CPU
+        with torch.profiler.profile(activities=[activity]) as prof:
+            out = net(**kwargs).float().cpu()
+        ref = io["out.y_B_C_T_H_W"]
+        name = str(dtype).replace("torch.", "")
+        res[f"{name}_max_abs"] = (out - ref).abs().max().item()
+        res[f"{name}_rel_rms"] = ((out - ref).square().mean() / ref.square().mean()).sqrt().item()
+        res[f"{name}_attention_kernels"] = sorted({e.name[:80] for e in prof.events() if any(
+            w in e.name.lower() for w in ("attention", "fmha", "cudnn", "flash"))})[:8]
+    return res
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     b = parse_args(argv)
     sac.validate(b.sac, b.every)
+    if b.parity:
+        return emit(parity(b), b.out)
     if b.sweep:
         return sweep(b, argv)
     emit(run(b), b.out)

@@ -139,8 +139,11 @@ def validate(cfg):
 
 def setup_distributed(cfg):
     device_type = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    distributed = "RANK" in os.environ
+    distributed = "RANK" in os.environ or device_type == "cuda"
     if distributed:
+        if "RANK" not in os.environ:  # one GPU without torchrun: a 1-rank group, so FSDP2 does the bf16 compute too
+            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
         local = int(os.environ.get("LOCAL_RANK", 0))
