@@ -11,6 +11,7 @@ agree on the outcome and raise together, and after loading every local shard is 
 Contents: sources -> strict report -> loading -> save / resume / rotate -> export -> init guard -> CLI.
 """
 import argparse
+import io
 import json
 import math
 import os
@@ -224,8 +225,10 @@ def open_source(path):
         entries, spans = {}, {}
         _safetensors_table(path, entries, spans)
         return Source(path, "safetensors", entries, spans=spans)
-    try:  # weights_only: never unpickle arbitrary objects; mmap: no tensor byte is read until it is copied
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    try:  # weights_only: never unpickle arbitrary objects; mmap: no tensor byte is read until it is copied.
+        # Older TransformerEngine saved `_extra_state` as io.BytesIO, which holds bytes only: allowed.
+        with torch.serialization.safe_globals([io.BytesIO]):
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
         raise CheckpointError(f"{path}: cannot be read as a weights-only .pt (truncated, legacy format or pickled"
                               f" objects): {type(e).__name__}: {str(e).splitlines()[0]}") from e

@@ -5,6 +5,7 @@ The sharded cases all run inside ONE spawned 2-rank job (the `dist_job` fixture)
 the tests below assert on its per-rank results.
 """
 import argparse
+import io
 import json
 import os
 import signal
@@ -95,7 +96,7 @@ def files(tmp_path_factory):
     pt("ref_pt", sd)
     release = {"net." + k: v.to(torch.bfloat16) for k, v in sd.items()}
     release.update({"net.accum_iteration": torch.tensor(7), "net.blocks.0.self_attn.q_norm._extra_state":
-                    torch.zeros(5, dtype=torch.uint8)})
+                    torch.zeros(5, dtype=torch.uint8), "net.blocks.0.self_attn.attn_op._extra_state": io.BytesIO(b"TE")})
     pt("release", release)
     # sharded safetensors with an index json
     os.makedirs(d / "index")
@@ -318,7 +319,7 @@ def test_every_format_loads_bitwise_into_fsdp2_shards(dist_job, files):
         for name in ("pt", "safetensors", "index", "release_pt", "dcp", "hsdp"):
             assert r[f"load_{name}"], name
         assert r["placements_hsdp"] == "(Replicate(), Shard(dim=0))"
-        assert r["ignored_release_pt"] == 2  # accum_iteration and _extra_state: counted, not loaded
+        assert r["ignored_release_pt"] == 3  # accum_iteration and 2 _extra_state (TE, old: BytesIO): counted only
     # the checksum is a property of the file's bytes, not of the world size: ws=2 equals ws=1
     net = build(sharded=False)
     single = ckpt.load(net, files["ref"])
