@@ -231,6 +231,10 @@ def _job(rank, ws, f, tmpdir):
         res[f"load_{name}"] = all(torch.equal(got[k], want[k]) for k in want) and got.keys() == want.keys()
         res[f"checksum_{name}"] = report.checksum
         res[f"ignored_{name}"] = len(report.ignored)
+    net = build(lora=2, dtype=torch.bfloat16)  # frozen bf16 base from an fp32 file: narrowing allowed (not trained)
+    ckpt.load(net, f["ref"], allow_missing=(ckpt.LORA_KEYS,))
+    got = full_state(net)
+    res["load_bf16_frozen_base"] = all(torch.equal(got[k], v.to(torch.bfloat16)) for k, v in ref.items())
     net = build(hsdp=True)
     report = ckpt.load(net, f["ref"])
     res["load_hsdp"] = all(torch.equal(v, ref[k]) for k, v in full_state(net).items())
@@ -316,7 +320,7 @@ def dist_job(files, tmp_path_factory):
 
 def test_every_format_loads_bitwise_into_fsdp2_shards(dist_job, files):
     for r in dist_job:
-        for name in ("pt", "safetensors", "index", "release_pt", "dcp", "hsdp"):
+        for name in ("pt", "safetensors", "index", "release_pt", "dcp", "hsdp", "bf16_frozen_base"):
             assert r[f"load_{name}"], name
         assert r["placements_hsdp"] == "(Replicate(), Shard(dim=0))"
         assert r["ignored_release_pt"] == 3  # accum_iteration and 2 _extra_state (TE, old: BytesIO): counted only
