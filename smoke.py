@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+import bench
 import grpo
 import reward
 from model import DiT, add_lora, condition_mask, get_config
@@ -48,7 +49,8 @@ class SmokeConfig:
     init: str = "random"  # base weights: random, or anything ckpt.load accepts (named init, path, hf://...)
     vae: str = "auto"  # tiny | real (architecture; random weights); auto = tiny for the tiny DiT, else real
     seed: int = 0
-    count_flops: str = "auto"  # FlopCounterMode around rollout and update (MFU): true | false | auto = on cuda only
+    count_flops: str = "false"  # also run FlopCounterMode (true | false | auto = cuda): it defeats activation
+    # checkpointing's memory savings (the 14B update went out of memory at 137 GiB under it); MFU uses bench.model_flops
     # (on CPU the counter's per-op Python dispatch costs ~10x on the tiny model, and it cannot count CPU attention)
 
     def __post_init__(self):
@@ -244,6 +246,12 @@ def main(argv=None):
     # -- report
     n_forwards = cfg.k * (cfg.steps + 1) * (2 if gcfg.guidance else 1)
     n_micro = max(1, stats["micro_steps"])
+    fwd, _, step_needed = bench.model_flops(mcfg, (1, *latent_shape), cfg.text_tokens, cfg.lora_rank)
+    model_rollout = n_forwards * fwd  # formula FLOPs: recompute not counted (bench.py's convention)
+    model_update = n_micro * (step_needed + (fwd if gcfg.guidance else 0))  # + the no-grad uncond forward
+    print(f"rollout: {n_forwards} forwards, {model_rollout:.3e} model FLOP, MFU {model_rollout / rollout_seconds / peak_flops:.1%}"
+          f"; update: {n_micro} micro-steps, {model_update:.3e} model FLOP (LoRA: no frozen weight grads, recompute "
+          f"not counted), MFU {model_update / update_seconds / peak_flops:.1%}")
     if rollout_flops:
         print(f"rollout: {n_forwards} forwards, {rollout_flops:.3e} FLOP counted, {rollout_seconds / n_forwards:.3f} "
               f"s/forward, MFU {rollout_flops / rollout_seconds / peak_flops:.1%}")
