@@ -1,14 +1,23 @@
 """Sampling: the default Cosmos-Predict2 sampler (35 Karras steps, Euler then 2-step Adams-Bashforth) with
-classifier-free guidance in upstream's convention.
+classifier-free guidance in upstream's convention, and a video2world CLI that writes an mp4.
 
-The network and its x0 prediction live in model.py (`denoise`); this file only walks the noise schedule.
+    python sample.py                       # tiny default: the checkpoint python train.py wrote to out/, on CPU
+    python sample.py --config v2w-14b --ckpt droid --vae real --vae-ckpt tokenizer.pth \
+        --image first_frame.png --prompt-emb prompt.safetensors --out video.mp4
+
+The network and its x0 prediction live in model.py (`denoise`); this file walks the noise schedule.
 """
+import argparse
+import dataclasses
 import math
+import os
+import sys
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from model import denoise
+from model import DiT, condition_mask, denoise, get_config
 
 SIGMA_MIN, SIGMA_MAX, RHO = 0.002, 80.0, 7.0
 
@@ -91,6 +100,132 @@ def write_mp4(path, video_3_T_H_W, fps=16):
                             macro_block_size=1) as writer:
         for frame in frames[:, :H, :W]:
             writer.append_data(frame)
-    import os
     os.replace(tmp, path)  # a reader never sees a half-written file
     return path
+
+
+@torch.no_grad()
+def generate(net, vae, video_B_3_T_H_W, crossattn_emb, neg_crossattn_emb=None, num_steps=35, guidance=7.0, seed=0,
+             num_conditional_frames=1):
+    """Video2world: keep the first latent frame(s) of `video` (the VAE is causal: latent frame 0 is pixel frame 0
+    alone), generate the rest from noise, decode. Returns the generated video in the VAE's dtype."""
+    device = video_B_3_T_H_W.device
+    latent = vae.encode(video_B_3_T_H_W).float()
+    cond = dict(gt_frames=latent, condition_mask_B_1_T_H_W=condition_mask(latent, num_conditional_frames))
+    x0_fn = guided_x0_fn(net, crossattn_emb, neg_crossattn_emb, guidance=guidance, **cond)
+    noise = initial_noise(tuple(latent.shape), seed=seed).to(device)
+    return vae.decode(sample(x0_fn, noise, num_steps=num_steps).to(video_B_3_T_H_W.dtype))
+
+
+# -----------------------------------------------------------------------------
+# CLI
+
+
+@dataclasses.dataclass
+class SampleConfig:
+    config: str = "tiny"  # DiT config (model.CONFIGS)
+    ckpt: str = "out"  # anything ckpt.load takes (droid, a path, hf://...), a train.py out dir (its latest), or random
+    ema: bool = False  # the net_ema. copy of a release file that holds both
+    vae: str = ""  # tiny | real (default: tiny for the tiny config)
+    vae_ckpt: str = ""  # tokenizer.pth for --vae real
+    image: str = ""  # first frame (png/jpg); default: the first frame of the first video in --data
+    data: str = "data/tiny_grid"  # where the default first frame (and tiny stand-in prompt) come from
+    prompt_emb: str = ""  # T5 embedding file (.safetensors "text_emb" or upstream .pickle); tiny: stand-in of --prompt
+    prompt: str = ""
+    neg_prompt_emb: str = ""  # negative-prompt embedding; default zeros (upstream passes a long negative prompt)
+    frames: int = 0
+    height: int = 0
+    width: int = 0
+    steps: int = 35
+    guidance: float = 7.0
+    seed: int = 0
+    fps: int = 16
+    device: str = ""
+    out: str = "sample.mp4"
+
+
+def parse_config(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(SampleConfig):
+        flag = f"--{f.name.replace('_', '-')}"
+        if f.type is bool or f.type == "bool":
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default)
+        else:
+            parser.add_argument(flag, dest=f.name, type=type(f.default), default=f.default)
+    cfg = SampleConfig(**vars(parser.parse_args(argv)))
+    tiny = cfg.config == "tiny"
+    get_config(cfg.config)
+    cfg.vae = cfg.vae or ("tiny" if tiny else "real")
+    cfg.frames = cfg.frames or (9 if tiny else 93)
+    cfg.height, cfg.width = cfg.height or (64 if tiny else 432), cfg.width or (112 if tiny else 768)
+    if (cfg.frames - 1) % 4 or cfg.height % 16 or cfg.width % 16:
+        raise ValueError(f"{cfg.frames}x{cfg.height}x{cfg.width}: frames must be 4k+1, height/width multiples of 16")
+    if not tiny and not cfg.prompt_emb:
+        raise ValueError(f"--config {cfg.config} needs --prompt-emb (a T5-XXL embedding file; see t5.py)")
+    if cfg.vae == "real" and not cfg.vae_ckpt:
+        raise ValueError("--vae real needs --vae-ckpt (tokenizer/tokenizer.pth of a Cosmos-Predict2 repo)")
+    return cfg
+
+
+def load_first_frame(cfg):
+    """[1, 3, 1, H, W] in [-1, 1] from --image, or the first frame of the first video in --data."""
+    import imageio.v2 as imageio
+    if cfg.image:
+        frame = torch.from_numpy(np.asarray(imageio.imread(cfg.image))[..., :3].copy())
+    else:
+        import data
+        frame = torch.from_numpy(data.read_clip(data.list_videos(cfg.data)[0].path, 0, 1, cfg.height, cfg.width)[0])
+    frame = frame.permute(2, 0, 1)[None].float()  # [1, 3, h, w] in 0..255
+    frame = F.interpolate(frame, size=(cfg.height, cfg.width), mode="bilinear", antialias=True, align_corners=False)
+    return (frame / 127.5 - 1).clamp(-1, 1)[:, :, None]
+
+
+def main(argv=None):
+    import ckpt
+    import data
+    import vae as vae_lib
+    cfg = parse_config(sys.argv[1:] if argv is None else argv)
+    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    mcfg = get_config(cfg.config)
+    with torch.device("meta"):
+        net = DiT(mcfg)
+    net.to_empty(device=device)
+    net.init_weights()
+    source = cfg.ckpt
+    if os.path.isfile(os.path.join(source, "latest")):  # a train.py out dir: its newest complete checkpoint
+        source = os.path.join(source, open(os.path.join(source, "latest")).read().strip())
+    if source == "random":
+        print("sample: RANDOM weights (--ckpt random)", flush=True)
+    elif not os.path.exists(source) and cfg.ckpt == "out":
+        raise FileNotFoundError("sample: no out/latest: run `python train.py` first, or pass --ckpt SOURCE/random")
+    else:
+        ckpt.load(net, source, ema=True if cfg.ema else None)
+    net = net.to(dtype).eval()
+    if cfg.vae == "real":
+        vae = vae_lib.WanVAE(vae_lib.get_vae_config("real"))
+        ckpt.load(vae, cfg.vae_ckpt)
+    else:  # the tiny VAE of train.py: a fixed, seeded random encoder
+        with torch.random.fork_rng():
+            torch.manual_seed(1234)
+            vae = vae_lib.WanVAE(vae_lib.get_vae_config("tiny"))
+    vae = vae.to(device=device, dtype=dtype).eval()
+
+    first = load_first_frame(cfg).to(device)
+    video = torch.cat([first, torch.full_like(first, -1).expand(-1, -1, cfg.frames - 1, -1, -1)], dim=2)
+    dim = mcfg.crossattn_emb_channels
+    if cfg.prompt_emb:
+        text, _ = data.load_text_embedding(cfg.prompt_emb, 512, dim)
+    else:  # tiny only (parse_config refuses otherwise): train.py's stand-in, 16 tokens
+        text, _ = data.standin_text_embedding(cfg.prompt or "Put the marker in the cup.", 16, dim)
+    neg = data.load_text_embedding(cfg.neg_prompt_emb, text.shape[0], dim)[0] if cfg.neg_prompt_emb else \
+        torch.zeros_like(text)
+    generated = generate(net, vae, video.to(dtype), text[None].to(device), neg[None].to(device), cfg.steps,
+                         cfg.guidance, cfg.seed)
+    write_mp4(cfg.out, generated[0], fps=cfg.fps)
+    print(f"sample: wrote {cfg.out} ({cfg.frames} frames, {cfg.height}x{cfg.width}, {cfg.steps} steps, "
+          f"guidance {cfg.guidance}, seed {cfg.seed}, weights {source})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
