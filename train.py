@@ -563,12 +563,9 @@ def write_sample(net, vae, dataset, cfg, path, master):
     item = dataset[(0, 0)]
     device = next(net.parameters()).device
     video = item["video"][None].to(device, next(vae.parameters()).dtype)
-    latent = vae.encode(video).float()
     text = item["text_emb"][None].to(device)
-    cond = dict(gt_frames=latent, condition_mask_B_1_T_H_W=condition_mask(latent, 1))
-    x0_fn = sampling.guided_x0_fn(net, text, torch.zeros_like(text), guidance=cfg.guidance, **cond)
-    noise = sampling.initial_noise(tuple(latent.shape), seed=cfg.seed).to(device)
-    generated = vae.decode(sampling.sample(x0_fn, noise, num_steps=cfg.sample_steps).to(video.dtype))
+    generated = sampling.generate(net, vae, video, text, torch.zeros_like(text), cfg.sample_steps, cfg.guidance,
+                                  cfg.seed)
     if master:
         sampling.write_mp4(path, torch.cat([video, generated.to(video.dtype)], dim=-1)[0])
         print(f"sample: {path} (left: data, right: generated from its first frame)", flush=True)
