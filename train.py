@@ -86,7 +86,7 @@ class TrainConfig:
 
 
 TINY = dict(data="data/tiny_grid", vae="tiny", frames=9, height=64, width=112, steps=200, lr=2e-3, warmup=20,
-            save_every=100, sample_every=0, text_len=16, workers=0, log_every=10, cache_latents=True)
+            save_every=100, sample_every=100, text_len=16, workers=0, log_every=10, cache_latents=True)
 REAL = dict(vae="real", frames=93, height=432, width=768, steps=20000, lr=2 ** -14.5, warmup=1000, save_every=200,
             sample_every=1000)
 
