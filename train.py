@@ -92,19 +92,18 @@ REAL = dict(vae="real", frames=93, height=432, width=768, steps=20000, lr=2 ** -
 
 
 def parse_config(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """Dataclass defaults, then the TINY or REAL preset, then the flags given on the command line."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     argument_default=argparse.SUPPRESS)  # only flags really given appear
     for f in dataclasses.fields(TrainConfig):
+        flag = f"--{f.name.replace('_', '-')}"
         if f.type is bool or f.type == "bool":
-            parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=f.default)
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction)
         else:
-            parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=f.default)
-    cfg = TrainConfig(**vars(parser.parse_args(argv)))  # argparse rejects unknown flags
-    preset = TINY if cfg.config == "tiny" else REAL
-    for key, value in preset.items():  # fill only what the user left at the "resolve me" default
-        if getattr(cfg, key) == TrainConfig.__dataclass_fields__[key].default:
-            setattr(cfg, key, value)
-    return validate(cfg)
+            parser.add_argument(flag, dest=f.name, type=type(f.default))
+    given = vars(parser.parse_args(argv))  # argparse rejects unknown flags
+    preset = TINY if given.get("config", TrainConfig.config) == "tiny" else REAL
+    return validate(TrainConfig(**{**preset, **given}))
 
 
 def validate(cfg):
