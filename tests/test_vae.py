@@ -140,3 +140,22 @@ def test_bench_runs_on_cpu():
                   "--width", "16", "--dtype", "fp32", "--runs", "1", "--window", "4"])
     result = json.loads(out.getvalue().strip().splitlines()[-1])
     assert result["latent"] == [1, 16, 2, 2, 2] and result["encode_s"] > 0 and result["decode_s"] > 0
+
+
+def test_tokenizer_pth_loads_through_the_strict_checkpoint_path(tmp_path):
+    """tokenizer.pth is a plain state_dict saved with torch.save: ckpt.load takes it key for key."""
+    import ckpt
+    from vae import WanVAE, get_vae_config
+    torch.manual_seed(0)
+    src = WanVAE(get_vae_config("tiny"))
+    path = str(tmp_path / "tokenizer.pth")
+    torch.save(src.state_dict(), path)
+    torch.manual_seed(1)
+    dst = WanVAE(get_vae_config("tiny"))
+    report = ckpt.load(dst, path)
+    assert report.ok and not report.missing and not report.unexpected
+    assert all(torch.equal(a, b) for a, b in zip(src.state_dict().values(), dst.state_dict().values()))
+    broken = {k: v for k, v in src.state_dict().items() if not k.startswith("decoder.head")}
+    torch.save(broken, path)
+    with pytest.raises(ckpt.CheckpointError, match="missing"):
+        ckpt.load(dst, path)
