@@ -4,6 +4,7 @@
     python bench.py --config v2w-14b --lora 32 --sac block --steps 3
     python bench.py --sweep --out bench.jsonl                        # the BENCHMARKS.md table, one subprocess each
     python bench.py --device cpu --dtype float32 --config tiny --frames 9 --height 64 --width 64 --text_len 16
+    python bench.py --ckpt_load --size_gb 28 --dir /tmp/x --format pt  # ckpt.load vs `cat file > /dev/null`
 
 The model is built on `meta`, materialised in bf16 on the GPU with random weights (no download), and trained on
 random latents [1, 16, T, H/8, W/8] (T = 1 + (frames-1)/4, the Wan VAE's compression) with a 512 x 1024 text
@@ -25,6 +26,7 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 import torch  # noqa: E402
 
+import ckpt  # noqa: E402
 import sac  # noqa: E402
 from model import DiT, add_lora, condition_mask, denoise, get_config  # noqa: E402
 
@@ -53,6 +55,11 @@ class BenchConfig:
     sweep: bool = False  # run SWEEP, each entry in its own subprocess, forwarding --compile/--steps/...
     out: str = ""  # also append the JSON line(s) to this file
     timeout: int = 300  # seconds per sweep entry
+    ckpt_load: bool = False  # instead of a step: ckpt.load of a synthetic bf16 checkpoint vs cat (uses --device)
+    size_gb: float = 28.0  # --ckpt_load: checkpoint size (14B block shapes; < 1 GB: tiny shapes)
+    dir: str = ""  # --ckpt_load: where the synthetic checkpoint is written once and reused
+    format: str = "pt"  # --ckpt_load: pt (release-style, net. keys) | safetensors (our keys)
+    threads: int = 8  # --ckpt_load: ckpt.load reader threads
 
 
 # The BENCHMARKS.md table: v2w-2b full fine-tune under every mode, v2w-14b LoRA r=32 under block and attn.
@@ -384,10 +391,67 @@ def parity(b: BenchConfig):
     return res
 
 
+# -----------------------------------------------------------------------------
+# Checkpoint load speed: ckpt.load against `cat`, from a cold page cache and again warm
+
+
+def _drop_cache(path):
+    """Evict the file from the page cache (clean pages, no root needed) so both timings read the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def bench(size_gb, directory, fmt="pt", device=None, threads=8):
+    """Time ckpt.load of a synthetic bf16 checkpoint (14B block shapes) against `cat file > /dev/null`."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    name = "v2w-14b" if size_gb >= 1 else "tiny"  # tiny shapes keep the CPU test small
+    with torch.device("meta"):
+        block_bytes = 2 * sum(p.numel() for p in DiT(get_config(name)).blocks[0].parameters())
+        net = DiT(get_config(name, num_blocks=max(1, round(size_gb * 1e9 / block_bytes)))).to(torch.bfloat16)
+    path = os.path.join(directory, f"bench_{net.cfg.model_channels}x{net.cfg.num_blocks}.{fmt}")
+    if not os.path.exists(path):  # .pt release-style (net. keys), .safetensors with our keys; random bf16 values
+        from safetensors.torch import save_file
+        os.makedirs(directory, exist_ok=True)
+        gen = "cuda" if torch.cuda.is_available() else "cpu"
+        sd = {("net." if fmt == "pt" else "") + k: torch.randn(v.shape, device=gen).to(v.dtype).cpu()
+              for k, v in net.state_dict().items()}
+        torch.save(sd, path + ".tmp") if fmt == "pt" else save_file(sd, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        del sd
+    net = net.to_empty(device=device)
+    gb, times = os.path.getsize(path) / 1e9, {}
+    for cache in ("cold", "warm"):  # cold: evicted from the page cache before each run; warm: straight after
+        for what in ("cat", "load"):
+            if cache == "cold":
+                _drop_cache(path)
+            t0 = time.time()
+            if what == "cat":
+                subprocess.run(["cat", path], stdout=subprocess.DEVNULL, check=True)
+            else:
+                ckpt.load(net, path, verbose=False, threads=threads)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+            times[what, cache] = time.time() - t0
+        ratio = times["load", cache] / times["cat", cache]
+        print(f"bench {cache}: {gb:.2f} GB {fmt} -> {device}, {threads} threads: cat {times['cat', cache]:.2f}s"
+              f" ({gb / times['cat', cache]:.2f} GB/s), ckpt.load {times['load', cache]:.2f}s"
+              f" ({gb / times['load', cache]:.2f} GB/s) = {ratio:.2f}x cat"
+              + (f" (target <= 1.2x: {'PASS' if ratio <= 1.2 else 'FAIL'})" if cache == "cold" else ""), flush=True)
+    return times
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     b = parse_args(argv)
     sac.validate(b.sac, b.every)
+    if b.ckpt_load:
+        if not b.dir or b.format not in ("pt", "safetensors"):
+            raise ValueError(f"--ckpt_load needs --dir DIR and --format pt|safetensors, got {b.dir!r} {b.format!r}")
+        return bench(b.size_gb, b.dir, b.format, b.device, b.threads)
     if b.parity:
         return emit(parity(b), b.out)
     if b.sweep:

@@ -1,38 +1,31 @@
-"""Checkpoints: explicit, strict and loud. Loading (plain or FSDP2-sharded), saving, resuming, exporting.
+"""Loading weights: explicit, strict and loud, into a plain or an FSDP2-sharded model. (Training-state checkpoints,
+save / resume / export, are resume.py; it builds on this file.)
 
     python ckpt.py check --config v2w-2b 2b-480p-16fps     # strict report from metadata, exit 0 only if it loads
-    python ckpt.py export OUT/step_00001000 model.safetensors   # or release.pt (net. prefix, bf16)
-    python ckpt.py bench --size-gb 28 --dir /tmp/x          # load time vs `cat file > /dev/null`
 
 Why this module is paranoid: a run meant to start from a pretrained Cosmos checkpoint trained from random weights
 for three days because a checkpointer skipped any path ending in `.pt` and logged "Training from scratch.".
 So here: every source is resolved or rejected, keys are compared in full before any tensor is copied, all ranks
 agree on the outcome and raise together, and after loading every local shard is checked against the file's bytes.
-Contents: sources -> strict report -> loading -> save / resume / rotate -> export -> init guard -> CLI.
+Contents: sources -> strict report -> loading -> init guard -> CLI.
 """
 import argparse
 import io
 import json
 import math
 import os
-import random
 import re
-import shutil
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: `except Exception` misses it
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from model import DiT, add_lora, denoise, get_config
@@ -56,26 +49,26 @@ IGNORABLE_KEYS = ("accum_video_sample_counter", "accum_image_sample_counter", "a
 WRAPPER_SEGMENTS = ("module", "_orig_mod", "_checkpoint_wrapped_module")  # removed wherever they appear
 RELEASE_PREFIXES = ("net", "net_ema")
 LORA_KEYS = r"\.lora_[ab]\.weight$"  # allow_missing pattern for loading a base checkpoint into a LoRA model
-STEP_RE = re.compile(r"^step_(\d{8})$")
+STEP_RE = re.compile(r"^step_(\d{8})$")  # a training step directory (resume.py writes them)
 
 # -----------------------------------------------------------------------------
-# Ranks agree on every outcome
+# Ranks agree on every outcome (resume.py's collectives use these too)
 
 
-def _rank():
+def rank():
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def _world():
+def world_size():
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def _say(*args):
-    if _rank() == 0:
+def say(*args):
+    if rank() == 0:
         print(*args, flush=True)
 
 
-def _agree(what, fn, share=False):
+def agree(what, fn, share=False):
     """Run fn on every rank. If it raised anywhere, every rank raises CheckpointError with the first failure's text,
     so no rank is left waiting in a collective. share=True returns rank 0's (picklable) result on every rank."""
     err, result = None, None
@@ -88,13 +81,13 @@ def _agree(what, fn, share=False):
                                                   for r, (e, _) in sorted(err.failures.items()))
     elif err is not None:
         msg = f"{what}: {err if isinstance(err, CheckpointError) else f'{type(err).__name__}: {err}'}"
-    if _world() == 1:
+    if world_size() == 1:
         if isinstance(err, CheckpointError):
             raise err
         if err is not None:
             raise CheckpointError(msg) from err
         return result
-    gathered = [None] * _world()
+    gathered = [None] * world_size()
     dist.all_gather_object(gathered, (None if err is None else msg, result if share and err is None else None))
     failed = [r for r, (m, _) in enumerate(gathered) if m is not None]
     if failed:  # the same text on every rank
@@ -396,7 +389,7 @@ def _local_rows(value):
     """(local tensor, lo, hi, counts) for a model tensor: the dim-0 rows this rank holds (torch.chunk semantics,
     as FSDP2's Shard(0)), and whether this rank adds its rows to the global checksum (one copy of each row)."""
     if not isinstance(value, DTensor):
-        return value, 0, (value.shape[0] if value.dim() else 1), _rank() == 0
+        return value, 0, (value.shape[0] if value.dim() else 1), rank() == 0
     lo, hi, counts = 0, value.shape[0], True
     coord = value.device_mesh.get_coordinate()
     for i, placement in enumerate(value.placements):
@@ -521,12 +514,12 @@ def load(model, source, ema=None, allow_missing=(), verbose=True, threads=8):
         if not report.ok:
             raise CheckpointError(report.details())
         return src, report, mapping
-    src, report, mapping = _agree(f"checking {source}", prepare)
-    sums = _agree(f"loading {src.path}", lambda: _copy_into(model, src, mapping, threads))
-    _agree(f"verifying {src.path}", lambda: _verify(model, sums))
+    src, report, mapping = agree(f"checking {source}", prepare)
+    sums = agree(f"loading {src.path}", lambda: _copy_into(model, src, mapping, threads))
+    agree(f"verifying {src.path}", lambda: _verify(model, sums))
     keys = sorted(sums)
     file_sums = torch.tensor([sums[k][0] for k in keys], dtype=torch.int64)
-    if _world() > 1:
+    if world_size() > 1:
         file_sums = file_sums.to(_comm_device())
         dist.all_reduce(file_sums)
     checksum = sum((i + 1) * int(s) for i, s in enumerate(file_sums.tolist())) % 2 ** 64
@@ -534,249 +527,12 @@ def load(model, source, ema=None, allow_missing=(), verbose=True, threads=8):
     nbytes = sum(math.prod(src.entries[mapping[k]][0]) * src.entries[mapping[k]][1].itemsize for k in keys)
     dt = time.time() - t0
     if verbose:
-        _say(f"ckpt: loaded {len(keys)} tensors, {numel:,} values, {nbytes / 1e9:.2f} GB from {src.path} in {dt:.1f}s"
+        say(f"ckpt: loaded {len(keys)} tensors, {numel:,} values, {nbytes / 1e9:.2f} GB from {src.path} in {dt:.1f}s"
              f" ({nbytes / 1e9 / max(dt, 1e-9):.2f} GB/s); " + report.summary())
-        _say(f"ckpt: verified on {_world()} rank(s): every local shard holds exactly the file's bits, all finite;"
+        say(f"ckpt: verified on {world_size()} rank(s): every local shard holds exactly the file's bits, all finite;"
              f" checksum {checksum:016x}")
     report.checksum = checksum
     return report
-
-
-# -----------------------------------------------------------------------------
-# Saving, resuming, rotation.  OUT/step_%08d/ (DCP + meta.json), written as step_%08d.tmp and renamed when complete;
-# OUT/latest names the newest complete one and is written only after the rename.
-
-
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path, text):
-    tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)  # atomic: a reader sees the old or the new content, never a truncated file
-    _fsync_dir(os.path.dirname(path) or ".")
-
-
-def commit_latest(out_dir, name):
-    _write_atomic(os.path.join(out_dir, "latest"), name + "\n")
-
-
-def complete_checkpoints(out_dir):
-    """[(step, path)] of complete checkpoints (final name + .metadata + meta.json), oldest first."""
-    found = []
-    for name in os.listdir(out_dir) if os.path.isdir(out_dir) else []:
-        m, path = STEP_RE.match(name), os.path.join(out_dir, name)
-        if m and os.path.isfile(f"{path}/.metadata") and os.path.isfile(f"{path}/meta.json"):
-            found.append((int(m.group(1)), path))
-    return sorted(found)
-
-
-def find_resume(out_dir):
-    """Newest complete checkpoint, or None. A `latest` that is malformed or names a missing/incomplete directory
-    is an error (our saves never produce one); a `latest` older than the newest complete one means a crash between
-    the rename and the pointer update, and is reported."""
-    done = complete_checkpoints(out_dir)
-    pointer = os.path.join(out_dir, "latest")
-    if os.path.exists(pointer):
-        with open(pointer) as f:
-            name = f.read().strip()
-        if not STEP_RE.match(name):
-            raise CheckpointError(f"{pointer}: holds {name[:40]!r}, not a step_XXXXXXXX name")
-        if os.path.join(out_dir, name) not in [p for _, p in done]:
-            raise CheckpointError(f"{pointer} names {name}, which is missing or incomplete; complete checkpoints:"
-                                  f" {[os.path.basename(p) for _, p in done]}. Fix or remove the pointer.")
-        if os.path.join(out_dir, name) != done[-1][1]:
-            print(f"ckpt: {pointer} names {name} but {os.path.basename(done[-1][1])} is complete and newer"
-                  " (crash before the pointer update): resuming from the newer one", flush=True)
-    return done[-1][1] if done else None
-
-
-def rotate(out_dir, keep):
-    """Delete complete checkpoints beyond the newest `keep`, never the `latest` target. Only save() calls this, after
-    its own save completed; saves are synchronous, so a step_*.tmp older than the newest complete step is a leftover
-    of a killed run (deleted), and a newer one could be in flight (kept)."""
-    if keep < 2:
-        raise CheckpointError(f"keep={keep}: at least 2 checkpoints must be kept")
-    done = complete_checkpoints(out_dir)
-    protect = {p for _, p in done[-keep:]}
-    pointer = os.path.join(out_dir, "latest")
-    if os.path.exists(pointer):
-        with open(pointer) as f:
-            protect.add(os.path.join(out_dir, f.read().strip()))
-    doomed = [p for _, p in done if p not in protect]
-    newest = done[-1][0] if done else -1
-    doomed += [os.path.join(out_dir, n) for n in os.listdir(out_dir)
-               if n.endswith(".tmp") and STEP_RE.match(n[:-4]) and int(n[5:13]) < newest]
-    for path in doomed:
-        try:
-            shutil.rmtree(path)
-        except OSError as e:  # a failed delete costs disk space, not the run: say so and continue
-            print(f"ckpt: WARNING: could not delete old checkpoint {path}: {e}", flush=True)
-
-
-def _rng_state():
-    """This rank's RNG states as tensors (saved under rng.rank{r}: DCP keeps one value per shared key)."""
-    _, keys, pos, has_gauss, cached = np.random.get_state()
-    version, py_state, gauss = random.getstate()
-    state = {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(keys.astype(np.int64)),
-             "numpy_extra": torch.tensor([pos, has_gauss, cached], dtype=torch.float64),
-             "python": torch.tensor([version, *py_state], dtype=torch.int64),
-             "python_gauss": torch.tensor([math.nan if gauss is None else gauss], dtype=torch.float64)}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state):
-    torch.set_rng_state(state["torch"])
-    pos, has_gauss, cached = state["numpy_extra"].tolist()
-    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), int(pos), int(has_gauss), cached))
-    py = state["python"].tolist()
-    gauss = state["python_gauss"].item()
-    random.setstate((py[0], tuple(py[1:]), None if math.isnan(gauss) else gauss))
-    if "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def save(out_dir, step, model, optimizer=None, extra=None, keep=3, lora_only=False):
-    """Collective: write OUT/step_%08d (model, optimizer, this rank's RNG; `extra` -> meta.json), then point
-    OUT/latest at it and rotate. extra must be JSON-serialisable (step, data position, LR schedule state, config).
-    lora_only: store only trainable parameters (the frozen base comes from the init checkpoint on resume)."""
-    if keep < 2:
-        raise CheckpointError(f"keep={keep}: at least 2 checkpoints must be kept (the newest may be mid-write)")
-    try:
-        meta = json.dumps({"step": step, "world_size": _world(), "lora_only": lora_only, "time": time.time(),
-                           "torch": torch.__version__, "extra": extra or {}}, indent=1)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"save(step={step}): extra must be JSON-serialisable: {e}") from e
-    name = f"step_{step:08d}"
-    final, tmp = os.path.join(out_dir, name), os.path.join(out_dir, name + ".tmp")
-
-    def prepare():
-        if os.path.exists(final):
-            raise CheckpointError(f"{final} already exists; refusing to overwrite a complete checkpoint")
-        if _rank() == 0:
-            if os.path.exists(tmp):
-                print(f"ckpt: removing {tmp}, left by a killed save", flush=True)
-                shutil.rmtree(tmp)
-            os.makedirs(tmp)
-    _agree(f"saving {final}", prepare)
-    options = StateDictOptions(ignore_frozen_params=lora_only)
-    state = {"model": get_model_state_dict(model, options=options), f"rng.rank{_rank()}": _rng_state()}
-    if optimizer is not None:
-        state["optim"] = get_optimizer_state_dict(model, optimizer, options=options)
-    _agree(f"writing {tmp}", lambda: dcp.save(state, checkpoint_id=tmp))
-
-    def finish():
-        if _rank() != 0:
-            return
-        if not os.path.isfile(f"{tmp}/.metadata"):
-            raise CheckpointError(f"{tmp}: DCP returned without writing .metadata")
-        _write_atomic(f"{tmp}/meta.json", meta)
-        os.rename(tmp, final)  # the directory appears under its final name only when complete
-        _fsync_dir(out_dir)
-        commit_latest(out_dir, name)
-        rotate(out_dir, keep)
-    _agree(f"committing {final}", finish)
-    _say(f"ckpt: saved {final} ({'trainable only, ' if lora_only else ''}{len(state['model'])} model tensors)")
-    return final
-
-
-def resume(out_dir, model, optimizer=None, restore_rng=True):
-    """Collective: load the newest complete checkpoint in out_dir into model/optimizer (and this rank's RNG if the
-    world size is unchanged). Returns the saved `extra` dict plus 'step', or None if out_dir holds no checkpoint.
-    For a lora_only checkpoint, load the frozen base first (ckpt.load(model, init, allow_missing=(LORA_KEYS,)))."""
-    path = _agree(f"finding a checkpoint in {out_dir}", lambda: find_resume(out_dir) if _rank() == 0 else None,
-                  share=True)
-    if path is None:
-        _say(f"ckpt: no complete checkpoint in {out_dir}")
-        return None
-
-    def check():
-        with open(f"{path}/meta.json") as f:
-            meta = json.load(f)
-        options = StateDictOptions(ignore_frozen_params=meta["lora_only"])
-        msd = get_model_state_dict(model, options=options)
-        ours = {k: v for k, v in model_entries(model).items() if k in msd}
-        report, _ = build_report(ours, open_source(path).entries, path, prefix="model")
-        if not report.ok:
-            raise CheckpointError(report.details())
-        return meta, options, msd
-    meta, options, msd = _agree(f"checking {path}", check)
-    state = {"model": msd}
-    if optimizer is not None:
-        state["optim"] = get_optimizer_state_dict(model, optimizer, options=options)
-    same_world = meta["world_size"] == _world()
-    if restore_rng and same_world:
-        state[f"rng.rank{_rank()}"] = _rng_state()
-    _agree(f"reading {path}", lambda: dcp.load(state, checkpoint_id=path))
-
-    def apply():
-        result = set_model_state_dict(model, state["model"], options=StateDictOptions(
-            ignore_frozen_params=options.ignore_frozen_params, strict=not options.ignore_frozen_params))
-        trainable = {k for k, p in model.named_parameters() if p.requires_grad}
-        if result.unexpected_keys or set(result.missing_keys) & trainable:  # frozen base: from the init file
-            raise CheckpointError(f"{path}: model keys not restored: {result}")
-        if optimizer is not None:
-            set_optimizer_state_dict(model, optimizer, state["optim"], options=options)
-        if restore_rng and same_world:
-            _set_rng_state(state[f"rng.rank{_rank()}"])
-    _agree(f"restoring {path}", apply)
-    rng = "restored" if restore_rng and same_world else f"not restored (saved with world size {meta['world_size']})"
-    _say(f"ckpt: resumed {path}: step {meta['step']}, {len(msd)} model tensors"
-         f"{', optimizer' if optimizer is not None else ''}, RNG {rng}")
-    return dict(meta["extra"], step=meta["step"])
-
-
-# -----------------------------------------------------------------------------
-# Export (single process, offline): DCP -> one .safetensors with our keys, or a release-style .pt
-
-
-def _read_dcp_model(src):
-    path = src if os.path.isfile(os.path.join(src, ".metadata")) else find_resume(src)
-    if path is None:
-        raise CheckpointError(f"{src}: no complete checkpoint to export")
-    with open(f"{path}/meta.json") as f:
-        meta = json.load(f)
-    md = FileSystemReader(path).read_metadata().state_dict_metadata
-    full = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.items()
-            if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
-    dcp.load(full, checkpoint_id=path, no_dist=True)  # only the model entries: optimizer state is never read
-    return {k[len("model."):]: v for k, v in full.items()}, meta, path
-
-
-def export_safetensors(src, out_path, dtype=None):
-    """DCP step dir (or out_dir: newest) -> one .safetensors with our keys; float tensors cast to dtype if given."""
-    from safetensors.torch import save_file
-    tensors, meta, path = _read_dcp_model(src)
-    if dtype is not None:
-        tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
-    tmp = out_path + ".tmp"
-    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp,
-              metadata={"source": path, "step": str(meta["step"]), "lora_only": str(meta["lora_only"])})
-    os.replace(tmp, out_path)
-    print(f"ckpt: exported {len(tensors)} tensors of {path} to {out_path}", flush=True)
-    return out_path
-
-
-def export_release_pt(src, out_path):
-    """DCP -> a release-style .pt (flat dict, `net.` keys, floats in bf16) that upstream Cosmos tools read."""
-    tensors, meta, path = _read_dcp_model(src)
-    if meta["lora_only"]:
-        raise CheckpointError(f"{path} is LoRA-only (no base weights): a release .pt needs the full network")
-    tmp = out_path + ".tmp"
-    torch.save({"net." + k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()}, tmp)
-    os.replace(tmp, out_path)
-    print(f"ckpt: exported {len(tensors)} tensors of {path} to {out_path} (net. prefix, bf16)", flush=True)
-    return out_path
 
 
 # -----------------------------------------------------------------------------
@@ -794,7 +550,7 @@ def guard_loss(net, x0, crossattn_emb, condition_mask=None, fps=None, sigmas=GUA
     """(loss, zero_loss): rectified-flow velocity MSE mean((v - (eps - x0))^2) at fixed sigmas with seeded noise,
     and the same MSE for v = 0. Conditioning frames (target unpredictable there) are left out. Collective under
     FSDP: every rank passes its own batch; the sums are all-reduced so every rank gets the same numbers."""
-    g = torch.Generator(device=x0.device).manual_seed(seed * 1000 + _rank())
+    g = torch.Generator(device=x0.device).manual_seed(seed * 1000 + rank())
     weight = torch.ones_like(x0[:, :1]) if condition_mask is None else 1 - condition_mask.float()
     sums = torch.zeros(3, dtype=torch.float64, device=x0.device)
     for s in sigmas:
@@ -805,7 +561,7 @@ def guard_loss(net, x0, crossattn_emb, condition_mask=None, fps=None, sigmas=GUA
         target = eps - x0.float()
         sums += torch.stack([((velocity - target) ** 2 * weight).sum(), (target ** 2 * weight).sum(),
                              weight.sum() * x0.shape[1]]).double()
-    if _world() > 1:
+    if world_size() > 1:
         sums = sums.to(_comm_device())
         dist.all_reduce(sums)
     return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
@@ -814,7 +570,7 @@ def guard_loss(net, x0, crossattn_emb, condition_mask=None, fps=None, sigmas=GUA
 def init_guard(loss, zero_loss, max_ratio=GUARD_MAX_RATIO, source=""):
     """Stop (on every rank: the inputs are all-reduced) if the iteration-0 loss looks like an untrained network."""
     ratio = loss / zero_loss
-    _say(f"init guard: iteration-0 loss {loss:.4f} vs zero-velocity loss {zero_loss:.4f}: ratio {ratio:.3f},"
+    say(f"init guard: iteration-0 loss {loss:.4f} vs zero-velocity loss {zero_loss:.4f}: ratio {ratio:.3f},"
          f" must be < {max_ratio} (random init ~1.7, zero output 1.0, trained ~0.5)")
     if not math.isfinite(ratio) or ratio >= max_ratio:
         raise CheckpointError(f"init guard: the network starting from {source or 'its init'} does not denoise"
@@ -824,7 +580,7 @@ def init_guard(loss, zero_loss, max_ratio=GUARD_MAX_RATIO, source=""):
 
 
 # -----------------------------------------------------------------------------
-# CLI: check, export, bench
+# CLI: check
 
 
 def check(config, source, ema=None, lora_rank=0, dtype=None, allow_missing=()):
@@ -844,55 +600,6 @@ def check(config, source, ema=None, lora_rank=0, dtype=None, allow_missing=()):
     return report.ok
 
 
-def _drop_cache(path):
-    """Evict the file from the page cache (clean pages, no root needed) so both timings read the disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def bench(size_gb, directory, fmt="pt", device=None, threads=8):
-    """Time ckpt.load of a synthetic bf16 checkpoint (14B block shapes) against `cat file > /dev/null`."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    name = "v2w-14b" if size_gb >= 1 else "tiny"  # tiny shapes keep the CPU test small
-    with torch.device("meta"):
-        block_bytes = 2 * sum(p.numel() for p in DiT(get_config(name)).blocks[0].parameters())
-        net = DiT(get_config(name, num_blocks=max(1, round(size_gb * 1e9 / block_bytes)))).to(torch.bfloat16)
-    path = os.path.join(directory, f"bench_{net.cfg.model_channels}x{net.cfg.num_blocks}.{fmt}")
-    if not os.path.exists(path):  # .pt release-style (net. keys), .safetensors with our keys; random bf16 values
-        from safetensors.torch import save_file
-        os.makedirs(directory, exist_ok=True)
-        gen = "cuda" if torch.cuda.is_available() else "cpu"
-        sd = {("net." if fmt == "pt" else "") + k: torch.randn(v.shape, device=gen).to(v.dtype).cpu()
-              for k, v in net.state_dict().items()}
-        torch.save(sd, path + ".tmp") if fmt == "pt" else save_file(sd, path + ".tmp")
-        os.replace(path + ".tmp", path)
-        del sd
-    net = net.to_empty(device=device)
-    gb, times = os.path.getsize(path) / 1e9, {}
-    for cache in ("cold", "warm"):  # cold: evicted from the page cache before each run; warm: straight after
-        for what in ("cat", "load"):
-            if cache == "cold":
-                _drop_cache(path)
-            t0 = time.time()
-            if what == "cat":
-                subprocess.run(["cat", path], stdout=subprocess.DEVNULL, check=True)
-            else:
-                load(net, path, verbose=False, threads=threads)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-            times[what, cache] = time.time() - t0
-        ratio = times["load", cache] / times["cat", cache]
-        print(f"bench {cache}: {gb:.2f} GB {fmt} -> {device}, {threads} threads: cat {times['cat', cache]:.2f}s"
-              f" ({gb / times['cat', cache]:.2f} GB/s), ckpt.load {times['load', cache]:.2f}s"
-              f" ({gb / times['load', cache]:.2f} GB/s) = {ratio:.2f}x cat"
-              + (f" (target <= 1.2x: {'PASS' if ratio <= 1.2 else 'FAIL'})" if cache == "cold" else ""), flush=True)
-    return times
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -903,36 +610,15 @@ def main(argv=None):
     p.add_argument("--lora-rank", type=int, default=0, help="check a LoRA model (adapters may be missing)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--allow-missing", action="append", default=[], help="regex of model keys the file may lack")
-    p = sub.add_parser("export", help="DCP step dir (or out_dir) -> OUT.safetensors (our keys) or OUT.pt (release)")
-    p.add_argument("source")
-    p.add_argument("out")
-    p.add_argument("--dtype", choices=("keep", "bf16", "fp32"), default="keep", help="for .safetensors")
-    p = sub.add_parser("bench", help="load time of a synthetic bf16 checkpoint vs cat")
-    p.add_argument("--size-gb", type=float, default=28.0)
-    p.add_argument("--dir", required=True)
-    p.add_argument("--format", choices=("pt", "safetensors"), default="pt")
-    p.add_argument("--device", default=None)
-    p.add_argument("--threads", type=int, default=8)
     args = parser.parse_args(argv)
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "keep": None}
-    if args.cmd == "check":
-        ema = {"auto": None, "net": False, "net_ema": True}[args.ema]
-        try:
-            ok = check(args.config, args.source, ema, args.lora_rank, dtypes[args.dtype], tuple(args.allow_missing))
-        except CheckpointError as e:
-            print(f"check: FAILED: {e}", flush=True)
-            ok = False
-        return 0 if ok else 1
-    if args.cmd == "export":
-        if args.out.endswith(".safetensors"):
-            export_safetensors(args.source, args.out, dtypes[args.dtype])
-        elif args.out.endswith(".pt"):
-            export_release_pt(args.source, args.out)
-        else:
-            raise CheckpointError(f"{args.out}: export to .safetensors or .pt")
-        return 0
-    bench(args.size_gb, args.dir, args.format, args.device, args.threads)
-    return 0
+    ema = {"auto": None, "net": False, "net_ema": True}[args.ema]
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    try:
+        ok = check(args.config, args.source, ema, args.lora_rank, dtype, tuple(args.allow_missing))
+    except CheckpointError as e:
+        print(f"check: FAILED: {e}", flush=True)
+        ok = False
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

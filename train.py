@@ -26,6 +26,7 @@ import bench
 import ckpt
 import data
 import grpo
+import resume
 import reward
 import sac
 import stitch
@@ -449,7 +450,7 @@ def main(argv=None):
                            max_grad_norm=cfg.grad_clip, drop_zero_advantage=False) if cfg.objective == "grpo" else None
 
     # resume from OUT/latest if there is one: model, optimizer, step and data position
-    state = ckpt.resume(cfg.out, net, optimizer)
+    state = resume.resume(cfg.out, net, optimizer)
     start_step = state["step"] if state else 0
     if state:
         sampler.load_state_dict(state["sampler"])
@@ -532,7 +533,7 @@ def main(argv=None):
         if done % cfg.save_every == 0 or done == cfg.steps or stopping:
             extra = {"sampler": sampler.state_dict(consumed=done * cfg.batch_size * cfg.grad_accum),
                      "config_hash": config_hash(cfg), "config": dataclasses.asdict(cfg)}
-            path = ckpt.save(cfg.out, done, net, optimizer, extra, keep=cfg.keep, lora_only=bool(cfg.lora))
+            path = resume.save(cfg.out, done, net, optimizer, extra, keep=cfg.keep, lora_only=bool(cfg.lora))
             result = evaluate(net, cfg, held_batches)
             if master:
                 write_eval_marker(path, dict(result, step=done))

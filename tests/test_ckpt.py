@@ -1,5 +1,6 @@
 """ckpt.py on CPU: strict loading into FSDP2 shards (gloo, 2 ranks), a fault matrix where every fault is a clear
-error on every rank, DCP save/resume bit-exactness, kill -9 during a save, rotation, export, the init guard, CLI.
+error on every rank, the init guard, the check CLI; and resume.py's sharded cases: DCP save/resume bit-exactness,
+LoRA-only checkpoints, export. Single-process resume.py tests: tests/test_resume.py.
 
 The sharded cases all run inside ONE spawned 2-rank job (the `dist_job` fixture) to keep the file fast on 2 cores;
 the tests below assert on its per-rank results.
@@ -8,7 +9,6 @@ import argparse
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +22,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+import bench
 import ckpt
+import resume
 from dist_utils import run_dist
 from model import DiT, add_lora, denoise, get_config
 
@@ -190,13 +192,13 @@ def fault_cases(f, tmp):
         ("bf16 trainable from fp32 file", lambda m: load(build(dtype=torch.bfloat16), f["ref"]), "narrowing"),
         ("DCP shard file deleted", lambda m: load(m, tmp["dcp_broken"]), "__1_0.distcp"),
         ("LoRA-only DCP as full init", lambda m: load(m, tmp["lora_step"]), "missing"),
-        ("dangling latest", lambda m: ckpt.resume(tmp["dangling"], m), "missing or incomplete"),
-        ("garbage latest", lambda m: ckpt.resume(tmp["garbage_latest"], m), "not a step_XXXXXXXX"),
-        ("resume into other config", lambda m: ckpt.resume(tmp["out"], build_other()), "shape mismatch"),
-        ("save keep=1", lambda m: ckpt.save(tmp["scratch"], 1, m, keep=1), "at least 2"),
-        ("save extra not JSON", lambda m: ckpt.save(tmp["scratch"], 1, m, extra={"t": torch.ones(1)}),
+        ("dangling latest", lambda m: resume.resume(tmp["dangling"], m), "missing or incomplete"),
+        ("garbage latest", lambda m: resume.resume(tmp["garbage_latest"], m), "not a step_XXXXXXXX"),
+        ("resume into other config", lambda m: resume.resume(tmp["out"], build_other()), "shape mismatch"),
+        ("save keep=1", lambda m: resume.save(tmp["scratch"], 1, m, keep=1), "at least 2"),
+        ("save extra not JSON", lambda m: resume.save(tmp["scratch"], 1, m, extra={"t": torch.ones(1)}),
          "JSON-serialisable"),
-        ("save over a complete step", lambda m: ckpt.save(tmp["out"], 3, m), "already exists"),
+        ("save over a complete step", lambda m: resume.save(tmp["out"], 3, m), "already exists"),
     ]
 
 
@@ -247,7 +249,7 @@ def _job(rank, ws, f, tmpdir):
     for step in (1, 2, 3):
         train_step(net, opt, step)
         torch.manual_seed(100 + rank)  # different per rank: per-rank RNG keys must bring back each rank's own state
-        ckpt.save(out["out"], step, net, opt, extra={"data_position": step * 4, "config": {"lr": 1e-3}}, keep=2)
+        resume.save(out["out"], step, net, opt, extra={"data_position": step * 4, "config": {"lr": 1e-3}}, keep=2)
     res["state_step3"], res["out_dir"] = full_state(net), out["out"]
     res["rand_after_save"] = torch.rand(4)
     res["loss4"] = train_step(net, opt, 4)
@@ -257,7 +259,7 @@ def _job(rank, ws, f, tmpdir):
     net2 = build()
     opt2 = torch.optim.AdamW(net2.parameters(), lr=1e-3)
     torch.manual_seed(999)
-    extra = ckpt.resume(out["out"], net2, opt2)
+    extra = resume.resume(out["out"], net2, opt2)
     res["extra"] = extra
     res["rand_after_resume"] = torch.rand(4)
     res["loss4_resumed"] = train_step(net2, opt2, 4)
@@ -273,7 +275,7 @@ def _job(rank, ws, f, tmpdir):
     opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-2)
     train_step(net, opt, 1)
     train_step(net, opt, 2)
-    ckpt.save(out["lora"], 2, net, opt, extra={}, lora_only=True)
+    resume.save(out["lora"], 2, net, opt, extra={}, lora_only=True)
     res["lora_loss3"] = train_step(net, opt, 3)
     res["lora_state3"] = full_state(net)
     out["lora_step"] = os.path.join(out["lora"], "step_00000002")
@@ -282,7 +284,7 @@ def _job(rank, ws, f, tmpdir):
     net = build(lora=2)
     ckpt.load(net, f["ref"], allow_missing=(ckpt.LORA_KEYS,), verbose=False)
     opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-2)
-    res["lora_extra"] = ckpt.resume(out["lora"], net, opt)
+    res["lora_extra"] = resume.resume(out["lora"], net, opt)
     res["lora_loss3_resumed"] = train_step(net, opt, 3)
     res["lora_state3_resumed"] = full_state(net)
     # 4. fault matrix
@@ -364,78 +366,15 @@ def test_lora_only_checkpoint_excludes_base_and_resumes_bitwise(dist_job):
 def test_export_round_trip(dist_job, tmp_path):
     step3 = dist_job[0]["state_step3"]
     out_dir = dist_job[0]["out_dir"]
-    ckpt.export_safetensors(out_dir, str(tmp_path / "m.safetensors"))
+    resume.export_safetensors(out_dir, str(tmp_path / "m.safetensors"))
     got = load_file(str(tmp_path / "m.safetensors"))
     assert got.keys() == step3.keys() and all(torch.equal(got[k], step3[k]) for k in got)
-    ckpt.export_release_pt(os.path.join(out_dir, "step_00000003"), str(tmp_path / "release.pt"))
+    resume.export_release_pt(os.path.join(out_dir, "step_00000003"), str(tmp_path / "release.pt"))
     rel = torch.load(str(tmp_path / "release.pt"), weights_only=True)
     assert all(torch.equal(rel["net." + k], v.to(torch.bfloat16)) for k, v in step3.items())
     net = build(sharded=False)
     ckpt.load(net, str(tmp_path / "release.pt"))  # upstream-style file loads back through the strict path
     assert all(torch.equal(v, step3[k].to(torch.bfloat16).float()) for k, v in net.state_dict().items())
-
-
-# -----------------------------------------------------------------------------
-# kill -9 in the middle of a save: resume must find the previous complete checkpoint
-
-KILL_CHILD = r"""
-import os, sys, time
-sys.path.insert(0, sys.argv[3])
-import torch, ckpt
-import torch.distributed.checkpoint.filesystem as fs
-from model import DiT, get_config
-out, point = sys.argv[1], sys.argv[2]
-torch.manual_seed(0)
-net = DiT(get_config("tiny"))
-opt = torch.optim.AdamW(net.parameters())
-ckpt.save(out, 1, net, opt, extra={"n": 1})
-def block(*args, **kwargs):
-    print("BLOCKED", flush=True)
-    time.sleep(600)
-if point == "before_metadata":  # every data file written, .metadata not yet
-    fs.FileSystemWriter.finish = block
-elif point == "before_rename":  # complete under the .tmp name, not yet renamed
-    real = os.rename
-    os.rename = lambda a, b: block() if str(b).endswith("step_00000002") else real(a, b)
-elif point == "before_pointer":  # renamed, latest not yet updated
-    ckpt.commit_latest = block
-with torch.no_grad():
-    for p in net.parameters():
-        p.add_(1)
-ckpt.save(out, 2, net, opt, extra={"n": 2})
-print("NOT KILLED", flush=True)
-"""
-
-
-def test_kill_9_during_save_resumes_from_previous_complete_checkpoint(tmp_path):
-    points = {"before_metadata": 1, "before_rename": 1, "before_pointer": 2}
-    procs = {p: subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(tmp_path / p), p, ROOT],
-                                 stdout=subprocess.PIPE, text=True) for p in points}
-    try:
-        for point, proc in procs.items():
-            said = []
-            while not said or said[-1] not in ("BLOCKED", ""):  # wait until the child sits at its kill point
-                said.append(proc.stdout.readline().strip())
-            assert said[-1] == "BLOCKED", f"{point}: child said {said}"
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-    torch.manual_seed(0)
-    initial = DiT(get_config("tiny")).state_dict()
-    for point, step in points.items():
-        out = str(tmp_path / point)
-        net = DiT(get_config("tiny"))
-        extra = ckpt.resume(out, net, torch.optim.AdamW(net.parameters()))
-        assert extra == {"n": step, "step": step}, point
-        assert all(torch.equal(v, initial[k] + (step - 1)) for k, v in net.state_dict().items()
-                   if k in dict(net.named_parameters())), point
-        # the run goes on: the next save replaces the killed one's leftovers, rotation keeps the resume target
-        ckpt.save(out, 3, net, extra={}, keep=2)
-        assert sorted(os.listdir(out)) == ["latest", f"step_0000000{step}", "step_00000003"] if step == 1 else \
-            ["latest", "step_00000002", "step_00000003"], point
 
 
 # -----------------------------------------------------------------------------
@@ -456,24 +395,6 @@ def test_named_inits_and_offline_error():
     assert ckpt.NAMED_INITS["droid"].endswith("@ebc29d30a3fab504bcc779a85bca073d14ad39f9")
     with pytest.raises(ckpt.CheckpointError, match="offline"):
         ckpt.resolve_source("droid", offline=True)
-
-
-def test_rotation_never_deletes_latest_target_or_a_save_in_flight(tmp_path):
-    out = str(tmp_path)
-    for step in range(1, 6):
-        os.makedirs(f"{out}/step_{step:08d}")
-        open(f"{out}/step_{step:08d}/.metadata", "w").close()
-        open(f"{out}/step_{step:08d}/meta.json", "w").close()
-    os.makedirs(f"{out}/step_00000006.tmp")  # in flight
-    os.makedirs(f"{out}/step_00000000.tmp")  # left by a run killed long ago
-    ckpt.commit_latest(out, "step_00000002")  # e.g. the pointer lagged behind
-    open(f"{out}/.latest.999.tmp", "w").write("step_00000001\n")  # a pointer write killed before os.replace
-    ckpt.rotate(out, keep=2)
-    assert sorted(os.listdir(out)) == [".latest.999.tmp", "latest", "step_00000002", "step_00000004",
-                                       "step_00000005", "step_00000006.tmp"]
-    assert ckpt.find_resume(out).endswith("step_00000005")  # newest complete; the lagging pointer is reported
-    with pytest.raises(ckpt.CheckpointError, match="at least 2"):
-        ckpt.rotate(out, keep=1)
 
 
 def _write_tiny(path, cfg_name="tiny", drop=None, prefix="", dtype=None):
@@ -498,7 +419,7 @@ def test_check_cli_reports_from_metadata_and_sets_the_exit_code(tmp_path, capsys
 
 def test_bench_runs_at_a_tiny_size(tmp_path):
     for fmt in ("pt", "safetensors"):
-        times = ckpt.bench(0.002, str(tmp_path), fmt, "cpu", threads=2)
+        times = bench.bench(0.002, str(tmp_path), fmt, "cpu", threads=2)
         assert set(times) == {("cat", "cold"), ("load", "cold"), ("cat", "warm"), ("load", "warm")}
 
 

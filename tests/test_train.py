@@ -104,8 +104,8 @@ def test_sigterm_saves_and_exits_zero(grid, tmp_path):
 
 @pytest.fixture(scope="module")
 def trained_file(trained, tmp_path_factory):
-    import ckpt
-    return ckpt.export_safetensors(trained, str(tmp_path_factory.mktemp("export") / "trained.safetensors"))
+    import resume
+    return resume.export_safetensors(trained, str(tmp_path_factory.mktemp("export") / "trained.safetensors"))
 
 
 def test_fsdp_two_gloo_ranks_match_one_process(grid, trained_file, tmp_path):

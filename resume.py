@@ -1,0 +1,298 @@
+"""Training-state checkpoints: save, resume, rotate, export. Weights are loaded strictly by ckpt.py; this file adds
+what a training run needs on top: model + optimizer + per-rank RNG in one DCP directory per step, written so that
+a killed run always finds its newest complete checkpoint.
+
+    python resume.py export OUT/step_00001000 model.safetensors   # or release.pt (net. prefix, bf16)
+
+Layout: OUT/step_%08d/ (DCP + meta.json), written as step_%08d.tmp and renamed when complete; OUT/latest names the
+newest complete one and is written only after the rename.
+Contents: pointer and rotation -> RNG -> save / resume -> export -> CLI.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+
+from ckpt import (STEP_RE, CheckpointError, agree, build_report, model_entries, open_source, rank, say,
+                  world_size)
+
+# -----------------------------------------------------------------------------
+# The latest pointer, complete checkpoints, rotation
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path, text):
+    tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)  # atomic: a reader sees the old or the new content, never a truncated file
+    _fsync_dir(os.path.dirname(path) or ".")
+
+
+def commit_latest(out_dir, name):
+    _write_atomic(os.path.join(out_dir, "latest"), name + "\n")
+
+
+def complete_checkpoints(out_dir):
+    """[(step, path)] of complete checkpoints (final name + .metadata + meta.json), oldest first."""
+    found = []
+    for name in os.listdir(out_dir) if os.path.isdir(out_dir) else []:
+        m, path = STEP_RE.match(name), os.path.join(out_dir, name)
+        if m and os.path.isfile(f"{path}/.metadata") and os.path.isfile(f"{path}/meta.json"):
+            found.append((int(m.group(1)), path))
+    return sorted(found)
+
+
+def find_resume(out_dir):
+    """Newest complete checkpoint, or None. A `latest` that is malformed or names a missing/incomplete directory
+    is an error (our saves never produce one); a `latest` older than the newest complete one means a crash between
+    the rename and the pointer update, and is reported."""
+    done = complete_checkpoints(out_dir)
+    pointer = os.path.join(out_dir, "latest")
+    if os.path.exists(pointer):
+        with open(pointer) as f:
+            name = f.read().strip()
+        if not STEP_RE.match(name):
+            raise CheckpointError(f"{pointer}: holds {name[:40]!r}, not a step_XXXXXXXX name")
+        if os.path.join(out_dir, name) not in [p for _, p in done]:
+            raise CheckpointError(f"{pointer} names {name}, which is missing or incomplete; complete checkpoints:"
+                                  f" {[os.path.basename(p) for _, p in done]}. Fix or remove the pointer.")
+        if os.path.join(out_dir, name) != done[-1][1]:
+            print(f"ckpt: {pointer} names {name} but {os.path.basename(done[-1][1])} is complete and newer"
+                  " (crash before the pointer update): resuming from the newer one", flush=True)
+    return done[-1][1] if done else None
+
+
+def rotate(out_dir, keep):
+    """Delete complete checkpoints beyond the newest `keep`, never the `latest` target. Only save() calls this, after
+    its own save completed; saves are synchronous, so a step_*.tmp older than the newest complete step is a leftover
+    of a killed run (deleted), and a newer one could be in flight (kept)."""
+    if keep < 2:
+        raise CheckpointError(f"keep={keep}: at least 2 checkpoints must be kept")
+    done = complete_checkpoints(out_dir)
+    protect = {p for _, p in done[-keep:]}
+    pointer = os.path.join(out_dir, "latest")
+    if os.path.exists(pointer):
+        with open(pointer) as f:
+            protect.add(os.path.join(out_dir, f.read().strip()))
+    doomed = [p for _, p in done if p not in protect]
+    newest = done[-1][0] if done else -1
+    doomed += [os.path.join(out_dir, n) for n in os.listdir(out_dir)
+               if n.endswith(".tmp") and STEP_RE.match(n[:-4]) and int(n[5:13]) < newest]
+    for path in doomed:
+        try:
+            shutil.rmtree(path)
+        except OSError as e:  # a failed delete costs disk space, not the run: say so and continue
+            print(f"ckpt: WARNING: could not delete old checkpoint {path}: {e}", flush=True)
+
+
+# -----------------------------------------------------------------------------
+# RNG state
+
+
+def _rng_state():
+    """This rank's RNG states as tensors (saved under rng.rank{r}: DCP keeps one value per shared key)."""
+    _, keys, pos, has_gauss, cached = np.random.get_state()
+    version, py_state, gauss = random.getstate()
+    state = {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(keys.astype(np.int64)),
+             "numpy_extra": torch.tensor([pos, has_gauss, cached], dtype=torch.float64),
+             "python": torch.tensor([version, *py_state], dtype=torch.int64),
+             "python_gauss": torch.tensor([math.nan if gauss is None else gauss], dtype=torch.float64)}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state):
+    torch.set_rng_state(state["torch"])
+    pos, has_gauss, cached = state["numpy_extra"].tolist()
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), int(pos), int(has_gauss), cached))
+    py = state["python"].tolist()
+    gauss = state["python_gauss"].item()
+    random.setstate((py[0], tuple(py[1:]), None if math.isnan(gauss) else gauss))
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# -----------------------------------------------------------------------------
+# Save and resume (collective)
+
+
+def save(out_dir, step, model, optimizer=None, extra=None, keep=3, lora_only=False):
+    """Collective: write OUT/step_%08d (model, optimizer, this rank's RNG; `extra` -> meta.json), then point
+    OUT/latest at it and rotate. extra must be JSON-serialisable (step, data position, LR schedule state, config).
+    lora_only: store only trainable parameters (the frozen base comes from the init checkpoint on resume)."""
+    if keep < 2:
+        raise CheckpointError(f"keep={keep}: at least 2 checkpoints must be kept (the newest may be mid-write)")
+    try:
+        meta = json.dumps({"step": step, "world_size": world_size(), "lora_only": lora_only, "time": time.time(),
+                           "torch": torch.__version__, "extra": extra or {}}, indent=1)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"save(step={step}): extra must be JSON-serialisable: {e}") from e
+    name = f"step_{step:08d}"
+    final, tmp = os.path.join(out_dir, name), os.path.join(out_dir, name + ".tmp")
+
+    def prepare():
+        if os.path.exists(final):
+            raise CheckpointError(f"{final} already exists; refusing to overwrite a complete checkpoint")
+        if rank() == 0:
+            if os.path.exists(tmp):
+                print(f"ckpt: removing {tmp}, left by a killed save", flush=True)
+                shutil.rmtree(tmp)
+            os.makedirs(tmp)
+    agree(f"saving {final}", prepare)
+    options = StateDictOptions(ignore_frozen_params=lora_only)
+    state = {"model": get_model_state_dict(model, options=options), f"rng.rank{rank()}": _rng_state()}
+    if optimizer is not None:
+        state["optim"] = get_optimizer_state_dict(model, optimizer, options=options)
+    agree(f"writing {tmp}", lambda: dcp.save(state, checkpoint_id=tmp))
+
+    def finish():
+        if rank() != 0:
+            return
+        if not os.path.isfile(f"{tmp}/.metadata"):
+            raise CheckpointError(f"{tmp}: DCP returned without writing .metadata")
+        _write_atomic(f"{tmp}/meta.json", meta)
+        os.rename(tmp, final)  # the directory appears under its final name only when complete
+        _fsync_dir(out_dir)
+        commit_latest(out_dir, name)
+        rotate(out_dir, keep)
+    agree(f"committing {final}", finish)
+    say(f"ckpt: saved {final} ({'trainable only, ' if lora_only else ''}{len(state['model'])} model tensors)")
+    return final
+
+
+def resume(out_dir, model, optimizer=None, restore_rng=True):
+    """Collective: load the newest complete checkpoint in out_dir into model/optimizer (and this rank's RNG if the
+    world size is unchanged). Returns the saved `extra` dict plus 'step', or None if out_dir holds no checkpoint.
+    For a lora_only checkpoint, load the frozen base first (ckpt.load(model, init, allow_missing=(LORA_KEYS,)))."""
+    path = agree(f"finding a checkpoint in {out_dir}", lambda: find_resume(out_dir) if rank() == 0 else None,
+                 share=True)
+    if path is None:
+        say(f"ckpt: no complete checkpoint in {out_dir}")
+        return None
+
+    def check():
+        with open(f"{path}/meta.json") as f:
+            meta = json.load(f)
+        options = StateDictOptions(ignore_frozen_params=meta["lora_only"])
+        msd = get_model_state_dict(model, options=options)
+        ours = {k: v for k, v in model_entries(model).items() if k in msd}
+        report, _ = build_report(ours, open_source(path).entries, path, prefix="model")
+        if not report.ok:
+            raise CheckpointError(report.details())
+        return meta, options, msd
+    meta, options, msd = agree(f"checking {path}", check)
+    state = {"model": msd}
+    if optimizer is not None:
+        state["optim"] = get_optimizer_state_dict(model, optimizer, options=options)
+    same_world = meta["world_size"] == world_size()
+    if restore_rng and same_world:
+        state[f"rng.rank{rank()}"] = _rng_state()
+    agree(f"reading {path}", lambda: dcp.load(state, checkpoint_id=path))
+
+    def apply():
+        result = set_model_state_dict(model, state["model"], options=StateDictOptions(
+            ignore_frozen_params=options.ignore_frozen_params, strict=not options.ignore_frozen_params))
+        trainable = {k for k, p in model.named_parameters() if p.requires_grad}
+        if result.unexpected_keys or set(result.missing_keys) & trainable:  # frozen base: from the init file
+            raise CheckpointError(f"{path}: model keys not restored: {result}")
+        if optimizer is not None:
+            set_optimizer_state_dict(model, optimizer, state["optim"], options=options)
+        if restore_rng and same_world:
+            _set_rng_state(state[f"rng.rank{rank()}"])
+    agree(f"restoring {path}", apply)
+    rng = "restored" if restore_rng and same_world else f"not restored (saved with world size {meta['world_size']})"
+    say(f"ckpt: resumed {path}: step {meta['step']}, {len(msd)} model tensors"
+        f"{', optimizer' if optimizer is not None else ''}, RNG {rng}")
+    return dict(meta["extra"], step=meta["step"])
+
+
+# -----------------------------------------------------------------------------
+# Export (single process, offline): DCP -> one .safetensors with our keys, or a release-style .pt
+
+
+def _read_dcp_model(src):
+    path = src if os.path.isfile(os.path.join(src, ".metadata")) else find_resume(src)
+    if path is None:
+        raise CheckpointError(f"{src}: no complete checkpoint to export")
+    with open(f"{path}/meta.json") as f:
+        meta = json.load(f)
+    md = FileSystemReader(path).read_metadata().state_dict_metadata
+    full = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.items()
+            if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
+    dcp.load(full, checkpoint_id=path, no_dist=True)  # only the model entries: optimizer state is never read
+    return {k[len("model."):]: v for k, v in full.items()}, meta, path
+
+
+def export_safetensors(src, out_path, dtype=None):
+    """DCP step dir (or out_dir: newest) -> one .safetensors with our keys; float tensors cast to dtype if given."""
+    from safetensors.torch import save_file
+    tensors, meta, path = _read_dcp_model(src)
+    if dtype is not None:
+        tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
+    tmp = out_path + ".tmp"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp,
+              metadata={"source": path, "step": str(meta["step"]), "lora_only": str(meta["lora_only"])})
+    os.replace(tmp, out_path)
+    print(f"ckpt: exported {len(tensors)} tensors of {path} to {out_path}", flush=True)
+    return out_path
+
+
+def export_release_pt(src, out_path):
+    """DCP -> a release-style .pt (flat dict, `net.` keys, floats in bf16) that upstream Cosmos tools read."""
+    tensors, meta, path = _read_dcp_model(src)
+    if meta["lora_only"]:
+        raise CheckpointError(f"{path} is LoRA-only (no base weights): a release .pt needs the full network")
+    tmp = out_path + ".tmp"
+    torch.save({"net." + k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()}, tmp)
+    os.replace(tmp, out_path)
+    print(f"ckpt: exported {len(tensors)} tensors of {path} to {out_path} (net. prefix, bf16)", flush=True)
+    return out_path
+
+
+# -----------------------------------------------------------------------------
+# CLI: export
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("export", help="DCP step dir (or out_dir) -> OUT.safetensors (our keys) or OUT.pt (release)")
+    p.add_argument("source")
+    p.add_argument("out")
+    p.add_argument("--dtype", choices=("keep", "bf16", "fp32"), default="keep", help="for .safetensors")
+    args = parser.parse_args(argv)
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "keep": None}
+    if args.out.endswith(".safetensors"):
+        export_safetensors(args.source, args.out, dtypes[args.dtype])
+    elif args.out.endswith(".pt"):
+        export_release_pt(args.source, args.out)
+    else:
+        raise CheckpointError(f"{args.out}: export to .safetensors or .pt")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

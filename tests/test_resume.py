@@ -1,0 +1,98 @@
+"""resume.py on CPU in one process: kill -9 during a save, rotation. The sharded save/resume cases run in
+tests/test_ckpt.py's 2-rank job.
+"""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import resume
+from ckpt import CheckpointError
+from model import DiT, get_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# -----------------------------------------------------------------------------
+# kill -9 in the middle of a save: resume must find the previous complete checkpoint
+
+KILL_CHILD = r"""
+import os, sys, time
+sys.path.insert(0, sys.argv[3])
+import torch, resume
+import torch.distributed.checkpoint.filesystem as fs
+from model import DiT, get_config
+out, point = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+net = DiT(get_config("tiny"))
+opt = torch.optim.AdamW(net.parameters())
+resume.save(out, 1, net, opt, extra={"n": 1})
+def block(*args, **kwargs):
+    print("BLOCKED", flush=True)
+    time.sleep(600)
+if point == "before_metadata":  # every data file written, .metadata not yet
+    fs.FileSystemWriter.finish = block
+elif point == "before_rename":  # complete under the .tmp name, not yet renamed
+    real = os.rename
+    os.rename = lambda a, b: block() if str(b).endswith("step_00000002") else real(a, b)
+elif point == "before_pointer":  # renamed, latest not yet updated
+    resume.commit_latest = block
+with torch.no_grad():
+    for p in net.parameters():
+        p.add_(1)
+resume.save(out, 2, net, opt, extra={"n": 2})
+print("NOT KILLED", flush=True)
+"""
+
+
+def test_kill_9_during_save_resumes_from_previous_complete_checkpoint(tmp_path):
+    points = {"before_metadata": 1, "before_rename": 1, "before_pointer": 2}
+    procs = {p: subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(tmp_path / p), p, ROOT],
+                                 stdout=subprocess.PIPE, text=True) for p in points}
+    try:
+        for point, proc in procs.items():
+            said = []
+            while not said or said[-1] not in ("BLOCKED", ""):  # wait until the child sits at its kill point
+                said.append(proc.stdout.readline().strip())
+            assert said[-1] == "BLOCKED", f"{point}: child said {said}"
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    torch.manual_seed(0)
+    initial = DiT(get_config("tiny")).state_dict()
+    for point, step in points.items():
+        out = str(tmp_path / point)
+        net = DiT(get_config("tiny"))
+        extra = resume.resume(out, net, torch.optim.AdamW(net.parameters()))
+        assert extra == {"n": step, "step": step}, point
+        assert all(torch.equal(v, initial[k] + (step - 1)) for k, v in net.state_dict().items()
+                   if k in dict(net.named_parameters())), point
+        # the run goes on: the next save replaces the killed one's leftovers, rotation keeps the resume target
+        resume.save(out, 3, net, extra={}, keep=2)
+        assert sorted(os.listdir(out)) == ["latest", f"step_0000000{step}", "step_00000003"] if step == 1 else \
+            ["latest", "step_00000002", "step_00000003"], point
+
+
+def test_rotation_never_deletes_latest_target_or_a_save_in_flight(tmp_path):
+    out = str(tmp_path)
+    for step in range(1, 6):
+        os.makedirs(f"{out}/step_{step:08d}")
+        open(f"{out}/step_{step:08d}/.metadata", "w").close()
+        open(f"{out}/step_{step:08d}/meta.json", "w").close()
+    os.makedirs(f"{out}/step_00000006.tmp")  # in flight
+    os.makedirs(f"{out}/step_00000000.tmp")  # left by a run killed long ago
+    resume.commit_latest(out, "step_00000002")  # e.g. the pointer lagged behind
+    open(f"{out}/.latest.999.tmp", "w").write("step_00000001\n")  # a pointer write killed before os.replace
+    resume.rotate(out, keep=2)
+    assert sorted(os.listdir(out)) == [".latest.999.tmp", "latest", "step_00000002", "step_00000004",
+                                       "step_00000005", "step_00000006.tmp"]
+    assert resume.find_resume(out).endswith("step_00000005")  # newest complete; the lagging pointer is reported
+    with pytest.raises(CheckpointError, match="at least 2"):
+        resume.rotate(out, keep=1)
+
