@@ -1,5 +1,6 @@
-"""stitch.py on lerobot-written v2.1 / v3.0 datasets (tests/data/*/README.md): every frame carries its camera id,
-episode and frame_index as bit blocks, which these tests decode from the stitched grids."""
+"""stitch.py (and lerobot.py, which reads the datasets) on lerobot-written v2.1 / v3.0 datasets
+(tests/data/*/README.md): every frame carries its camera id, episode and frame_index as bit blocks, which these tests
+decode from the stitched grids."""
 import atexit
 import csv
 import functools
@@ -16,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+import lerobot
 import stitch
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -94,9 +96,10 @@ def test_slots_alignment_stride_and_counts(src):
     records = manifest(out)
     assert sorted(r["episode_index"] for r in records.values()) == sorted(kept)
     for stem, rec in records.items():
-        assert rec["n_out"] == kept[rec["episode_index"]] and rec["cam_frames"] == {s: rec["n_out"] for s in stitch.SLOTS}
+        assert rec["n_out"] == kept[rec["episode_index"]]
+        assert rec["cam_frames"] == {s: rec["n_out"] for s in lerobot.SLOTS}
         assert rec["sha1"] == stitch.sha1_file(os.path.join(out, "videos", stem + ".mp4"))
-        assert rec["out_fps"] == "15/4" and rec["fit"] == {s: "stretch" for s in stitch.SLOTS}
+        assert rec["out_fps"] == "15/4" and rec["fit"] == {s: "stretch" for s in lerobot.SLOTS}
         check_grid_video(os.path.join(out, "videos", stem + ".mp4"), rec["episode_index"], 4, rec["n_out"])
     with open(os.path.join(out, "metadata.csv"), encoding="utf-8", newline="") as f:
         rows = list(csv.reader(f))
@@ -216,8 +219,8 @@ def test_missing_camera_fails_loudly(tmp_path):
         stitch.stitch(src, str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
     with pytest.raises(ValueError, match="not a video feature"):
-        stitch.open_source(src, cameras="ext_1=observation.images.exterior_1_left,"
-                                        "ext_2=observation.images.exterior_2_left,wrist=observation.state")
+        lerobot.open_source(src, cameras="ext_1=observation.images.exterior_1_left,"
+                                         "ext_2=observation.images.exterior_2_left,wrist=observation.state")
 
 
 def test_missing_video_file_and_short_camera_are_skipped_with_reasons(tmp_path):
@@ -252,18 +255,18 @@ def test_dropped_source_frame_is_caught_by_the_timestamps(tmp_path):
 
 
 def test_layout_detection_and_subsets(tmp_path):
-    v2, v3 = stitch.open_source(V21), stitch.open_source(V30)
+    v2, v3 = lerobot.open_source(V21), lerobot.open_source(V30)
     assert (v2.layout, v3.layout) == ("v2", "v3") and v2.fps == v3.fps == 15
     assert v3.task_table == {0: "Place the red block in the bowl.", 1: "Close the laptop lid"}
     assert [round(v3.episodes[e].segments["wrist"][1] * 15) for e in range(3)] == [0, 373, 745]
     cfg = stitch.make_config({"per_task": 1})
-    assert [e.index for e in stitch.select_episodes(v2, cfg)] == [0, 1]
+    assert [e.index for e in lerobot.select_episodes(v2, cfg)] == [0, 1]
     (tmp_path / "eps.txt").write_text("2, 0\n")
-    assert [e.index for e in stitch.select_episodes(v2, stitch.make_config({"episodes": str(tmp_path / "eps.txt")}))] \
-        == [0, 2]
+    cfg = stitch.make_config({"episodes": str(tmp_path / "eps.txt")})
+    assert [e.index for e in lerobot.select_episodes(v2, cfg)] == [0, 2]
     (tmp_path / "bad.txt").write_text("0 7")
     with pytest.raises(ValueError, match=r"episodes \[7\] are not in"):
-        stitch.select_episodes(v2, stitch.make_config({"episodes": str(tmp_path / "bad.txt")}))
+        lerobot.select_episodes(v2, stitch.make_config({"episodes": str(tmp_path / "bad.txt")}))
     with pytest.raises(ValueError, match="unknown stitch option"):
         stitch.make_config({"strid": 2})
     with pytest.raises(ValueError, match="multiples of 4"):

@@ -1,0 +1,193 @@
+"""Reading LeRobot datasets, format v2.0, v2.1 or v3.0 (decided from the files present, not the version string).
+
+The metadata (info.json, episodes, tasks) becomes a Source with one Episode per episode: its parquet file and, per
+camera slot, the mp4 and the time span that hold it. Per episode, check_frames_table checks its parquet rows.
+
+Camera slots are found through an alias table (CAMERA_ALIASES; `--cameras` overrides it); a slot is never left
+unfilled. stitch.py lays the slots out as a grid and does all the video work.
+"""
+import dataclasses
+import json
+import os
+import re
+from collections import Counter
+from fractions import Fraction
+
+import numpy as np
+import pyarrow.parquet as pq
+
+SLOTS = ("ext_1", "ext_2", "wrist")  # stitch.py's grid: top-left, top-right, bottom-left; bottom-right stays black
+
+# Camera names per slot, matched against the last dotted part of a feature key, best first (specs/data.md 1.4).
+CAMERA_ALIASES = {"ext_1": ("exterior_1_left", "exterior_image_1_left", "robot0_agentview_left"),
+                  "ext_2": ("exterior_2_left", "exterior_image_2_left", "robot0_agentview_right"),
+                  "wrist": ("wrist_image_left", "wrist_left", "robot0_eye_in_hand")}
+PLACEHOLDER_TASKS = {"", "none", "null", "nan", "n/a"}
+LANGUAGE_COLUMNS = ("language_instruction", "language_instruction_2", "language_instruction_3")
+
+
+@dataclasses.dataclass
+class Episode:
+    index: int
+    length: int  # parquet rows
+    tasks: list  # task strings of the episode metadata (only --per-task uses them)
+    data_path: str
+    segments: dict  # slot -> (mp4 path, from_timestamp, to_timestamp)
+
+
+@dataclasses.dataclass
+class Source:
+    root: str
+    name: str
+    layout: str  # "v2" (v2.0 / v2.1) or "v3"
+    fps: Fraction
+    cams: dict  # slot -> feature key
+    cam_hw: dict  # slot -> (height, width) from info.json
+    task_table: dict  # task_index -> task string
+    episodes: list
+
+
+# ------------------------------------------------------------------------------------------------------ metadata
+
+def read_jsonl(path: str) -> list:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                rows += [json.loads(line)] if line.strip() else []
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e})") from None
+    return rows
+
+
+def resolve_cameras(features: dict, override: str, where: str) -> dict:
+    videos = sorted(k for k, v in features.items() if v.get("dtype") == "video")
+    images = sorted(k for k, v in features.items() if v.get("dtype") == "image")
+    cams = dict(item.split("=", 1) for item in override.split(",")) if override else {}
+    if override and sorted(cams) != sorted(SLOTS):
+        raise ValueError(f"--cameras {override!r}: give each of the slots {SLOTS} once, as slot=KEY")
+    for slot, aliases in CAMERA_ALIASES.items():
+        for alias in aliases if slot not in cams else ():
+            hits = [k for k in videos + images if k.split(".")[-1] == alias]
+            if len(hits) > 1:
+                raise ValueError(f"{where}: camera slot {slot} is ambiguous: {hits}; pass --cameras")
+            if hits:
+                cams[slot] = hits[0]
+                break
+        if slot not in cams:
+            raise ValueError(f"{where}: no camera for grid slot {slot} (tried {aliases}); video features are "
+                             f"{videos}. A slot is never left black: pass --cameras if it has another name")
+        if cams[slot] not in videos:
+            kind = "stored as images in the parquet" if cams[slot] in images else "not a video feature"
+            raise ValueError(f"{where}: camera {cams[slot]!r} ({slot}) is {kind}; video features are {videos}")
+    return cams
+
+
+def camera_hw(feature: dict, key: str) -> tuple:
+    dims = dict(zip(feature.get("names") or [], feature.get("shape") or []))  # by name: [H,W,C] and [C,H,W] occur
+    if "height" not in dims or "width" not in dims:
+        raise ValueError(f"feature {key}: no height/width in names={feature.get('names')} shape={feature.get('shape')}")
+    return int(dims["height"]), int(dims["width"])
+
+
+def open_source(src: str, cameras: str = "") -> Source:
+    """Read a LeRobot v2.0 / v2.1 / v3.0 dataset's metadata; the layout comes from the files, not the version."""
+    src = os.path.abspath(src)
+    info_path = os.path.join(src, "meta", "info.json")
+    if not os.path.isfile(info_path):
+        raise FileNotFoundError(f"{info_path} not found: {src} is not a LeRobot v2/v3 dataset")
+    with open(info_path, encoding="utf-8") as f:
+        info = json.load(f)
+    for key in ("fps", "features", "data_path", "video_path"):
+        if info.get(key) is None:
+            raise ValueError(f"{info_path}: {key!r} is missing or null")
+    fps = Fraction(str(info["fps"])).limit_denominator(1001)
+    cams = resolve_cameras(info["features"], cameras, info_path)
+    path = lambda template, **kw: os.path.join(src, template.format(**kw))  # noqa: E731
+    episodes = []
+    if os.path.isfile(os.path.join(src, "meta", "episodes.jsonl")):
+        layout, chunks = "v2", int(info.get("chunks_size", 1000))
+        table = {int(r["task_index"]): r["task"] for r in read_jsonl(os.path.join(src, "meta", "tasks.jsonl"))}
+        for row in read_jsonl(os.path.join(src, "meta", "episodes.jsonl")):
+            ep, length, chunk = int(row["episode_index"]), int(row["length"]), int(row["episode_index"]) // chunks
+            segs = {s: (path(info["video_path"], episode_chunk=chunk, video_key=k, episode_index=ep), 0.0,
+                        float(length / fps)) for s, k in cams.items()}
+            data = path(info["data_path"], episode_chunk=chunk, episode_index=ep)
+            episodes.append(Episode(ep, length, list(row.get("tasks") or []), data, segs))
+    elif os.path.isdir(os.path.join(src, "meta", "episodes")):
+        layout = "v3"
+        # the task string is the pandas index column, whatever name it was stored under; re-index by task_index
+        table = {int(r.pop("task_index")): next(iter(r.values()))
+                 for r in pq.read_table(os.path.join(src, "meta", "tasks.parquet")).to_pylist()}
+        for file in sorted(os.path.join(d, n) for d, _, ns in os.walk(os.path.join(src, "meta", "episodes"))
+                           for n in ns if n.endswith(".parquet")):
+            columns = [c for c in pq.read_schema(file).names if not c.startswith("stats/")]
+            for row in pq.read_table(file, columns=columns).to_pylist():
+                segs = {}
+                for s, k in cams.items():
+                    if f"videos/{k}/from_timestamp" not in row:
+                        raise ValueError(f"{file}: no column videos/{k}/from_timestamp for camera {k}")
+                    v = lambda name: row[f"videos/{k}/{name}"]  # noqa: E731
+                    segs[s] = (path(info["video_path"], video_key=k, chunk_index=v("chunk_index"),
+                                    file_index=v("file_index")), v("from_timestamp"), v("to_timestamp"))
+                data = path(info["data_path"], chunk_index=row["data/chunk_index"], file_index=row["data/file_index"])
+                episodes.append(Episode(int(row["episode_index"]), int(row["length"]), list(row.get("tasks") or []),
+                                        data, segs))
+    else:
+        raise ValueError(f"{src}: has neither meta/episodes.jsonl (v2.x) nor meta/episodes/ (v3.0)")
+    if not episodes:
+        raise ValueError(f"{src}: the dataset lists no episodes")
+    episodes.sort(key=lambda e: e.index)
+    for file in [episodes[0].data_path] + [seg[0] for seg in episodes[0].segments.values()]:
+        if not os.path.isfile(file):  # a broken template (e.g. a hard-coded camera) would skip every episode
+            raise FileNotFoundError(f"{file} (episode {episodes[0].index}, templates of {info_path}) does not exist")
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(src))  # no commas: upstream splits metadata.csv on them
+    cam_hw = {s: camera_hw(info["features"][k], k) for s, k in cams.items()}
+    return Source(src, name, layout, fps, cams, cam_hw, table, episodes)
+
+
+# ----------------------------------------------------------------------------------------------- per episode
+
+def check_frames_table(ep: Episode, source: Source) -> tuple:
+    """Check an episode's parquet rows and pick its task: (task, None) or (None, (reason, detail))."""
+    names = pq.read_schema(ep.data_path).names
+    cols = [c for c in ("frame_index", "timestamp", "task_index") + LANGUAGE_COLUMNS if c in names]
+    filters = [("episode_index", "=", ep.index)] if source.layout == "v3" else None  # v3 files hold many episodes
+    rows = pq.read_table(ep.data_path, columns=cols, filters=filters).to_pydict()
+    frame_index = np.asarray(rows["frame_index"])
+    if not np.array_equal(frame_index, np.arange(ep.length)):
+        return None, ("length_mismatch", f"{ep.data_path}: frame_index is not 0..{ep.length - 1}")
+    # the parquet timestamp is float32; frame_index/fps is the canonical time
+    error = float(np.max(np.abs(np.asarray(rows["timestamp"], np.float64) - frame_index / float(source.fps))))
+    if error > 1e-3:
+        return None, ("timestamp_error", f"{ep.data_path}: timestamps are up to {error:.4f}s off frame_index/fps")
+    task = source.task_table.get(Counter(rows["task_index"]).most_common(1)[0][0], "") if "task_index" in rows else ""
+    for col in LANGUAGE_COLUMNS:
+        if task.strip().lower() in PLACEHOLDER_TASKS and col in rows:
+            task = rows[col][0] or ""
+    if task.strip().lower() in PLACEHOLDER_TASKS:
+        return None, ("no_task", f"episode {ep.index}: task_index and language columns give no task")
+    return task, None
+
+
+def select_episodes(source: Source, cfg) -> list:
+    """The episodes a stitch.StitchConfig asks for: those listed in cfg.episodes (a file), then the first
+    cfg.per_task of each task; all when neither is set."""
+    episodes = source.episodes
+    if cfg.episodes:
+        with open(cfg.episodes, encoding="utf-8") as f:
+            tokens = f.read().replace(",", " ").split()
+        if not all(t.isdigit() for t in tokens):
+            raise ValueError(f"{cfg.episodes}: not episode indices: {[t for t in tokens if not t.isdigit()][:5]}")
+        missing = sorted({int(t) for t in tokens} - {e.index for e in episodes})
+        if missing:
+            raise ValueError(f"{cfg.episodes}: episodes {missing[:10]} are not in {source.root}")
+        episodes = [e for e in episodes if e.index in {int(t) for t in tokens}]
+    if cfg.per_task:  # the first N episodes (by index) of each task, as the episode metadata names it
+        seen, kept = Counter(), []
+        for e in episodes:
+            seen[tuple(e.tasks[:1])] += 1
+            kept += [e] if seen[tuple(e.tasks[:1])] <= cfg.per_task else []
+        episodes = kept
+    return episodes
+
