@@ -1,8 +1,8 @@
 """Training-state checkpoints: save, resume, rotate, export. Weights are loaded strictly by ckpt.py; this file adds
-what a training run needs on top: model + optimizer + per-rank RNG in one DCP directory per step, written so that
-a killed run always finds its newest complete checkpoint.
+what a training run needs on top: model + optimizer + per-rank RNG (+ any extra state such as an EMA) in one DCP
+directory per step, written so that a killed run always finds its newest complete checkpoint.
 
-    python resume.py export OUT/step_00001000 model.safetensors   # or release.pt (net. prefix, bf16)
+    python resume.py export OUT/step_00001000 model.safetensors   # or release.pt (net. prefix, bf16; --ema: net_ema.)
 
 Layout: OUT/step_%08d/ (DCP + meta.json), written as step_%08d.tmp and renamed when complete; OUT/latest names the
 newest complete one and is written only after the rename.
@@ -13,6 +13,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -27,6 +28,9 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from ckpt import (STEP_RE, CheckpointError, agree, build_report, model_entries, open_source, rank, say,
                   world_size)
+
+# Top-level DCP keys of a training checkpoint; extra_state groups take any other plain name
+TRAINING_KEYS = ("model", "optim", "rng")
 
 # -----------------------------------------------------------------------------
 # The latest pointer, complete checkpoints, rotation
@@ -139,12 +143,25 @@ def _set_rng_state(state):
 # Save and resume (collective)
 
 
-def save(out_dir, step, model, optimizer=None, extra=None, keep=3, lora_only=False):
+def _check_extra_state(extra_state):
+    """{name: {key: tensor}}; a name becomes the DCP prefix of its tensors, so it must not be one of ours."""
+    for name, tensors in (extra_state or {}).items():
+        if not re.fullmatch(r"[A-Za-z_]\w*", name) or name in TRAINING_KEYS:
+            raise CheckpointError(f"extra_state name {name!r}: a plain name other than {TRAINING_KEYS}")
+        if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+            raise CheckpointError(f"extra_state[{name!r}] must be a dict of tensors")
+    return extra_state or {}
+
+
+def save(out_dir, step, model, optimizer=None, extra=None, keep=3, lora_only=False, extra_state=None):
     """Collective: write OUT/step_%08d (model, optimizer, this rank's RNG; `extra` -> meta.json), then point
     OUT/latest at it and rotate. extra must be JSON-serialisable (step, data position, LR schedule state, config).
-    lora_only: store only trainable parameters (the frozen base comes from the init checkpoint on resume)."""
+    lora_only: store only trainable parameters (the frozen base comes from the init checkpoint on resume).
+    extra_state: {name: {key: tensor}} stored as `name.key` beside the model (e.g. {"ema": {fqn: tensor}}, sharded
+    like the parameters); resume must be given the same names and keys."""
     if keep < 2:
         raise CheckpointError(f"keep={keep}: at least 2 checkpoints must be kept (the newest may be mid-write)")
+    extra_state = _check_extra_state(extra_state)
     try:
         meta = json.dumps({"step": step, "world_size": world_size(), "lora_only": lora_only, "time": time.time(),
                            "torch": torch.__version__, "extra": extra or {}}, indent=1)
@@ -166,6 +183,7 @@ def save(out_dir, step, model, optimizer=None, extra=None, keep=3, lora_only=Fal
     state = {"model": get_model_state_dict(model, options=options), f"rng.rank{rank()}": _rng_state()}
     if optimizer is not None:
         state["optim"] = get_optimizer_state_dict(model, optimizer, options=options)
+    state.update((group, dict(tensors)) for group, tensors in extra_state.items())
     agree(f"writing {tmp}", lambda: dcp.save(state, checkpoint_id=tmp))
 
     def finish():
@@ -179,14 +197,18 @@ def save(out_dir, step, model, optimizer=None, extra=None, keep=3, lora_only=Fal
         commit_latest(out_dir, name)
         rotate(out_dir, keep)
     agree(f"committing {final}", finish)
-    say(f"ckpt: saved {final} ({'trainable only, ' if lora_only else ''}{len(state['model'])} model tensors)")
+    groups = "".join(f", {group} x{len(tensors)}" for group, tensors in extra_state.items())
+    say(f"ckpt: saved {final} ({'trainable only, ' if lora_only else ''}{len(state['model'])} model tensors{groups})")
     return final
 
 
-def resume(out_dir, model, optimizer=None, restore_rng=True):
+def resume(out_dir, model, optimizer=None, restore_rng=True, extra_state=None):
     """Collective: load the newest complete checkpoint in out_dir into model/optimizer (and this rank's RNG if the
     world size is unchanged). Returns the saved `extra` dict plus 'step', or None if out_dir holds no checkpoint.
-    For a lora_only checkpoint, load the frozen base first (ckpt.load(model, init, allow_missing=(LORA_KEYS,)))."""
+    For a lora_only checkpoint, load the frozen base first (ckpt.load(model, init, allow_missing=(LORA_KEYS,))).
+    extra_state: the tensors save() was given, restored in place; the checkpoint must hold exactly these names and
+    keys (an extra state saved but not asked for, or asked for but not saved, is an error)."""
+    extra_state = _check_extra_state(extra_state)
     path = agree(f"finding a checkpoint in {out_dir}", lambda: find_resume(out_dir) if rank() == 0 else None,
                  share=True)
     if path is None:
@@ -199,14 +221,25 @@ def resume(out_dir, model, optimizer=None, restore_rng=True):
         options = StateDictOptions(ignore_frozen_params=meta["lora_only"])
         msd = get_model_state_dict(model, options=options)
         ours = {k: v for k, v in model_entries(model).items() if k in msd}
-        report, _ = build_report(ours, open_source(path).entries, path, prefix="model")
+        entries = open_source(path).entries
+        report, _ = build_report(ours, entries, path, prefix="model")
         if not report.ok:
             raise CheckpointError(report.details())
+        saved = sorted({k.split(".", 1)[0] for k in entries} - set(TRAINING_KEYS))
+        if saved != sorted(extra_state):
+            raise CheckpointError(f"{path} holds extra state {saved}, the caller restores {sorted(extra_state)}"
+                                  " (train.py: resume with the --ema of the saved run)")
+        for group, tensors in extra_state.items():  # trainable=True: exact dtypes, no narrowing
+            report, _ = build_report({k: (tuple(t.shape), t.dtype, True) for k, t in tensors.items()}, entries,
+                                     f"{path} ({group})", prefix=group)
+            if not report.ok:
+                raise CheckpointError(report.details())
         return meta, options, msd
     meta, options, msd = agree(f"checking {path}", check)
     state = {"model": msd}
     if optimizer is not None:
         state["optim"] = get_optimizer_state_dict(model, optimizer, options=options)
+    state.update((group, dict(tensors)) for group, tensors in extra_state.items())  # DCP loads into these tensors
     same_world = meta["world_size"] == world_size()
     if restore_rng and same_world:
         state[f"rng.rank{rank()}"] = _rng_state()
@@ -224,8 +257,9 @@ def resume(out_dir, model, optimizer=None, restore_rng=True):
             _set_rng_state(state[f"rng.rank{rank()}"])
     agree(f"restoring {path}", apply)
     rng = "restored" if restore_rng and same_world else f"not restored (saved with world size {meta['world_size']})"
+    groups = "".join(f", {group} x{len(tensors)}" for group, tensors in extra_state.items())
     say(f"ckpt: resumed {path}: step {meta['step']}, {len(msd)} model tensors"
-        f"{', optimizer' if optimizer is not None else ''}, RNG {rng}")
+        f"{', optimizer' if optimizer is not None else ''}{groups}, RNG {rng}")
     return dict(meta["extra"], step=meta["step"])
 
 
@@ -233,7 +267,9 @@ def resume(out_dir, model, optimizer=None, restore_rng=True):
 # Export (single process, offline): DCP -> one .safetensors with our keys, or a release-style .pt
 
 
-def _read_dcp_model(src):
+def _read_dcp(src, groups=("model",)):
+    """({group: {key: full tensor}}, meta, path) of a step dir (or an out_dir's newest); optimizer state is never
+    read. A group with no tensors in the checkpoint is an error."""
     path = src if os.path.isfile(os.path.join(src, ".metadata")) else find_resume(src)
     if path is None:
         raise CheckpointError(f"{src}: no complete checkpoint to export")
@@ -241,15 +277,19 @@ def _read_dcp_model(src):
         meta = json.load(f)
     md = FileSystemReader(path).read_metadata().state_dict_metadata
     full = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.items()
-            if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
-    dcp.load(full, checkpoint_id=path, no_dist=True)  # only the model entries: optimizer state is never read
-    return {k[len("model."):]: v for k, v in full.items()}, meta, path
+            if k.split(".", 1)[0] in groups and isinstance(m, TensorStorageMetadata)}
+    absent = [g for g in groups if not any(k.startswith(g + ".") for k in full)]
+    if absent:
+        raise CheckpointError(f"{path}: holds no {absent} tensors (saved without extra_state={{{absent[0]!r}: ...}}?)")
+    dcp.load(full, checkpoint_id=path, no_dist=True)
+    return {g: {k[len(g) + 1:]: v for k, v in full.items() if k.startswith(g + ".")} for g in groups}, meta, path
 
 
 def export_safetensors(src, out_path, dtype=None):
     """DCP step dir (or out_dir: newest) -> one .safetensors with our keys; float tensors cast to dtype if given."""
     from safetensors.torch import save_file
-    tensors, meta, path = _read_dcp_model(src)
+    groups, meta, path = _read_dcp(src)
+    tensors = groups["model"]
     if dtype is not None:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
     tmp = out_path + ".tmp"
@@ -260,15 +300,25 @@ def export_safetensors(src, out_path, dtype=None):
     return out_path
 
 
-def export_release_pt(src, out_path):
-    """DCP -> a release-style .pt (flat dict, `net.` keys, floats in bf16) that upstream Cosmos tools read."""
-    tensors, meta, path = _read_dcp_model(src)
+def export_release_pt(src, out_path, ema=False):
+    """DCP -> a release-style .pt (flat dict, `net.` keys, floats in bf16) that upstream Cosmos tools read.
+    ema=True adds upstream's `net_ema.` copy: the network with the saved EMA (extra_state "ema") in place of the
+    parameters it averages; every other tensor (buffers, frozen weights) as in `net.`."""
+    groups, meta, path = _read_dcp(src, ("model", "ema") if ema else ("model",))
     if meta["lora_only"]:
         raise CheckpointError(f"{path} is LoRA-only (no base weights): a release .pt needs the full network")
+    net = groups["model"]
+    release = {"net." + k: v for k, v in net.items()}
+    if ema:
+        unknown = sorted(set(groups["ema"]) - set(net))
+        if unknown:
+            raise CheckpointError(f"{path}: EMA keys that are not model keys: {unknown[:5]}")
+        release.update({"net_ema." + k: groups["ema"].get(k, v) for k, v in net.items()})
     tmp = out_path + ".tmp"
-    torch.save({"net." + k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()}, tmp)
+    torch.save({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in release.items()}, tmp)
     os.replace(tmp, out_path)
-    print(f"ckpt: exported {len(tensors)} tensors of {path} to {out_path} (net. prefix, bf16)", flush=True)
+    print(f"ckpt: exported {len(net)} tensors of {path} to {out_path} (net.{' and net_ema.' if ema else ''}"
+          " prefix, bf16)", flush=True)
     return out_path
 
 
@@ -283,14 +333,15 @@ def main(argv=None):
     p.add_argument("source")
     p.add_argument("out")
     p.add_argument("--dtype", choices=("keep", "bf16", "fp32"), default="keep", help="for .safetensors")
+    p.add_argument("--ema", action="store_true", help="for .pt: add the net_ema. copy (saved extra_state 'ema')")
     args = parser.parse_args(argv)
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "keep": None}
-    if args.out.endswith(".safetensors"):
+    if args.out.endswith(".safetensors") and not args.ema:
         export_safetensors(args.source, args.out, dtypes[args.dtype])
     elif args.out.endswith(".pt"):
-        export_release_pt(args.source, args.out)
+        export_release_pt(args.source, args.out, args.ema)
     else:
-        raise CheckpointError(f"{args.out}: export to .safetensors or .pt")
+        raise CheckpointError(f"{args.out}: export to .safetensors or .pt (--ema: only .pt)")
     return 0
 
 

@@ -446,11 +446,13 @@ def main(argv=None):
     optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
                                   fused=device.type == "cuda")
     ema = [p.detach().clone() for p in trainable] if cfg.ema else None
+    trainable_names = [n for n, p in net.named_parameters() if p.requires_grad]  # the order of `trainable`
+    ema_state = {"ema": dict(zip(trainable_names, ema))} if cfg.ema else None  # saved at every save, resumed
     gcfg = grpo.GRPOConfig(group_size=cfg.grpo_k, num_steps=cfg.grpo_steps, eta=cfg.grpo_eta, guidance=cfg.guidance,
                            max_grad_norm=cfg.grad_clip, drop_zero_advantage=False) if cfg.objective == "grpo" else None
 
-    # resume from OUT/latest if there is one: model, optimizer, step and data position
-    state = resume.resume(cfg.out, net, optimizer)
+    # resume from OUT/latest if there is one: model, optimizer, EMA, step and data position
+    state = resume.resume(cfg.out, net, optimizer, extra_state=ema_state)
     start_step = state["step"] if state else 0
     if state:
         sampler.load_state_dict(state["sampler"])
@@ -533,7 +535,8 @@ def main(argv=None):
         if done % cfg.save_every == 0 or done == cfg.steps or stopping:
             extra = {"sampler": sampler.state_dict(consumed=done * cfg.batch_size * cfg.grad_accum),
                      "config_hash": config_hash(cfg), "config": dataclasses.asdict(cfg)}
-            path = resume.save(cfg.out, done, net, optimizer, extra, keep=cfg.keep, lora_only=bool(cfg.lora))
+            path = resume.save(cfg.out, done, net, optimizer, extra, keep=cfg.keep, lora_only=bool(cfg.lora),
+                               extra_state=ema_state)
             result = evaluate(net, cfg, held_batches)
             if master:
                 write_eval_marker(path, dict(result, step=done))

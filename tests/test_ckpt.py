@@ -1,6 +1,6 @@
 """ckpt.py on CPU: strict loading into FSDP2 shards (gloo, 2 ranks), a fault matrix where every fault is a clear
-error on every rank, the init guard, the check CLI; and resume.py's sharded cases: DCP save/resume bit-exactness,
-LoRA-only checkpoints, export. Single-process resume.py tests: tests/test_resume.py.
+error on every rank, the init guard, the check CLI; and resume.py's sharded cases: DCP save/resume bit-exactness
+(with an EMA as extra state), LoRA-only checkpoints, export. Single-process resume.py tests: tests/test_resume.py.
 
 The sharded cases all run inside ONE spawned 2-rank job (the `dist_job` fixture) to keep the file fast on 2 cores;
 the tests below assert on its per-rank results.
@@ -241,16 +241,21 @@ def _job(rank, ws, f, tmpdir):
     report = ckpt.load(net, f["ref"])
     res["load_hsdp"] = all(torch.equal(v, ref[k]) for k, v in full_state(net).items())
     res["checksum_hsdp"], res["placements_hsdp"] = report.checksum, str(net.blocks[0].mlp.layer1.weight.placements)
-    # 2. train 3 steps, saving at 1, 2, 3 (keep 2); step 4 after the save is the reference for resume
+    # 2. train 3 steps, saving at 1, 2, 3 (keep 2) with an EMA (sharded like the parameters) as extra state;
+    # step 4 after the save is the reference for resume
     out["out"] = os.path.join(tmpdir, "out")
     net = build()
     ckpt.load(net, f["ref"], verbose=False)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    ema = {n: p.detach().clone() for n, p in net.named_parameters()}
     for step in (1, 2, 3):
         train_step(net, opt, step)
+        torch._foreach_lerp_(list(ema.values()), [p.detach() for p in net.parameters()], 0.5)
         torch.manual_seed(100 + rank)  # different per rank: per-rank RNG keys must bring back each rank's own state
-        resume.save(out["out"], step, net, opt, extra={"data_position": step * 4, "config": {"lr": 1e-3}}, keep=2)
+        resume.save(out["out"], step, net, opt, extra={"data_position": step * 4, "config": {"lr": 1e-3}}, keep=2,
+                    extra_state={"ema": ema})
     res["state_step3"], res["out_dir"] = full_state(net), out["out"]
+    res["ema_step3"] = {n: t.full_tensor() for n, t in ema.items()}
     res["rand_after_save"] = torch.rand(4)
     res["loss4"] = train_step(net, opt, 4)
     res["state4"] = full_state(net)
@@ -258,9 +263,11 @@ def _job(rank, ws, f, tmpdir):
     # resume into fresh objects
     net2 = build()
     opt2 = torch.optim.AdamW(net2.parameters(), lr=1e-3)
+    ema2 = {n: torch.zeros_like(p) for n, p in net2.named_parameters()}
     torch.manual_seed(999)
-    extra = resume.resume(out["out"], net2, opt2)
+    extra = resume.resume(out["out"], net2, opt2, extra_state={"ema": ema2})
     res["extra"] = extra
+    res["ema_resumed"] = {n: t.full_tensor() for n, t in ema2.items()}
     res["rand_after_resume"] = torch.rand(4)
     res["loss4_resumed"] = train_step(net2, opt2, 4)
     res["state4_resumed"] = full_state(net2)
@@ -349,6 +356,9 @@ def test_resume_is_bitwise_and_restores_per_rank_rng(dist_job):
         assert r["loss4_resumed"] == r["loss4"]
         assert all(torch.equal(r["state4"][k], r["state4_resumed"][k]) for k in r["state4"])
         assert torch.equal(r["rand_after_save"], r["rand_after_resume"]), rank
+        assert r["ema_resumed"].keys() == r["ema_step3"].keys()
+        assert all(torch.equal(r["ema_resumed"][k], v) for k, v in r["ema_step3"].items())
+        assert not torch.equal(r["ema_step3"]["x_embedder.proj.1.weight"], r["state_step3"]["x_embedder.proj.1.weight"])
     assert not torch.equal(dist_job[0]["rand_after_save"], dist_job[1]["rand_after_save"])
     assert dist_job[0]["dirs_after_rotation"] == ["latest", "step_00000002", "step_00000003"]
 

@@ -1,4 +1,5 @@
-"""resume.py on CPU in one process: kill -9 during a save, rotation. The sharded save/resume cases run in
+"""resume.py on CPU in one process: kill -9 during a save, rotation, an EMA as extra state (bitwise round trip,
+strict keys), the release export with net_ema., the export CLI. The sharded save/resume cases run in
 tests/test_ckpt.py's 2-rank job.
 """
 import os
@@ -9,6 +10,7 @@ import sys
 import pytest
 import torch
 
+import ckpt
 import resume
 from ckpt import CheckpointError
 from model import DiT, get_config
@@ -96,3 +98,69 @@ def test_rotation_never_deletes_latest_target_or_a_save_in_flight(tmp_path):
     with pytest.raises(CheckpointError, match="at least 2"):
         resume.rotate(out, keep=1)
 
+
+# -----------------------------------------------------------------------------
+# Extra state (an EMA): saved beside the model, restored in place, strict about names and keys
+
+
+def tiny_run(tmp_path, ema=True):
+    """A tiny plain model saved once at step 1, with an EMA that differs from the weights if ema."""
+    torch.manual_seed(0)
+    net = DiT(get_config("tiny"))
+    opt = torch.optim.AdamW(net.parameters())
+    state = {"ema": {n: p.detach() * 0.5 + 0.25 for n, p in net.named_parameters()}} if ema else None
+    out = str(tmp_path / ("ema" if ema else "plain"))
+    resume.save(out, 1, net, opt, extra={"n": 1}, extra_state=state)
+    return out, net, state
+
+
+def test_extra_state_round_trips_bitwise_and_strictly(tmp_path):
+    out, net, state = tiny_run(tmp_path)
+    fresh = DiT(get_config("tiny"))
+    ema = {n: torch.zeros_like(p) for n, p in fresh.named_parameters()}
+    targets = dict(ema)
+    assert resume.resume(out, fresh, torch.optim.AdamW(fresh.parameters()), extra_state={"ema": ema}) == \
+        {"n": 1, "step": 1}
+    assert all(ema[k] is targets[k] and torch.equal(ema[k], v) for k, v in state["ema"].items())  # in place
+    assert all(torch.equal(v, net.state_dict()[k]) for k, v in fresh.state_dict().items())
+    k0 = "blocks.0.mlp.layer1.weight"
+    wrong = {
+        "not asked for": (None, "holds extra state ['ema'], the caller restores []"),
+        "key missing": ({"ema": {k: v for k, v in ema.items() if k != k0}}, "unexpected 1"),
+        "key extra": ({"ema": {**ema, "blocks.0.mlp.layer9.weight": torch.zeros(2)}}, "missing 1"),
+        "wrong shape": ({"ema": {**ema, k0: torch.zeros(3, 3)}}, "shape mismatch 1"),
+        "other name": ({"avg": ema}, "the caller restores ['avg']"),
+        "reserved name": ({"model": ema}, "a plain name other than"),
+    }
+    for name, (extra_state, text) in wrong.items():
+        with pytest.raises(CheckpointError, match=text.replace("[", r"\[").replace("]", r"\]")):
+            resume.resume(out, DiT(get_config("tiny")), extra_state=extra_state)
+    plain, _, _ = tiny_run(tmp_path, ema=False)
+    with pytest.raises(CheckpointError, match=r"holds extra state \[\], the caller restores \['ema'\]"):
+        resume.resume(plain, DiT(get_config("tiny")), extra_state={"ema": ema})
+    with pytest.raises(CheckpointError, match="a plain name other than"):
+        resume.save(plain, 2, net, extra_state={"rng": ema})
+
+
+def test_release_export_with_ema_loads_strictly_as_net_ema(tmp_path):
+    out, net, state = tiny_run(tmp_path)
+    step = os.path.join(out, "step_00000001")
+    path = resume.export_release_pt(step, str(tmp_path / "release.pt"), ema=True)
+    keys = torch.load(path, weights_only=True).keys()
+    assert keys == {p + k for p in ("net.", "net_ema.") for k in net.state_dict()}
+    bf16 = lambda t: t.to(torch.bfloat16).float()  # noqa: E731 (a release file holds bf16)
+    for ema, want in ((True, {**net.state_dict(), **state["ema"]}), (False, net.state_dict())):
+        fresh = DiT(get_config("tiny"))
+        report = ckpt.load(fresh, path, ema=ema)
+        assert report.ok and len(report.loaded) == len(want) and len(report.other_prefix) == len(want)
+        assert all(torch.equal(v, bf16(want[k])) for k, v in fresh.state_dict().items())
+    with pytest.raises(CheckpointError, match="both net. and net_ema."):
+        ckpt.load(DiT(get_config("tiny")), path)  # two copies: the caller must choose
+    # the CLI; an EMA export needs a checkpoint saved with one, and a .pt
+    assert resume.main(["export", step, str(tmp_path / "cli.pt"), "--ema"]) == 0
+    assert torch.load(str(tmp_path / "cli.pt"), weights_only=True).keys() == keys
+    plain, _, _ = tiny_run(tmp_path, ema=False)
+    with pytest.raises(CheckpointError, match=r"holds no \['ema'\] tensors"):
+        resume.export_release_pt(plain, str(tmp_path / "x.pt"), ema=True)
+    with pytest.raises(CheckpointError, match="only .pt"):
+        resume.main(["export", step, str(tmp_path / "x.safetensors"), "--ema"])

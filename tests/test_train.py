@@ -61,8 +61,20 @@ def test_tiny_default_trains_and_writes_everything(trained):
     assert os.path.getsize(os.path.join(trained, "loss.png")) > 0
 
 
+def dcp_tensors(step_dir, prefix):
+    """The full tensors under `prefix` of a DCP checkpoint, read in this process."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    md = dcp.FileSystemReader(step_dir).read_metadata().state_dict_metadata
+    full = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.items()
+            if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
+    dcp.load(full, checkpoint_id=step_dir, no_dist=True)
+    return {k[len(prefix):]: v for k, v in full.items()}
+
+
 def test_resume_after_kill_is_bitwise(grid, tmp_path):
-    args = ["--data", grid, "--steps", "8", "--save-every", "3", "--warmup", "2"]
+    """With an EMA (--ema 0.1): it is saved with each checkpoint and restored, so it also ends bit for bit equal."""
+    args = ["--data", grid, "--steps", "8", "--save-every", "3", "--warmup", "2", "--ema", "0.1"]
     ref = str(tmp_path / "ref")
     run(args + ["--out", ref])
     out = str(tmp_path / "killed")
@@ -83,6 +95,11 @@ def test_resume_after_kill_is_bitwise(grid, tmp_path):
     for step in want:
         for key in ("loss", "grad_norm", "lr"):
             assert got[step][key] == want[step][key], (step, key, got[step][key], want[step][key])
+    for prefix in ("model.", "optim.", "ema."):  # the final checkpoints; the EMA is not a copy of the weights
+        a, b = (dcp_tensors(os.path.join(d, "step_00000008"), prefix) for d in (out, ref))
+        assert a and a.keys() == b.keys() and all(torch.equal(v, b[k]) for k, v in a.items()), prefix
+    ema, model = (dcp_tensors(os.path.join(out, "step_00000008"), p) for p in ("ema.", "model."))
+    assert ema.keys() < model.keys() and not any(torch.equal(v, model[k]) for k, v in ema.items() if v.dim() > 1)
 
 
 def test_sigterm_saves_and_exits_zero(grid, tmp_path):
