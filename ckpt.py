@@ -1,5 +1,6 @@
-"""Loading weights: explicit, strict and loud, into a plain or an FSDP2-sharded model. (Training-state checkpoints,
-save / resume / export, are resume.py; it builds on this file.)
+"""Loading weights into a plain or FSDP2-sharded model: explicit, strict and loud.
+
+Training-state checkpoints (save / resume / rotate / export) are resume.py, which builds on this file.
 
     python ckpt.py check --config v2w-2b 2b-480p-16fps     # strict report from metadata, exit 0 only if it loads
 

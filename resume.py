@@ -1,6 +1,8 @@
-"""Training-state checkpoints: save, resume, rotate, export. Weights are loaded strictly by ckpt.py; this file adds
-what a training run needs on top: model + optimizer + per-rank RNG (+ any extra state such as an EMA) in one DCP
-directory per step, written so that a killed run always finds its newest complete checkpoint.
+"""Training-state checkpoints: save, resume, rotate, export.
+
+Weights are loaded strictly by ckpt.py; this file adds what a training run needs on top: model + optimizer + per-rank
+RNG (+ any extra state such as an EMA) in one DCP directory per step, written so that a killed run always finds its
+newest complete checkpoint.
 
     python resume.py export OUT/step_00001000 model.safetensors   # or release.pt (net. prefix, bf16; --ema: net_ema.)
 
