@@ -9,6 +9,7 @@ One script, top to bottom: config -> setup -> data -> model -> optimizer -> loop
 import argparse
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -128,6 +129,8 @@ def validate(cfg):
         raise ValueError(f"clip {cfg.frames}x{cfg.height}x{cfg.width}: frames must be 4k+1, height/width multiples of 16")
     if cfg.vae == "real" and not cfg.vae_ckpt:
         raise ValueError("--vae real needs --vae-ckpt PATH (tokenizer/tokenizer.pth of a Cosmos-Predict2 repo)")
+    if cfg.wandb and importlib.util.find_spec("wandb") is None:
+        raise ValueError(f"--wandb {cfg.wandb}: wandb is not installed (pip install wandb); it is optional")
     if not 0 <= cfg.ema < 1 or cfg.lora < 0:
         raise ValueError(f"--ema {cfg.ema} must be in [0,1), --lora {cfg.lora} >= 0")
     return cfg
@@ -486,6 +489,11 @@ def main(argv=None):
     tokens = latent_shape[2] * (cfg.height // 16) * (cfg.width // 16)
     flops_per_step = bench.model_flops(mcfg, latent_shape, cfg.text_len, cfg.lora)[2] * cfg.batch_size * cfg.grad_accum
     metrics_path = os.path.join(cfg.out, "metrics.jsonl")
+    run_log = None
+    if cfg.wandb and master:
+        import wandb
+        run_log = wandb.init(project=cfg.wandb, config=dataclasses.asdict(cfg), resume="allow",
+                             id=f"{os.path.basename(os.path.abspath(cfg.out))}-{config_hash(cfg)}")
     history = []
     if master and os.path.exists(metrics_path):  # keep the curve of the steps before the resume point
         with open(metrics_path) as f:
@@ -529,6 +537,8 @@ def main(argv=None):
         if master:
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(row) + "\n")
+            if run_log is not None:
+                run_log.log(row, step=row["step"])
             bar.set_postfix(loss=f"{row['loss']:.4f}", s_it=f"{dt:.2f}")
         done = step + 1
         stopping = any_rank(stop["signal"] is not None, device)
