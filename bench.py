@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 # before the first CUDA allocation: growable segments keep fragmentation from turning a fit into an OOM
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

@@ -108,27 +108,6 @@ class Phases:
         return max(peaks) if peaks else None
 
 
-def matmul_peak(device, dtype):
-    """Achievable matmul FLOP/s measured here (bf16 8192^3 on CUDA; the run's dtype at 1024^3 on CPU)."""
-    n, iters = (8192, 20) if device.type == "cuda" else (1024, 3)
-    mm_dtype = torch.bfloat16 if device.type == "cuda" else dtype
-    a = torch.randn(n, n, device=device, dtype=mm_dtype)
-    b = torch.randn(n, n, device=device, dtype=mm_dtype)
-    for _ in range(3):
-        a @ b
-    best = float("inf")
-    for _ in range(3):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        for _ in range(iters):
-            a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, (time.perf_counter() - start) / iters)
-    return 2 * n ** 3 / best, f"{str(mm_dtype).replace('torch.', '')} {n}^3 matmul"
-
-
 @contextmanager
 def flop_count(enabled):
     counter = FlopCounterMode(display=False) if enabled else None
@@ -211,7 +190,8 @@ def main(argv=None):
     print(f"DiT {cfg.config}: {sum(p.numel() for p in net.parameters()) - n_lora:,} base params ({dtype}), "
           f"{n_lora:,} LoRA params (fp32, r={cfg.lora_rank}); VAE '{vae_name}' with random weights; sac {cfg.sac}")
     with phases("peak"):
-        peak_flops, peak_what = matmul_peak(device, dtype)
+        mm_dtype = torch.bfloat16 if device.type == "cuda" else dtype
+        peak_flops, peak_what = bench.matmul_peak(device, mm_dtype), f"{mm_dtype} 8192^3 matmul (bench.matmul_peak)"
     print(f"measured matmul peak: {peak_flops / 1e12:.1f} TFLOP/s ({peak_what})")
 
     cond = make_condition(cfg, latent_shape, device)

@@ -140,7 +140,7 @@ def grid_command(ep: Episode, source: Source, cfg: StitchConfig, fits: dict, out
     chains = [f"[{i}:v:0]select='not(mod(n,{cfg.stride}))',{f'showinfo@{slot},' * log_times}"
               f"setpts=N*{fps_out.denominator}/({fps_out.numerator}*TB),"
               f"{cell_filter(source.cam_hw[slot], (H // 2, W // 2), fits[slot])}[{slot}]" for i, slot in enumerate(SLOTS)]
-    graph = ";".join(chains + [f"[ext_1][ext_2]hstack=shortest=1[top]", f"[wrist]pad={W}:{H // 2}:0:0:black[bottom]",
+    graph = ";".join(chains + ["[ext_1][ext_2]hstack=shortest=1[top]", f"[wrist]pad={W}:{H // 2}:0:0:black[bottom]",
                                "[top][bottom]vstack=shortest=1[grid]"])
     inputs = [a for slot in SLOTS for a in segment_input(*ep.segments[slot][:2], ep.length, source.fps)]
     return [ffmpeg_exe(), "-hide_banner", "-nostdin", "-nostats", *(["-copyts"] if log_times else []), *inputs,

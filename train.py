@@ -274,21 +274,6 @@ def any_rank(flag, device):
     return bool(t.item())
 
 
-def measured_matmul_peak(device):
-    """bf16 dense matmul TFLOP/s on this GPU, measured now (MFU is reported against it); None on CPU."""
-    if device.type != "cuda":
-        return None
-    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ a
-    torch.cuda.synchronize()
-    t0, n = time.perf_counter(), 20
-    for _ in range(n):
-        a @ a
-    torch.cuda.synchronize()
-    return 2 * 8192 ** 3 * n / (time.perf_counter() - t0) / 1e12
-
-
 def plot_loss(path, steps, losses):
     """A PNG loss curve without matplotlib: log-scale loss in black on white, with the running mean in red."""
     import imageio.v2 as imageio
@@ -484,7 +469,7 @@ def main(argv=None):
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, lambda signum, frame: stop.__setitem__("signal", signum))
 
-    peak = measured_matmul_peak(device)
+    peak = bench.matmul_peak(device, torch.bfloat16) / 1e12 if device.type == "cuda" else None  # TFLOP/s
     latent_shape = (1, 16, 1 + (cfg.frames - 1) // 4, cfg.height // 8, cfg.width // 8)
     tokens = latent_shape[2] * (cfg.height // 16) * (cfg.width // 16)
     flops_per_step = bench.model_flops(mcfg, latent_shape, cfg.text_len, cfg.lora)[2] * cfg.batch_size * cfg.grad_accum

@@ -15,7 +15,6 @@ import os
 import sys
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
