@@ -72,8 +72,11 @@ def list_videos(root: str) -> list:
 
 class _NumpyOnly(pickle.Unpickler):
     """Unpickles the upstream t5_xxl/*.pickle (a list of one numpy array) and nothing else: a pickle can run code."""
+    # protocols 2-4 rebuild arrays with _reconstruct (protocol 2 passes the bytes through _codecs.encode), protocol 5
+    # (the default from Python 3.14) with _frombuffer
     ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
-               ("numpy._core.multiarray", "_reconstruct")}
+               ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.numeric", "_frombuffer"),
+               ("numpy._core.numeric", "_frombuffer"), ("_codecs", "encode")}
 
     def find_class(self, module, name):
         if (module, name) not in self.ALLOWED and not (module == "numpy.dtypes" and name.endswith("DType")):

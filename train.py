@@ -42,7 +42,7 @@ from model import DiT, add_lora, condition_mask, denoise, get_config, num_params
 class TrainConfig:
     config: str = "tiny"  # DiT config (model.CONFIGS)
     init: str = ""  # droid | 2b-480p-16fps | 14b-720p-10fps | PATH | hf://org/repo/file@rev | random
-    ema_weights: bool = False  # load the net_ema. copy of a release file that holds both
+    ema_weights: str = ""  # net | net_ema: which copy of a release file that holds both ("" = the only one)
     data: str = ""  # stitched folder (stitch.py); the tiny default builds one from a synthetic LeRobot dataset
     out: str = "out"
     vae: str = ""  # tiny | real
@@ -74,10 +74,10 @@ class TrainConfig:
     keep: int = 3
     sample_every: int = 0  # write a sample mp4 every N steps (0 = at the end only for the tiny default)
     sample_steps: int = 35
-    log_every: int = 10
     seed: int = 0
     device: str = ""  # cuda | cpu (default: cuda when available)
     workers: int = 2
+    holdout: int = -1  # videos (the last in name order) kept out of training for evaluation; -1: 2%, at least 1
     cache_latents: bool = False  # keep encoded clips in memory by (video, start frame): small datasets only
     objective: str = "sft"  # sft | grpo (GRPO trains LoRA adapters: needs --lora)
     grpo_k: int = 2  # samples per group (one conditioning clip + prompt)
@@ -88,7 +88,7 @@ class TrainConfig:
 
 
 TINY = dict(data="data/tiny_grid", vae="tiny", frames=9, height=64, width=112, steps=200, lr=2e-3, warmup=20,
-            save_every=100, sample_every=100, text_len=16, workers=0, log_every=10, cache_latents=True)
+            save_every=100, sample_every=100, text_len=16, workers=0, cache_latents=True, holdout=0)
 REAL = dict(vae="real", frames=93, height=432, width=768, steps=20000, lr=2 ** -14.5, warmup=1000, save_every=200,
             sample_every=1000)
 
@@ -115,6 +115,12 @@ def validate(cfg):
         raise ValueError(f"--objective {cfg.objective!r}: valid are sft, grpo")
     if cfg.objective == "grpo" and not cfg.lora:
         raise ValueError("--objective grpo trains LoRA adapters only: pass --lora RANK (e.g. 32)")
+    if cfg.objective == "grpo" and cfg.grad_accum != 1:
+        raise ValueError("--objective grpo accumulates over (sample, step) itself: --grad-accum must be 1")
+    if cfg.ema_weights not in ("", "net", "net_ema"):
+        raise ValueError(f"--ema-weights {cfg.ema_weights!r}: net or net_ema")
+    if cfg.save_every < 0:
+        raise ValueError(f"--save-every {cfg.save_every}: >= 0 (0 = only at the end and on a signal)")
     if not cfg.init:
         if cfg.config != "tiny":
             raise ValueError(f"--config {cfg.config} needs an explicit --init (droid, 2b-480p-16fps, a path, ... "
@@ -393,7 +399,11 @@ def main(argv=None):
     dataset = data.GridClips(cfg.data, cfg.frames, cfg.height, cfg.width, text_len=cfg.text_len,
                              text_dim=mcfg.crossattn_emb_channels, text="standin" if cfg.config == "tiny" else "t5",
                              seed=cfg.seed)
-    sampler = data.ClipSampler(len(dataset), rank=rank, world_size=world, seed=cfg.seed)
+    holdout = cfg.holdout if cfg.holdout >= 0 else max(1, len(dataset) // 50)
+    n_train = len(dataset) - holdout
+    if n_train < 1:
+        raise ValueError(f"--holdout {holdout} leaves no video of {len(dataset)} in {cfg.data} to train on")
+    sampler = data.ClipSampler(n_train, rank=rank, world_size=world, seed=cfg.seed)
     vae = build_vae(cfg, device, compute_dtype)
 
     latent_cache = {}
@@ -425,7 +435,7 @@ def main(argv=None):
     if cfg.init == "random":
         say(f"init: RANDOM weights (--init random): {cfg.config} trains from scratch")
     else:
-        ckpt.load(net, cfg.init, ema=cfg.ema_weights if cfg.ema_weights else None,
+        ckpt.load(net, cfg.init, ema={"": None, "net": False, "net_ema": True}[cfg.ema_weights],
                   allow_missing=(ckpt.LORA_KEYS,) if cfg.lora else ())
     trainable = [p for p in net.parameters() if p.requires_grad]
     say(f"model: {cfg.config}, {num_params(net):,} parameters, {sum(p.numel() for p in trainable):,} trainable"
@@ -437,22 +447,31 @@ def main(argv=None):
     trainable_names = [n for n, p in net.named_parameters() if p.requires_grad]  # the order of `trainable`
     ema_state = {"ema": dict(zip(trainable_names, ema))} if cfg.ema else None  # saved at every save, resumed
     gcfg = grpo.GRPOConfig(group_size=cfg.grpo_k, num_steps=cfg.grpo_steps, eta=cfg.grpo_eta, guidance=cfg.guidance,
-                           max_grad_norm=cfg.grad_clip, drop_zero_advantage=False) if cfg.objective == "grpo" else None
+                           max_grad_norm=cfg.grad_clip, drop_zero_advantage=False,
+                           # a compiled training forward rounds differently from the rollout's: recompute old log-probs
+                           recompute_old_logp=cfg.compile) if cfg.objective == "grpo" else None
 
     # resume from OUT/latest if there is one: model, optimizer, EMA, step and data position
     state = resume.resume(cfg.out, net, optimizer, extra_state=ema_state)
     start_step = state["step"] if state else 0
     if state:
         sampler.load_state_dict(state["sampler"])
-        if state["config_hash"] != config_hash(cfg):
-            raise ValueError(f"{cfg.out} was written with a different model/data config; use a new --out")
+        changed = {k: (state["config"].get(k), getattr(cfg, k)) for k in RESUME_KEYS
+                   if state["config"].get(k) != getattr(cfg, k)}
+        if changed:
+            raise ValueError(f"{cfg.out} was written with other settings, (saved, now): {changed}; a resumed run "
+                             "must keep them (LoRA checkpoints hold only adapters: the base comes from --init). "
+                             "Use a new --out")
     loader = iter(torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler,
                                               num_workers=cfg.workers, persistent_workers=cfg.workers > 0))
 
-    # held-out batches for evaluation and the init guard (fixed clips, never trained on in this order)
-    held_sampler = data.ClipSampler(len(dataset), rank=rank, world_size=world, seed=cfg.seed + 1)
-    held_loader = iter(torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, sampler=held_sampler))
-    held_batches = [to_latent(next(held_loader)) for _ in range(2)]
+    # evaluation clips (and the init guard's batch): the held-out videos, never trained on, or with --holdout 0 fixed
+    # clips of training videos; fixed windows and noise, and the same number of batches on every rank (collectives)
+    eval_ids = list(range(n_train, len(dataset))) or list(range(n_train))
+    held_batches = [to_latent(torch.utils.data.default_collate(
+        [dataset[(eval_ids[(i * world + rank) % len(eval_ids)], data.seed_of(cfg.seed, 1, i * world + rank))]]))
+        for i in range(2)]
+    say(f"evaluation: {'held-out videos ' + str(eval_ids) if holdout else 'fixed clips of training videos'}")
     if state and not eval_marker_valid(os.path.join(cfg.out, f"step_{start_step:08d}")):
         # killed between the save and its evaluation: a missing or partial result is re-run, never assumed done
         result = evaluate(net, cfg, held_batches)
@@ -516,7 +535,7 @@ def main(argv=None):
         dt = time.perf_counter() - t0
         row = {"step": step + 1, "loss": all_mean(loss_sum, device), "lr": lr, "grad_norm": grad_norm, **extra_metrics,
                "s_per_step": dt, "tokens_per_s": tokens * cfg.batch_size * cfg.grad_accum * world / dt,
-               "mfu": flops_per_step / dt / 1e12 / peak if peak else None,
+               "mfu": flops_per_step / dt / 1e12 / peak if peak and cfg.objective == "sft" else None,  # smoke.py: GRPO
                "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == "cuda" else None}
         history.append(row)
         if master:
@@ -527,7 +546,7 @@ def main(argv=None):
             bar.set_postfix(loss=f"{row['loss']:.4f}", s_it=f"{dt:.2f}")
         done = step + 1
         stopping = any_rank(stop["signal"] is not None, device)
-        if done % cfg.save_every == 0 or done == cfg.steps or stopping:
+        if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps or stopping:
             extra = {"sampler": sampler.state_dict(consumed=done * cfg.batch_size * cfg.grad_accum),
                      "config_hash": config_hash(cfg), "config": dataclasses.asdict(cfg)}
             path = resume.save(cfg.out, done, net, optimizer, extra, keep=cfg.keep, lora_only=bool(cfg.lora),
@@ -539,7 +558,7 @@ def main(argv=None):
                           [r["loss"] for r in history])
                 say(f"step {done}: loss {row['loss']:.4f}, eval {result['eval_loss']:.4f} -> {path}")
         if cfg.sample_every and done % cfg.sample_every == 0:
-            write_sample(net, vae, dataset, cfg, os.path.join(cfg.out, f"sample_{done:08d}.mp4"), master)
+            write_sample(net, vae, dataset, eval_ids[0], cfg, os.path.join(cfg.out, f"sample_{done:08d}.mp4"), master)
         if stopping:
             say(f"stopping after step {done} on signal {stop['signal']}: checkpoint saved, exit 0")
             break
@@ -548,17 +567,20 @@ def main(argv=None):
     return history
 
 
+RESUME_KEYS = ("config", "init", "ema_weights", "lora", "lora_alpha", "objective", "vae", "vae_ckpt", "frames",
+               "height", "width", "text_len", "batch_size", "grad_accum", "seed", "data", "holdout", "ema")
+
+
 def config_hash(cfg):
-    """The settings a resumed run must share with the saved one (shapes, data, objective), hashed."""
-    keys = ("config", "lora", "frames", "height", "width", "text_len", "batch_size", "grad_accum", "seed", "data")
-    return hashlib.sha256(json.dumps({k: getattr(cfg, k) for k in keys}, sort_keys=True).encode()).hexdigest()[:16]
+    """The settings a resumed run must share with the saved one (shapes, init, data, objective), hashed."""
+    return hashlib.sha256(json.dumps({k: getattr(cfg, k) for k in RESUME_KEYS}, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @torch.no_grad()
-def write_sample(net, vae, dataset, cfg, path, master):
-    """Generate a clip from the first frame of a fixed video with the default sampler; save it beside the truth."""
+def write_sample(net, vae, dataset, index, cfg, path, master):
+    """Generate a clip from the first frame of a fixed (held-out, if any) video; save it beside the truth."""
     import sample as sampling
-    item = dataset[(0, 0)]
+    item = dataset[(index, 0)]
     device = next(net.parameters()).device
     video = item["video"][None].to(device, next(vae.parameters()).dtype)
     text = item["text_emb"][None].to(device)

@@ -173,3 +173,25 @@ def test_sampler_is_deterministic_resumable_and_shards_ranks():
     assert ranks[0] == stream[0:5:2] and ranks[1][:2] == stream[1:5:2] and ranks[1][2][0] == stream[0][0]
     with pytest.raises(ValueError):
         data.ClipSampler(5, rank=2, world_size=2)
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_t5_pickles_of_every_protocol_load_and_code_does_not(tmp_path, protocol):
+    import pickle
+
+    import numpy as np
+    from data import load_text_embedding
+    arr = np.arange(6 * 8, dtype=np.float16).reshape(6, 8)
+    path = str(tmp_path / f"p{protocol}.pickle")
+    with open(path, "wb") as f:
+        pickle.dump([arr], f, protocol=protocol)
+    emb, mask = load_text_embedding(path, 10, 8)
+    assert emb.shape == (10, 8) and int(mask.sum()) == 6 and emb[:6].numpy().tolist() == arr.astype("float32").tolist()
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+    with open(path, "wb") as f:
+        pickle.dump([Evil()], f, protocol=protocol)
+    with pytest.raises(pickle.UnpicklingError, match="refusing"):
+        load_text_embedding(path, 10, 8)

@@ -192,3 +192,12 @@ def test_grpo_objective_updates_lora_and_resumes(grid, tmp_path):
         assert 0 < row["grad_norm"] < float("inf") and 0 < row["reward_mean"] <= 1
     meta = json.load(open(os.path.join(out, "step_00000002", "meta.json")))
     assert meta["lora_only"] is True
+
+
+def test_resume_refuses_changed_settings_and_save_every_zero_saves_at_the_end(grid, tmp_path):
+    out = str(tmp_path / "out")
+    args = ["--data", grid, "--out", out, "--lora", "4", "--warmup", "0", "--save-every", "0"]
+    run(args + ["--steps", "2"])
+    assert open(os.path.join(out, "latest")).read().strip() == "step_00000002"  # 0 = only at the end
+    proc = run(args + ["--steps", "3", "--lora-alpha", "64"], check=False)
+    assert proc.returncode != 0 and "lora_alpha" in proc.stderr
