@@ -9,6 +9,7 @@ The network and its x0 prediction live in model.py (`denoise`); this file walks 
 """
 import argparse
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model import DiT, condition_mask, denoise, get_config
+from model import DiT, add_lora, condition_mask, denoise, get_config
 
 SIGMA_MIN, SIGMA_MAX, RHO = 0.002, 80.0, 7.0
 
@@ -180,6 +181,37 @@ def load_first_frame(cfg):
     return (frame / 127.5 - 1).clamp(-1, 1)[:, :, None]
 
 
+def build_from_run(out_dir, device, use_ema):
+    """The network of a train.py run rebuilt the way train.py built it (config, LoRA, seeded init, --init base), with
+    its newest checkpoint (full or LoRA-only) loaded strictly; use_ema swaps in its EMA weights."""
+    import ckpt
+    import resume
+    with open(os.path.join(out_dir, "config.json")) as f:
+        run = json.load(f)
+    with torch.device("meta"):
+        net = DiT(get_config(run["config"]))
+    if run["lora"]:
+        add_lora(net, run["lora"], run["lora_alpha"] or None)
+    net.to_empty(device=device)
+    torch.manual_seed(run["seed"])
+    net.init_weights()
+    if run["init"] != "random":  # a LoRA-only checkpoint holds the adapters; the base comes from the run's init
+        ckpt.load(net, run["init"], ema={"": None, "net": False, "net_ema": True}[run["ema_weights"]],
+                  allow_missing=(ckpt.LORA_KEYS,) if run["lora"] else ())
+    trainable = {n: p for n, p in net.named_parameters() if p.requires_grad}
+    ema = {n: torch.empty_like(p) for n, p in trainable.items()} if run["ema"] else None
+    state = resume.resume(out_dir, net, restore_rng=False, extra_state={"ema": ema} if ema else None)
+    if state is None:
+        raise FileNotFoundError(f"{out_dir}: no complete checkpoint to sample from")
+    if use_ema:
+        if ema is None:
+            raise ValueError(f"--ema: the run in {out_dir} kept no EMA (train.py --ema)")
+        with torch.no_grad():
+            for name, p in trainable.items():
+                p.copy_(ema[name])
+    return net, f"{out_dir} step {state['step']}{' (EMA)' if use_ema else ''}"
+
+
 def main(argv=None):
     import ckpt
     import data
@@ -187,20 +219,23 @@ def main(argv=None):
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    mcfg = get_config(cfg.config)
-    with torch.device("meta"):
-        net = DiT(mcfg)
-    net.to_empty(device=device)
-    net.init_weights()
-    source = cfg.ckpt
-    if os.path.isfile(os.path.join(source, "latest")):  # a train.py out dir: its newest complete checkpoint
-        source = os.path.join(source, open(os.path.join(source, "latest")).read().strip())
-    if source == "random":
-        print("sample: RANDOM weights (--ckpt random)", flush=True)
-    elif not os.path.exists(source) and cfg.ckpt == "out":
-        raise FileNotFoundError("sample: no out/latest: run `python train.py` first, or pass --ckpt SOURCE/random")
+    if os.path.isfile(os.path.join(cfg.ckpt, "latest")):  # a train.py run: rebuild it as trained, newest checkpoint
+        net, source = build_from_run(cfg.ckpt, device, cfg.ema)
+        if net.cfg != get_config(cfg.config):
+            raise ValueError(f"{cfg.ckpt} trained a different config than --config {cfg.config}")
     else:
-        ckpt.load(net, source, ema=True if cfg.ema else None)
+        with torch.device("meta"):
+            net = DiT(get_config(cfg.config))
+        net.to_empty(device=device)
+        net.init_weights()
+        source = cfg.ckpt
+        if source == "random":
+            print("sample: RANDOM weights (--ckpt random)", flush=True)
+        elif not os.path.exists(source) and cfg.ckpt == "out":
+            raise FileNotFoundError("sample: no out/latest: run `python train.py` first, or pass --ckpt SOURCE/random")
+        else:
+            ckpt.load(net, source, ema=True if cfg.ema else None)
+    mcfg = net.cfg
     net = net.to(dtype).eval()
     if cfg.vae == "real":
         vae = vae_lib.WanVAE(vae_lib.get_vae_config("real"))

@@ -32,3 +32,18 @@ def test_sample_cli_refuses_a_missing_checkpoint_and_real_configs_without_embedd
     import sample
     with pytest.raises(ValueError, match="prompt-emb"):
         sample.parse_config(["--config", "v2w-2b", "--ckpt", "droid"])
+
+
+def test_sample_from_a_lora_run_with_ema(tmp_path):
+    run_dir, grid = str(tmp_path / "run"), str(tmp_path / "grid")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "train.py", "--data", grid, "--out", run_dir, "--steps", "2", "--lora", "4",
+                           "--ema", "0.1", "--sample-every", "0"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for extra in ([], ["--ema"]):
+        out = str(tmp_path / f"v{len(extra)}.mp4")
+        proc = subprocess.run([sys.executable, "sample.py", "--ckpt", run_dir, "--data", grid, "--steps", "2",
+                               "--out", out, *extra], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert "step 2" in proc.stdout and len(imageio.mimread(out)) == 9
