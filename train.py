@@ -43,6 +43,7 @@ class TrainConfig:
     config: str = "tiny"  # DiT config (model.CONFIGS)
     init: str = ""  # droid | 2b-480p-16fps | 14b-720p-10fps | PATH | hf://org/repo/file@rev | random
     ema_weights: str = ""  # net | net_ema: which copy of a release file that holds both ("" = the only one)
+    guard_max_ratio: float = 0.75  # init guard: iteration-0 loss / zero-velocity loss must stay below (random ~1.6)
     data: str = ""  # stitched folder (stitch.py); the tiny default builds one from a synthetic LeRobot dataset
     out: str = "out"
     vae: str = ""  # tiny | real
@@ -482,7 +483,7 @@ def main(argv=None):
     if start_step == 0 and cfg.init != "random":  # prove that the pretrained weights went in before training
         latent, text = held_batches[0]
         loss, zero_loss = ckpt.guard_loss(net, latent, text, condition_mask(latent, 1))
-        ckpt.init_guard(loss, zero_loss, source=cfg.init)
+        ckpt.init_guard(loss, zero_loss, max_ratio=cfg.guard_max_ratio, source=cfg.init)
 
     stop = {"signal": None}  # SIGTERM / SIGUSR1 (schedulers' pre-emption notice): finish the step, save, exit 0
     for sig in (signal.SIGTERM, signal.SIGUSR1):
