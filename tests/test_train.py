@@ -201,3 +201,32 @@ def test_resume_refuses_changed_settings_and_save_every_zero_saves_at_the_end(gr
     assert open(os.path.join(out, "latest")).read().strip() == "step_00000002"  # 0 = only at the end
     proc = run(args + ["--steps", "3", "--lora-alpha", "64"], check=False)
     assert proc.returncode != 0 and "lora_alpha" in proc.stderr
+
+
+KILL_IN_SAVE = """
+import os, runpy, signal, sys
+rename = os.rename
+def rename_or_die(src, dst):  # SIGKILL the run after DCP wrote step 6 but before the save is committed
+    if str(src).endswith("step_00000006.tmp"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    rename(src, dst)
+os.rename = rename_or_die
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_kill_9_during_a_save_resumes_bitwise_from_the_previous_checkpoint(grid, tmp_path):
+    args = ["--data", grid, "--steps", "8", "--save-every", "3", "--warmup", "2"]
+    ref, out = str(tmp_path / "ref"), str(tmp_path / "killed")
+    run(args + ["--out", ref])
+    proc = subprocess.run([sys.executable, "-c", KILL_IN_SAVE] + args + ["--out", out], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == -signal.SIGKILL
+    assert os.path.isdir(os.path.join(out, "step_00000006.tmp"))  # the half-committed save is there
+    assert open(os.path.join(out, "latest")).read().strip() == "step_00000003"
+    run(args + ["--out", out])
+    got, want = metrics(out), metrics(ref)
+    assert sorted(got) == sorted(want) == list(range(1, 9))
+    assert all(got[s]["loss"] == want[s]["loss"] and got[s]["grad_norm"] == want[s]["grad_norm"] for s in want)
+    assert not os.path.exists(os.path.join(out, "step_00000006.tmp"))
