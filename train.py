@@ -564,6 +564,7 @@ def main(argv=None):
             say(f"stopping after step {done} on signal {stop['signal']}: checkpoint saved, exit 0")
             break
     if distributed:
+        dist.barrier()  # rank 0 may still be writing markers and plots: tear the group down together
         dist.destroy_process_group()
     return history
 
