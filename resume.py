@@ -46,7 +46,8 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-def _write_atomic(path, text):
+def write_atomic(path, text):
+    """tmp + fsync + rename + fsync(dir): the file is either the old one or complete, never truncated."""
     tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         f.write(text)
@@ -57,7 +58,7 @@ def _write_atomic(path, text):
 
 
 def commit_latest(out_dir, name):
-    _write_atomic(os.path.join(out_dir, "latest"), name + "\n")
+    write_atomic(os.path.join(out_dir, "latest"), name + "\n")
 
 
 def complete_checkpoints(out_dir):
@@ -193,7 +194,7 @@ def save(out_dir, step, model, optimizer=None, extra=None, keep=3, lora_only=Fal
             return
         if not os.path.isfile(f"{tmp}/.metadata"):
             raise CheckpointError(f"{tmp}: DCP returned without writing .metadata")
-        _write_atomic(f"{tmp}/meta.json", meta)
+        write_atomic(f"{tmp}/meta.json", meta)
         os.rename(tmp, final)  # the directory appears under its final name only when complete
         _fsync_dir(out_dir)
         commit_latest(out_dir, name)

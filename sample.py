@@ -237,14 +237,7 @@ def main(argv=None):
             ckpt.load(net, source, ema=True if cfg.ema else None)
     mcfg = net.cfg
     net = net.to(dtype).eval()
-    if cfg.vae == "real":
-        vae = vae_lib.WanVAE(vae_lib.get_vae_config("real"))
-        ckpt.load(vae, cfg.vae_ckpt)
-    else:  # the tiny VAE of train.py: a fixed, seeded random encoder
-        with torch.random.fork_rng():
-            torch.manual_seed(1234)
-            vae = vae_lib.WanVAE(vae_lib.get_vae_config("tiny"))
-    vae = vae.to(device=device, dtype=dtype).eval()
+    vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, device, dtype)
 
     first = load_first_frame(cfg).to(device)
     video = torch.cat([first, torch.full_like(first, -1).expand(-1, -1, cfg.frames - 1, -1, -1)], dim=2)

@@ -255,17 +255,6 @@ def make_tiny_dataset(root):
     stitch.stitch(raw, root, stride=4, frames=TINY["frames"], size=f"{TINY['height']}x{TINY['width']}", workers=1)
 
 
-def build_vae(cfg, device, dtype):
-    if cfg.vae == "real":
-        vae = vae_lib.WanVAE(vae_lib.get_vae_config("real"))
-        ckpt.load(vae, cfg.vae_ckpt)
-    else:  # the tiny VAE is a fixed, seeded random encoder: it compresses like the real one and nothing more
-        with torch.random.fork_rng():
-            torch.manual_seed(1234)
-            vae = vae_lib.WanVAE(vae_lib.get_vae_config("tiny"))
-    return vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
-
-
 def all_mean(value, device):
     t = torch.tensor([float(value)], dtype=torch.float64, device=device)
     if dist.is_initialized():
@@ -304,16 +293,6 @@ def plot_loss(path, steps, losses):
 EVAL_MARKER = "eval.json"
 
 
-def write_json(path, obj):
-    """tmp + fsync + rename: the file is either absent or complete."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def eval_marker_valid(step_dir):
     """A checkpoint counts as evaluated only if its marker exists, parses, and its checksum matches its contents."""
     path = os.path.join(step_dir, EVAL_MARKER)
@@ -328,8 +307,8 @@ def eval_marker_valid(step_dir):
 def write_eval_marker(step_dir, result):
     """Written last, atomically, and only once the evaluation finished: "completed" means completed."""
     body = json.dumps(result, sort_keys=True)
-    write_json(os.path.join(step_dir, EVAL_MARKER),
-                   {"status": "completed", "result": result, "sha256": hashlib.sha256(body.encode()).hexdigest()})
+    resume.write_atomic(os.path.join(step_dir, EVAL_MARKER), json.dumps(
+        {"status": "completed", "result": result, "sha256": hashlib.sha256(body.encode()).hexdigest()}, indent=1))
 
 
 @torch.no_grad()
@@ -389,7 +368,7 @@ def main(argv=None):
     mcfg = get_config(cfg.config)
     os.makedirs(cfg.out, exist_ok=True)
     if master:
-        write_json(os.path.join(cfg.out, "config.json"), dataclasses.asdict(cfg))
+        resume.write_atomic(os.path.join(cfg.out, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=1))
 
     # data: clips of cfg.frames frames, encoded online by the frozen VAE
     if cfg.config == "tiny":  # (re)stitching a finished folder only re-reads its manifest; a killed one resumes
@@ -405,7 +384,7 @@ def main(argv=None):
     if n_train < 1:
         raise ValueError(f"--holdout {holdout} leaves no video of {len(dataset)} in {cfg.data} to train on")
     sampler = data.ClipSampler(n_train, rank=rank, world_size=world, seed=cfg.seed)
-    vae = build_vae(cfg, device, compute_dtype)
+    vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, device, compute_dtype)
 
     latent_cache = {}
 

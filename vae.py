@@ -383,6 +383,21 @@ class WanVAE(nn.Module):
         return video
 
 
+def build_vae(name, ckpt_path, device, dtype):
+    """The frozen tokenizer of train.py and sample.py. `real` loads ckpt_path (tokenizer.pth) strictly through
+    ckpt.load; `tiny` has no checkpoint: it is a fixed, seeded random encoder that compresses like the real one and
+    nothing more, identical in every process (so sample.py decodes what train.py encoded)."""
+    if name == "real":
+        import ckpt  # ckpt imports the DiT; only the real tokenizer needs it
+        vae = WanVAE(get_vae_config("real"))
+        ckpt.load(vae, ckpt_path)
+    else:
+        with torch.random.fork_rng():
+            torch.manual_seed(1234)
+            vae = WanVAE(get_vae_config(name))
+    return vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
 # -----------------------------------------------------------------------------
 # Benchmark: python vae.py --bench [--frames 93 --height 432 --width 768 --dtype bf16]
 
