@@ -1,0 +1,199 @@
+"""Command lines from dataclasses: the one mechanism every script uses.
+
+    @dataclass
+    class Config:
+        lr: float = 1e-4  # peak learning rate                 <- this comment is the flag's --help text
+        betas: tuple = (0.9, 0.999)  # AdamW betas              <- --betas 0.9,0.95
+        grpo: GRPOConfig = field(default_factory=GRPOConfig)  # <- --grpo-<each of its fields>
+
+    given = cli.parse_flags(Config, argv, description=__doc__)   # only the flags really passed
+    cfg = cli.build(Config, preset, given)                         # defaults < preset < given
+
+Every field is a flag `--field-name` (underscores become dashes), booleans are `--x` / `--no-x`, tuples take
+comma-separated values, and a nested dataclass field contributes its own fields under its name as prefix.
+Unknown flags are an error (argparse), and so are unknown keys in a preset. The help text of a flag is the
+comment on its field's line plus any comment-only lines right below it, with the default appended.
+`cli.main(fn)` runs a script's main and turns a user error (a bad flag, a missing file) into one line on stderr
+and exit code 2, instead of a traceback; NANOCOSMOS_TRACEBACK=1 shows the traceback too.
+"""
+import argparse
+import dataclasses
+import functools
+import inspect
+import io
+import os
+import re
+import sys
+import textwrap
+import tokenize
+import traceback
+import typing
+
+
+@functools.cache
+def field_help(cls) -> dict:
+    """{field name: help text} from the comments beside (and continuing below) each field of a dataclass."""
+    source = textwrap.dedent(inspect.getsource(cls))
+    comments, code_rows = {}, set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):  # tokens: a '#' inside a string is no comment
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+        elif tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER):
+            code_rows.add(tok.start[0])
+    lines = source.splitlines()
+    helps = {}
+    for row, line in enumerate(lines, start=1):
+        m = re.match(r"^    (\w+)\s*:", line)  # a field of the class body (dedented: four spaces)
+        if not m or row not in comments:
+            continue
+        text = [comments[row]]
+        below = row + 1
+        while below in comments and below not in code_rows:  # comment-only lines continue the field's comment
+            text.append(comments[below])
+            below += 1
+        helps[m.group(1)] = " ".join(text).replace("%", "%%")  # argparse formats help with %
+    return helps
+
+
+def _fields(cls):
+    hints = typing.get_type_hints(cls)
+    return [(f, hints[f.name]) for f in dataclasses.fields(cls) if f.init]
+
+
+def _default(f):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def _parse_item(text):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def tuple_type(example):
+    """argparse type for a tuple flag: comma-separated, elements typed like the default's (numbers when empty)."""
+    kind = type(example[0]) if example else None
+
+    def parse(text):
+        if text.strip() in ("", "()"):
+            return ()
+        items = [s.strip() for s in text.split(",")]
+        try:
+            return tuple(kind(s) if kind is not None else _parse_item(s) for s in items)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__} values, got {text!r}")
+    parse.__name__ = "comma-separated list"
+    return parse
+
+
+def _show(value):
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) or "(empty)"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def add_fields(parser, cls, prefix="", positional=()):
+    """Add one flag per field of dataclass `cls` (recursing into nested dataclasses with `name_` as prefix)."""
+    helps = field_help(cls)
+    for f, kind in _fields(cls):
+        name, default = prefix + f.name, _default(f)
+        if dataclasses.is_dataclass(kind):
+            group = parser.add_argument_group(f"--{name.replace('_', '-')}-*: {helps.get(f.name, kind.__name__)}")
+            add_fields(group, kind, prefix=name + "_")
+            continue
+        text = helps.get(f.name, "")
+        if default is not dataclasses.MISSING:
+            text += f" (default: {_show(default)})"
+        if name in positional:
+            parser.add_argument(name, help=text, **({} if default is dataclasses.MISSING else
+                                                    dict(nargs="?", default=argparse.SUPPRESS)))
+            continue
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, help=text)
+        elif kind is tuple or typing.get_origin(kind) is tuple:
+            parser.add_argument(flag, dest=name, type=tuple_type(default or ()), help=text, metavar="A,B,...")
+        else:
+            parser.add_argument(flag, dest=name, type=kind, help=text, metavar=kind.__name__.upper())
+
+
+def _nest(cls, flat, prefix=""):
+    """Flat argparse names (grpo_lr) -> nested dicts ({"grpo": {"lr": ...}}) following the dataclass tree."""
+    out = {}
+    for f, kind in _fields(cls):
+        name = prefix + f.name
+        if dataclasses.is_dataclass(kind):
+            sub = _nest(kind, flat, name + "_")
+            if sub:
+                out[f.name] = sub
+        elif name in flat:
+            out[f.name] = flat[name]
+    return out
+
+
+def parse_flags(cls, argv, description=None, positional=(), prog=None):
+    """The flags really given on the command line, as a (nested) dict of field values. Unknown flags: an error."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, argument_default=argparse.SUPPRESS,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_fields(parser, cls, positional=positional)
+    return _nest(cls, vars(parser.parse_args(argv)))
+
+
+def build(cls, *layers):
+    """The dataclass from its defaults overlaid by each layer (nested dicts, later wins); unknown keys: an error."""
+    values = {}
+    kinds = dict((f.name, kind) for f, kind in _fields(cls))
+    for layer in layers:
+        unknown = sorted(set(layer) - set(kinds))
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown key(s) {unknown}; known: {sorted(kinds)}")
+        for key, value in layer.items():
+            if dataclasses.is_dataclass(kinds[key]) and isinstance(value, dict):
+                values.setdefault(key, {}).update(value)
+            else:
+                values[key] = value
+    for key, kind in kinds.items():  # nested layers become their dataclass (its own validation runs)
+        if dataclasses.is_dataclass(kind) and isinstance(values.get(key), dict):
+            values[key] = build(kind, values[key])
+    return cls(**values)
+
+
+def parse(cls, argv, description=None, positional=(), prog=None):
+    """parse_flags + build, for scripts without presets."""
+    return build(cls, parse_flags(cls, argv, description, positional, prog))
+
+
+def flag(name):
+    """The command-line spelling of a (possibly nested, dotted or underscored) field name: grpo.kl_coef -> --grpo-kl-coef."""
+    return "--" + name.replace(".", "-").replace("_", "-")
+
+
+def flatten(values, prefix=""):
+    """{"grpo": {"lr": 1}} -> {"grpo.lr": 1}: for messages that name every given flag."""
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, prefix + key + "."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def main(fn, user_errors=(ValueError, OSError)):
+    """Run fn(); a user error becomes one line on stderr and exit code 2 (NANOCOSMOS_TRACEBACK=1: with traceback)."""
+    try:
+        code = fn()
+    except user_errors as e:
+        if os.environ.get("NANOCOSMOS_TRACEBACK"):
+            traceback.print_exc()
+        prog = os.path.basename(sys.argv[0]) or "nanocosmos"
+        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)
