@@ -1,6 +1,6 @@
 """GRPO post-training of the video DiT with LoRA: Flow-GRPO's objective on Cosmos-Predict2's sampler.
 
-Read ../shared/specs/grpo.md first. In short: Predict2 is a rectified-flow net behind an EDM-sigma interface
+docs/grpo.md has the derivation. In short: Predict2 is a rectified-flow net behind an EDM-sigma interface
 (state x = x0 + sigma * eps). A rollout walks N Karras sigmas with a stochastic first-order x0 step ("DDIM-eta"):
 
     x' = mean + beta * z,  mean = c * x + (1 - c) * x0_hat(x, sigma),  c = alpha / sigma,  alpha^2 + beta^2 = sigma'^2
@@ -11,17 +11,20 @@ Flow-GRPO's clipped surrogate with group-normalised advantages, optionally with 
 
 Rollout and training call the *same* function on the *same* stored tensors with B = 1 per network call (cond and
 uncond as separate calls), so before the first optimizer step logp_new == logp_old bit for bit and the ratio is
-exactly 1 (spec section 5.1, infra.md section 5.2). Keep it that way: no batching of CFG branches, no compile,
+exactly 1 (docs/grpo.md, "ratio == 1"). Keep it that way: no batching of CFG branches, no compile,
 no merged LoRA in the rollout; if you add any of these, set recompute_old_logp.
 
 Contents, top to bottom: config -> conditions -> step coefficients and log-prob -> rollout -> advantages ->
-loss -> update. train.py drives these functions; there is no trainer class.
+loss -> update -> one update of a training run (train_step: rollouts, decode, rewards, advantages over all
+ranks, update), which train.py calls; there is no trainer class.
 """
 import math
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from model import denoise, set_lora_enabled
 from sample import karras_sigmas
@@ -55,10 +58,11 @@ class GRPOConfig:
     recompute_old_logp: bool = False  # recompute logp_old in the training layout before updating (see docstring)
     offload_activations: bool = False  # keep the training forward's saved tensors in (pinned) host memory until
     # backward; with sac "block" these are the block inputs: ~11.9 GiB at 14B, 93x432x768, for ~5-10% time
-    lr: float = 1e-4
-    weight_decay: float = 1e-4
-    betas: tuple = (0.9, 0.999)
-    max_grad_norm: float = 1.0
+    lr: float = 1e-4  # AdamW learning rate over the LoRA adapters, constant after the warm-up (Flow-GRPO's Wan recipe)
+    warmup: int = 0  # updates of linear learning-rate warm-up before the constant lr (0 = none)
+    weight_decay: float = 1e-4  # AdamW weight decay (Flow-GRPO)
+    betas: tuple = (0.9, 0.999)  # AdamW betas (Flow-GRPO)
+    max_grad_norm: float = 1.0  # gradient clipping per optimizer step
 
     def __post_init__(self):
         N = self.num_steps
@@ -88,6 +92,11 @@ class GRPOConfig:
             raise ValueError(f"train_steps {bad} outside 0..{N - 2}: the last step {N - 1} is never trained")
         if self.opt_steps_per_update < 1 or self.clip_range <= 0 or self.kl_coef < 0:
             raise ValueError("need opt_steps_per_update >= 1, clip_range > 0, kl_coef >= 0")
+        if self.lr <= 0 or self.warmup < 0 or self.weight_decay < 0 or self.max_grad_norm <= 0 \
+                or len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"need lr > 0, warmup >= 0, weight_decay >= 0, max_grad_norm > 0 and two betas in [0, 1):"
+                             f" lr={self.lr} warmup={self.warmup} weight_decay={self.weight_decay} "
+                             f"max_grad_norm={self.max_grad_norm} betas={self.betas}")
 
     @property
     def window(self):
@@ -390,6 +399,11 @@ def lora_optimizer(net, params, cfg: GRPOConfig):
     return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, weight_decay=cfg.weight_decay)
 
 
+def lr_at(cfg: GRPOConfig, update):
+    """The learning rate of update `update` (0-based): linear warm-up over cfg.warmup updates, then constant."""
+    return cfg.lr * min(1.0, (update + 1) / cfg.warmup) if cfg.warmup else cfg.lr
+
+
 def recompute_old_log_probs(net, rollout: Rollout, cfg: GRPOConfig):
     """Overwrite logp_old of the trained steps by the training forward itself (grad mode included: some attention
     kernels differ with and without autograd), discarding the graph. The fallback for rollouts run with another
@@ -411,69 +425,192 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
 
     rollouts: list of Rollout (one per group); advantages: per rollout a [K] tensor (advantages[g][k]).
     Trajectories with advantage exactly 0 are dropped (cfg.drop_zero_advantage). The rest (shuffled when a CPU
-    generator is given) is split into cfg.opt_steps_per_update chunks, one optimizer step each; each backward uses
-    loss / (micro-steps in the chunk). set_grad_sync: optional callable(bool), run before each backward with "is
-    this the chunk's last micro-step" (FSDP2: net.set_requires_gradient_sync, one gradient reduction per step).
+    generator is given) is split into cfg.opt_steps_per_update chunks, one optimizer step each. set_grad_sync:
+    optional callable(bool), run before each backward with "is this the chunk's last micro-step" (FSDP2:
+    net.set_requires_gradient_sync, one gradient reduction per step).
+
+    Under torch.distributed (FSDP2: every forward is a collective) every rank runs the same number of micro-steps
+    per chunk: a rank with fewer real micro-steps pads with zero-weight ones (they run, and add nothing). Each real
+    micro-step's loss is scaled by world / (real micro-steps of the chunk on all ranks), so the mean over ranks that
+    FSDP reduces is the mean over real micro-steps. A chunk with no real micro-step on any rank is skipped on every
+    rank alike: no forward, and no optimizer step (Adam's momentum and weight decay would still move the weights).
+
     Returns a dict of stats, including the health checks of the first chunk (theta == theta_old there):
     first_logp_equal (every logp_new == logp_old bitwise), first_max_abs_dlogp, first_ratio, and per optimizer
     step grad_norm (before clipping) and grads_outside_params (must be 0). A non-finite grad norm skips that
     optimizer step and is counted in nonfinite_steps.
     """
+    world = dist.get_world_size() if dist.is_initialized() else 1
     items = [(g, k) for g, adv in enumerate(advantages) for k in range(len(adv))
              if float(adv[k]) != 0.0 or not cfg.drop_zero_advantage]
-    stats = {"trajectories": len(items), "micro_steps": 0, "opt_steps": 0, "nonfinite_steps": 0,
-             "grad_norm": [], "grads_outside_params": [], "loss": 0.0, "kl": 0.0, "clipfrac": 0.0,
-             "approx_kl": 0.0, "first_logp_equal": None, "first_max_abs_dlogp": None, "first_ratio": None,
-             "logp_requires_grad": None, "logp_has_grad_fn": None}
-    if not any(rollouts[g].train_steps for g, _ in items):  # all-tie groups, or only deterministic steps
-        return stats
-    if cfg.recompute_old_logp:
-        for g in sorted({g for g, _ in items}):
-            recompute_old_log_probs(net, rollouts[g], cfg)
+    stats = {"trajectories": len(items), "micro_steps": 0, "padded_steps": 0, "opt_steps": 0, "skipped_chunks": 0,
+             "nonfinite_steps": 0, "grad_norm": [], "grads_outside_params": [], "loss": 0.0, "kl": 0.0,
+             "clipfrac": 0.0, "approx_kl": 0.0, "first_logp_equal": None, "first_max_abs_dlogp": None,
+             "first_ratio": None, "logp_requires_grad": None, "logp_has_grad_fn": None, "optimizer_s": 0.0}
     if generator is not None:
         items = [items[j] for j in torch.randperm(len(items), generator=generator).tolist()]
-    n_chunks = min(cfg.opt_steps_per_update, len(items))
-    chunks = [items[c::n_chunks] for c in range(n_chunks)]
+    n_chunks = cfg.opt_steps_per_update
+    micro = [[(g, k, i) for g, k in items[c::n_chunks] for i in rollouts[g].train_steps] for c in range(n_chunks)]
+    local = torch.tensor([len(m) for m in micro], dtype=torch.float64, device=rollouts[0].states.device)
+    longest, total = local.clone(), local.clone()
+    if world > 1:  # one collective each, before any forward: every rank decides the same
+        dist.all_reduce(longest, op=dist.ReduceOp.MAX)
+        dist.all_reduce(total)
+    if cfg.recompute_old_logp and total.sum() > 0:
+        for g in sorted({g for g, _ in items}):
+            recompute_old_log_probs(net, rollouts[g], cfg)
     param_ids = {id(p) for p in params}
     weights = [step_weights(ro, cfg) for ro in rollouts]
     max_dlogp, all_equal = 0.0, True
+    device = rollouts[0].states.device
 
-    for c, chunk in enumerate(chunks):
-        n_micro = sum(len(rollouts[g].train_steps) for g, _ in chunk)
-        done = 0
-        for g, k in chunk:
-            for i in rollouts[g].train_steps:
-                loss, info = grpo_loss(net, rollouts[g], k, i, advantages[g][k], cfg, weights[g][i])
-                done += 1
-                if set_grad_sync is not None:
-                    set_grad_sync(done == n_micro)
-                (loss / n_micro).backward()
-                ratio, dlogp = info["ratio"], (info["log_prob"].detach() - info["old_log_prob"])
-                if stats["first_ratio"] is None:
-                    stats["first_ratio"] = float(ratio)
-                    stats["logp_requires_grad"] = bool(info["log_prob"].requires_grad)
-                    stats["logp_has_grad_fn"] = info["log_prob"].grad_fn is not None
-                if c == 0:
-                    all_equal &= bool(torch.equal(info["log_prob"].detach().reshape(()), info["old_log_prob"]))
-                    max_dlogp = max(max_dlogp, float(dlogp.abs()))
-                stats["micro_steps"] += 1
-                stats["loss"] += float(loss.detach()) / n_micro / n_chunks
-                stats["clipfrac"] += float((ratio - 1).abs() > cfg.clip_range)
-                stats["approx_kl"] += 0.5 * float(dlogp) ** 2
-                if info["kl"] is not None:
-                    stats["kl"] += float(info["kl"])
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+    for c, chunk in enumerate(micro):
+        if total[c] == 0:  # nothing to train in this chunk on any rank
+            stats["skipped_chunks"] += 1
+            continue
+        n_micro, scale = int(longest[c]), world / float(total[c])
+        padding = [(0, 0, rollouts[0].train_steps[0], 0.0)] * (n_micro - len(chunk)) if rollouts[0].train_steps \
+            else []
+        if len(chunk) + len(padding) != n_micro:
+            raise RuntimeError(f"rank cannot pad its {len(chunk)} micro-steps to {n_micro}: no trainable step")
+        for done, (g, k, i, *dummy) in enumerate([m + (1.0,) for m in chunk] + padding, start=1):
+            real = dummy[0] != 0.0
+            advantage = advantages[g][k] if real else 0.0
+            loss, info = grpo_loss(net, rollouts[g], k, i, advantage, cfg, weights[g][i])
+            if set_grad_sync is not None:
+                set_grad_sync(done == n_micro)
+            (loss * (scale if real else 0.0)).backward()
+            if not real:
+                stats["padded_steps"] += 1
+                continue
+            ratio, dlogp = info["ratio"], (info["log_prob"].detach() - info["old_log_prob"])
+            if stats["first_ratio"] is None:
+                stats["first_ratio"] = float(ratio)
+                stats["logp_requires_grad"] = bool(info["log_prob"].requires_grad)
+                stats["logp_has_grad_fn"] = info["log_prob"].grad_fn is not None
+            if stats["opt_steps"] + stats["nonfinite_steps"] == 0:  # the first chunk that trains: theta == theta_old
+                all_equal &= bool(torch.equal(info["log_prob"].detach().reshape(()), info["old_log_prob"]))
+                max_dlogp = max(max_dlogp, float(dlogp.abs()))
+            stats["micro_steps"] += 1
+            stats["loss"] += float(loss.detach())
+            stats["clipfrac"] += float((ratio - 1).abs() > cfg.clip_range)
+            stats["approx_kl"] += 0.5 * float(dlogp) ** 2
+            if info["kl"] is not None:
+                stats["kl"] += float(info["kl"])
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         stats["grad_norm"].append(grad_norm)
         stats["grads_outside_params"].append(
             sum(p.grad is not None for p in net.parameters() if id(p) not in param_ids))
         if math.isfinite(grad_norm):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
             optimizer.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            stats["optimizer_s"] += time.perf_counter() - start
             stats["opt_steps"] += 1
         else:
             stats["nonfinite_steps"] += 1
             print(f"grpo_update: non-finite grad norm {grad_norm} in chunk {c}: optimizer step skipped")
         optimizer.zero_grad(set_to_none=True)
     stats["first_logp_equal"], stats["first_max_abs_dlogp"] = all_equal, max_dlogp
-    for key in ("clipfrac", "approx_kl", "kl"):
-        stats[key] /= stats["micro_steps"]
+    for key in ("loss", "clipfrac", "approx_kl", "kl"):  # means over this rank's real micro-steps
+        stats[key] /= max(1, stats["micro_steps"])
     return stats
+
+
+# -----------------------------------------------------------------------------
+# One update of a training run (train.py): rollouts -> decode -> rewards -> advantages over all ranks -> update
+
+
+def gather(local):
+    """[..., n] -> [..., world * n], every rank's tensor in rank order. The buffers are allocated on local's device,
+    which must be the process group's (CUDA under NCCL: an all_gather into host memory is not a supported call)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, local.contiguous())
+    return torch.cat(parts, dim=-1)
+
+
+def window_starts(cfg: GRPOConfig, n_groups, seed):
+    """One Flow-GRPO-Fast window start per group, from a CPU generator seeded alike on every rank (None without a
+    window): under FSDP every rank must run the same number of forwards, and same_latent makes that count depend
+    on the start."""
+    if not cfg.window_size:
+        return [None] * n_groups
+    lo, hi = cfg.window
+    generator = torch.Generator().manual_seed(seed)
+    return [lo + int(torch.randint(hi - cfg.window_size - lo + 1, (1,), generator=generator)) for _ in range(n_groups)]
+
+
+def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, score, decode, seed, window_seed,
+               agree=None):
+    """One GRPO update over this rank's groups (collective under torch.distributed: call it on every rank).
+
+    conds: one Condition per group (a clip and its prompt). score(video, latent) -> {"reward": [K], name: [K], ...}
+    (reward.score: the same names on every rank); decode(latent [K, C, T, H, W]) -> video, or None when no reward
+    needs pixels. seed: this rank's rollout noise; window_seed: the same on every rank. agree(what, fn): runs the
+    scoring so that a failure on one rank raises on every rank (ckpt.agree) instead of leaving the others waiting.
+    Returns (stats of grpo_update, metrics: rewards over all ranks, advantages, means over all ranks, s per phase).
+    """
+    device = conds[0].crossattn_emb.device
+    times = dict.fromkeys(("rollout", "decode", "reward", "update", "optimizer"), 0.0)
+
+    def timed(name, fn):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        result = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times[name] += time.perf_counter() - start
+        return result
+
+    generator = torch.Generator(device=device).manual_seed(seed)
+    rollouts = [timed("rollout", lambda: rollout_group(net, cond, latent_shape, cfg, generator, window_start=start))
+                for cond, start in zip(conds, window_starts(cfg, len(conds), window_seed))]
+
+    def score_all():
+        out = []
+        for ro in rollouts:
+            video = timed("decode", lambda: decode(ro.x0_final))
+            out.append(timed("reward", lambda: score(video, ro.x0_final)))
+        return out
+    scores = agree("scoring the rollouts", score_all) if agree is not None else score_all()
+    names = sorted(scores[0])
+    local = torch.stack([torch.cat([s[n].float().reshape(-1) for s in scores]).to(device) for n in names])
+    everyone = gather(local).double().cpu()  # [names, world * groups * K], rank-major
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    keys = [(r, g) for r in range(world) for g in range(len(conds)) for _ in range(cfg.group_size)]
+    rewards = everyone[names.index("reward")]
+    advantages = group_advantages(rewards, keys, eps=cfg.adv_eps, clip=cfg.adv_clip, global_std=cfg.global_std,
+                                  ddof=cfg.std_ddof)
+    mine = advantages.view(world, len(conds), cfg.group_size)[rank]
+    stats = timed("update", lambda: grpo_update(net, optimizer, params, rollouts, [a.to(device) for a in mine], cfg,
+                                               set_grad_sync=getattr(net, "set_requires_gradient_sync", None)))
+    times["optimizer"] = stats["optimizer_s"]
+    times["update"] -= stats["optimizer_s"]
+    # means over every rank's real micro-steps (a rank may have none)
+    sums = torch.tensor([stats[k] * stats["micro_steps"] for k in ("loss", "clipfrac", "approx_kl", "kl")]
+                        + [stats["micro_steps"], stats["trajectories"], stats["padded_steps"]],
+                        dtype=torch.float64, device=device)
+    if world > 1:
+        dist.all_reduce(sums)
+    n = max(1.0, float(sums[4]))
+    metrics = {"loss": float(sums[0]) / n, "reward_mean": float(rewards.mean()), "reward_std":
+               float(rewards.std(correction=0)), "adv_std": float(advantages.std(correction=0)),
+               "first_ratio": stats["first_ratio"], "clipfrac": float(sums[1]) / n, "approx_kl": float(sums[2]) / n,
+               "kl_ref": float(sums[3]) / n if cfg.kl_coef > 0 else None,
+               "grad_norm": stats["grad_norm"][-1] if stats["grad_norm"] else None,
+               "trajectories": int(sums[5]), "micro_steps": int(sums[4]), "padded_steps": int(sums[6]),
+               "opt_steps": stats["opt_steps"], "skipped_chunks": stats["skipped_chunks"]}
+    metrics.update({f"reward_{name.replace('/', '_')}": float(everyone[i].mean())
+                    for i, name in enumerate(names) if name != "reward"})
+    metrics.update({f"s_{name}": seconds for name, seconds in times.items()})
+    if stats["nonfinite_steps"]:
+        raise FloatingPointError(f"GRPO update produced a non-finite gradient norm: {stats['grad_norm']}")
+    return stats, metrics

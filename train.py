@@ -6,17 +6,18 @@
 
 One script, top to bottom: config -> setup -> data -> model -> optimizer -> loop -> checkpoint.
 """
-import argparse
 import dataclasses
+import fcntl
 import hashlib
 import importlib.util
 import json
 import math
 import os
 import signal
+import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from tqdm import tqdm
 
 import bench
 import ckpt
+import cli
 import data
 import grpo
 import resume
@@ -32,92 +34,118 @@ import reward
 import sac
 import stitch
 import vae as vae_lib
+from grpo import GRPOConfig
 from model import DiT, add_lora, condition_mask, denoise, get_config, num_params
 
 # -----------------------------------------------------------------------------
-# Config: every field is a --flag; unknown flags are an error. None means "resolved from --config" below.
+# Config: every field is a --flag (cli.py: the comment is its --help); unknown flags are an error. 0 / "" / -1 mean
+# "from the preset" (TINY for --config tiny, REAL otherwise), filled only where the flag was not given.
 
 
 @dataclass
 class TrainConfig:
-    config: str = "tiny"  # DiT config (model.CONFIGS)
-    init: str = ""  # droid | 2b-480p-16fps | 14b-720p-10fps | PATH | hf://org/repo/file@rev | random
+    config: str = "tiny"  # DiT config (model.CONFIGS): tiny, v2w-2b, v2w-14b, ...
+    init: str = ""  # droid | 2b-480p-16fps | 14b-720p-10fps | PATH | hf://org/repo/file@rev | random ("" = random for tiny)
     ema_weights: str = ""  # net | net_ema: which copy of a release file that holds both ("" = the only one)
     guard_max_ratio: float = 0.75  # init guard: iteration-0 loss / zero-velocity loss must stay below (random ~1.6)
-    data: str = ""  # stitched folder (stitch.py); the tiny default builds one from a synthetic LeRobot dataset
-    out: str = "out"
+    data: str = ""  # stitched folder (stitch.py), read only; the tiny default builds its own in data/tiny_grid
+    out: str = "out"  # run directory: config.json, checkpoints, metrics.jsonl, loss.png, samples
     vae: str = ""  # tiny | real
     vae_ckpt: str = ""  # tokenizer.pth (Wan2.1 VAE) for --vae real
     frames: int = 0  # pixel frames per clip (4k+1)
-    height: int = 0
-    width: int = 0
-    text_len: int = 512
-    batch_size: int = 1  # per rank
-    grad_accum: int = 1
-    steps: int = 0
-    lr: float = 0.0
-    warmup: int = -1
-    lr_min_ratio: float = 0.1  # cosine decay to lr * this
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.99
-    grad_clip: float = 1.0
+    height: int = 0  # pixels, a multiple of 16
+    width: int = 0  # pixels, a multiple of 16
+    text_len: int = 512  # text-embedding tokens (T5: 512)
+    batch_size: int = 1  # clips per rank per step (GRPO: groups per rank per update)
+    grad_accum: int = 1  # SFT micro-batches per optimizer step
+    steps: int = 0  # optimizer steps (GRPO: updates)
+    lr: float = 0.0  # SFT peak learning rate (GRPO: --grpo-lr)
+    warmup: int = -1  # SFT linear warm-up steps, then cosine decay (GRPO: --grpo-warmup)
+    lr_min_ratio: float = 0.1  # SFT cosine decay to lr * this
+    weight_decay: float = 0.1  # SFT AdamW weight decay (GRPO: --grpo-weight-decay)
+    beta1: float = 0.9  # SFT AdamW beta1 (GRPO: --grpo-betas)
+    beta2: float = 0.99  # SFT AdamW beta2 (GRPO: --grpo-betas)
+    grad_clip: float = 1.0  # SFT gradient clipping (GRPO: --grpo-max-grad-norm)
     loss_scale: float = 10.0  # upstream's loss_scale; only matters against grad_clip
     high_sigma_ratio: float = 0.05  # upstream's predict2_video2world_fsdp_* value
-    text_dropout: float = 0.2
-    sac: str = "none"  # none | block | mm | attn | selective
-    sac_every: int = 1
+    text_dropout: float = 0.2  # SFT: probability of training a sample without its prompt (for CFG)
+    sac: str = "none"  # activation checkpointing: none | block | mm | attn | selective (docs/memory.md)
+    sac_every: int = 1  # checkpoint every N-th block only
     compile: bool = False  # torch.compile each block in place (keys unchanged)
     lora: int = 0  # LoRA rank; 0 = full fine-tune
-    lora_alpha: float = 0.0  # 0 = rank (scale 1)
+    lora_alpha: float = 0.0  # LoRA alpha; 0 = rank (scale 1)
     ema: float = 0.0  # power-EMA rate s (upstream 0.1); 0 = off
-    save_every: int = 0
-    keep: int = 3
-    sample_every: int = 0  # write a sample mp4 every N steps (0 = at the end only for the tiny default)
-    sample_steps: int = 35
-    seed: int = 0
+    save_every: int = 0  # checkpoint every N steps; 0 = only at the end and on SIGTERM/SIGUSR1
+    keep: int = 3  # complete checkpoints kept (>= 2)
+    sample_every: int = 0  # write a sample mp4 every N steps (0 = never; the tiny default: every 100)
+    sample_steps: int = 35  # sampler steps of those samples
+    guidance: float = 7.0  # CFG of the sample videos, upstream convention x0_c + g (x0_c - x0_u) (rollouts: --grpo-guidance)
+    seed: int = 0  # every random draw depends on (seed, step, sample, purpose) only
     device: str = ""  # cuda | cpu (default: cuda when available)
-    workers: int = 2
+    workers: int = 2  # DataLoader worker processes per rank
     holdout: int = -1  # videos (the last in name order) kept out of training for evaluation; -1: 2%, at least 1
     cache_latents: bool = False  # keep encoded clips in memory by (video, start frame): small datasets only
     objective: str = "sft"  # sft | grpo (GRPO trains LoRA adapters: needs --lora)
-    grpo_k: int = 2  # samples per group (one conditioning clip + prompt)
-    grpo_steps: int = 8  # stochastic sampler steps per rollout
-    grpo_eta: float = 0.5
-    guidance: float = 7.0  # upstream CFG convention (x0_c + g (x0_c - x0_u)); for rollouts and samples
-    wandb: str = ""  # project name; used only if wandb happens to be installed
+    reward: str = "default"  # GRPO reward: default (reward.py) and/or module:function plug-ins, comma-separated, each =WEIGHT optional
+    wandb: str = ""  # project name; needs `pip install wandb`
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)  # GRPO knobs (--objective grpo; docs/grpo.md)
 
 
 TINY = dict(data="data/tiny_grid", vae="tiny", frames=9, height=64, width=112, steps=200, lr=2e-3, warmup=20,
             save_every=100, sample_every=100, text_len=16, workers=0, cache_latents=True, holdout=0)
 REAL = dict(vae="real", frames=93, height=432, width=768, steps=20000, lr=2 ** -14.5, warmup=1000, save_every=200,
             sample_every=1000)
+# Flags that only shape the SFT optimizer or batch: with --objective grpo they would be silently unused
+SFT_ONLY = {"lr": "--grpo-lr", "warmup": "--grpo-warmup", "lr_min_ratio": "(constant after the warm-up)",
+            "weight_decay": "--grpo-weight-decay", "beta1": "--grpo-betas", "beta2": "--grpo-betas",
+            "grad_clip": "--grpo-max-grad-norm", "grad_accum": "(GRPO accumulates over samples and steps itself)",
+            "text_dropout": "(rollouts keep the prompt)"}
+# GRPO knobs a resumed run must keep (the rest, optimizer and memory settings, may change and are reported)
+GRPO_RESUME = ("group_size", "num_steps", "sde_type", "eta", "window_size", "window_range", "train_steps",
+               "same_latent", "guidance", "uncond_grad", "adv_eps", "adv_clip", "global_std", "std_ddof", "clip_range",
+               "kl_coef", "pg_step_weight", "opt_steps_per_update", "drop_zero_advantage")
 
 
 def parse_config(argv):
     """Dataclass defaults, then the TINY or REAL preset, then the flags given on the command line."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     argument_default=argparse.SUPPRESS)  # only flags really given appear
-    for f in dataclasses.fields(TrainConfig):
-        flag = f"--{f.name.replace('_', '-')}"
-        if f.type is bool or f.type == "bool":
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction)
-        else:
-            parser.add_argument(flag, dest=f.name, type=type(f.default))
-    given = vars(parser.parse_args(argv))  # argparse rejects unknown flags
+    given = cli.parse_flags(TrainConfig, argv, description=__doc__)  # argparse rejects unknown flags
     preset = TINY if given.get("config", TrainConfig.config) == "tiny" else REAL
-    return validate(TrainConfig(**{**preset, **given}))
+    return validate(cli.build(TrainConfig, preset, given), given)
 
 
-def validate(cfg):
-    """Fail fast, before anything is built."""
+def validate(cfg, given=None):
+    """Fail fast, before anything is built or written: every setting is used, validated or refused."""
+    given = cli.flatten(given or {})
     get_config(cfg.config)  # raises with the valid names
     if cfg.objective not in ("sft", "grpo"):
         raise ValueError(f"--objective {cfg.objective!r}: valid are sft, grpo")
-    if cfg.objective == "grpo" and not cfg.lora:
-        raise ValueError("--objective grpo trains LoRA adapters only: pass --lora RANK (e.g. 32)")
-    if cfg.objective == "grpo" and cfg.grad_accum != 1:
-        raise ValueError("--objective grpo accumulates over (sample, step) itself: --grad-accum must be 1")
+    unused = {}
+    if cfg.objective == "grpo":
+        if not cfg.lora:
+            raise ValueError("--objective grpo trains LoRA adapters only: pass --lora RANK (e.g. 32)")
+        unused.update({k: f"with --objective grpo (use {alt})" for k, alt in SFT_ONLY.items() if k in given})
+        if cfg.grpo.eta <= 0:
+            raise ValueError(f"--grpo-eta {cfg.grpo.eta}: a noiseless rollout has no log-prob to train (use > 0)")
+        if cfg.compile and not cfg.grpo.recompute_old_logp:
+            if "grpo.recompute_old_logp" in given:  # a compiled training forward rounds unlike the eager rollout
+                raise ValueError("--compile with --no-grpo-recompute-old-logp: the compiled training graph rounds "
+                                 "differently from the rollout's, so the ratio would not start at 1")
+            cfg.grpo = dataclasses.replace(cfg.grpo, recompute_old_logp=True)
+    else:
+        unused.update({k: "with --objective sft" for k in given if k.startswith("grpo.") or k == "reward"})
+    if cfg.lora == 0:
+        unused.update({k: "without --lora" for k in ("lora_alpha",) if k in given})
+    if cfg.sac == "none":
+        unused.update({k: "with --sac none" for k in ("sac_every",) if k in given})
+    if cfg.vae != "real":
+        unused.update({k: "without --vae real" for k in ("vae_ckpt",) if k in given})
+    if cfg.sample_every == 0:
+        unused.update({k: "with --sample-every 0" for k in ("sample_steps", "guidance") if k in given})
+    if unused:
+        raise ValueError("; ".join(f"{cli.flag(k)} does nothing {why}" for k, why in unused.items())
+                         + ": drop it (nothing is silently ignored)")
+    if cfg.objective == "grpo":
+        reward.parse_rewards(cfg.reward)  # imports the plug-ins now: a typo fails before any model is built
     if cfg.ema_weights not in ("", "net", "net_ema"):
         raise ValueError(f"--ema-weights {cfg.ema_weights!r}: net or net_ema")
     if cfg.save_every < 0:
@@ -127,6 +155,12 @@ def validate(cfg):
             raise ValueError(f"--config {cfg.config} needs an explicit --init (droid, 2b-480p-16fps, a path, ... "
                              "or 'random' to really train from scratch)")
         cfg.init = "random"
+    if cfg.init == "random":
+        for k in ("ema_weights", "guard_max_ratio"):
+            if k in given:
+                raise ValueError(f"{cli.flag(k)} does nothing with --init random (no checkpoint is loaded)")
+    elif not (cfg.init in ckpt.NAMED_INITS or cfg.init.startswith("hf://")):
+        ckpt.resolve_source(cfg.init)  # a local path: it exists and has a checkpoint format (hub names: in main)
     sac.make_checkpoint_fn(cfg.sac)  # raises with the valid modes
     if cfg.sac_every < 1 or cfg.grad_accum < 1 or cfg.batch_size < 1 or cfg.steps < 1:
         raise ValueError("--sac-every, --grad-accum, --batch-size and --steps must be >= 1")
@@ -134,13 +168,31 @@ def validate(cfg):
         raise ValueError(f"--keep {cfg.keep}: at least 2, so a save in progress never leaves nothing to resume from")
     if (cfg.frames - 1) % 4 or cfg.height % 16 or cfg.width % 16:
         raise ValueError(f"clip {cfg.frames}x{cfg.height}x{cfg.width}: frames must be 4k+1, height/width multiples of 16")
+    if cfg.vae not in ("tiny", "real"):
+        raise ValueError(f"--vae {cfg.vae!r}: tiny or real")
     if cfg.vae == "real" and not cfg.vae_ckpt:
         raise ValueError("--vae real needs --vae-ckpt PATH (tokenizer/tokenizer.pth of a Cosmos-Predict2 repo)")
+    if cfg.vae == "real" and not os.path.isfile(cfg.vae_ckpt):
+        raise ValueError(f"--vae-ckpt {cfg.vae_ckpt}: no such file (tokenizer/tokenizer.pth of a Cosmos-Predict2 repo)")
     if cfg.wandb and importlib.util.find_spec("wandb") is None:
         raise ValueError(f"--wandb {cfg.wandb}: wandb is not installed (pip install wandb); it is optional")
     if not 0 <= cfg.ema < 1 or cfg.lora < 0:
         raise ValueError(f"--ema {cfg.ema} must be in [0,1), --lora {cfg.lora} >= 0")
+    if cfg.device not in ("", "cuda", "cpu"):
+        raise ValueError(f"--device {cfg.device!r}: cuda or cpu")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    if os.path.exists(cfg.out) and not os.path.isdir(cfg.out):
+        raise ValueError(f"--out {cfg.out} is a file: pass a directory (new or a run to resume)")
+    if not synthetic_data(cfg) and not os.path.isdir(cfg.data):
+        raise ValueError(f"--data {cfg.data!r}: no such folder (build one with `python stitch.py SRC DIR`)"
+                         if cfg.data else "--data DIR is needed: a folder written by stitch.py")
     return cfg
+
+
+def synthetic_data(cfg):
+    """Only the tiny default's own folder is ever written by train.py; any other --data is read, never written."""
+    return cfg.config == "tiny" and os.path.normpath(cfg.data) == os.path.normpath(TINY["data"])
 
 
 # -----------------------------------------------------------------------------
@@ -244,7 +296,7 @@ def ema_beta(step, rate):
 
 
 # -----------------------------------------------------------------------------
-# Small helpers for the loop: the tiny dataset, VAE, batches, metrics, plots, evaluation markers
+# Small helpers for the loop: the tiny dataset, the run directory, metrics, plots, evaluation markers
 
 
 def make_tiny_dataset(root):
@@ -270,36 +322,137 @@ def any_rank(flag, device):
     return bool(t.item())
 
 
-def plot_loss(path, steps, losses):
-    """A PNG loss curve without matplotlib: log-scale loss in black on white, with the running mean in red."""
-    import imageio.v2 as imageio
-    H, W, pad = 240, 480, 12
-    img = np.full((H, W, 3), 255, np.uint8)
-    y = np.log10(np.maximum(np.asarray(losses, np.float64), 1e-12))
-    smooth = np.convolve(y, np.ones(min(20, len(y))) / min(20, len(y)), mode="valid")
-    lo, hi = y.min(), max(y.max(), y.min() + 1e-6)
-    def draw(values, offset, colour):
-        xs = pad + (np.arange(len(values)) + offset) * (W - 2 * pad) / max(1, len(y) - 1)
-        ys = H - pad - (values - lo) / (hi - lo) * (H - 2 * pad)
-        for x0, y0, x1, y1 in zip(xs[:-1], ys[:-1], xs[1:], ys[1:]):
-            n = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
-            img[np.linspace(y0, y1, n).astype(int), np.linspace(x0, x1, n).astype(int)] = colour
-    img[pad:H - pad, pad] = img[H - pad, pad:W - pad] = 128  # axes
-    draw(y, 0, (0, 0, 0))
-    draw(smooth, len(y) - len(smooth), (220, 30, 30))
-    imageio.imwrite(path, img)
+def claim_out(out):
+    """Refuse a second train.py on the same --out: an exclusive flock on OUT/.lock for the life of this process. The
+    kernel drops it when the process dies, however it dies, so a crashed run never leaves it stuck."""
+    os.makedirs(out, exist_ok=True)
+    handle = open(os.path.join(out, ".lock"), "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise ValueError(f"--out {out} is in use by a running train.py ({holder}): wait for it, or use another --out")
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    return handle  # keep it open: closing the file releases the lock
+
+
+def resume_keys(cfg):
+    """The settings a resumed run must share with the saved one (shapes, init, data, objective, GRPO's sampler and
+    objective); all others (steps, optimizer, memory and logging settings) may change and are reported."""
+    keys = ["config", "init", "ema_weights", "lora", "lora_alpha", "objective", "vae", "vae_ckpt", "frames", "height",
+            "width", "text_len", "batch_size", "grad_accum", "seed", "data", "holdout", "ema"]
+    if cfg.objective == "grpo":
+        keys += ["reward"] + [f"grpo.{k}" for k in GRPO_RESUME]
+    return keys
+
+
+def config_hash(cfg):
+    flat = cli.flatten(dataclasses.asdict(cfg))
+    return hashlib.sha256(json.dumps({k: flat[k] for k in resume_keys(cfg)}, sort_keys=True,
+                                     default=list).encode()).hexdigest()[:16]
+
+
+def check_resume_settings(out, cfg):
+    """Before anything is built or written: the newest complete checkpoint's settings against this run's. Changed
+    must-keep settings are refused, naming them; other changes are returned (applied from the resume point)."""
+    path = resume.find_resume(out)
+    if path is None:
+        return None, {}
+    with open(os.path.join(path, "meta.json")) as f:
+        saved = cli.flatten(json.load(f)["extra"]["config"])
+    now = cli.flatten(json.loads(json.dumps(dataclasses.asdict(cfg))))  # tuples as lists, like the saved JSON
+    refused = {k: (saved.get(k), now[k]) for k in resume_keys(cfg) if saved.get(k) != now[k]}
+    if refused:
+        raise ValueError(f"{out} was written with other settings, (saved, now): {refused}; a resumed run must keep "
+                         "them (LoRA checkpoints hold only adapters: the base comes from --init). Use a new --out")
+    return path, {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+
+
+def load_history(path, start_step):
+    """The metrics rows up to the resume point. The file is rewritten without the rows after it (a killed run logged
+    steps that the resumed run logs again) and without a torn last line (killed mid-write)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        lines = f.read().splitlines()
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:  # only the last line can be torn by a kill: anything else is damage
+                raise ValueError(f"{path}: line {i + 1} is not JSON ({line[:60]!r}): repair or remove the file")
+            print(f"metrics: dropping the torn last line of {path} ({len(line)} bytes)", flush=True)
+    kept = [r for r in rows if r["step"] <= start_step]
+    if len(kept) < len(rows):
+        print(f"metrics: dropping {len(rows) - len(kept)} rows after step {start_step} from {path} (logged by a run "
+              "killed after its last checkpoint; they are logged again)", flush=True)
+    resume.write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+    return kept
+
+
+def plot_metrics(path, history):
+    """loss.png: training loss (log scale) with its running mean and the evaluation loss; for GRPO a reward panel."""
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+    grpo_run = any("reward_mean" in r for r in history)
+    fig, axes = plt.subplots(1, 2 if grpo_run else 1, figsize=(12 if grpo_run else 7, 4), squeeze=False)
+    ax = axes[0][0]
+    steps = [r["step"] for r in history]
+    loss = np.array([r["loss"] for r in history], dtype=np.float64)
+    if grpo_run:
+        ax.plot(steps, loss, lw=0.8, label="surrogate loss")
+        ax.set_ylabel("surrogate loss (~0 at ratio 1)")
+    else:
+        ax.plot(steps, loss, lw=0.6, alpha=0.5, label="train loss")
+        n = min(20, len(loss))
+        if n > 1:
+            ax.plot(steps[n - 1:], np.convolve(loss, np.ones(n) / n, mode="valid"), lw=1.5, label=f"mean of {n}")
+        ax.set_yscale("log")
+        ax.set_ylabel("loss (log scale)")
+    evals = [(r["step"], r["eval_loss"]) for r in history if r.get("eval_loss") is not None]
+    if evals and not grpo_run:
+        ax.plot(*zip(*evals), "o-", label="eval loss (held out)")
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if grpo_run:
+        ax = axes[0][1]
+        mean = np.array([r["reward_mean"] for r in history])
+        std = np.array([r.get("reward_std") or 0.0 for r in history])
+        ax.plot(steps, mean, label="reward mean")
+        ax.fill_between(steps, mean - std, mean + std, alpha=0.2, label="+- std over samples")
+        ax.set_xlabel("update")
+        ax.set_ylabel("reward")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path + ".tmp.png", dpi=100)
+    plt.close(fig)
+    os.replace(path + ".tmp.png", path)
 
 
 EVAL_MARKER = "eval.json"
 
 
 def eval_marker_valid(step_dir):
-    """A checkpoint counts as evaluated only if its marker exists, parses, and its checksum matches its contents."""
+    """A checkpoint counts as evaluated only if its marker exists, parses, and its checksum matches its contents; a
+    partial or tampered marker is reported and the checkpoint evaluated again."""
     path = os.path.join(step_dir, EVAL_MARKER)
     if not os.path.isfile(path):
         return False
-    with open(path) as f:
-        marker = json.load(f)
+    try:
+        with open(path) as f:
+            marker = json.load(f)
+    except json.JSONDecodeError as e:
+        print(f"eval: {path} is partial ({e}): evaluating again", flush=True)
+        return False
     body = json.dumps(marker.get("result"), sort_keys=True)
     return marker.get("status") == "completed" and marker.get("sha256") == hashlib.sha256(body.encode()).hexdigest()
 
@@ -319,44 +472,58 @@ def evaluate(net, cfg, batches):
     return {"eval_loss": all_mean(torch.stack(losses).mean().item(), batches[0][0].device)}
 
 
-def grpo_step(net, vae, optimizer, params, cfg, gcfg, batch, seed, distributed, device):
-    """One GRPO update: per clip of this rank's batch, K rollouts from its first latent frame and prompt, decoded and
-    scored; advantages over all ranks' groups; then the clipped-surrogate update of the LoRA adapters."""
+def negative_prompt(cfg, text_dim, say):
+    """[1, text_len, dim] embedding of Predict2's default negative prompt (t5.py writes it beside the prompts): the
+    uncond branch of CFG in samples and GRPO rollouts. Zeros for the tiny stand-in or when it is missing (said)."""
+    path = None if cfg.config == "tiny" else data.negative_prompt_path(cfg.data)
+    if path is None:
+        say("negative prompt: " + ("zeros (the tiny stand-in text)" if cfg.config == "tiny" else
+                                   f"NONE in {cfg.data}/t5_xxl (run `python t5.py {cfg.data}` to embed Predict2's "
+                                   "default negative prompt): CFG's uncond branch uses a zero embedding"))
+        return torch.zeros(1, cfg.text_len, text_dim)
+    say(f"negative prompt: {path}")
+    return data.load_text_embedding(path, cfg.text_len, text_dim)[0][None]
+
+
+def sft_step(net, optimizer, trainable, cfg, next_batch, step, rank, world):
+    """One SFT optimizer step over grad_accum micro-batches; returns (mean loss on this rank, grad norm)."""
+    loss_sum = 0.0
+    for micro in range(cfg.grad_accum):
+        latent, text = next_batch()
+        seeds = [sample_seed(cfg.seed, step, (micro * world + rank) * cfg.batch_size + b) for b in range(len(latent))]
+        loss = training_loss(net, cfg, latent, text, seeds) / cfg.grad_accum
+        loss.backward()
+        loss_sum += loss.item()
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+    grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm
+
+
+def grpo_step(net, vae, optimizer, params, cfg, batch, neg_text, terms, step, rank):
+    """One GRPO update (grpo.train_step): per clip of this rank's batch, K rollouts from its first latent frame and
+    prompt, decoded only if a reward needs pixels, scored; advantages over all ranks' groups; the LoRA update."""
     latent, text = batch
-    generator = torch.Generator(device=device).manual_seed(seed)
-    rollouts, rewards, keys = [], [], []
-    for b in range(latent.shape[0]):
-        gt = latent[b: b + 1]
-        cond = grpo.Condition(crossattn_emb=text[b: b + 1], neg_crossattn_emb=torch.zeros_like(text[b: b + 1]),
-                              gt_frames=gt, condition_mask=condition_mask(gt, 1), key=(seed, b))
-        rollout = grpo.rollout_group(net, cond, tuple(gt.shape[1:]), gcfg, generator)
-        with torch.no_grad():  # one decode at a time: memory does not grow with K
-            video = torch.cat([vae.decode(rollout.x0_final[k: k + 1].to(next(vae.parameters()).dtype))
-                               for k in range(gcfg.group_size)]).float()
-        rollouts.append(rollout)
-        rewards.append(reward.grid_rewards(video)["reward"].cpu())
-        keys += [cond.key] * gcfg.group_size
-    local = torch.cat(rewards)
-    everyone = [local]
-    if distributed:  # advantages are normalised over every group of the update, on every rank alike
-        everyone = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-        dist.all_gather(everyone, local.to(device) if device.type == "cuda" else local)
-        everyone = [r.cpu() for r in everyone]
-        keys = [(r, *k) for r in range(len(everyone)) for k in keys]
-    advantages = grpo.group_advantages(torch.cat(everyone), keys, eps=gcfg.adv_eps, clip=gcfg.adv_clip,
-                                       global_std=gcfg.global_std, ddof=gcfg.std_ddof)
-    mine = advantages.view(len(everyone), -1)[dist.get_rank() if distributed else 0].view(len(rollouts), -1)
-    stats = grpo.grpo_update(net, optimizer, params, rollouts, [a.to(device) for a in mine], gcfg,
-                             set_grad_sync=net.set_requires_gradient_sync if distributed else None)
-    if stats["nonfinite_steps"]:
-        raise FloatingPointError(f"GRPO update produced a non-finite gradient norm: {stats['grad_norm']}")
-    return stats["loss"], stats["grad_norm"][-1] if stats["grad_norm"] else 0.0, {
-        "reward_mean": all_mean(local.mean().item(), device), "first_ratio": stats["first_ratio"],
-        "clipfrac": stats["clipfrac"], "approx_kl": stats["approx_kl"]}
+    conds = [grpo.Condition(crossattn_emb=text[b: b + 1], neg_crossattn_emb=neg_text.to(text.device),
+                            gt_frames=latent[b: b + 1], condition_mask=condition_mask(latent[b: b + 1], 1),
+                            key=(rank, b)) for b in range(latent.shape[0])]
+    vae_dtype = next(vae.parameters()).dtype
+
+    @torch.no_grad()
+    def decode(x0):  # one sample at a time: memory does not grow with K
+        if not reward.needs_pixels(terms):
+            return None
+        return torch.cat([vae.decode(x0[k: k + 1].to(vae_dtype)) for k in range(len(x0))]).float()
+    _, metrics = grpo.train_step(net, optimizer, params, conds, tuple(latent.shape[1:]), cfg.grpo,
+                                 lambda video, x0: reward.score(terms, video=video, latent=x0), decode,
+                                 seed=sample_seed(cfg.seed, step, "rollout", rank),
+                                 window_seed=sample_seed(cfg.seed, step, "window"), agree=ckpt.agree)
+    return metrics
 
 
 # -----------------------------------------------------------------------------
-# Main: setup -> data -> model -> optimizer -> loop -> checkpoint
+# Main: setup -> run directory -> data -> model -> optimizer -> resume -> loop -> checkpoint
 
 
 def main(argv=None):
@@ -366,12 +533,25 @@ def main(argv=None):
     say = (lambda *a: print(*a, flush=True)) if master else (lambda *a: None)
     compute_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     mcfg = get_config(cfg.config)
-    os.makedirs(cfg.out, exist_ok=True)
+
+    # run directory: claimed (one train.py per --out), settings checked against its checkpoint, then config.json
+    lock = ckpt.agree(f"claiming --out {cfg.out}", lambda: claim_out(cfg.out) if master else None)
+    resume_path, changed = ckpt.agree("checking the run's saved settings", lambda: check_resume_settings(cfg.out, cfg),
+                                      share=True)
+    if changed:
+        say(f"resume: settings changed since {resume_path}, applied from its step on: "
+            + ", ".join(f"{cli.flag(k)} {old} -> {new}" for k, (old, new) in changed.items()))
+    if cfg.init != "random":  # hub names resolve (and download) now, before any model is built
+        ckpt.agree(f"resolving --init {cfg.init}", lambda: ckpt.resolve_source(cfg.init))
     if master:
         resume.write_atomic(os.path.join(cfg.out, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=1))
+    if cfg.objective == "grpo":
+        terms = reward.parse_rewards(cfg.reward)
+        say(f"grpo: {cfg.grpo}; reward {cfg.reward}" + (" (decoded videos)" if reward.needs_pixels(terms)
+                                                          else " (latents only: no decoding)"))
 
     # data: clips of cfg.frames frames, encoded online by the frozen VAE
-    if cfg.config == "tiny":  # (re)stitching a finished folder only re-reads its manifest; a killed one resumes
+    if synthetic_data(cfg):  # (re)stitching a finished folder only re-reads its manifest; a killed one resumes
         if master:
             make_tiny_dataset(cfg.data)
         if distributed:
@@ -384,8 +564,9 @@ def main(argv=None):
     if n_train < 1:
         raise ValueError(f"--holdout {holdout} leaves no video of {len(dataset)} in {cfg.data} to train on")
     sampler = data.ClipSampler(n_train, rank=rank, world_size=world, seed=cfg.seed)
+    neg_text = negative_prompt(cfg, mcfg.crossattn_emb_channels, say) if cfg.objective == "grpo" or cfg.sample_every \
+        else None
     vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, device, compute_dtype)
-
     latent_cache = {}
 
     def to_latent(batch):
@@ -421,27 +602,27 @@ def main(argv=None):
     say(f"model: {cfg.config}, {num_params(net):,} parameters, {sum(p.numel() for p in trainable):,} trainable"
         f"{f' (LoRA r={cfg.lora})' if cfg.lora else ''}, sac={cfg.sac}/{cfg.sac_every}, {world} rank(s) on {device.type}")
 
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
-                                  fused=device.type == "cuda")
+    # optimizer: AdamW with the objective's own settings (SFT: warm-up + cosine; GRPO: docs/grpo.md's recipe)
+    gcfg = cfg.grpo
+    betas, weight_decay = ((cfg.beta1, cfg.beta2), cfg.weight_decay) if cfg.objective == "sft" else \
+        (tuple(gcfg.betas), gcfg.weight_decay)
+    optimizer = torch.optim.AdamW(trainable, lr=lr_at(cfg, 0) if cfg.objective == "sft" else grpo.lr_at(gcfg, 0),
+                                  betas=betas, weight_decay=weight_decay, eps=1e-8, fused=device.type == "cuda")
+    say(f"optimizer: AdamW betas {betas}, weight decay {weight_decay}, " + (
+        f"lr {cfg.lr:g} (warm-up {cfg.warmup}, cosine to x{cfg.lr_min_ratio}), clip {cfg.grad_clip}"
+        if cfg.objective == "sft" else f"lr {gcfg.lr:g} (warm-up {gcfg.warmup}, then constant), clip "
+        f"{gcfg.max_grad_norm}"))
     ema = [p.detach().clone() for p in trainable] if cfg.ema else None
     trainable_names = [n for n, p in net.named_parameters() if p.requires_grad]  # the order of `trainable`
     ema_state = {"ema": dict(zip(trainable_names, ema))} if cfg.ema else None  # saved at every save, resumed
-    gcfg = grpo.GRPOConfig(group_size=cfg.grpo_k, num_steps=cfg.grpo_steps, eta=cfg.grpo_eta, guidance=cfg.guidance,
-                           max_grad_norm=cfg.grad_clip, drop_zero_advantage=False,
-                           # a compiled training forward rounds differently from the rollout's: recompute old log-probs
-                           recompute_old_logp=cfg.compile) if cfg.objective == "grpo" else None
 
     # resume from OUT/latest if there is one: model, optimizer, EMA, step and data position
     state = resume.resume(cfg.out, net, optimizer, extra_state=ema_state)
     start_step = state["step"] if state else 0
     if state:
         sampler.load_state_dict(state["sampler"])
-        changed = {k: (state["config"].get(k), getattr(cfg, k)) for k in RESUME_KEYS
-                   if state["config"].get(k) != getattr(cfg, k)}
-        if changed:
-            raise ValueError(f"{cfg.out} was written with other settings, (saved, now): {changed}; a resumed run "
-                             "must keep them (LoRA checkpoints hold only adapters: the base comes from --init). "
-                             "Use a new --out")
+        for group in optimizer.param_groups:  # the checkpoint restored its own; this run's flags win (said above)
+            group.update(betas=betas, weight_decay=weight_decay)
     loader = iter(torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler,
                                               num_workers=cfg.workers, persistent_workers=cfg.workers > 0))
 
@@ -473,38 +654,30 @@ def main(argv=None):
     tokens = latent_shape[2] * (cfg.height // 16) * (cfg.width // 16)
     flops_per_step = bench.model_flops(mcfg, latent_shape, cfg.text_len, cfg.lora)[2] * cfg.batch_size * cfg.grad_accum
     metrics_path = os.path.join(cfg.out, "metrics.jsonl")
+    history = load_history(metrics_path, start_step) if master else []
+    plots = importlib.util.find_spec("matplotlib") is not None  # optional: the one plot is not worth a dependency
+    if not plots:
+        say("loss.png: matplotlib is not installed (pip install matplotlib); metrics.jsonl holds every number")
     run_log = None
     if cfg.wandb and master:
         import wandb
         run_log = wandb.init(project=cfg.wandb, config=dataclasses.asdict(cfg), resume="allow",
                              id=f"{os.path.basename(os.path.abspath(cfg.out))}-{config_hash(cfg)}")
-    history = []
-    if master and os.path.exists(metrics_path):  # keep the curve of the steps before the resume point
-        with open(metrics_path) as f:
-            history = [r for r in map(json.loads, f) if r["step"] <= start_step]
-    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not master, desc="train")
+    terms = reward.parse_rewards(cfg.reward) if cfg.objective == "grpo" else None
+    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not master,
+               desc="grpo" if cfg.objective == "grpo" else "train")
     for step in bar:
         t0 = time.perf_counter()
-        lr = lr_at(cfg, step)
+        lr = lr_at(cfg, step) if cfg.objective == "sft" else grpo.lr_at(gcfg, step)
         for group in optimizer.param_groups:
             group["lr"] = lr
         if cfg.objective == "sft":
-            loss_sum = 0.0
-            for micro in range(cfg.grad_accum):
-                latent, text = to_latent(next(loader))
-                seeds = [sample_seed(cfg.seed, step, (micro * world + rank) * cfg.batch_size + b)
-                         for b in range(latent.shape[0])]
-                loss = training_loss(net, cfg, latent, text, seeds) / cfg.grad_accum
-                loss.backward()
-                loss_sum += loss.item()
-            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
-            grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            extra_metrics = {}
+            loss, grad_norm = sft_step(net, optimizer, trainable, cfg, lambda: to_latent(next(loader)), step, rank,
+                                       world)
+            row = {"loss": all_mean(loss, device), "lr": lr, "grad_norm": grad_norm}
         else:
-            loss_sum, grad_norm, extra_metrics = grpo_step(net, vae, optimizer, trainable, cfg, gcfg, to_latent(
-                next(loader)), sample_seed(cfg.seed, step, rank), distributed, device)
+            row = {"lr": lr, **grpo_step(net, vae, optimizer, trainable, cfg, to_latent(next(loader)), neg_text,
+                                         terms, step, rank)}
         if ema is not None:
             with torch.no_grad():
                 torch._foreach_lerp_(ema, [p.detach() for p in trainable], 1 - ema_beta(step, cfg.ema))
@@ -513,64 +686,61 @@ def main(argv=None):
         if device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-        row = {"step": step + 1, "loss": all_mean(loss_sum, device), "lr": lr, "grad_norm": grad_norm, **extra_metrics,
-               "s_per_step": dt, "tokens_per_s": tokens * cfg.batch_size * cfg.grad_accum * world / dt,
-               "mfu": flops_per_step / dt / 1e12 / peak if peak and cfg.objective == "sft" else None,  # smoke.py: GRPO
+        row = {"step": step + 1, **row, "s_per_step": dt,
+               "tokens_per_s": tokens * cfg.batch_size * cfg.grad_accum * world / dt,
+               "mfu": flops_per_step / dt / 1e12 / peak if peak and cfg.objective == "sft" else None,  # GRPO: smoke.py
                "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == "cuda" else None}
-        history.append(row)
-        if master:
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(row) + "\n")
-            if run_log is not None:
-                run_log.log(row, step=row["step"])
-            bar.set_postfix(loss=f"{row['loss']:.4f}", s_it=f"{dt:.2f}")
         done = step + 1
         stopping = any_rank(stop["signal"] is not None, device)
         if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps or stopping:
+            t_save = time.perf_counter()
             extra = {"sampler": sampler.state_dict(consumed=done * cfg.batch_size * cfg.grad_accum),
                      "config_hash": config_hash(cfg), "config": dataclasses.asdict(cfg)}
             path = resume.save(cfg.out, done, net, optimizer, extra, keep=cfg.keep, lora_only=bool(cfg.lora),
                                extra_state=ema_state)
-            result = evaluate(net, cfg, held_batches)
+            row["s_checkpoint"] = time.perf_counter() - t_save
+            row.update(evaluate(net, cfg, held_batches))
             if master:
-                write_eval_marker(path, dict(result, step=done))
-                plot_loss(os.path.join(cfg.out, "loss.png"), [r["step"] for r in history],
-                          [r["loss"] for r in history])
-                say(f"step {done}: loss {row['loss']:.4f}, eval {result['eval_loss']:.4f} -> {path}")
+                write_eval_marker(path, dict(eval_loss=row["eval_loss"], step=done))
+                say(f"step {done}: loss {row['loss']:.4f}, eval {row['eval_loss']:.4f} -> {path}")
+        history.append(row)
+        if master:  # after the save: a row is logged once its step is safe or the run went on past it
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            if run_log is not None:
+                run_log.log(row, step=row["step"])
+            bar.set_postfix(**({"loss": f"{row['loss']:.4f}"} if cfg.objective == "sft" else
+                               {"reward": f"{row['reward_mean']:.4f}", "std": f"{row['reward_std']:.3f}"}),
+                            s_it=f"{dt:.2f}")
+            if plots and "s_checkpoint" in row:
+                plot_metrics(os.path.join(cfg.out, "loss.png"), history)
         if cfg.sample_every and done % cfg.sample_every == 0:
-            write_sample(net, vae, dataset, eval_ids[0], cfg, os.path.join(cfg.out, f"sample_{done:08d}.mp4"), master)
+            write_sample(net, vae, dataset, eval_ids[0], cfg, neg_text,
+                         os.path.join(cfg.out, f"sample_{done:08d}.mp4"), master)
         if stopping:
             say(f"stopping after step {done} on signal {stop['signal']}: checkpoint saved, exit 0")
             break
     if distributed:
         dist.barrier()  # rank 0 may still be writing markers and plots: tear the group down together
         dist.destroy_process_group()
+    if lock is not None:
+        lock.close()
     return history
 
 
-RESUME_KEYS = ("config", "init", "ema_weights", "lora", "lora_alpha", "objective", "vae", "vae_ckpt", "frames",
-               "height", "width", "text_len", "batch_size", "grad_accum", "seed", "data", "holdout", "ema")
-
-
-def config_hash(cfg):
-    """The settings a resumed run must share with the saved one (shapes, init, data, objective), hashed."""
-    return hashlib.sha256(json.dumps({k: getattr(cfg, k) for k in RESUME_KEYS}, sort_keys=True).encode()).hexdigest()[:16]
-
-
 @torch.no_grad()
-def write_sample(net, vae, dataset, index, cfg, path, master):
+def write_sample(net, vae, dataset, index, cfg, neg_text, path, master):
     """Generate a clip from the first frame of a fixed (held-out, if any) video; save it beside the truth."""
     import sample as sampling
     item = dataset[(index, 0)]
     device = next(net.parameters()).device
     video = item["video"][None].to(device, next(vae.parameters()).dtype)
     text = item["text_emb"][None].to(device)
-    generated = sampling.generate(net, vae, video, text, torch.zeros_like(text), cfg.sample_steps, cfg.guidance,
-                                  cfg.seed)
+    generated = sampling.generate(net, vae, video, text, neg_text.to(device), cfg.sample_steps, cfg.guidance, cfg.seed)
     if master:
         sampling.write_mp4(path, torch.cat([video, generated.to(video.dtype)], dim=-1)[0])
         print(f"sample: {path} (left: data, right: generated from its first frame)", flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, user_errors=(ValueError, OSError, ckpt.CheckpointError))
