@@ -1,9 +1,9 @@
 """The Cosmos-Predict2 diffusion transformer ("MiniTrainDIT" / video2world "MinimalV1LVGDiT") in plain PyTorch.
 
 Parameter and buffer names are exactly upstream's, so released checkpoints load without any key mapping.
-Everything below is written from ../shared/specs/cosmos_dit.md and checked against tensors produced by the
-upstream code (tests/check_reference.py). Layout names: B batch, C channels, T/H/W latent frames/rows/cols,
-L tokens, D model width, d head width.
+docs/predict2.md has the conventions (and where we deliberately differ from upstream); everything below is
+checked against tensors produced by the upstream code (tests/check_reference.py). Layout names: B batch,
+C channels, T/H/W latent frames/rows/cols, L tokens, D model width, d head width.
 
 Contents, top to bottom: config -> building blocks -> DiT -> LoRA -> rectified-flow denoiser.
 """

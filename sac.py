@@ -9,7 +9,7 @@ block: module names, `named_parameters()` and state_dict keys never change, FSDP
     ... first training step ...
     sac.check_first_step("selective")        # raises if the save list never matched a real kernel
 
-Modes (see ../shared/specs/infra.md §4.2 for memory and time per mode):
+Modes (docs/memory.md has the measured memory and time per mode, and how to choose):
     none       no checkpointing: every activation is kept
     block      full recompute: only the block inputs are kept
     mm         keep matmul outputs, recompute attention and elementwise work

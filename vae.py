@@ -4,8 +4,9 @@ A causal 3-D convolutional autoencoder: time x4 (causal: T = 4k+1 frames -> k+1 
 then a fixed per-channel normalisation. 93 frames at 432x768 become a [16, 24, 54, 96] latent.
 
 Parameter names are exactly those of upstream `VAE_`, so the released `tokenizer.pth` (== `Wan2.1_VAE.pth`, a plain
-state_dict of 194 tensors) loads strictly with no key mapping. Written from ../shared/specs/vae.md and checked
-against tensors produced by the upstream code (tests/ref_vae.py). Layout names: B batch, C channels, T/H/W frames/rows/cols.
+state_dict of 194 tensors) loads strictly with no key mapping. Shapes and conventions: docs/predict2.md. Checked
+against tensors produced by the upstream code (tests/ref_vae.py). Layout names: B batch, C channels,
+T/H/W frames/rows/cols.
 
 Video is processed in time chunks: the first frame alone, then `temporal_window` frames at a time. Every causal
 convolution keeps the last frames it saw in a cache (a dict shared by one encode/decode call), so chunked execution
@@ -13,16 +14,20 @@ computes the same function as one pass over the whole clip while holding only on
 Activations are kept channels-last (NDHWC), the layout cuDNN's tensor-core convolutions want.
 
 Contents, top to bottom: config -> building blocks -> encoder / decoder -> WanVAE (encode / decode) -> benchmark.
+
+    python vae.py --bench [--frames 93 --height 432 --width 768 --window 16 --runs 3 --cudnn-benchmark]
 """
-import argparse
 import json
 import statistics
+import sys
 import time
 from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import cli
 
 # -----------------------------------------------------------------------------
 # Config
@@ -401,11 +406,40 @@ def build_vae(name, ckpt_path, device, dtype):
 # -----------------------------------------------------------------------------
 # Benchmark: python vae.py --bench [--frames 93 --height 432 --width 768 --dtype bf16]
 
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    bench: bool = False  # time encode and decode (random weights, random video), print one JSON line
+    config: str = "real"  # VAE config: real (the released architecture) | tiny
+    device: str = "cuda"  # cuda | cpu
+    dtype: str = "bf16"  # bf16 | fp32 | fp16 (Cosmos runs the VAE in bf16)
+    frames: int = 93  # video frames, 4k+1
+    height: int = 432  # pixels, a multiple of 8
+    width: int = 768  # pixels, a multiple of 8
+    window: int = 16  # encoder temporal window: frames per call after the first (a multiple of 4; Cosmos uses 16)
+    runs: int = 3  # timed runs after one warm-up; the median is reported
+    cudnn_benchmark: bool = False  # set torch.backends.cudnn.benchmark
+
+    def __post_init__(self):
+        if self.config not in VAE_CONFIGS:
+            raise ValueError(f"--config {self.config!r}; valid: {', '.join(sorted(VAE_CONFIGS))}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype {self.dtype!r}; valid: {', '.join(DTYPES)}")
+        if self.frames < 1 or (self.frames - 1) % 4 or min(self.height, self.width) < 8 or self.height % 8 \
+                or self.width % 8:
+            raise ValueError(f"--frames {self.frames} --height {self.height} --width {self.width}: need 4k+1 frames "
+                             "and positive multiples of 8 for height and width")
+        check_window(self.window)
+        if self.runs < 1:
+            raise ValueError(f"--runs {self.runs}: need >= 1")
+
 
 def bench(args):
     """Time encode/decode of random weights on a random video; print one JSON line."""
     device = torch.device(args.device)
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[args.dtype]
+    dtype = DTYPES[args.dtype]
     cuda = device.type == "cuda"
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     cfg = get_vae_config(args.config)
@@ -449,22 +483,12 @@ def bench(args):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Wan2.1 VAE benchmark (random weights)")
-    p.add_argument("--bench", action="store_true", help="time encode and decode, print one JSON line")
-    p.add_argument("--config", default="real", choices=sorted(VAE_CONFIGS))
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
-    p.add_argument("--frames", type=int, default=93)
-    p.add_argument("--height", type=int, default=432)
-    p.add_argument("--width", type=int, default=768)
-    p.add_argument("--window", type=int, default=16, help="encoder temporal window (frames per call)")
-    p.add_argument("--runs", type=int, default=3, help="timed runs after one warm-up; the median is reported")
-    p.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
-    args = p.parse_args(argv)
+    args = cli.parse(BenchConfig, argv, description="Wan2.1 VAE benchmark (random weights): "
+                     "python vae.py --bench [--frames 93 --height 432 --width 768 --window 16 --runs 3]")
     if not args.bench:
-        p.error("nothing to do: pass --bench")
+        raise ValueError("nothing to do: pass --bench")
     bench(args)
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(lambda: main(sys.argv[1:]))

@@ -1,12 +1,13 @@
 """Run every upstream reference case found in the given folders through OUR code and print the max-abs errors.
 
-    python tests/check_reference.py ../shared/reference [MORE_DIRS ...]
+    python tests/check_reference.py tests/data/reference [MORE_DIRS ...]
 
 A model case is `<case>.json` + `<case>.weights.safetensors` + `<case>.io.safetensors` (the format of
-../shared/reference/): the json's upstream constructor kwargs are mapped to our DiTConfig, the weights go
-through ckpt.load (the project's strict key handling), and every `out.*` tensor (and `dbg.*` intermediate we can
-observe) is compared. Also checked when present: the denoiser + 35-step sampler, the sampler step, RoPE/timestep
-components, the released configs' key tables, and Wan2.1 VAE cases (tests/ref_vae.py).
+tests/data/reference/, described in its README.md and in docs/predict2.md): the json's upstream constructor kwargs
+are mapped to our DiTConfig, the weights go through ckpt.load (the project's strict key handling), and every
+`out.*` tensor (and `dbg.*` intermediate we can observe) is compared. Also checked when present: the denoiser +
+35-step sampler, the sampler step, RoPE/timestep components, the released configs' key tables, and Wan2.1 VAE
+cases (tests/ref_vae.py).
 Exit status 1 if any error exceeds its bound (2e-5 for the DiT and sampler).
 """
 import glob

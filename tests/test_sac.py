@@ -3,7 +3,7 @@ exactly what its name says (counted with a TorchDispatchMode). Plus bench.py's F
 
 Bitwise equality holds here because recomputation re-runs the same CPU kernels on the same shapes and, in fp32,
 those kernels are deterministic; on the GPU the same holds only under torch.use_deterministic_algorithms
-(../shared/specs/infra.md §5.1).
+(docs/memory.md, "Recompute and determinism").
 """
 from collections import Counter
 

@@ -1,0 +1,47 @@
+"""The repository stands alone: no tracked file sends the reader to a folder a user's clone does not have, and every
+docs/*.md that a tracked file cites exists.
+
+What a reader needs from the specs and reference data we developed against lives in docs/ and tests/data/.
+"""
+import os
+import re
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = "shared"  # the patterns are assembled from pieces so that this file does not match itself
+OUTSIDE = ("../" + SHARED, "/work/" + SHARED, SHARED + "/specs", SHARED + "/reference")
+
+
+def tracked_text_files():
+    """(path relative to the repo root, text) of every git-tracked file that is text (binary files are skipped)."""
+    if not os.path.exists(os.path.join(ROOT, ".git")):
+        pytest.skip("not a git checkout: nothing tracked to check")
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for rel in names.decode().split("\0"):
+        path = os.path.join(ROOT, rel)
+        if not rel or not os.path.isfile(path):  # deleted in the work tree, or a submodule
+            continue
+        with open(path, "rb") as f:
+            data = f.read()
+        if b"\0" in data[:8192]:  # git's own binary heuristic
+            continue
+        try:
+            yield rel, data.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+
+
+def test_no_tracked_file_points_outside_the_repo():
+    hits = [f"{rel}:{n}: {line.strip()[:140]}" for rel, text in tracked_text_files()
+            for n, line in enumerate(text.splitlines(), start=1) if any(p in line for p in OUTSIDE)]
+    assert not hits, (f"{len(hits)} line(s) point outside the repository; move what the reader needs into docs/ "
+                      "(or tests/data/) and cite that:\n" + "\n".join(hits))
+
+
+def test_cited_docs_exist():
+    missing = [f"{rel}:{n}: {doc}" for rel, text in tracked_text_files()
+               for n, line in enumerate(text.splitlines(), start=1)
+               for doc in re.findall(r"\bdocs/[\w.-]+\.md\b", line) if not os.path.isfile(os.path.join(ROOT, doc))]
+    assert not missing, "cited docs that do not exist:\n" + "\n".join(missing)
