@@ -12,7 +12,8 @@
 Every field is a flag `--field-name` (underscores become dashes), booleans are `--x` / `--no-x`, tuples take
 comma-separated values, and a nested dataclass field contributes its own fields under its name as prefix.
 Unknown flags are an error (argparse), and so are unknown keys in a preset. The help text of a flag is the
-comment on its field's line plus any comment-only lines right below it, with the default appended.
+comment on its field's line plus any comment-only lines right below it, with the default appended (unless the
+comment speaks of its default itself).
 `cli.main(fn)` runs a script's main and turns a user error (a bad flag, a missing file) into one line on stderr
 and exit code 2, instead of a traceback; NANOCOSMOS_TRACEBACK=1 shows the traceback too.
 """
@@ -109,7 +110,7 @@ def add_fields(parser, cls, prefix="", positional=()):
             add_fields(group, kind, prefix=name + "_")
             continue
         text = helps.get(f.name, "")
-        if default is not dataclasses.MISSING:
+        if default is not dataclasses.MISSING and "default" not in text.lower():  # a comment may explain it itself
             text += f" (default: {_show(default)})"
         if name in positional:
             parser.add_argument(name, help=text, **({} if default is dataclasses.MISSING else

@@ -2,12 +2,12 @@
 classifier-free guidance in upstream's convention, and a video2world CLI that writes an mp4.
 
     python sample.py                       # tiny default: the checkpoint python train.py wrote to out/, on CPU
-    python sample.py --config v2w-14b --ckpt droid --vae real --vae-ckpt tokenizer.pth \
-        --image first_frame.png --prompt-emb prompt.safetensors --out video.mp4
+    python sample.py --ckpt runs/droid14b --prompt-emb prompt.safetensors --image first.png   # a run, as trained
+    python sample.py --config v2w-14b --ckpt droid --vae real --vae-ckpt tokenizer.pth
+                     --image first_frame.png --prompt-emb prompt.safetensors --out video.mp4   # (one line)
 
 The network and its x0 prediction live in model.py (`denoise`); this file walks the noise schedule.
 """
-import argparse
 import dataclasses
 import json
 import math
@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import cli
 from model import DiT, add_lora, condition_mask, denoise, get_config
 
 SIGMA_MIN, SIGMA_MAX, RHO = 0.002, 80.0, 7.0
@@ -124,38 +125,47 @@ def generate(net, vae, video_B_3_T_H_W, crossattn_emb, neg_crossattn_emb=None, n
 
 @dataclasses.dataclass
 class SampleConfig:
-    config: str = "tiny"  # DiT config (model.CONFIGS)
-    ckpt: str = "out"  # anything ckpt.load takes (droid, a path, hf://...), a train.py out dir (its latest), or random
-    ema: bool = False  # the net_ema. copy of a release file that holds both
-    vae: str = ""  # tiny | real (default: tiny for the tiny config)
-    vae_ckpt: str = ""  # tokenizer.pth for --vae real
+    ckpt: str = "out"  # a train.py run dir (rebuilt as trained, newest checkpoint), anything ckpt.load takes (droid, a path, hf://...), or random
+    config: str = ""  # DiT config (model.CONFIGS); default: the run's, or tiny
+    ema: bool = False  # --ema: the EMA weights (a run's --ema, or a release file's net_ema. copy); --no-ema: the raw net. copy of a file holding both
+    vae: str = ""  # tiny | real (default: the run's, or tiny for the tiny config, else real)
+    vae_ckpt: str = ""  # tokenizer.pth for --vae real (default: the run's)
     image: str = ""  # first frame (png/jpg); default: the first frame of the first video in --data
-    data: str = "data/tiny_grid"  # where the default first frame (and tiny stand-in prompt) come from
+    data: str = ""  # where the default first frame, the tiny stand-in prompt and the negative prompt come from (default: the run's, or data/tiny_grid)
     prompt_emb: str = ""  # T5 embedding file (.safetensors "text_emb" or upstream .pickle); tiny: stand-in of --prompt
-    prompt: str = ""
-    neg_prompt_emb: str = ""  # negative-prompt embedding; default zeros (upstream passes a long negative prompt)
-    frames: int = 0
-    height: int = 0
-    width: int = 0
-    steps: int = 35
-    guidance: float = 7.0
-    seed: int = 0
-    fps: int = 16
-    device: str = ""
-    out: str = "sample.mp4"
+    prompt: str = ""  # the tiny stand-in's prompt text
+    neg_prompt_emb: str = ""  # negative-prompt embedding (default: DATA/t5_xxl/negative_prompt.pickle from t5.py, else zeros, said)
+    frames: int = 0  # pixel frames, 4k+1 (default: the run's, or 9 for tiny, 93)
+    height: int = 0  # pixels, a multiple of 16 (default: the run's, or 64 for tiny, 432)
+    width: int = 0  # pixels, a multiple of 16 (default: the run's, or 112 for tiny, 768)
+    steps: int = 35  # sampler steps
+    guidance: float = 7.0  # CFG, upstream convention x0_c + g (x0_c - x0_u)
+    seed: int = 0  # initial noise (numpy, as upstream)
+    fps: int = 16  # frame rate written into the mp4
+    device: str = ""  # cuda | cpu (default: cuda when available)
+    out: str = "sample.mp4"  # the mp4 to write
+
+
+def is_run(path):
+    return os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "latest"))
 
 
 def parse_config(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(SampleConfig):
-        flag = f"--{f.name.replace('_', '-')}"
-        if f.type is bool or f.type == "bool":
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default)
-        else:
-            parser.add_argument(flag, dest=f.name, type=type(f.default), default=f.default)
-    cfg = SampleConfig(**vars(parser.parse_args(argv)))
+    """Flags, then the run's own settings (config, size, VAE, data) for what was not given, then the defaults."""
+    given = cli.parse_flags(SampleConfig, argv, description=__doc__)
+    run = {}
+    if is_run(given.get("ckpt", SampleConfig.ckpt)):
+        with open(os.path.join(given.get("ckpt", SampleConfig.ckpt), "config.json")) as f:
+            saved = json.load(f)
+        run = {k: saved[k] for k in ("config", "vae", "vae_ckpt", "data", "frames", "height", "width") if k in saved}
+        if "config" in given and given["config"] != run["config"]:
+            raise ValueError(f"--config {given['config']}: the run in {given['ckpt']} trained {run['config']}")
+    cfg = cli.build(SampleConfig, run, given)
+    cfg.config = cfg.config or "tiny"
     tiny = cfg.config == "tiny"
     get_config(cfg.config)
+    cfg.ema = cfg.ema if "ema" in given else None  # None: the only copy a file holds (both: an error)
+    cfg.data = cfg.data or "data/tiny_grid"
     cfg.vae = cfg.vae or ("tiny" if tiny else "real")
     cfg.frames = cfg.frames or (9 if tiny else 93)
     cfg.height, cfg.width = cfg.height or (64 if tiny else 432), cfg.width or (112 if tiny else 768)
@@ -165,6 +175,11 @@ def parse_config(argv):
         raise ValueError(f"--config {cfg.config} needs --prompt-emb (a T5-XXL embedding file; see t5.py)")
     if cfg.vae == "real" and not cfg.vae_ckpt:
         raise ValueError("--vae real needs --vae-ckpt (tokenizer/tokenizer.pth of a Cosmos-Predict2 repo)")
+    for name in ("image", "prompt_emb", "neg_prompt_emb", "vae_ckpt"):
+        if getattr(cfg, name) and not os.path.isfile(getattr(cfg, name)):
+            raise ValueError(f"{cli.flag(name)} {getattr(cfg, name)}: no such file")
+    if cfg.ckpt == "random" and "ema" in given:
+        raise ValueError("--ema/--no-ema does nothing with --ckpt random")
     return cfg
 
 
@@ -212,6 +227,18 @@ def build_from_run(out_dir, device, use_ema):
     return net, f"{out_dir} step {state['step']}{' (EMA)' if use_ema else ''}"
 
 
+def negative_embedding(cfg, text, dim):
+    """--neg-prompt-emb, else the negative prompt t5.py wrote beside the data's prompts, else zeros (said)."""
+    import data
+    path = cfg.neg_prompt_emb or (data.negative_prompt_path(cfg.data) if cfg.config != "tiny" else None)
+    if path:
+        print(f"sample: negative prompt {path}", flush=True)
+        return data.load_text_embedding(path, text.shape[0], dim)[0]
+    print("sample: negative prompt: zeros" + (" (tiny stand-in)" if cfg.config == "tiny" else
+          f" (none in {cfg.data}/t5_xxl: run `python t5.py {cfg.data}`, or pass --neg-prompt-emb)"), flush=True)
+    return torch.zeros_like(text)
+
+
 def main(argv=None):
     import ckpt
     import data
@@ -219,10 +246,8 @@ def main(argv=None):
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    if os.path.isfile(os.path.join(cfg.ckpt, "latest")):  # a train.py run: rebuild it as trained, newest checkpoint
-        net, source = build_from_run(cfg.ckpt, device, cfg.ema)
-        if net.cfg != get_config(cfg.config):
-            raise ValueError(f"{cfg.ckpt} trained a different config than --config {cfg.config}")
+    if is_run(cfg.ckpt):  # a train.py run: rebuild it as trained, newest checkpoint
+        net, source = build_from_run(cfg.ckpt, device, bool(cfg.ema))
     else:
         with torch.device("meta"):
             net = DiT(get_config(cfg.config))
@@ -234,7 +259,7 @@ def main(argv=None):
         elif not os.path.exists(source) and cfg.ckpt == "out":
             raise FileNotFoundError("sample: no out/latest: run `python train.py` first, or pass --ckpt SOURCE/random")
         else:
-            ckpt.load(net, source, ema=True if cfg.ema else None)
+            ckpt.load(net, source, ema=cfg.ema)
     mcfg = net.cfg
     net = net.to(dtype).eval()
     vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, device, dtype)
@@ -246,8 +271,7 @@ def main(argv=None):
         text, _ = data.load_text_embedding(cfg.prompt_emb, 512, dim)
     else:  # tiny only (parse_config refuses otherwise): train.py's stand-in, 16 tokens
         text, _ = data.standin_text_embedding(cfg.prompt or "Put the marker in the cup.", 16, dim)
-    neg = data.load_text_embedding(cfg.neg_prompt_emb, text.shape[0], dim)[0] if cfg.neg_prompt_emb else \
-        torch.zeros_like(text)
+    neg = negative_embedding(cfg, text, dim)
     generated = generate(net, vae, video.to(dtype), text[None].to(device), neg[None].to(device), cfg.steps,
                          cfg.guidance, cfg.seed)
     write_mp4(cfg.out, generated[0], fps=cfg.fps)
@@ -256,4 +280,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    import ckpt
+    cli.main(main, user_errors=(ValueError, OSError, ckpt.CheckpointError))

@@ -36,14 +36,44 @@ def test_sample_cli_refuses_a_missing_checkpoint_and_real_configs_without_embedd
 
 def test_sample_from_a_lora_run_with_ema(tmp_path):
     run_dir, grid = str(tmp_path / "run"), str(tmp_path / "grid")
+    sys.path.insert(0, ROOT)
+    import train
+    train.make_tiny_dataset(grid)  # train.py reads --data, never writes it
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "train.py", "--data", grid, "--out", run_dir, "--steps", "2", "--lora", "4",
                            "--ema", "0.1", "--sample-every", "0"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for extra in ([], ["--ema"]):
+    for extra in ([], ["--ema"], ["--no-ema"]):
         out = str(tmp_path / f"v{len(extra)}.mp4")
-        proc = subprocess.run([sys.executable, "sample.py", "--ckpt", run_dir, "--data", grid, "--steps", "2",
-                               "--out", out, *extra], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+        # no --config, --data or size: the run's own config.json says how it was trained
+        proc = subprocess.run([sys.executable, "sample.py", "--ckpt", run_dir, "--steps", "2", "--out", out, *extra],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         assert "step 2" in proc.stdout and len(imageio.mimread(out)) == 9
+        assert ("(EMA)" in proc.stdout) == (extra == ["--ema"])
+    proc = subprocess.run([sys.executable, "sample.py", "--ckpt", run_dir, "--config", "v2w-2b"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2 and "trained tiny" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_no_ema_picks_the_raw_copy_of_a_file_holding_both(tmp_path):
+    """--no-ema works for a release file that holds net. and net_ema.; without a choice it is an error."""
+    import torch
+    sys.path.insert(0, ROOT)
+    from model import DiT, get_config
+    net = DiT(get_config("tiny"))
+    torch.manual_seed(0)
+    net.init_weights()
+    both = {**{"net." + k: v for k, v in net.state_dict().items()},
+            **{"net_ema." + k: v + 1 if v.is_floating_point() else v for k, v in net.state_dict().items()}}
+    path = str(tmp_path / "both.pt")
+    torch.save(both, path)
+    outputs = {}
+    for extra in ([], ["--ema"], ["--no-ema"]):
+        out = str(tmp_path / f"b{len(extra)}{extra[:1]}.mp4")
+        proc = subprocess.run([sys.executable, "sample.py", "--ckpt", path, "--steps", "1", "--out", out, *extra],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        outputs[tuple(extra)] = proc
+    assert outputs[()].returncode == 2 and "both" in outputs[()].stderr
+    assert outputs[("--ema",)].returncode == 0 and outputs[("--no-ema",)].returncode == 0
