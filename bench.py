@@ -3,15 +3,14 @@
     python bench.py --config v2w-2b --sac selective                  # one JSON line
     python bench.py --config v2w-14b --lora 32 --sac block --steps 3
     python bench.py --sweep --out bench.jsonl                        # the BENCHMARKS.md table, one subprocess each
-    python bench.py --device cpu --dtype float32 --config tiny --frames 9 --height 64 --width 64 --text_len 16
-    python bench.py --ckpt_load --size_gb 28 --dir /tmp/x --format pt  # ckpt.load vs `cat file > /dev/null`
+    python bench.py --device cpu --dtype float32 --config tiny --frames 9 --height 64 --width 64 --text-len 16
+    python bench.py --ckpt-load --size-gb 28 --dir /tmp/x --format pt  # ckpt.load vs `cat file > /dev/null`
 
 The model is built on `meta`, materialised in bf16 on the GPU with random weights (no download), and trained on
 random latents [1, 16, T, H/8, W/8] (T = 1 + (frames-1)/4, the Wan VAE's compression) with a 512 x 1024 text
-embedding and the video2world condition mask. Model FLOPs come from the explicit formula in `model_flops`; MFU is
+embedding and the video2world condition mask. Model FLOPs come from the explicit formula in `model.model_flops`; MFU is
 against a bf16 matmul peak measured in the same process. An out-of-memory is reported as status "OOM", not a crash.
 """
-import argparse
 import contextlib
 import json
 import os
@@ -19,7 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 # before the first CUDA allocation: growable segments keep fragmentation from turning a fit into an OOM
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -27,39 +26,40 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import torch  # noqa: E402
 
 import ckpt  # noqa: E402
+import cli  # noqa: E402
 import sac  # noqa: E402
-from model import DiT, add_lora, condition_mask, denoise, get_config  # noqa: E402
+from model import DiT, add_lora, condition_mask, denoise, get_config, matmul_peak, model_flops  # noqa: E402
 
 
 @dataclass
 class BenchConfig:
-    config: str = "v2w-2b"
-    sac: str = "selective"
-    every: int = 1
+    config: str = "v2w-2b"  # DiT config (model.CONFIGS)
+    sac: str = "selective"  # activation checkpointing: none | block | mm | attn | selective (docs/memory.md)
+    every: int = 1  # checkpoint every N-th block only
     lora: int = 0  # LoRA rank; 0 = full fine-tune
     frames: int = 93  # pixel frames; latent T = 1 + (frames - 1) // 4
-    height: int = 432
-    width: int = 768
-    text_len: int = 512
+    height: int = 432  # pixels
+    width: int = 768  # pixels
+    text_len: int = 512  # text-embedding tokens
     cond_frames: int = 1  # latent conditioning frames (video2world)
     steps: int = 5  # timed steps; the median is reported
-    warmup: int = 2
+    warmup: int = 2  # untimed steps first (allocator growth, cuDNN plans, compile)
     compile: bool = False  # torch.compile each block in place (state_dict keys unchanged)
     offload: bool = False  # keep tensors saved for backward (under `block`: the block inputs) in pinned host memory
     parity: bool = False  # instead of timing: the v2w reference case on this device in fp32 and bf16 vs upstream
     tf32: bool = True  # TF32 for the fp32 LoRA adapter matmuls; bf16 matmuls are unaffected
-    device: str = "cuda"
-    dtype: str = "bfloat16"
-    seed: int = 0
+    device: str = "cuda"  # cuda | cpu
+    dtype: str = "bfloat16"  # weights and compute: bfloat16 | float32
+    seed: int = 0  # random weights and inputs
     profile: str = ""  # write a per-kernel time table here (one extra profiled step) and add shares to the JSON
     sweep: bool = False  # run SWEEP, each entry in its own subprocess, forwarding --compile/--steps/...
     out: str = ""  # also append the JSON line(s) to this file
     timeout: int = 300  # seconds per sweep entry
     ckpt_load: bool = False  # instead of a step: ckpt.load of a synthetic bf16 checkpoint vs cat (uses --device)
-    size_gb: float = 28.0  # --ckpt_load: checkpoint size (14B block shapes; < 1 GB: tiny shapes)
-    dir: str = ""  # --ckpt_load: where the synthetic checkpoint is written once and reused
-    format: str = "pt"  # --ckpt_load: pt (release-style, net. keys) | safetensors (our keys)
-    threads: int = 8  # --ckpt_load: ckpt.load reader threads
+    size_gb: float = 28.0  # --ckpt-load: checkpoint size (14B block shapes; < 1 GB: tiny shapes)
+    dir: str = ""  # --ckpt-load: where the synthetic checkpoint is written once and reused
+    format: str = "pt"  # --ckpt-load: pt (release-style, net. keys) | safetensors (our keys)
+    threads: int = 8  # --ckpt-load: ckpt.load reader threads
 
 
 # The BENCHMARKS.md table: v2w-2b full fine-tune under every mode, v2w-14b LoRA r=32 under block and attn.
@@ -75,13 +75,8 @@ SWEEP = [
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for f in fields(BenchConfig):
-        if f.type is bool or f.type == "bool":
-            p.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, default=f.default)
-        else:
-            p.add_argument(f"--{f.name}", type=type(f.default), default=f.default)
-    return BenchConfig(**vars(p.parse_args(argv)))  # argparse rejects unknown keys
+    """argparse generated from BenchConfig (cli.py): --text-len, --ckpt-load, --no-tf32, ...; unknown flags: an error."""
+    return cli.parse(BenchConfig, argv, description=__doc__)
 
 
 # -----------------------------------------------------------------------------
@@ -92,65 +87,6 @@ def latent_shape(b: BenchConfig):
     if (b.frames - 1) % 4 or b.height % 8 or b.width % 8:
         raise ValueError(f"frames-1 must be divisible by 4 and height/width by 8, got {b.frames}x{b.height}x{b.width}")
     return (1, 16, 1 + (b.frames - 1) // 4, b.height // 8, b.width // 8)
-
-
-def model_flops(cfg, latent, text_len, lora_rank=0):
-    """Forward FLOPs of one sample (a multiply-add = 2 FLOPs), and the step total under two backward rules.
-
-    Per block, L video tokens of width D, S text tokens of width Dc, MLP hidden F, Tt adaLN rows (one per frame):
-      self-attention projections q,k,v,o  4 * 2LD^2        self-attention  QK^T and PV: 4 L^2 D
-      cross-attention q,o                 2 * 2LD^2        cross-attention QK^T and PV: 4 L S D
-      cross-attention k,v on the text     2 * 2S Dc D      MLP                          2 * 2LDF
-      adaLN(-LoRA) modulations            3 * 2Tt(D r + r 3D)   (or 3 * 2Tt D 3D without adaLN-LoRA)
-      LoRA adapters on each target linear 2 tokens r (in + out)
-    plus the patch embedding, the final layer (with its adaLN), the timestep MLP (Tt rows) and the text projection
-    when the config has one. Recompute under activation checkpointing is not counted.
-    Returns (fwd, step_3x, step_needed): step_3x = 3 * fwd, the usual rule (each linear's backward costs twice
-    its forward); step_needed drops the weight gradients that a LoRA run does not compute (frozen linears cost 1x
-    in backward, attention always 2x).
-    """
-    _, C, T, H, W = latent
-    p, pt = cfg.patch_spatial, cfg.patch_temporal
-    Tt, L, S = T // pt, (T // pt) * (H // p) * (W // p), text_len
-    D, Dc, F = cfg.model_channels, cfg.crossattn_emb_channels, int(cfg.model_channels * cfg.mlp_ratio)
-    r_ada = cfg.adaln_lora_dim if cfg.use_adaln_lora else 0
-    ada = 3 * 2 * Tt * (D * r_ada + r_ada * 3 * D) if r_ada else 3 * 2 * Tt * D * 3 * D
-    linear = 4 * 2 * L * D * D + 2 * 2 * L * D * D + 2 * 2 * S * Dc * D + 2 * 2 * L * D * F
-    attn = 4 * L * L * D + 4 * L * S * D
-    lora = 0
-    if lora_rank:
-        r = lora_rank
-        lora = (4 * 2 * L * r * 2 * D  # self q,k,v,o
-                + 2 * 2 * L * r * 2 * D + 2 * 2 * S * r * (Dc + D)  # cross q,o on video; k,v on text
-                + 2 * 2 * L * r * (D + F))  # mlp layer1, layer2
-    in_ch = C + int(cfg.video2world) + int(cfg.concat_padding_mask)
-    outer = (2 * L * in_ch * pt * p * p * D + 2 * L * D * cfg.out_channels * pt * p * p  # embed, final linear
-             + 2 * Tt * (D * r_ada + r_ada * 2 * D if r_ada else D * 2 * D)  # final adaLN
-             + 2 * Tt * (D * D + D * (3 * D if r_ada else D)))  # timestep MLP
-    if cfg.crossattn_proj_in_channels != Dc:
-        outer += 2 * S * cfg.crossattn_proj_in_channels * Dc
-    per_block = linear + attn + ada + lora
-    fwd = cfg.num_blocks * per_block + outer
-    step_3x = 3 * fwd
-    if not lora_rank:
-        return fwd, step_3x, step_3x
-    frozen = cfg.num_blocks * (linear + ada) + outer
-    step_needed = fwd + 2 * cfg.num_blocks * attn + frozen + 2 * cfg.num_blocks * lora
-    return fwd, step_3x, step_needed
-
-
-def matmul_peak(device, dtype, n=8192, reps=20):
-    """Median FLOP/s of an n^3 matmul on random data (zeros run faster than real data on this GPU)."""
-    if device.type != "cuda":
-        n, reps = 512, 5
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    times = []
-    for i in range(reps + 3):
-        t = _timer(device)
-        a @ b
-        if i >= 3:
-            times.append(t())
-    return 2 * n ** 3 / statistics.median(times)
 
 
 def _timer(device):
@@ -343,7 +279,7 @@ def emit(res, out):
 
 def sweep(b: BenchConfig, argv):
     """Each SWEEP entry in its own process (an OOM or a crash in one leaves the others running)."""
-    skip = {"--sweep", "--out", "--config", "--sac", "--lora", "--every", "--timeout"}
+    skip = {"--sweep", "--out", "--config", "--sac", "--lora", "--every", "--timeout"}  # the entry sets these
     forwarded, i = [], 0
     while i < len(argv):  # forward the parent's other flags (e.g. --compile, --steps) to every entry
         key = argv[i].split("=")[0]
@@ -450,7 +386,7 @@ def main(argv=None):
     sac.validate(b.sac, b.every)
     if b.ckpt_load:
         if not b.dir or b.format not in ("pt", "safetensors"):
-            raise ValueError(f"--ckpt_load needs --dir DIR and --format pt|safetensors, got {b.dir!r} {b.format!r}")
+            raise ValueError(f"--ckpt-load needs --dir DIR and --format pt|safetensors, got {b.dir!r} {b.format!r}")
         return bench(b.size_gb, b.dir, b.format, b.device, b.threads)
     if b.parity:
         return emit(parity(b), b.out)
@@ -460,4 +396,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main)

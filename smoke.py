@@ -1,80 +1,65 @@
-"""The 1-step GRPO smoke test: one rollout group, rewards, advantages, one LoRA update, and PASS criteria.
+r"""The 1-step GRPO smoke test: one rollout group, rewards, advantages, one LoRA update, and PASS criteria.
 
     python smoke.py                       # tiny DiT + tiny VAE on CPU, well under a minute
-    python smoke.py --config v2w-14b --device cuda --frames 93 --height 432 --width 768 --k 2 --steps 8 --sac block
+    python smoke.py --config v2w-14b --device cuda --frames 93 --height 432 --width 768 \
+        --grpo-group-size 2 --grpo-num-steps 8 --sac block
 
 Random weights unless --init names a checkpoint (loaded strictly through ckpt.load). The base net is built on the
 meta device and materialised directly in its final dtype (bf16 on CUDA), so a 14B model never exists in fp32;
 the LoRA adapters are fp32. Prints time and peak memory per phase and the MFU of the rollout and of the update
-against a bf16 matmul peak measured in the same run, then each criterion, then `SMOKE PASS` or `SMOKE FAIL: ...`.
+against a bf16 matmul peak measured in the same run (GPU only), then each criterion, then `SMOKE PASS` or `SMOKE FAIL: ...`.
 """
-import argparse
 import math
-import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import bench
+import cli
 import grpo
 import reward
-from model import DiT, add_lora, condition_mask, get_config
+from grpo import GRPOConfig
+from model import DiT, add_lora, condition_mask, get_config, matmul_peak, model_flops
 
 
 @dataclass(frozen=True)
 class SmokeConfig:
     config: str = "tiny"  # model.py config name
-    device: str = "cpu"
+    device: str = "cpu"  # cpu | cuda
     dtype: str = "auto"  # base weights: auto = bf16 on cuda, fp32 on cpu; fp32 | bf16. LoRA is always fp32
     frames: int = 9  # pixel frames, 4k + 1 (93 -> 24 latent frames)
     height: int = 64  # pixels, multiple of 16 (VAE x8, then 2x2 patches)
-    width: int = 64
+    width: int = 64  # pixels, multiple of 16
     cond_frames: int = 1  # conditioning latent frames (1 = one input image)
     text_tokens: int = 512  # T5 sequence length of the (random) prompt embeddings
-    k: int = 2  # samples per group
-    steps: int = 8  # rollout steps N
-    eta: float = 0.5
-    guidance: float = 7.0
-    uncond_grad: bool = False
-    kl_coef: float = 0.0
     lora_rank: int = 32  # Predict2's 14B preset: r = 32, alpha = 32 -> 143,917,056 parameters
-    lora_alpha: float = 32.0
-    lr: float = 1e-4
+    lora_alpha: float = 32.0  # LoRA alpha (scale alpha / rank)
     sac: str = "none"  # activation checkpointing mode passed to sac.apply (none | block | mm | attn | selective)
-    offload: bool = False  # GRPOConfig.offload_activations: saved block inputs wait in pinned host memory
-    recompute_old_logp: bool = False  # GRPOConfig.recompute_old_logp: only if the rollout's kernels differ
     init: str = "random"  # base weights: random, or anything ckpt.load accepts (named init, path, hf://...)
     vae: str = "auto"  # tiny | real (architecture; random weights); auto = tiny for the tiny DiT, else real
-    seed: int = 0
+    seed: int = 0  # weights, condition and rollout noise
     count_flops: str = "false"  # also run FlopCounterMode (true | false | auto = cuda): it defeats activation
-    # checkpointing's memory savings (the 14B update went out of memory at 137 GiB under it); MFU uses bench.model_flops
+    # checkpointing's memory savings (the 14B update went out of memory at 137 GiB under it); MFU uses model.model_flops
     # (on CPU the counter's per-op Python dispatch costs ~10x on the tiny model, and it cannot count CPU attention)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)  # the GRPO knobs, as train.py's --grpo-* (docs/grpo.md)
 
     def __post_init__(self):
         for name, valid in (("dtype", ("auto", "fp32", "bf16")), ("vae", ("auto", "tiny", "real")),
-                            ("count_flops", ("auto", "true", "false"))):
+                            ("count_flops", ("auto", "true", "false")), ("device", ("cpu", "cuda"))):
             if getattr(self, name) not in valid:
-                raise ValueError(f"--{name}={getattr(self, name)!r}; valid: {valid}")
+                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)!r}; valid: {valid}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is visible")
+        if (self.frames - 1) % 4 or self.height % 16 or self.width % 16:
+            raise ValueError(f"--frames must be 4k+1 and --height/--width multiples of 16, got "
+                             f"{self.frames}x{self.height}x{self.width}")
 
 
 def parse_args(argv=None):
-    """argparse generated from SmokeConfig's fields; unknown flags are an error."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for f in fields(SmokeConfig):
-        kind = parse_bool if f.type is bool else f.type
-        parser.add_argument(f"--{f.name}", type=kind, default=f.default, help=f"default: {f.default}")
-    return SmokeConfig(**vars(parser.parse_args(argv)))
-
-
-def parse_bool(text):
-    if text.lower() in ("1", "true", "yes"):
-        return True
-    if text.lower() in ("0", "false", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+    """argparse generated from SmokeConfig's fields (cli.py); unknown flags are an error."""
+    return cli.parse(SmokeConfig, argv, description=__doc__.split("\n")[0])
 
 
 # -----------------------------------------------------------------------------
@@ -168,16 +153,11 @@ def main(argv=None):
     device = torch.device(cfg.device)
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "fp32": torch.float32,
              "bf16": torch.bfloat16}[cfg.dtype]
-    if (cfg.frames - 1) % 4 or cfg.height % 16 or cfg.width % 16:
-        raise SystemExit(f"--frames must be 4k+1 and --height/--width multiples of 16, got "
-                         f"{cfg.frames}x{cfg.height}x{cfg.width}")
     count_flops = {"auto": device.type == "cuda", "true": True, "false": False}[cfg.count_flops]
     latent_shape = (16, 1 + (cfg.frames - 1) // 4, cfg.height // 8, cfg.width // 8)
-    gcfg = grpo.GRPOConfig(group_size=cfg.k, num_steps=cfg.steps, eta=cfg.eta, guidance=cfg.guidance,
-                           uncond_grad=cfg.uncond_grad, kl_coef=cfg.kl_coef, lr=cfg.lr,
-                           offload_activations=cfg.offload, recompute_old_logp=cfg.recompute_old_logp)
+    gcfg = cfg.grpo
+    K, N = gcfg.group_size, gcfg.num_steps
     print(f"smoke config: {asdict(cfg)}")
-    print(f"grpo config: {asdict(gcfg)}")
     print(f"latent {latent_shape}, base dtype {dtype}, torch {torch.__version__}", flush=True)
     phases = Phases(device)
 
@@ -189,10 +169,11 @@ def main(argv=None):
     mcfg = net.cfg
     print(f"DiT {cfg.config}: {sum(p.numel() for p in net.parameters()) - n_lora:,} base params ({dtype}), "
           f"{n_lora:,} LoRA params (fp32, r={cfg.lora_rank}); VAE '{vae_name}' with random weights; sac {cfg.sac}")
-    with phases("peak"):
-        mm_dtype = torch.bfloat16 if device.type == "cuda" else dtype
-        peak_flops, peak_what = bench.matmul_peak(device, mm_dtype), f"{mm_dtype} 8192^3 matmul (bench.matmul_peak)"
-    print(f"measured matmul peak: {peak_flops / 1e12:.1f} TFLOP/s ({peak_what})")
+    peak_flops = None  # an MFU is a GPU number: on CPU there is no bf16 tensor-core peak to hold it against
+    if device.type == "cuda":
+        with phases("peak"):
+            peak_flops = matmul_peak(device, torch.bfloat16)
+        print(f"measured matmul peak: {peak_flops / 1e12:.1f} TFLOP/s (bf16 8192^3 matmul, model.matmul_peak)")
 
     cond = make_condition(cfg, latent_shape, device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -202,11 +183,11 @@ def main(argv=None):
     rollout_seconds = phases.rows[-1][1]
 
     with phases("decode"):  # one sample at a time: decoding memory does not grow with K
-        video = torch.cat([vae.decode(rollout.x0_final[k: k + 1]) for k in range(cfg.k)]).float()
+        video = torch.cat([vae.decode(rollout.x0_final[k: k + 1]) for k in range(K)]).float()
     with phases("reward"):
         scores = reward.grid_rewards(video)
     rewards = scores["reward"]
-    advantages = grpo.group_advantages(rewards, [cond.key] * cfg.k, eps=gcfg.adv_eps, clip=gcfg.adv_clip,
+    advantages = grpo.group_advantages(rewards, [cond.key] * K, eps=gcfg.adv_eps, clip=gcfg.adv_clip,
                                        global_std=gcfg.global_std, ddof=gcfg.std_ddof)
     print(f"video {tuple(video.shape)}, rewards {rewards.tolist()}, advantages {advantages.tolist()}")
     print("raw reward statistics: " + ", ".join(f"{k} {v.tolist()}" for k, v in scores.items() if k != "reward"))
@@ -224,21 +205,23 @@ def main(argv=None):
             sac_check = (str(err), False)
 
     # -- report
-    n_forwards = cfg.k * (cfg.steps + 1) * (2 if gcfg.guidance else 1)
+    n_forwards = K * (N + 1) * (2 if gcfg.guidance else 1)
     n_micro = max(1, stats["micro_steps"])
-    fwd, _, step_needed = bench.model_flops(mcfg, (1, *latent_shape), cfg.text_tokens, cfg.lora_rank)
+    fwd, _, step_needed = model_flops(mcfg, (1, *latent_shape), cfg.text_tokens, cfg.lora_rank)
     model_rollout = n_forwards * fwd  # formula FLOPs: recompute not counted (bench.py's convention)
     model_update = n_micro * (step_needed + (fwd if gcfg.guidance else 0))  # + the no-grad uncond forward
-    print(f"rollout: {n_forwards} forwards, {model_rollout:.3e} model FLOP, MFU {model_rollout / rollout_seconds / peak_flops:.1%}"
+    def mfu(flops, seconds):
+        return f"MFU {flops / seconds / peak_flops:.1%}" if peak_flops else "MFU n/a on CPU"
+    print(f"rollout: {n_forwards} forwards, {model_rollout:.3e} model FLOP, {mfu(model_rollout, rollout_seconds)}"
           f"; update: {n_micro} micro-steps, {model_update:.3e} model FLOP (LoRA: no frozen weight grads, recompute "
-          f"not counted), MFU {model_update / update_seconds / peak_flops:.1%}")
+          f"not counted), {mfu(model_update, update_seconds)}")
     if rollout_flops:
         print(f"rollout: {n_forwards} forwards, {rollout_flops:.3e} FLOP counted, {rollout_seconds / n_forwards:.3f} "
-              f"s/forward, MFU {rollout_flops / rollout_seconds / peak_flops:.1%}")
+              f"s/forward, {mfu(rollout_flops, rollout_seconds)}")
     if update_flops:
         print(f"update: {n_micro} micro-steps (fwd + bwd + uncond fwd), {update_flops:.3e} FLOP counted (incl. "
               f"activation recompute), {update_seconds / n_micro:.3f} s/micro-step, "
-              f"MFU {update_flops / update_seconds / peak_flops:.1%}")
+              f"{mfu(update_flops, update_seconds)}")
     if device.type == "cpu" and count_flops:
         print("note: on CPU FlopCounterMode does not count attention (the CPU SDPA kernel has no FLOP formula)")
     peak = phases.peak()
@@ -247,17 +230,17 @@ def main(argv=None):
     print(f"update stats: { {k: v for k, v in stats.items()} }")
 
     sigma_check = []
-    for i in range(cfg.steps):
+    for i in range(N):
         if rollout.betas[i] > 0:
             expected = -math.log(rollout.betas[i]) - grpo.LOG_SQRT_2PI - 0.5
             sigma_check.append(abs(float(rollout.log_probs[:, i].mean()) - expected))
     adv_std = float(advantages.std(correction=0))
     expected_adv_std = expected_advantage_std(rewards, gcfg)
     expected_lora = mcfg.num_blocks * cfg.lora_rank * (24 * mcfg.model_channels + 2 * mcfg.crossattn_emb_channels)
-    N, C, T, H, W = cfg.steps, *latent_shape
+    C, T, H, W = latent_shape
     criteria = [
         ("rollout shapes", (tuple(rollout.states.shape), tuple(rollout.log_probs.shape)),
-         tuple(rollout.states.shape) == (cfg.k, N + 1, C, T, H, W) and tuple(rollout.log_probs.shape) == (cfg.k, N)),
+         tuple(rollout.states.shape) == (K, N + 1, C, T, H, W) and tuple(rollout.log_probs.shape) == (K, N)),
         ("logp_old mean within 0.05 of -log(beta) - 1.4189 per step", max(sigma_check, default=math.nan),
          max(sigma_check, default=math.inf) < 0.05),
         ("reward std > 0", float(rewards.std(correction=0)), float(rewards.std(correction=0)) > 0),
@@ -294,4 +277,4 @@ def expected_advantage_std(rewards, gcfg: grpo.GRPOConfig):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.main(main)

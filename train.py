@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-import bench
 import ckpt
 import cli
 import data
@@ -35,7 +34,7 @@ import sac
 import stitch
 import vae as vae_lib
 from grpo import GRPOConfig
-from model import DiT, add_lora, condition_mask, denoise, get_config, num_params
+from model import DiT, add_lora, condition_mask, denoise, get_config, matmul_peak, model_flops, num_params
 
 # -----------------------------------------------------------------------------
 # Config: every field is a --flag (cli.py: the comment is its --help); unknown flags are an error. 0 / "" / -1 mean
@@ -649,10 +648,10 @@ def main(argv=None):
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, lambda signum, frame: stop.__setitem__("signal", signum))
 
-    peak = bench.matmul_peak(device, torch.bfloat16) / 1e12 if device.type == "cuda" else None  # TFLOP/s
+    peak = matmul_peak(device, torch.bfloat16) / 1e12 if device.type == "cuda" else None  # TFLOP/s
     latent_shape = (1, 16, 1 + (cfg.frames - 1) // 4, cfg.height // 8, cfg.width // 8)
     tokens = latent_shape[2] * (cfg.height // 16) * (cfg.width // 16)
-    flops_per_step = bench.model_flops(mcfg, latent_shape, cfg.text_len, cfg.lora)[2] * cfg.batch_size * cfg.grad_accum
+    flops_per_step = model_flops(mcfg, latent_shape, cfg.text_len, cfg.lora)[2] * cfg.batch_size * cfg.grad_accum
     metrics_path = os.path.join(cfg.out, "metrics.jsonl")
     history = load_history(metrics_path, start_step) if master else []
     plots = importlib.util.find_spec("matplotlib") is not None  # optional: the one plot is not worth a dependency

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import bench
 import sac
-from model import add_lora, build_model, condition_mask, denoise, get_config
+from model import add_lora, build_model, condition_mask, denoise, get_config, model_flops
 
 
 class OpCounter(TorchDispatchMode):
@@ -179,25 +179,25 @@ def test_dropout_is_refused():
 
 
 def test_flop_formula_matches_flop_counter():
-    """bench.model_flops' matmul terms equal torch's FlopCounterMode on the forward (attention counted apart)."""
+    """model.model_flops' matmul terms equal torch's FlopCounterMode on the forward (attention counted apart)."""
     cfg = get_config("tiny")
     model = build_model(cfg)
     x0, _, text, mask = batch()
     with FlopCounterMode(display=False) as fc:
         model(x0, torch.tensor([[0.1, 0.5]]), text, condition_mask_B_1_T_H_W=mask)  # per-frame t, as denoise()
     counted = fc.get_total_flops()
-    fwd, step_3x, needed = bench.model_flops(cfg, tuple(x0.shape), text.shape[1])
+    fwd, step_3x, needed = model_flops(cfg, tuple(x0.shape), text.shape[1])
     L, S, D = 2 * 4 * 4, text.shape[1], cfg.model_channels
     attn = cfg.num_blocks * (4 * L * L * D + 4 * L * S * D)
     assert counted in (fwd - attn, fwd)  # FlopCounterMode skips the CPU SDPA op (infra.md §4.4)
     assert step_3x == needed == 3 * fwd
-    _, lora_3x, lora_needed = bench.model_flops(cfg, tuple(x0.shape), text.shape[1], lora_rank=4)
+    _, lora_3x, lora_needed = model_flops(cfg, tuple(x0.shape), text.shape[1], lora_rank=4)
     assert lora_needed < lora_3x
 
 
 def test_bench_cpu_smoke(tmp_path):
     b = bench.parse_args(["--device", "cpu", "--dtype", "float32", "--config", "tiny", "--frames", "5", "--height",
-                          "64", "--width", "64", "--text_len", "8", "--sac", "selective", "--steps", "1",
+                          "64", "--width", "64", "--text-len", "8", "--sac", "selective", "--steps", "1",
                           "--warmup", "1", "--profile", str(tmp_path / "prof.txt")])
     res = bench.run(b)
     assert res["status"] == "ok" and res["saved"]["attn"] > 0 and res["step_s"] > 0
