@@ -533,23 +533,7 @@ def main(argv=None):
     compute_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     mcfg = get_config(cfg.config)
 
-    # run directory: claimed (one train.py per --out), settings checked against its checkpoint, then config.json
-    lock = ckpt.agree(f"claiming --out {cfg.out}", lambda: claim_out(cfg.out) if master else None)
-    resume_path, changed = ckpt.agree("checking the run's saved settings", lambda: check_resume_settings(cfg.out, cfg),
-                                      share=True)
-    if changed:
-        say(f"resume: settings changed since {resume_path}, applied from its step on: "
-            + ", ".join(f"{cli.flag(k)} {old} -> {new}" for k, (old, new) in changed.items()))
-    if cfg.init != "random":  # hub names resolve (and download) now, before any model is built
-        ckpt.agree(f"resolving --init {cfg.init}", lambda: ckpt.resolve_source(cfg.init))
-    if master:
-        resume.write_atomic(os.path.join(cfg.out, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=1))
-    if cfg.objective == "grpo":
-        terms = reward.parse_rewards(cfg.reward)
-        say(f"grpo: {cfg.grpo}; reward {cfg.reward}" + (" (decoded videos)" if reward.needs_pixels(terms)
-                                                          else " (latents only: no decoding)"))
-
-    # data: clips of cfg.frames frames, encoded online by the frozen VAE
+    # data: read (and checked) before anything is written; clips of cfg.frames frames, encoded online by the VAE
     if synthetic_data(cfg):  # (re)stitching a finished folder only re-reads its manifest; a killed one resumes
         if master:
             make_tiny_dataset(cfg.data)
@@ -562,6 +546,23 @@ def main(argv=None):
     n_train = len(dataset) - holdout
     if n_train < 1:
         raise ValueError(f"--holdout {holdout} leaves no video of {len(dataset)} in {cfg.data} to train on")
+
+    # run directory: claimed (one train.py per --out), settings checked against its checkpoint, then config.json
+    lock = ckpt.agree(f"claiming --out {cfg.out}", lambda: claim_out(cfg.out) if master else None)
+    resume_path, changed = ckpt.agree("checking the run's saved settings", lambda: check_resume_settings(cfg.out, cfg),
+                                      share=True)
+    if changed:
+        say(f"resume: settings changed since {resume_path}, applied from its step on: "
+            + ", ".join(f"{cli.flag(k)} {old} -> {new}" for k, (old, new) in changed.items()))
+    if cfg.init != "random":  # hub names resolve (and download) now, before any model is built
+        ckpt.agree(f"resolving --init {cfg.init}", lambda: ckpt.resolve_source(cfg.init))
+    if master:
+        resume.write_atomic(os.path.join(cfg.out, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=1))
+    terms = reward.parse_rewards(cfg.reward) if cfg.objective == "grpo" else None
+    if terms is not None:
+        say(f"grpo: {cfg.grpo}; reward {cfg.reward}" + (" (decoded videos)" if reward.needs_pixels(terms)
+                                                          else " (latents only: no decoding)"))
+
     sampler = data.ClipSampler(n_train, rank=rank, world_size=world, seed=cfg.seed)
     neg_text = negative_prompt(cfg, mcfg.crossattn_emb_channels, say) if cfg.objective == "grpo" or cfg.sample_every \
         else None
@@ -662,7 +663,6 @@ def main(argv=None):
         import wandb
         run_log = wandb.init(project=cfg.wandb, config=dataclasses.asdict(cfg), resume="allow",
                              id=f"{os.path.basename(os.path.abspath(cfg.out))}-{config_hash(cfg)}")
-    terms = reward.parse_rewards(cfg.reward) if cfg.objective == "grpo" else None
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not master,
                desc="grpo" if cfg.objective == "grpo" else "train")
     for step in bar:

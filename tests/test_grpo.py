@@ -390,3 +390,45 @@ def test_lora_optimizer_refuses_other_trainable_params():
     net.final_layer.linear.weight.requires_grad_(True)
     with pytest.raises(ValueError, match="LoRA adapters only"):
         grpo.lora_optimizer(net, params, grpo.GRPOConfig())
+
+
+# -----------------------------------------------------------------------------
+# Under FSDP2 (2 gloo ranks): gathers into device buffers, and zero-advantage skipping that keeps ranks in step
+
+
+def _fsdp_update(rank, ws, advantages_per_rank, opt_steps):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    net, params = tiny_policy(seed=0)
+    perturb_lora_b(params)
+    mesh = init_device_mesh("cpu", (ws,))
+    for block in net.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    params = [p for p in net.parameters() if p.requires_grad]
+    cfg = grpo.GRPOConfig(num_steps=4, opt_steps_per_update=opt_steps)
+    ro = rollout(net, cfg, seed=rank)
+    gathered = grpo.gather(torch.tensor([float(rank), 10.0 + rank]))  # buffers on the tensor's (the group's) device
+    opt = grpo.lora_optimizer(net, params, cfg)
+    before = [p.detach().full_tensor().clone() for p in params]
+    stats = grpo.grpo_update(net, opt, params, [ro], [torch.tensor(advantages_per_rank[rank])], cfg,
+                             set_grad_sync=net.set_requires_gradient_sync)
+    moved = any(not torch.equal(b, p.detach().full_tensor()) for b, p in zip(before, params))
+    dist.barrier()
+    return gathered, stats, moved
+
+
+def test_fsdp_ranks_with_uneven_zero_advantages_stay_in_step():
+    from dist_utils import run_dist
+    # rank 0: both trajectories train (6 micro-steps); rank 1: an all-tie group, so it pads with 6 zero-weight ones
+    results = run_dist(_fsdp_update, 2, 300, [[1.0, -1.0], [0.0, 0.0]], 1)
+    (g0, s0, m0), (g1, s1, m1) = results
+    assert torch.equal(g0, torch.tensor([0.0, 10.0, 1.0, 11.0]))  # rank-major and torch.equal(g0, g1)
+    assert (s0["micro_steps"], s0["padded_steps"], s1["micro_steps"], s1["padded_steps"]) == (6, 0, 0, 6)
+    assert s0["opt_steps"] == s1["opt_steps"] == 1 and m0 and m1 and s0["grad_norm"] == s1["grad_norm"]
+    assert s0["first_ratio"] == 1.0 and s1["first_ratio"] is None
+    # every rank all-tie: nothing runs and nothing moves (no optimizer step: Adam would still move the weights)
+    results = run_dist(_fsdp_update, 2, 300, [[0.0, 0.0], [0.0, 0.0]], 2)
+    for _, stats, moved in results:
+        assert stats["opt_steps"] == 0 and stats["skipped_chunks"] == 2 and stats["micro_steps"] == 0 and not moved

@@ -182,16 +182,70 @@ def test_eval_marker_partial_or_tampered_is_not_done(tmp_path):
 
 def test_grpo_objective_updates_lora_and_resumes(grid, tmp_path):
     out = str(tmp_path / "grpo")
-    args = ["--data", grid, "--out", out, "--objective", "grpo", "--lora", "4", "--save-every", "2", "--warmup", "0"]
-    run(args + ["--steps", "2"])
-    run(args + ["--steps", "3"])  # resumes the LoRA-only checkpoint on top of the same base
+    args = ["--data", grid, "--out", out, "--objective", "grpo", "--lora", "4", "--save-every", "2",
+            "--grpo-group-size", "3", "--grpo-num-steps", "4", "--grpo-kl-coef", "0.01", "--grpo-window-size", "2",
+            "--grpo-window-range", "0,3", "--grpo-same-latent", "--reward", "default,reward_plugins:wrist_brightness=0.5"]
+    env = {"PYTHONPATH": os.path.join(ROOT, "tests")}  # the plug-in module is importable from there
+    first = run(args + ["--steps", "2"], env=env)
+    assert "optimizer: AdamW betas (0.9, 0.999), weight decay 0.0001, lr 0.0001 (warm-up 0, then constant)" \
+        in first.stdout  # GRPO's own optimizer, not the SFT preset's (lr 2e-3, wd 0.1, beta2 0.99, warm-up 20)
+    second = run(args + ["--steps", "3", "--grpo-lr", "5e-5"], env=env)  # resumes the LoRA-only checkpoint
+    assert "--grpo-lr 0.0001 -> 5e-05" in second.stdout  # an optimizer change is applied and said
     rows = metrics(out)
-    assert sorted(rows) == [1, 2, 3]
+    assert sorted(rows) == [1, 2, 3] and [r["lr"] for r in rows.values()] == [1e-4, 1e-4, 5e-5]
     for row in rows.values():
         assert row["first_ratio"] == 1.0  # rollout and training forward identical before the update
-        assert 0 < row["grad_norm"] < float("inf") and 0 < row["reward_mean"] <= 1
+        assert 0 < row["grad_norm"] < float("inf") and 0 < row["reward_mean"]
+        assert row["micro_steps"] == 3 * 2 and row["kl_ref"] is not None and row["reward_std"] >= 0
+        for key in ("adv_std", "clipfrac", "approx_kl", "s_rollout", "s_decode", "s_reward", "s_update",
+                    "s_optimizer", "reward_default", "reward_wrist_brightness"):
+            assert key in row, key
+    assert "s_checkpoint" in rows[2]
     meta = json.load(open(os.path.join(out, "step_00000002", "meta.json")))
     assert meta["lora_only"] is True
+    config = json.load(open(os.path.join(out, "config.json")))
+    assert config["grpo"]["kl_coef"] == 0.01 and config["grpo"]["window_range"] == [0, 3]
+    changed = run(args + ["--steps", "4", "--grpo-kl-coef", "0.02"], env=env, check=False)
+    assert changed.returncode == 2 and "grpo.kl_coef" in changed.stderr  # an objective change is refused
+    assert json.load(open(os.path.join(out, "config.json")))["grpo"]["kl_coef"] == 0.01  # and writes nothing
+
+
+def test_every_grpo_knob_is_a_flag_and_sft_flags_are_refused_with_grpo():
+    import dataclasses
+    import grpo
+    base = ["--objective", "grpo", "--lora", "4"]
+    for f in dataclasses.fields(grpo.GRPOConfig):
+        value = {bool: not f.default, int: 3, float: 0.25, str: f.default}.get(type(f.default))
+        if f.name in ("window_range", "train_steps", "betas", "window_size", "eta", "num_steps", "group_size"):
+            continue  # checked together below (they constrain each other)
+        flag = "--grpo-" + f.name.replace("_", "-")
+        argv = base + ([flag if value else "--no-grpo-" + f.name.replace("_", "-")] if isinstance(value, bool)
+                       else [flag, str(value)])
+        if f.name == "sde_type":
+            argv = base + [flag, "cps"]
+            value = "cps"
+        if f.name == "pg_step_weight":
+            argv, value = base + [flag, "beta2"], "beta2"
+        if f.name == "std_ddof":
+            argv, value = base + [flag, "1"], 1
+        assert getattr(train.parse_config(argv).grpo, f.name) == value, f.name
+    cfg = train.parse_config(base + ["--grpo-group-size", "4", "--grpo-num-steps", "10", "--grpo-eta", "0.7",
+                                     "--grpo-window-size", "2", "--grpo-window-range", "1,6", "--grpo-betas", "0.8,0.95"])
+    assert (cfg.grpo.group_size, cfg.grpo.num_steps, cfg.grpo.eta, cfg.grpo.window_range, cfg.grpo.betas) == \
+        (4, 10, 0.7, (1, 6), (0.8, 0.95))
+    assert train.parse_config(base + ["--grpo-train-steps", "0,2"]).grpo.train_steps == (0, 2)
+    for flag in ("--lr", "--warmup", "--weight-decay", "--beta2", "--grad-clip", "--grad-accum"):
+        with pytest.raises(ValueError, match=f"{flag} does nothing with --objective grpo"):
+            train.parse_config(base + [flag, "1"])
+    with pytest.raises(ValueError, match="--grpo-kl-coef does nothing with --objective sft"):
+        train.parse_config(["--grpo-kl-coef", "0.1"])
+    with pytest.raises(ValueError, match="window_size"):
+        train.parse_config(base + ["--grpo-window-size", "9"])
+    with pytest.raises(ValueError, match="no-grpo-recompute-old-logp"):
+        train.parse_config(base + ["--compile", "--no-grpo-recompute-old-logp"])
+    assert train.parse_config(base + ["--compile"]).grpo.recompute_old_logp  # needed, so set (and printed)
+    with pytest.raises(ValueError, match="nosuchmodule"):
+        train.parse_config(base + ["--reward", "nosuchmodule:fn"])
 
 
 def test_resume_refuses_changed_settings_and_save_every_zero_saves_at_the_end(grid, tmp_path):
@@ -230,3 +284,73 @@ def test_kill_9_during_a_save_resumes_bitwise_from_the_previous_checkpoint(grid,
     assert sorted(got) == sorted(want) == list(range(1, 9))
     assert all(got[s]["loss"] == want[s]["loss"] and got[s]["grad_norm"] == want[s]["grad_norm"] for s in want)
     assert not os.path.exists(os.path.join(out, "step_00000006.tmp"))
+
+
+def test_user_errors_are_one_line_and_nothing_is_written(grid, tmp_path):
+    """Bad flags, data and outputs stop before any model is built, as one line (exit 2), writing nothing."""
+    empty, user = tmp_path / "empty", tmp_path / "user"
+    empty.mkdir()
+    user.mkdir()
+    (user / "notes.txt").write_text("my files")
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    cases = [(["--data", str(tmp_path / "missing")], "no such folder"),
+             (["--data", str(empty)], "empty"),
+             (["--data", str(user)], "user"),
+             (["--device", "cuda"], "no CUDA device"),
+             (["--lora-alpha", "8"], "--lora-alpha does nothing without --lora"),
+             (["--ema-weights", "net"], "does nothing with --init random"),
+             (["--sac-every", "2"], "--sac-every does nothing with --sac none"),
+             (["--out", str(a_file)], "is a file"),
+             (["--init", str(tmp_path / "nope.pt")], "nope.pt"),
+             (["--vae-ckpt", "x.pth"], "--vae-ckpt does nothing without --vae real")]
+    for args, message in cases:
+        if "--device" in args and __import__("torch").cuda.is_available():
+            continue
+        out = tmp_path / f"out{len(message)}"
+        proc = run(["--data", grid, "--out", str(out)] + args if "--data" not in args else ["--out", str(out)] + args,
+                   check=False)
+        assert proc.returncode == 2, (args, proc.stdout[-500:], proc.stderr[-1500:])
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("train.py: error:") and "Traceback" not in proc.stderr, lines
+        if message not in ("empty", "user"):
+            assert message in lines[0], (message, lines[0])
+        assert not out.exists() or not any(out.iterdir()), (args, list(out.iterdir()))
+    assert sorted(p.name for p in user.iterdir()) == ["notes.txt"] and not any(empty.iterdir())  # read, never written
+
+
+def test_one_run_per_out_metrics_after_the_resume_point_and_plot(grid, tmp_path):
+    out = str(tmp_path / "out")
+    args = ["--data", grid, "--out", out, "--save-every", "2", "--sample-every", "0"]
+    os.makedirs(out)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a+');"
+                               "fcntl.flock(f, fcntl.LOCK_EX); f.write('pid 1 on host'); f.flush(); print('locked', "
+                               "flush=True); time.sleep(60)", os.path.join(out, ".lock")], stdout=subprocess.PIPE,
+                              text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    proc = run(args + ["--steps", "2"], check=False)
+    assert proc.returncode == 2 and "in use by a running train.py" in proc.stderr
+    assert not os.path.exists(os.path.join(out, "config.json"))
+    holder.kill()  # a dead holder leaves nothing stuck: the kernel drops its lock
+    holder.wait()
+    run(args + ["--steps", "3"])
+    with open(os.path.join(out, "metrics.jsonl"), "a") as f:  # a killed run's rows past the checkpoint, torn last
+        f.write(json.dumps({"step": 4, "loss": 1.0}) + "\n" + '{"step": 5, "lo')
+    proc = run(args + ["--steps", "4"])
+    assert "dropping the torn last line" in proc.stdout and "dropping 1 rows after step 3" in proc.stdout
+    steps = [json.loads(line)["step"] for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert steps == [1, 2, 3, 4]
+    png = open(os.path.join(out, "loss.png"), "rb").read()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10000  # matplotlib, with axes and labels
+
+
+def test_partial_eval_marker_is_evaluated_again(grid, tmp_path):
+    out = str(tmp_path / "out")
+    args = ["--data", grid, "--out", out, "--sample-every", "0"]
+    run(args + ["--steps", "2"])
+    marker = os.path.join(out, "step_00000002", train.EVAL_MARKER)
+    text = open(marker).read()
+    open(marker, "w").write(text[: len(text) // 2])  # a partial write
+    proc = run(args + ["--steps", "2"])
+    assert "is partial" in proc.stdout and "evaluated the resumed checkpoint step 2" in proc.stdout
+    assert train.eval_marker_valid(os.path.dirname(marker))
