@@ -6,18 +6,29 @@
     ...
     ckpt["sampler"] = sampler.state_dict(consumed=step * batch_size)         # exact even with prefetching workers
     sampler.load_state_dict(ckpt["sampler"])                                  # before building the loader iterator
+    neg = negative_prompt_path("data/droid_grid")                             # t5.py's negative prompt, or None
 
 A sample is a contiguous window of exactly `frames` frames (a 93-frame video gives frames 0..92; the upstream loader
-crashed there), resized to (height, width) as `video` [3,T,H,W] in [-1,1], with `text_emb` [text_len, text_dim]
+crashed there) of the video's own pixels, as `video` [3,T,H,W] in [-1,1], with `text_emb` [text_len, text_dim]
 zero-padded, `text_mask` [text_len], `prompt`, `stem`, `start` (first frame) and `skipped` (videos that failed on the
-way to this sample). A corrupt, truncated or too-short video never kills a worker: it is skipped, counted, reported
-once per worker, and the next video is used instead.
+way to this sample).
+
+What is checked when, so that bad data stops a run at start-up and not in a DataLoader worker at step 2:
+  at construction (every process): the manifest's sizes against (height, width) (a mismatch is an error: videos are
+    never resized); each video's existence, byte count and frame count from the manifest (a counted skip); without a
+    manifest, the first video is probed for its size (an error) and frame count; every text embedding's shape and key
+    (an error; see check_text_embeddings for what that costs); a video named like t5.py's negative prompt (an error).
+  at first use of a video in each process (a counted skip, reported once, and the next video is used): the manifest's
+    sha1 of the file; without a manifest the probe of its size and frame count (folders without a manifest can't be
+    probed whole at start-up: 70k videos x ~30 ms); a truncated or too-short decode; a decode that logs errors even
+    though ffmpeg exits 0.
 """
 import hashlib
 import io
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,7 +40,10 @@ import safetensors.torch
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from stitch import ffmpeg_exe, probe_video
+from stitch import ffmpeg_exe, probe_video, sha1_file
+
+NEGATIVE_STEM = "negative_prompt"  # t5.py writes the negative prompt's embedding as t5_xxl/negative_prompt.pickle
+MANIFEST_KEYS = ("stem", "prompt", "n_out", "height", "width")  # what GridClips needs of a manifest.jsonl line
 
 
 @dataclass
@@ -37,7 +51,10 @@ class Video:
     stem: str
     path: str
     prompt: str
-    frames: int | None  # from the manifest; None = count it on first use
+    frames: int | None  # from the manifest; None = probe it on first use
+    size: tuple | None = None  # (height, width) from the manifest; None = probe it on first use
+    sha1: str | None = None  # from the manifest: checked at first use in each process
+    bytes: int | None = None  # from the manifest: checked at construction (a stat)
 
 
 def seed_of(*parts: int) -> int:
@@ -46,29 +63,64 @@ def seed_of(*parts: int) -> int:
 
 
 class ClipError(Exception):
-    """A video that cannot give a clip: the sample moves on to the next video."""
+    """A video that cannot give a clip: the sample moves on to the next video. The message starts with the reason."""
+
+
+def read_manifest(path: str) -> list:
+    """The records of a manifest.jsonl, each with the keys GridClips needs (MANIFEST_KEYS)."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:  # stitch.py rewrites the manifest whole at the end of a run
+                raise ValueError(f"{path}:{n}: not valid JSON ({e}); a killed stitch.py leaves a torn line: rerun "
+                                 "it to finish the folder") from None
+            missing = [k for k in MANIFEST_KEYS if k not in rec]
+            if missing:
+                raise ValueError(f"{path}:{n}: no {missing} (stitch.py writes {list(MANIFEST_KEYS)}); restitch, or "
+                                 "remove manifest.jsonl to read videos/ and metas/ as an upstream folder")
+            records.append(rec)
+    return records
 
 
 def list_videos(root: str) -> list:
     """Videos of a stitched folder: from manifest.jsonl when there is one, else every videos/*.mp4 with its prompt
-    from metas/<stem>.txt (the upstream layout)."""
+    from metas/<stem>.txt (the upstream layout). A video may not be named like the negative prompt's embedding."""
     manifest = os.path.join(root, "manifest.jsonl")
     if os.path.exists(manifest):
-        with open(manifest, encoding="utf-8") as f:
-            records = [json.loads(line) for line in f if line.strip()]
-        return [Video(r["stem"], os.path.join(root, "videos", r["stem"] + ".mp4"), r["prompt"], int(r["n_out"]))
-                for r in records]
-    folder = os.path.join(root, "videos")
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"{root}: neither manifest.jsonl nor videos/ exists; build it with stitch.py")
-    videos = []
-    for name in sorted(n for n in os.listdir(folder) if n.endswith(".mp4")):
-        stem = name[:-4]
-        meta = os.path.join(root, "metas", stem + ".txt")
-        prompt = open(meta, encoding="utf-8").read().strip() if os.path.exists(meta) else ""
-        videos.append(Video(stem, os.path.join(folder, name), prompt, None))
+        videos = [Video(r["stem"], os.path.join(root, "videos", r["stem"] + ".mp4"), r["prompt"], int(r["n_out"]),
+                        (int(r["height"]), int(r["width"])), r.get("sha1"), r.get("bytes"))
+                  for r in read_manifest(manifest)]
+    else:
+        folder = os.path.join(root, "videos")
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"{root}: neither manifest.jsonl nor videos/ exists; build it with stitch.py")
+        videos = []
+        for name in sorted(n for n in os.listdir(folder) if n.endswith(".mp4")):
+            stem = name[:-4]
+            meta = os.path.join(root, "metas", stem + ".txt")
+            prompt = open(meta, encoding="utf-8").read().strip() if os.path.exists(meta) else ""
+            videos.append(Video(stem, os.path.join(folder, name), prompt, None))
+    if any(v.stem == NEGATIVE_STEM for v in videos):
+        raise ValueError(f"{root}: a video is named {NEGATIVE_STEM}.mp4, the name t5.py gives the negative prompt's "
+                         f"embedding (t5_xxl/{NEGATIVE_STEM}.pickle); rename the video (and its metas/ and manifest "
+                         "entries)")
     return videos
 
+
+def negative_prompt_path(root: str) -> str | None:
+    """t5.py's embedding of the negative prompt (t5.NEGATIVE_PROMPT) in a stitched folder, or None if not computed."""
+    for ext in (".pickle", ".safetensors"):
+        path = os.path.join(root, "t5_xxl", NEGATIVE_STEM + ext)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+# ------------------------------------------------------------------------------------------- text embeddings
 
 class _NumpyOnly(pickle.Unpickler):
     """Unpickles the upstream t5_xxl/*.pickle (a list of one numpy array) and nothing else: a pickle can run code."""
@@ -84,25 +136,65 @@ class _NumpyOnly(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+def read_pickle_embedding(path: str) -> np.ndarray:
+    """The array of an upstream t5_xxl/<stem>.pickle: a list of one numpy array (tokens, dim)."""
+    with open(path, "rb") as f:
+        obj = _NumpyOnly(io.BytesIO(f.read())).load()
+    if not (isinstance(obj, list) and len(obj) == 1 and isinstance(obj[0], np.ndarray)):
+        raise ValueError(f"{path}: expected a list of one numpy array, got {type(obj).__name__}")
+    return obj[0]
+
+
+def check_text_shape(path: str, shape: tuple, is_float: bool, text_len: int, text_dim: int):
+    if len(shape) != 2 or shape[1] != text_dim or not 1 <= shape[0] <= text_len or not is_float:
+        raise ValueError(f"{path}: text embedding has shape {tuple(shape)}{'' if is_float else ' (not float)'}, "
+                         f"expected float (1..{text_len}, {text_dim}): text_dim is the model's crossattn_emb_channels "
+                         "(1024 for Cosmos-Predict2's T5-XXL); recompute it with t5.py (delete the file first)")
+
+
 def load_text_embedding(path: str, text_len: int, text_dim: int) -> tuple:
     """(emb [text_len, text_dim] float32 zero-padded, mask [text_len] int64) from t5_xxl/<stem>.pickle (upstream: a
     list of one float16 array (tokens, dim)) or .safetensors (tensor "text_emb" (tokens, dim))."""
     if path.endswith(".pickle"):
-        with open(path, "rb") as f:
-            obj = _NumpyOnly(io.BytesIO(f.read())).load()
-        if not (isinstance(obj, list) and len(obj) == 1 and isinstance(obj[0], np.ndarray)):
-            raise ValueError(f"{path}: expected a list of one numpy array, got {type(obj).__name__}")
-        arr = torch.from_numpy(obj[0].astype(np.float32))
+        arr = read_pickle_embedding(path)
+        check_text_shape(path, arr.shape, arr.dtype.kind == "f", text_len, text_dim)
+        arr = torch.from_numpy(arr.astype(np.float32))
     else:
         tensors = safetensors.torch.load_file(path)
         if "text_emb" not in tensors:
             raise ValueError(f"{path}: no tensor 'text_emb' (has {sorted(tensors)})")
-        arr = tensors["text_emb"].float()
-    if arr.ndim != 2 or arr.shape[1] != text_dim or arr.shape[0] > text_len:
-        raise ValueError(f"{path}: text embedding has shape {tuple(arr.shape)}, expected (<= {text_len}, {text_dim})")
+        arr = tensors["text_emb"]
+        check_text_shape(path, arr.shape, arr.is_floating_point(), text_len, text_dim)
+        arr = arr.float()
     emb, mask = torch.zeros(text_len, text_dim), torch.zeros(text_len, dtype=torch.int64)
     emb[:len(arr)], mask[:len(arr)] = arr, 1
     return emb, mask
+
+
+def check_text_embeddings(files: list, text_len: int, text_dim: int) -> int:
+    """Raise ValueError at the first of files [(path, prompt)] that load_text_embedding would refuse; returns how many
+    files were read whole.
+
+    Cost, so that start-up stays fast with 70k videos: a .safetensors costs its header (~0.2 ms). A .pickle has no
+    header and must be read whole (~0.25 ms and ~250 kB for a DROID prompt), but t5.py writes the same bytes for
+    every video of a prompt: one pickle per (prompt, byte count) is read, the others cost a stat (~0.01 ms). A pickle
+    of a known prompt with another byte count (another encoder, a truncated file) is read too. Left to the workers: a
+    damaged pickle of exactly the byte count of its prompt's others."""
+    seen, read = set(), 0
+    for path, prompt in files:
+        if path.endswith(".safetensors"):
+            with safetensors.safe_open(path, framework="pt") as f:
+                if "text_emb" not in f.keys():
+                    raise ValueError(f"{path}: no tensor 'text_emb' (has {sorted(f.keys())})")
+                tensor = f.get_slice("text_emb")
+                check_text_shape(path, tensor.get_shape(), tensor.get_dtype() in ("F16", "BF16", "F32", "F64"),
+                                 text_len, text_dim)
+        elif (prompt, os.path.getsize(path)) not in seen:
+            arr = read_pickle_embedding(path)
+            check_text_shape(path, arr.shape, arr.dtype.kind == "f", text_len, text_dim)
+            seen.add((prompt, os.path.getsize(path)))
+            read += 1
+    return read
 
 
 def standin_text_embedding(prompt: str, text_len: int, text_dim: int) -> tuple:
@@ -115,16 +207,24 @@ def standin_text_embedding(prompt: str, text_len: int, text_dim: int) -> tuple:
     return emb, mask
 
 
-def read_clip(path: str, start: int, frames: int, height: int, width: int, fit: str = "stretch") -> np.ndarray:
-    """Frames start .. start+frames-1 as uint8 [frames, height, width, 3] RGB; ClipError when they aren't all there.
+# ---------------------------------------------------------------------------------------------------- videos
 
-    fit="stretch" resizes straight to (height, width) like the upstream loader; "crop" keeps the aspect and
-    centre-crops. Selecting by frame number (not time) makes the window exact; our videos are short, so decoding
-    from frame 0 costs little."""
-    scale = f"scale={width}:{height}:flags=bilinear" if fit == "stretch" else \
-        f"scale={width}:{height}:force_original_aspect_ratio=increase:flags=bilinear,crop={width}:{height}"
-    args = [ffmpeg_exe(), "-hide_banner", "-nostdin", "-loglevel", "error", "-threads", "2", "-i", path,
-            "-map", "0:v:0", "-vf", f"select='gte(n,{start})',{scale}", "-frames:v", str(frames),
+def read_clip(path: str, start: int, frames: int, height: int, width: int, fit: str = "exact") -> np.ndarray:
+    """Frames start .. start+frames-1 as uint8 [frames, height, width, 3] RGB. ClipError (the message starts with the
+    reason) when they aren't all there (truncated), when the decoder logs an error although ffmpeg exits 0
+    (decode_error), or with fit="exact" when the video is not height x width (wrong_size).
+
+    fit="exact" (GridClips) gives the video's own pixels, never resized. "stretch" (like the upstream loader) and
+    "crop" (keeps the aspect, centre-crops) resize on purpose, for callers that ask for it. Selecting by frame number
+    (not time) makes the window exact; our videos are short, so decoding from frame 0 costs little."""
+    if fit not in ("exact", "stretch", "crop"):
+        raise ValueError(f"fit={fit!r}: expected exact, stretch or crop")
+    scale = {"exact": "", "stretch": f",scale={width}:{height}:flags=bilinear",
+             "crop": f",scale={width}:{height}:force_original_aspect_ratio=increase:flags=bilinear,"
+                     f"crop={width}:{height}"}[fit]
+    # level+info: every log line carries its level, so decode errors are told apart from the stream description
+    args = [ffmpeg_exe(), "-hide_banner", "-nostdin", "-nostats", "-loglevel", "level+info", "-threads", "2",
+            "-i", path, "-map", "0:v:0", "-vf", f"select='gte(n,{start})'{scale}", "-frames:v", str(frames),
             "-fps_mode", "passthrough", "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"]
     clip = np.empty((frames, height, width, 3), np.uint8)
     with tempfile.TemporaryFile() as log:  # a file, not a pipe: a flood of decode errors can't block ffmpeg
@@ -135,42 +235,79 @@ def read_clip(path: str, start: int, frames: int, height: int, width: int, fit: 
                 got += n
             extra = proc.stdout.read(1)  # ffmpeg stops after `frames`; anything more would be a bug
         rc = proc.wait()
-        if rc != 0 or got != len(view) or extra:
-            log.seek(0)
-            err = log.read().decode(errors="replace").strip().splitlines()
-            raise ClipError(f"decoded {got // (height * width * 3)} of {frames} frames from frame {start} "
-                            f"(ffmpeg rc {rc}{': ' + err[-1] if err else ''})")
+        log.seek(0)
+        text = log.read().decode(errors="replace")
+    stream = re.search(r"Stream #0:\d+.*?: Video: .*?, (\d+)x(\d+)", text)  # the input's, listed before the output's
+    if fit == "exact" and stream and (int(stream[2]), int(stream[1])) != (height, width):
+        raise ClipError(f"wrong_size: {path} is {stream[2]}x{stream[1]}, expected {height}x{width}")
+    errors = [line for line in text.splitlines() if re.search(r"\[(error|fatal|panic)\]", line)]
+    if rc != 0 or got != len(view) or extra:
+        raise ClipError(f"truncated: decoded {got // (height * width * 3)} of {frames} frames from frame {start} "
+                        f"(ffmpeg rc {rc}{': ' + errors[-1] if errors else ''})")
+    if errors:
+        raise ClipError(f"decode_error: {len(errors)} error line(s) decoding frames {start}..{start + frames - 1} "
+                        f"(ffmpeg rc 0): {errors[0]}")
     return clip
 
 
-class GridClips(Dataset):
-    """Clips of `frames` frames at (height, width) from a stitched folder; see the module docstring.
+def size_error(root: str, found: tuple, where: str, height: int, width: int) -> ValueError:
+    return ValueError(f"{root}: the videos are {found[0]}x{found[1]} ({where}), this run asks for {height}x{width}; "
+                      f"videos are never resized: pass --height {found[0]} --width {found[1]}, or restitch with "
+                      f"`python stitch.py SRC OUT --size {height}x{width}`")
 
-    text="t5" reads t5_xxl/<stem>.pickle or .safetensors and fails at construction if any is missing; text="standin"
-    uses standin_text_embedding (the built-in tiny default only). An item is a video index, or (index, sample_seed)
-    as ClipSampler yields; the seed picks the window start, so a resumed run draws the same clips."""
+
+class GridClips(Dataset):
+    """Clips of `frames` frames from a stitched folder whose videos are height x width; see the module docstring.
+
+    Sizes: a folder with a manifest whose videos are not height x width is refused at construction. A folder without
+    one (upstream layout) is refused when its first video is another size; any other video of another size is
+    skipped and counted at first use (wrong_size), since probing every video at start-up costs ~30 ms each.
+    text="t5" reads t5_xxl/<stem>.pickle or .safetensors and fails at construction if any is missing or has the wrong
+    shape; text="standin" uses standin_text_embedding (the built-in tiny default only). An item is a video index, or
+    (index, sample_seed) as ClipSampler yields; the seed picks the window start, so a resumed run draws the same
+    clips."""
 
     def __init__(self, root: str, frames: int, height: int, width: int, text_len: int = 512, text_dim: int = 1024,
-                 text: str = "t5", fit: str = "stretch", seed: int = 0, dtype: torch.dtype = torch.float32):
-        if text not in ("t5", "standin") or fit not in ("stretch", "crop"):
-            raise ValueError(f"text={text!r} must be 't5' or 'standin'; fit={fit!r} must be 'stretch' or 'crop'")
+                 text: str = "t5", seed: int = 0, dtype: torch.dtype = torch.float32):
+        if text not in ("t5", "standin"):
+            raise ValueError(f"text={text!r} must be 't5' or 'standin'")
         if frames < 1 or height < 2 or width < 2:
             raise ValueError(f"frames={frames}, height={height}, width={width}: need frames >= 1 and a real size")
-        self.root, self.frames, self.height, self.width, self.fit = root, frames, height, width, fit
+        self.root, self.frames, self.height, self.width = root, frames, height, width
         self.text, self.text_len, self.text_dim, self.seed, self.dtype = text, text_len, text_dim, seed, dtype
         self.skipped = {}  # stem -> reason, found at construction (same in every worker)
         self.failed = {}  # stem -> reason, found while loading, in this process
+        self.verified = set()  # stems whose sha1 matched the manifest's, in this process
+        videos = list_videos(root)
+        sizes = Counter(v.size for v in videos if v.size is not None)
+        if set(sizes) - {(height, width)}:
+            wrong = [(s, n) for s, n in sizes.most_common() if s != (height, width)]
+            raise size_error(root, wrong[0][0], f"{wrong[0][1]} of {len(videos)} in manifest.jsonl", height, width)
         self.videos = []
-        for v in list_videos(root):
+        for v in videos:
             if not os.path.isfile(v.path):
                 self.skipped[v.stem] = f"missing_file: {v.path}"
+            elif v.bytes is not None and os.path.getsize(v.path) != v.bytes:
+                self.skipped[v.stem] = (f"bytes_mismatch: {v.path} has {os.path.getsize(v.path)} bytes, the manifest "
+                                        f"{v.bytes} (a partial copy?)")
             elif v.frames is not None and v.frames < frames:
                 self.skipped[v.stem] = f"too_short: {v.frames} frames < {frames}"
             else:
                 self.videos.append(v)
+        for v in [v for v in self.videos if v.size is None]:  # no manifest: the first readable video decides
+            try:
+                self._probe(v)
+            except ClipError as e:
+                self.skipped[v.stem] = str(e)
+                self.videos.remove(v)
+                continue
+            if v.size != (height, width):
+                raise size_error(root, v.size, f"{v.path}, probed", height, width)
+            break
         if not self.videos:
             raise ValueError(f"{root}: no usable video for {frames}-frame clips ({len(self.skipped)} skipped: "
                              f"{dict(list(self.skipped.items())[:5])})")
+        read = 0
         if text == "t5":
             self.text_paths = {v.stem: self._text_path(v.stem) for v in self.videos}
             missing = [s for s, p in self.text_paths.items() if p is None]
@@ -179,8 +316,10 @@ class GridClips(Dataset):
                     f"{root}: {len(missing)} of {len(self.videos)} videos have no text embedding "
                     f"(t5_xxl/{missing[0]}.pickle or .safetensors); compute them with `python t5.py {root}`. "
                     "Only the built-in tiny default may use text='standin'.")
+            read = check_text_embeddings([(self.text_paths[v.stem], v.prompt) for v in self.videos], text_len, text_dim)
         reasons = Counter(reason.split(":")[0] for reason in self.skipped.values())
-        print(f"GridClips: {root}: {len(self.videos)} videos, {len(self.skipped)} skipped {dict(reasons) or ''}")
+        print(f"GridClips: {root}: {len(self.videos)} videos {height}x{width}, {len(self.skipped)} skipped "
+              f"{dict(reasons) or ''}" + (f"; text embeddings checked ({read} read whole)" if text == "t5" else ""))
 
     def _text_path(self, stem: str):
         for ext in (".pickle", ".safetensors"):
@@ -216,16 +355,31 @@ class GridClips(Dataset):
                     "prompt": video.prompt, "stem": video.stem, "start": start, "skipped": attempt}
         raise RuntimeError(f"{self.root}: every video failed to load in this process: {self.failed}")
 
+    @staticmethod
+    def _probe(video: Video):
+        """Frame count (packets, no decoding) and size of a video without a manifest entry."""
+        try:
+            info = probe_video(video.path, decode=False)
+        except RuntimeError as e:
+            raise ClipError(f"unreadable: {e}") from None
+        video.frames, video.size = info["frames"], (info["height"], info["width"])
+
     def _clip(self, video: Video, rng) -> tuple:
-        if video.frames is None:  # no manifest: count packets once (no decoding)
-            try:
-                video.frames = probe_video(video.path, decode=False)["frames"]
-            except RuntimeError as e:
-                raise ClipError(str(e)) from None
+        if video.frames is None or video.size is None:
+            self._probe(video)
+        if video.size != (self.height, self.width):
+            raise ClipError(f"wrong_size: {video.path} is {video.size[0]}x{video.size[1]}, expected "
+                            f"{self.height}x{self.width}")
         if video.frames < self.frames:
             raise ClipError(f"too_short: {video.frames} frames < {self.frames}")
+        if video.sha1 and video.stem not in self.verified:  # once per video and process: ~5 ms for a 4 MB grid
+            digest = sha1_file(video.path)
+            if digest != video.sha1:
+                raise ClipError(f"sha1_mismatch: {video.path} has sha1 {digest}, manifest.jsonl says {video.sha1} "
+                                "(changed since stitch.py wrote it)")
+            self.verified.add(video.stem)
         start = int(rng.integers(0, video.frames - self.frames + 1))  # inclusive: T == frames gives start 0
-        return read_clip(video.path, start, self.frames, self.height, self.width, self.fit), start
+        return read_clip(video.path, start, self.frames, self.height, self.width), start
 
 
 class ClipSampler(Sampler):

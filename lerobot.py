@@ -1,7 +1,9 @@
 """Reading LeRobot datasets, format v2.0, v2.1 or v3.0 (decided from the files present, not the version string).
 
 The metadata (info.json, episodes, tasks) becomes a Source with one Episode per episode: its parquet file and, per
-camera slot, the mp4 and the time span that hold it. Per episode, check_frames_table checks its parquet rows.
+camera slot, the mp4 and the time span that hold it. open_source checks the frame tables' columns up front (every
+v3.0 data file; the first v2.x file, since one writer wrote them all: reading 70k parquet footers would cost minutes);
+per episode, check_frames_table checks its parquet rows (and its columns again).
 
 Camera slots are found through an alias table (CAMERA_ALIASES; `--cameras` overrides it); a slot is never left
 unfilled. stitch.py lays the slots out as a grid and does all the video work.
@@ -48,6 +50,16 @@ class Source:
 
 
 # ------------------------------------------------------------------------------------------------------ metadata
+
+def missing_columns(names: list, layout: str) -> str | None:
+    """What a frame table lacks for stitching, or None: frame_index, timestamp, episode_index (v3.0 files hold many
+    episodes), and a task (task_index or a language column)."""
+    need = ["frame_index", "timestamp"] + (["episode_index"] if layout == "v3" else [])
+    missing = [c for c in need if c not in names]
+    if not any(c in names for c in ("task_index",) + LANGUAGE_COLUMNS):
+        missing.append(f"task_index (or one of {', '.join(LANGUAGE_COLUMNS)})")
+    return ", ".join(missing) or None
+
 
 def read_jsonl(path: str) -> list:
     rows = []
@@ -141,6 +153,12 @@ def open_source(src: str, cameras: str = "") -> Source:
     for file in [episodes[0].data_path] + [seg[0] for seg in episodes[0].segments.values()]:
         if not os.path.isfile(file):  # a broken template (e.g. a hard-coded camera) would skip every episode
             raise FileNotFoundError(f"{file} (episode {episodes[0].index}, templates of {info_path}) does not exist")
+    for file in sorted({e.data_path for e in episodes}) if layout == "v3" else [episodes[0].data_path]:
+        missing = missing_columns(pq.read_schema(file).names, layout)
+        if missing:
+            raise ValueError(f"{file}: the frame table has no column {missing} (columns: "
+                             f"{pq.read_schema(file).names[:20]}); stitch.py needs LeRobot's frame_index, timestamp, "
+                             "episode_index and task_index")
     name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(src))  # no commas: upstream splits metadata.csv on them
     cam_hw = {s: camera_hw(info["features"][k], k) for s, k in cams.items()}
     return Source(src, name, layout, fps, cams, cam_hw, table, episodes)
@@ -151,6 +169,9 @@ def open_source(src: str, cameras: str = "") -> Source:
 def check_frames_table(ep: Episode, source: Source) -> tuple:
     """Check an episode's parquet rows and pick its task: (task, None) or (None, (reason, detail))."""
     names = pq.read_schema(ep.data_path).names
+    missing = missing_columns(names, source.layout)
+    if missing:
+        return None, ("missing_column", f"{ep.data_path}: the frame table has no column {missing}")
     cols = [c for c in ("frame_index", "timestamp", "task_index") + LANGUAGE_COLUMNS if c in names]
     filters = [("episode_index", "=", ep.index)] if source.layout == "v3" else None  # v3 files hold many episodes
     rows = pq.read_table(ep.data_path, columns=cols, filters=filters).to_pydict()

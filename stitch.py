@@ -2,8 +2,10 @@
 
     python stitch.py SRC OUT [--stride 4] [--frames 93] [--size 432x768] [--workers N] [--prompt droid|TEMPLATE]
                      [--min-frames N] [--episodes FILE] [--per-task N] [--cameras ...] [--fit auto] [--crf 15]
+                     [--max-skip-fraction 0.1] [--progress-every 100]
     python stitch.py --synthetic OUT    # tiny synthetic LeRobot v2.1 dataset (H.264) for the tiny default and tests
     python stitch.py --bench SRC        # our time vs. the bundled ffmpeg only decoding the sources + encoding the grids
+    python stitch.py --help             # every flag, with its default
 
 Grid: top-left exterior_1_left, top-right exterior_2_left, bottom-left wrist, bottom-right black. OUT gets
 videos/<stem>.mp4, metas/<stem>.txt, metadata.csv, manifest.jsonl (one line per verified video, written last),
@@ -13,10 +15,15 @@ Per episode one ffmpeg command cuts each camera out of its mp4 by timestamp, kee
 source timestamp of each kept frame (checked here), resizes it into its cell, stacks the grid and encodes it with
 libx264; Python checks everything (the LeRobot metadata is read by lerobot.py), verifies the output and keeps the
 books.
+
+Exit status: 0 when the folder is usable; 1 when it holds no video, or when more than --max-skip-fraction of the
+episodes long enough to keep were skipped for another reason than length or a missing task (what was written stays:
+a rerun retries the retryable skips); 2 for a user error (a bad flag, --size, a missing column), in one line before
+any work. Without a terminal (SLURM logs) progress is one line every --progress-every episodes instead of a bar.
 """
-import argparse
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import multiprocessing
@@ -39,6 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+import cli
 from lerobot import SLOTS, Episode, Source, check_frames_table, open_source, select_episodes
 
 RECIPE_VERSION = 1  # bump when the code changes the bytes written for the same recipe
@@ -47,14 +55,21 @@ DROID_TEMPLATE = (
     "robotic arm from the left side, the top-right view shows it from the right side, the bottom-left view shows a "
     "first-person perspective from the robot's end-effector (gripper), and the bottom-right view is a black screen "
     "(inactive view). The robot {task}")
-RETRYABLE = {"ffmpeg_error", "verify_error", "worker_error"}  # a rerun tries these again
+RETRYABLE = {"ffmpeg_error", "verify_error", "worker_error", "write_error"}  # a rerun tries these again
+FILTERED = {"too_short", "too_short_after_decode", "no_task"}  # dropped by design: not counted by --max-skip-fraction
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}  # OSErrors that mean "OUT can't take more"
+MODES = ("src", "out", "synthetic", "bench")  # StitchConfig fields that pick what the command does, not how
 
 
 @dataclasses.dataclass
 class StitchConfig:
+    src: str = ""  # SRC: the LeRobot dataset folder (format v2.0, v2.1 or v3.0)
+    out: str = ""  # OUT: the grid folder to write; a rerun resumes it
+    synthetic: str = ""  # write a tiny synthetic LeRobot v2.1 dataset (H.264) to this folder, then exit
+    bench: str = ""  # time stitching this LeRobot folder against the bundled ffmpeg only decoding + encoding
     stride: int = 4  # keep every stride-th source frame (DROID 15 fps / 4 = 3.75 fps)
     frames: int = 93  # clip length the model trains on
-    size: str = "432x768"  # grid HxW; multiples of 4 so every cell has even sides (yuv420p)
+    size: str = "432x768"  # grid HxW, both multiples of 16 (the DiT needs H/8 and W/8 even)
     min_frames: int = 0  # shortest video kept, in output frames; 0 = --frames (use 94 for the upstream loader)
     workers: int = 0  # episodes in parallel; 0 = one per core (an episode's ffmpeg keeps ~1.1 cores busy)
     prompt: str = "droid"  # "droid" or a template holding {task}
@@ -65,26 +80,34 @@ class StitchConfig:
     crf: int = 15
     preset: str = "fast"
     retry_skips: bool = False  # also retry episodes skipped for data reasons (too_short, no_task, ...)
+    max_skip_fraction: float = 0.1  # exit 1 when more than this fraction of the episodes long enough to keep
+    # was skipped for another reason than length or a missing task (1 = never); a folder with no video always exits 1
+    progress_every: int = 100  # without a terminal (SLURM logs): one progress line every N episodes; 0 = none
 
+    def __post_init__(self):  # checked when built, so a bad flag stops the run before any work
+        if self.stride < 1 or self.frames < 1 or min(self.min_frames, self.per_task, self.workers) < 0:
+            raise ValueError(f"--stride and --frames must be >= 1, --min-frames / --per-task / --workers >= 0: "
+                             f"got {self.stride}, {self.frames}, {self.min_frames}, {self.per_task}, {self.workers}")
+        if self.fit not in ("auto", "stretch", "pad"):
+            raise ValueError(f"--fit {self.fit}: expected auto, stretch or pad")
+        if not 0 <= self.max_skip_fraction <= 1 or self.progress_every < 0:
+            raise ValueError(f"--max-skip-fraction {self.max_skip_fraction} must lie in [0, 1] and --progress-every "
+                             f"{self.progress_every} be >= 0")
+        parse_size(self.size), prompt_template(self.prompt)
 
 
 def make_config(overrides: dict) -> StitchConfig:
     names = {f.name for f in dataclasses.fields(StitchConfig)}
     if set(overrides) - names:
         raise ValueError(f"unknown stitch option(s) {sorted(set(overrides) - names)}; known: {sorted(names)}")
-    cfg = dataclasses.replace(StitchConfig(), **overrides)
-    if cfg.stride < 1 or cfg.frames < 1 or min(cfg.min_frames, cfg.per_task, cfg.workers) < 0:
-        raise ValueError(f"stride and frames must be >= 1, min_frames / per_task / workers >= 0: {cfg}")
-    if cfg.fit not in ("auto", "stretch", "pad"):
-        raise ValueError(f"fit={cfg.fit!r}: expected auto, stretch or pad")
-    parse_size(cfg.size), prompt_template(cfg.prompt)
-    return cfg
+    return StitchConfig(**overrides)
 
 
 def parse_size(size: str) -> tuple:
     m = re.fullmatch(r"([1-9]\d*)x([1-9]\d*)", size)
-    if not m or int(m[1]) % 4 or int(m[2]) % 4:
-        raise ValueError(f"size={size!r}: expected HxW, both multiples of 4 (e.g. 432x768)")
+    if not m or int(m[1]) % 16 or int(m[2]) % 16:
+        raise ValueError(f"--size {size}: expected HxW, both multiples of 16 (the DiT needs H/8 and W/8 even), "
+                         "e.g. 432x768")
     return int(m[1]), int(m[2])
 
 
@@ -195,11 +218,17 @@ def _init_worker(ctx: dict):
 
 def stitch_episode(stem: str, ep: Episode) -> dict:
     """Stitch one episode: {"done": manifest record} or {"skip": skip record}. Never raises."""
+    skip = lambda reason, detail: {"skip": {"stem": stem, "source": _CTX["source"].name,  # noqa: E731
+                                            "episode_index": ep.index, "reason": reason, "detail": detail}}
     try:
         result = run_episode(stem, ep)
+    except OSError as e:  # a full disk must say so, not hide in a traceback
+        if e.errno not in WRITE_ERRNOS:
+            result = skip("worker_error", traceback.format_exc(limit=4).strip())
+        else:
+            result = skip("write_error", f"{errno.errorcode[e.errno]} ({e.strerror}) writing {e.filename}")
     except Exception:  # a bug or an odd file must not stop the other 70k episodes: recorded, and retried on rerun
-        result = {"skip": {"stem": stem, "source": _CTX["source"].name, "episode_index": ep.index,
-                           "reason": "worker_error", "detail": traceback.format_exc(limit=4).strip()}}
+        result = skip("worker_error", traceback.format_exc(limit=4).strip())
     partial = os.path.join(_CTX["out"], "videos", stem + ".mp4.tmp")
     if "skip" in result and os.path.exists(partial):
         os.remove(partial)
@@ -226,7 +255,12 @@ def run_episode(stem: str, ep: Episode) -> dict:
         rc = subprocess.run(grid_command(ep, source, cfg, fits, [*x264_args(cfg.crf, cfg.preset), "-f", "mp4", "-y",
                                                                  video + ".tmp"], log_times=True), stderr=log).returncode
         if rc != 0:
-            return skip("ffmpeg_error", f"ffmpeg rc {rc}: {log_tail(log)}")
+            tail = log_tail(log)
+            log.seek(0)
+            full = [line.strip() for line in log if "No space left on device" in line]
+            if full:  # the disk, not the episode: named, and retried by a rerun
+                return skip("write_error", f"ENOSPC (disk full) writing {video}.tmp: ffmpeg rc {rc}: {full[0]}")
+            return skip("ffmpeg_error", f"ffmpeg rc {rc}: {tail}")
         log.seek(0)
         text = log.read()
     # alignment by timestamp: kept frame j of each camera must be the source frame at from_timestamp + j*stride/fps
@@ -321,8 +355,9 @@ def check_ffmpeg():
 
 
 def stitch(src: str, out: str, **overrides) -> dict:
-    """Stitch the episodes of LeRobot dataset src into out (resuming a killed run); returns the counts."""
-    cfg = make_config(overrides)
+    """Stitch the episodes of LeRobot dataset src into out (resuming a killed run); returns the counts (outcome_problem
+    says whether they make a usable folder)."""
+    cfg = make_config({**overrides, "src": src, "out": out})
     source = open_source(src, cfg.cameras)
     check_ffmpeg()
     H, W = parse_size(cfg.size)
@@ -396,8 +431,17 @@ def stitch(src: str, out: str, **overrides) -> dict:
                 _init_worker(ctx)
             results = (stitch_episode(*job) for job in jobs) if serial else \
                 (f.result() for f in as_completed([pool.submit(stitch_episode, *job) for job in jobs]))
-            for result in tqdm(results, total=len(jobs), desc=f"stitch {source.name}", unit="ep", disable=None):
+            terminal, t0, this_run = sys.stdout.isatty(), time.time(), Counter()
+            for k, result in enumerate(tqdm(results, total=len(jobs), desc=f"stitch {source.name}", unit="ep",
+                                            disable=not terminal), 1):
                 record(*next(iter(result.items())))
+                this_run.update(result.keys())
+                if not terminal and cfg.progress_every and (k % cfg.progress_every == 0 or k == len(jobs)):
+                    rate = k / max(time.time() - t0, 1e-9)
+                    eta = (len(jobs) - k) / rate
+                    print(f"stitch {source.name}: {k}/{len(jobs)} episodes ({this_run['done']} written, "
+                          f"{this_run['skip']} skipped), {rate:.2f} ep/s, ETA {int(eta // 3600)}h"
+                          f"{int(eta % 3600 // 60):02d}m{int(eta % 60):02d}s", flush=True)
     write_atomic(manifest_path, jsonl(done))
     write_atomic(skips_path, jsonl(skips))
     write_atomic(os.path.join(out, "metadata.csv"), metadata_csv(done))
@@ -412,6 +456,23 @@ def stitch(src: str, out: str, **overrides) -> dict:
     if written + summary["skipped"] != len(episodes):
         raise RuntimeError(f"stitch: counts do not add up, an episode was neither written nor skipped: {summary}")
     return summary
+
+
+def outcome_problem(summary: dict, max_skip_fraction: float, out: str) -> str | None:
+    """Why a finished stitch() must exit 1, or None: the folder holds no video, or more than max_skip_fraction of the
+    episodes long enough to keep were skipped for another reason than the length and task filters (FILTERED)."""
+    reasons = ", ".join(f"{k}: {v}" for k, v in summary["by_reason"].items()) or "none"
+    if summary["written"] == 0:
+        return (f"{out} holds no video: {summary['episodes_in']} episodes in, {summary['skipped']} skipped "
+                f"({reasons}); the reasons are in {out}/skips.jsonl")
+    failed = sum(n for reason, n in summary["by_reason"].items() if reason not in FILTERED)
+    kept_or_failed = summary["written"] + failed
+    if failed > max_skip_fraction * kept_or_failed:
+        return (f"{failed} of {kept_or_failed} episodes long enough to keep were skipped ({failed / kept_or_failed:.0%} "
+                f"> --max-skip-fraction {max_skip_fraction}; {reasons}); the reasons are in {out}/skips.jsonl. The "
+                f"{summary['written']} videos written stay; a rerun retries {', '.join(sorted(RETRYABLE))}; pass a "
+                "larger --max-skip-fraction to accept the folder as it is")
+    return None
 
 
 # ------------------------------------------------------------------------------------- synthetic LeRobot data
@@ -548,28 +609,23 @@ def bench(src: str, rounds: int = 3, **overrides) -> dict:
 
 # ------------------------------------------------------------------------------------------------------ CLI
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("paths", nargs="*", metavar="SRC OUT", help="LeRobot dataset folder and output folder")
-    p.add_argument("--synthetic", metavar="OUT", help="write a tiny synthetic LeRobot v2.1 dataset to OUT and exit")
-    p.add_argument("--bench", metavar="SRC", help="time stitching SRC against ffmpeg decoding + encoding alone")
-    for f in dataclasses.fields(StitchConfig):
-        if isinstance(f.default, bool):
-            p.add_argument("--" + f.name.replace("_", "-"), action="store_true")
-        else:
-            p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
-    args = p.parse_args(argv)  # unknown flags are an error
-    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(StitchConfig)
-                 if getattr(args, f.name) != f.default}
-    if args.synthetic and not (args.paths or args.bench or overrides):
-        print(f"stitch: wrote a synthetic LeRobot dataset to {make_synthetic(args.synthetic)}")
-    elif args.bench and not (args.paths or args.synthetic):
-        bench(args.bench, **overrides)
-    elif len(args.paths) == 2 and not (args.bench or args.synthetic):
-        stitch(*args.paths, **overrides)
+def main(argv=None) -> int:
+    given = cli.parse_flags(StitchConfig, argv, description=__doc__, positional=("src", "out"), prog="stitch.py")
+    cfg = cli.build(StitchConfig, given)  # every option is checked here, before any work
+    options = {k: v for k, v in given.items() if k not in MODES}
+    if cfg.synthetic and not (cfg.src or cfg.out or cfg.bench or options):
+        print(f"stitch: wrote a synthetic LeRobot dataset to {make_synthetic(cfg.synthetic)}")
+    elif cfg.bench and not (cfg.src or cfg.out or cfg.synthetic):
+        bench(cfg.bench, **options)
+    elif cfg.src and cfg.out and not (cfg.bench or cfg.synthetic):
+        problem = outcome_problem(stitch(cfg.src, cfg.out, **options), cfg.max_skip_fraction, cfg.out)
+        if problem:
+            print(f"stitch.py: error: {problem}", file=sys.stderr, flush=True)
+            return 1
     else:
-        p.error("give SRC OUT, or --synthetic OUT alone, or --bench SRC [options]")
+        raise ValueError("give SRC OUT [options], or --synthetic OUT alone, or --bench SRC [options] (see --help)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, user_errors=(ValueError, OSError))

@@ -1,8 +1,10 @@
 """data.py: clips from stitched grids (the v3.0 tiny dataset has videos of 94, 93 and 103 frames), embeddings,
-skipping of broken videos, and the deterministic resumable sampler."""
+what is refused at start-up and what is skipped at first use, and the deterministic resumable sampler."""
+import json
 import os
 import pickle
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader
 
 import data
+import stitch
 import t5
 from test_stitch import SIZE, V30, grid_codes, stitched
 
@@ -39,13 +42,12 @@ def test_93_frame_video_gives_a_93_frame_clip():
     assert sample["video"].shape == (3, 93, *SIZE) and sample["video"].dtype == torch.float32
     assert -1 <= sample["video"].min() and sample["video"].max() <= 1
     assert clip_frames(sample) == [[4 * j] * 3 for j in range(93)]  # every frame, in order, aligned
-    small = data.GridClips(out, frames=93, height=16, width=16, text="standin", text_len=4, text_dim=2)
-    assert {small[(0, seed)]["start"] for seed in range(12)} == {0, 1}  # a 94-frame video: both windows occur
+    assert {ds[(0, seed)]["start"] for seed in range(12)} == {0, 1}  # a 94-frame video: both windows occur
 
 
-def test_random_window_is_contiguous_resized_and_reproducible():
+def test_random_window_is_contiguous_and_reproducible():
     out, _ = stitched(V30)
-    ds = data.GridClips(out, frames=9, height=SIZE[0] // 2 * 2, width=SIZE[1], text="standin", text_len=16, text_dim=8)
+    ds = data.GridClips(out, frames=9, height=SIZE[0], width=SIZE[1], text="standin", text_len=16, text_dim=8)
     starts = set()
     for seed in range(6):
         sample = ds[(2, seed)]
@@ -54,73 +56,183 @@ def test_random_window_is_contiguous_resized_and_reproducible():
         assert clip_frames(sample) == [[4 * (sample["start"] + j)] * 3 for j in range(9)]
         assert torch.equal(sample["video"], ds[(2, seed)]["video"])  # same seed, same clip
     assert len(starts) > 1
-    small = data.GridClips(out, frames=5, height=48, width=80, text="standin", text_len=16, text_dim=8)[0]
-    assert small["video"].shape == (3, 5, 48, 80)
-    cropped = data.GridClips(out, frames=5, height=64, width=64, fit="crop", text="standin", text_len=4, text_dim=2)
-    assert cropped[0]["video"].shape == (3, 5, 64, 64)
+    # read_clip resizes only when asked to (sample.py's conditioning frame)
+    path = ds.videos[0].path
+    assert data.read_clip(path, 0, 2, 48, 80, fit="stretch").shape == (2, 48, 80, 3)
+    assert data.read_clip(path, 0, 2, 64, 64, fit="crop").shape == (2, 64, 64, 3)
+    with pytest.raises(data.ClipError, match=f"wrong_size: {path} is {SIZE[0]}x{SIZE[1]}, expected 48x80"):
+        data.read_clip(path, 0, 2, 48, 80)
+
+
+def test_wrong_size_is_refused_at_start_up_never_resized(tmp_path):
+    root = copy_grid(tmp_path)
+    fix = f"pass --height {SIZE[0]} --width {SIZE[1]}, or restitch with `python stitch.py SRC OUT --size 48x80`"
+    with pytest.raises(ValueError, match=f"the videos are {SIZE[0]}x{SIZE[1]} \\(3 of 3 in manifest.jsonl\\), this run asks for 48x80.*{fix}"):
+        data.GridClips(root, frames=9, height=48, width=80, text="standin")
+    os.remove(os.path.join(root, "manifest.jsonl"))  # upstream layout: the first video is probed
+    with pytest.raises(ValueError, match=f"{SIZE[0]}x{SIZE[1]} .*{STEMS[0]}.mp4, probed.*{fix}"):
+        data.GridClips(root, frames=9, height=48, width=80, text="standin")
+    # any later video of another size is skipped and counted at its first use
+    path = os.path.join(root, "videos", STEMS[1] + ".mp4")
+    subprocess.run([stitch.ffmpeg_exe(), "-v", "error", "-i", path, "-vf", "scale=160:96", "-c:v", "libx264",
+                    "-preset", "ultrafast", "-y", path + ".mp4"], check=True)
+    os.replace(path + ".mp4", path)
+    ds = data.GridClips(root, frames=9, height=SIZE[0], width=SIZE[1], text="standin", text_len=4, text_dim=2)
+    sample = ds[(1, 0)]
+    assert sample["stem"] == STEMS[2] and sample["skipped"] == 1
+    assert ds.failed == {STEMS[1]: f"wrong_size: {path} is 96x160, expected {SIZE[0]}x{SIZE[1]}"}
 
 
 def test_too_short_videos_are_skipped_and_counted_at_construction():
     out, _ = stitched(V30)
-    ds = data.GridClips(out, frames=100, height=48, width=80, text="standin", text_len=4, text_dim=2)
+    ds = data.GridClips(out, frames=100, height=SIZE[0], width=SIZE[1], text="standin", text_len=4, text_dim=2)
     assert [v.stem for v in ds.videos] == [STEMS[2]]
     assert {s: r.split(":")[0] for s, r in ds.skipped.items()} == {STEMS[0]: "too_short", STEMS[1]: "too_short"}
     with pytest.raises(ValueError, match="no usable video"):
-        data.GridClips(out, frames=200, height=48, width=80, text="standin")
+        data.GridClips(out, frames=200, height=SIZE[0], width=SIZE[1], text="standin")
 
 
-def test_truncated_and_lying_videos_are_skipped_and_workers_survive(tmp_path, capsys):
+def corrupt(path: str, at: float = 0.1, n: int = 64):
+    """Flip n bytes a fraction `at` into the file: same size, and the h264 decoder logs errors but exits 0."""
+    with open(path, "r+b") as f:
+        f.seek(int(os.path.getsize(path) * at))
+        block = f.read(n)
+        f.seek(-n, os.SEEK_CUR)
+        f.write(bytes(b ^ 0x5A for b in block))
+
+
+def test_truncated_changed_and_badly_decoding_videos_are_counted_skips_and_workers_survive(tmp_path, capsys):
     root = copy_grid(tmp_path)
     first = os.path.join(root, "videos", STEMS[0] + ".mp4")
     with open(first, "rb") as f:
         head = f.read()[: os.path.getsize(first) // 2]
     with open(first, "wb") as f:
-        f.write(head)  # truncated mid-file, as a killed copy leaves it
-    shutil.copy(os.path.join(root, "videos", STEMS[1] + ".mp4"), os.path.join(root, "videos", STEMS[2] + ".mp4"))
-    ds = data.GridClips(root, frames=95, height=48, width=80, text="standin", text_len=4, text_dim=2)
-    assert [v.stem for v in ds.videos] == [STEMS[2]]  # the manifest says 103 frames; the file now has 93
-    with pytest.raises(RuntimeError, match="every video failed"):
-        ds[0]
-    ds = data.GridClips(root, frames=9, height=48, width=80, text="standin", text_len=4, text_dim=2)
+        f.write(head)  # truncated mid-file, as a killed copy leaves it: the manifest's byte count, at construction
+    corrupt(os.path.join(root, "videos", STEMS[1] + ".mp4"))  # same size: the manifest's sha1, at first use
+    kw = dict(height=SIZE[0], width=SIZE[1], text="standin", text_len=4, text_dim=2)
+    ds = data.GridClips(root, frames=9, **kw)
+    assert [v.stem for v in ds.videos] == STEMS[1:] and ds.skipped[STEMS[0]].startswith("bytes_mismatch: ")
     sample = ds[(0, 0)]
-    assert sample["stem"] == STEMS[1] and sample["skipped"] == 1 and STEMS[0] in ds.failed
-    assert "skipping" in capsys.readouterr().err
+    assert sample["stem"] == STEMS[2] and sample["skipped"] == 1
+    assert ds.failed[STEMS[1]].startswith(f"sha1_mismatch: {root}/videos/{STEMS[1]}.mp4 has sha1 ")
+    assert ds.verified == {STEMS[2]} and "skipping" in capsys.readouterr().err
     sampler = data.ClipSampler(len(ds), seed=3)
     loader = DataLoader(ds, batch_size=2, sampler=sampler, num_workers=2)
     batches = [b for _, b in zip(range(3), loader)]
-    assert all(b["video"].shape == (2, 3, 9, 48, 80) for b in batches)
-    assert STEMS[0] not in {s for b in batches for s in b["stem"]}
+    assert all(b["video"].shape == (2, 3, 9, *SIZE) for b in batches)
+    assert {s for b in batches for s in b["stem"]} == {STEMS[2]}
     assert sum(int(b["skipped"].sum()) for b in batches) >= 1  # workers reported what they passed over
+    # a manifest without sha1 and byte count (they are checked when present): the truncated video decodes short,
+    # the corrupted one decodes all 93 frames and exits 0 but logs decode errors: both counted skips at first use
+    records = [json.loads(line) for line in open(os.path.join(root, "manifest.jsonl"))]
+    with open(os.path.join(root, "manifest.jsonl"), "w") as f:
+        f.writelines(json.dumps({k: v for k, v in r.items() if k not in ("sha1", "bytes")}) + "\n" for r in records)
+    ds = data.GridClips(root, frames=93, **kw)
+    assert ds.skipped == {} and [v.stem for v in ds.videos] == STEMS
+    assert ds[(0, 0)]["stem"] == STEMS[2] and ds.verified == set()
+    assert ds.failed[STEMS[0]].startswith("truncated: decoded ")
+    assert ds.failed[STEMS[1]].startswith("decode_error: ") and "[error]" in ds.failed[STEMS[1]]
+    # without a manifest, probing at start-up (until the first readable video) finds both: skipped and counted
+    os.remove(os.path.join(root, "manifest.jsonl"))
+    ds = data.GridClips(root, frames=93, **kw)
+    assert [v.stem for v in ds.videos] == [STEMS[2]]
+    assert {s: r.split(":")[0] for s, r in ds.skipped.items()} == {STEMS[0]: "unreadable", STEMS[1]: "unreadable"}
+
+
+def fake_t5(calls=None):
+    def encode(prompts):  # (tokens, 1024), one row per word; deterministic per prompt
+        if calls is not None:
+            calls.extend(prompts)
+        return [np.full((len(p.split()), 1024), len(p) / 1000, np.float32) for p in prompts]
+    return encode
 
 
 def test_text_embeddings_upstream_pickle_and_safetensors(tmp_path):
     root = copy_grid(tmp_path)
+    kw = dict(frames=9, height=SIZE[0], width=SIZE[1])
     with pytest.raises(FileNotFoundError, match="t5.py"):  # a real config without embeddings fails clearly
-        data.GridClips(root, frames=9, height=48, width=80)
+        data.GridClips(root, **kw)
+    assert data.negative_prompt_path(root) is None
     calls = []
-
-    def fake_t5(prompts):  # (tokens, 1024), one row per word; deterministic per prompt
-        calls.extend(prompts)
-        return [np.full((len(p.split()), 1024), len(p) / 1000, np.float32) for p in prompts]
-
-    counts = t5.write_embeddings(root, fake_t5, batch=1)
-    assert counts == {"videos": 3, "unique_prompts": 2, "files": 3} and len(calls) == 2  # once per unique prompt
-    assert t5.write_embeddings(root, fake_t5)["files"] == 0  # a rerun only fills gaps
+    counts = t5.write_embeddings(root, fake_t5(calls), batch=1)
+    # 2 unique video prompts + the negative prompt, each encoded once; 3 video files + the negative one
+    assert counts == {"videos": 3, "unique_prompts": 3, "files": 4} and sorted(calls) == sorted(
+        {v.prompt for v in data.list_videos(root)} | {t5.NEGATIVE_PROMPT})
+    negative = data.negative_prompt_path(root)
+    assert negative == os.path.join(root, "t5_xxl", "negative_prompt.pickle")
+    emb, mask = data.load_text_embedding(negative, 512, 1024)  # the same format as a video's
+    assert int(mask.sum()) == len(t5.NEGATIVE_PROMPT.split()) and "static with no motion" in t5.NEGATIVE_PROMPT
+    before = open(negative, "rb").read()
+    assert t5.write_embeddings(root, fake_t5(calls))["files"] == 0 and len(calls) == 3  # a rerun only fills gaps
+    assert open(negative, "rb").read() == before
     with open(os.path.join(root, "t5_xxl", STEMS[1] + ".pickle"), "rb") as f:
         (arr,) = pickle.load(f)
     assert arr.dtype == np.float16 and arr.shape[1] == 1024
     os.remove(os.path.join(root, "t5_xxl", STEMS[2] + ".pickle"))
     save_file({"text_emb": torch.ones(7, 1024, dtype=torch.float16)}, os.path.join(root, "t5_xxl", STEMS[2] +
                                                                                     ".safetensors"))
-    ds = data.GridClips(root, frames=9, height=48, width=80)
+    ds = data.GridClips(root, **kw)
+    assert [v.stem for v in ds.videos] == STEMS  # the negative prompt's file is no video's
     one = ds[1]
     assert one["text_emb"].shape == (512, 1024) and one["text_emb"].dtype == torch.float32
     assert int(one["text_mask"].sum()) == len(arr) and torch.equal(one["text_emb"][:len(arr)],
                                                                    torch.from_numpy(arr.astype(np.float32)))
     assert one["text_emb"][len(arr):].abs().sum() == 0
     assert int(ds[2]["text_mask"].sum()) == 7 and ds[2]["text_emb"][:7].eq(1).all()
-    with pytest.raises(ValueError, match="expected"):
-        data.GridClips(root, frames=9, height=48, width=80, text_dim=16)[1]
+
+
+def test_bad_text_embeddings_stop_the_run_at_start_up(tmp_path):
+    root = copy_grid(tmp_path)
+    t5.write_embeddings(root, fake_t5())
+    kw = dict(frames=9, height=SIZE[0], width=SIZE[1])
+    emb = lambda stem, ext=".pickle": os.path.join(root, "t5_xxl", stem + ext)  # noqa: E731
+    # the wrong width for this model, and more tokens than text_len: at construction, not in a worker at step 2
+    with pytest.raises(ValueError, match=r"shape \(\d+, 1024\), expected float \(1..512, 16\)"):
+        data.GridClips(root, **kw, text_dim=16)
+    with pytest.raises(ValueError, match=r"expected float \(1..4, 1024\)"):
+        data.GridClips(root, **kw, text_len=4)
+    # one pickle per (prompt, byte count) is read: STEMS[0] and STEMS[2] share a prompt, so 2 of 3 files are read
+    files = [(emb(v.stem), v.prompt) for v in data.list_videos(root)]
+    assert [p for _, p in files].count(files[0][1]) == 2 and data.check_text_embeddings(files, 512, 1024) == 2
+    # a file of a shared prompt written by another encoder has another byte count: read, and refused
+    shared = [v.stem for v in data.list_videos(root) if v.prompt == files[0][1]][1]
+    with open(emb(shared), "wb") as f:
+        pickle.dump([np.zeros((5, 768), np.float16)], f)
+    with pytest.raises(ValueError, match=f"{shared}.pickle: text embedding has shape \\(5, 768\\)"):
+        data.GridClips(root, **kw)
+    os.remove(emb(shared))
+    save_file({"emb": torch.ones(7, 1024)}, emb(shared, ".safetensors"))  # only the header is read
+    with pytest.raises(ValueError, match=r"no tensor 'text_emb' \(has \['emb'\]\)"):
+        data.GridClips(root, **kw)
+    save_file({"text_emb": torch.ones(7, 1024, dtype=torch.int32)}, emb(shared, ".safetensors"))
+    with pytest.raises(ValueError, match=r"\(not float\)"):
+        data.GridClips(root, **kw)
+
+
+def test_a_video_named_like_the_negative_prompt_is_refused(tmp_path):
+    root = copy_grid(tmp_path)
+    os.remove(os.path.join(root, "manifest.jsonl"))
+    os.rename(os.path.join(root, "videos", STEMS[0] + ".mp4"), os.path.join(root, "videos", "negative_prompt.mp4"))
+    for call in (lambda: data.GridClips(root, frames=9, height=SIZE[0], width=SIZE[1], text="standin"),
+                 lambda: t5.write_embeddings(root, fake_t5())):
+        with pytest.raises(ValueError, match="a video is named negative_prompt.mp4, the name t5.py gives"):
+            call()
+
+
+def test_a_torn_or_foreign_manifest_is_refused(tmp_path):
+    root = copy_grid(tmp_path)
+    path = os.path.join(root, "manifest.jsonl")
+    lines = open(path).read().splitlines()
+    with open(path, "w") as f:
+        f.write("\n".join(lines[:2] + [lines[2][:40]]) + "\n")
+    with pytest.raises(ValueError, match="manifest.jsonl:3: not valid JSON.*rerun it"):
+        data.list_videos(root)
+    rec = json.loads(lines[0])
+    del rec["width"]
+    with open(path, "w") as f:
+        f.write(json.dumps(rec) + "\n")
+    with pytest.raises(ValueError, match=r"manifest.jsonl:1: no \['width'\]"):
+        data.list_videos(root)
 
 
 def test_embedding_pickle_cannot_run_code(tmp_path):
@@ -144,8 +256,8 @@ def test_standin_embedding_is_deterministic_per_prompt():
 def test_upstream_layout_without_manifest(tmp_path):
     root = copy_grid(tmp_path)
     os.remove(os.path.join(root, "manifest.jsonl"))
-    ds = data.GridClips(root, frames=93, height=48, width=80, text="standin", text_len=4, text_dim=2)
-    assert [v.frames for v in ds.videos] == [None] * 3  # counted on first use instead
+    ds = data.GridClips(root, frames=93, height=SIZE[0], width=SIZE[1], text="standin", text_len=4, text_dim=2)
+    assert [v.frames for v in ds.videos] == [94, None, None]  # the first probed at start-up, the others at first use
     assert ds[1]["start"] == 0 and ds.videos[1].frames == 93
     assert ds[1]["prompt"] == open(os.path.join(root, "metas", STEMS[1] + ".txt")).read()
 

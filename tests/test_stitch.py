@@ -22,7 +22,7 @@ import stitch
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 V21, V30 = os.path.join(DATA, "lerobot_v21_tiny"), os.path.join(DATA, "lerobot_v30_tiny")
-SIZE = (180, 320)  # grid HxW: cells are the sources at 0.5625 scale, large enough to read the bit blocks
+SIZE = (176, 320)  # grid HxW, multiples of 16: cells 88x160, about half the 180x320 sources, bit blocks readable
 SRC_LENGTHS = {"lerobot_v21_tiny": {0: 400, 1: 60, 2: 380}, "lerobot_v30_tiny": {0: 373, 1: 372, 2: 410}}
 ROOT_TMP = tempfile.mkdtemp(prefix="test-stitch-")
 atexit.register(shutil.rmtree, ROOT_TMP, True)
@@ -269,15 +269,97 @@ def test_layout_detection_and_subsets(tmp_path):
         lerobot.select_episodes(v2, stitch.make_config({"episodes": str(tmp_path / "bad.txt")}))
     with pytest.raises(ValueError, match="unknown stitch option"):
         stitch.make_config({"strid": 2})
-    with pytest.raises(ValueError, match="multiples of 4"):
-        stitch.make_config({"size": "430x768"})
+    for size in ("430x768", "180x320", "432x760"):
+        with pytest.raises(ValueError, match="multiples of 16"):
+            stitch.make_config({"size": size})
     with pytest.raises(ValueError, match="must contain"):
         stitch.make_config({"prompt": "no field"})
     with pytest.raises(SystemExit):
         stitch.main([V21, str(tmp_path / "o"), "--no-such-flag", "1"])
 
 
-def test_bench_runs(tmp_path, capsys):
+def test_bench_runs_from_the_command_line(tmp_path, capsys):
     src = stitch.make_synthetic(str(tmp_path / "syn"), lengths=(20,))
-    result = stitch.bench(src, size="48x80", frames=5, stride=2)
+    assert stitch.main(["--bench", src, "--size", "48x80", "--frames", "5", "--stride", "2"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["episodes_written"] == 1 and result["ratio_wall"] > 0 and result["ratio_cpu"] > 0
+
+
+def run_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, stitch.__file__, *map(str, args)], capture_output=True, text=True)
+
+
+def test_user_errors_are_one_line_before_any_work(tmp_path):
+    out = tmp_path / "out"
+    for args, message in (([V21, out, "--size", "180x320"], "--size 180x320: expected HxW, both multiples of 16"),
+                          ([V21, out, "--fit", "zoom"], "--fit zoom"),
+                          ([V21], "give SRC OUT"),
+                          (["--synthetic", out, "--stride", "2"], "give SRC OUT"),
+                          ([tmp_path / "nothing", out], "is not a LeRobot v2/v3 dataset")):
+        proc = run_cli(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("stitch.py: error: ") and message in proc.stderr
+        assert not out.exists()
+    help_text = " ".join(run_cli("--help").stdout.split())  # argparse wraps lines
+    assert "--max-skip-fraction" in help_text and "(default: 0.1)" in help_text and "--no-retry-skips" in help_text
+
+
+def test_documented_command_lines_work_and_progress_shows_without_a_terminal(tmp_path, capsys):
+    syn = tmp_path / "syn"
+    assert stitch.main(["--synthetic", str(syn)]) == 0 and (syn / "meta" / "info.json").exists()
+    out = tmp_path / "out"
+    # per task: episodes 0 and 1 (2 repeats 0's task); 1 is too short, so one episode is stitched
+    assert stitch.main([V21, str(out), "--per-task", "1", "--size", "48x80", "--workers", "1",
+                        "--progress-every", "1"]) == 0
+    stdout = capsys.readouterr().out  # pytest's capture is no terminal, like a SLURM log
+    assert "stitch lerobot_v21_tiny: 1/1 episodes (1 written, 0 skipped)" in stdout and "ETA" in stdout
+    assert sorted(manifest(str(out))) == ["lerobot_v21_tiny__ep000000"]
+
+
+def test_exit_1_when_nothing_is_written_or_too_many_episodes_fail(tmp_path, capsys):
+    assert stitch.main([V30, str(tmp_path / "out"), "--size", "48x80", "--min-frames", "200"]) == 1
+    err = capsys.readouterr().err
+    assert "holds no video: 3 episodes in, 3 skipped (too_short: 3)" in err and "skips.jsonl" in err
+    ok = {"episodes_in": 20, "written": 9, "skipped": 11, "by_reason": {"too_short": 8, "no_task": 2, "misaligned": 1}}
+    assert stitch.outcome_problem(ok, 0.1, "OUT") is None  # 1 of 10 long enough failed; filters don't count
+    bad = dict(ok, written=8, by_reason={"too_short": 8, "no_task": 2, "misaligned": 1, "ffmpeg_error": 1})
+    problem = stitch.outcome_problem(bad, 0.1, "OUT")
+    assert "2 of 10 episodes long enough to keep were skipped (20% > --max-skip-fraction 0.1" in problem
+    assert stitch.outcome_problem(bad, 0.2, "OUT") is None
+
+
+def test_frame_table_without_a_column_is_refused_up_front_or_skipped(tmp_path):
+    import pyarrow.parquet as pq
+    src = copy_meta(V21, tmp_path / "src")
+
+    def drop(episode, column):
+        path = os.path.join(src, "data", "chunk-000", f"episode_{episode:06d}.parquet")
+        pq.write_table(pq.read_table(path).drop_columns([column]), path)
+        return path
+
+    path = drop(2, "timestamp")  # not the first file: found when its episode runs, a skip naming it
+    summary = stitch.stitch(src, str(tmp_path / "a"), size="48x80")
+    assert summary["by_reason"] == {"missing_column": 1, "too_short": 1}
+    assert skips(str(tmp_path / "a"))["src__ep000002"]["detail"] == \
+        f"{path}: the frame table has no column timestamp"
+    path = drop(0, "frame_index")  # the first file is checked before any work
+    with pytest.raises(ValueError, match=f"{path}: the frame table has no column frame_index"):
+        stitch.stitch(src, str(tmp_path / "b"), size="48x80")
+    assert not (tmp_path / "b").exists()
+
+
+def test_disk_full_is_named_in_the_skip(tmp_path, monkeypatch):
+    (tmp_path / "eps.txt").write_text("0")
+    real = stitch.grid_command
+    # the grid mp4 goes to /dev/full, where every write fails with ENOSPC (in-process: one worker)
+    monkeypatch.setattr(stitch, "grid_command", lambda *a, **k: real(*a, **k)[:-1] + ["/dev/full"])
+    out = str(tmp_path / "out")
+    summary = stitch.stitch(V21, out, size="48x80", workers=1, episodes=str(tmp_path / "eps.txt"))
+    assert summary["by_reason"] == {"write_error": 1}
+    (rec,) = skips(out).values()
+    assert rec["detail"].startswith("ENOSPC (disk full) writing ") and "No space left on device" in rec["detail"]
+    monkeypatch.setattr(stitch, "run_episode", lambda stem, ep: open("/dev/full", "w").write("x" * 65536))
+    stitch._init_worker({"source": lerobot.open_source(V21), "out": out})
+    result = stitch.stitch_episode("s", lerobot.open_source(V21).episodes[0])
+    assert result["skip"]["reason"] == "write_error" and result["skip"]["detail"].startswith(
+        "ENOSPC (No space left on device) writing")
