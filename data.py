@@ -22,6 +22,9 @@ What is checked when, so that bad data stops a run at start-up and not in a Data
     sha1 of the file; without a manifest the probe of its size and frame count (folders without a manifest can't be
     probed whole at start-up: 70k videos x ~30 ms); a truncated or too-short decode; a decode that logs errors even
     though ffmpeg exits 0.
+
+Contents, top to bottom: Video and the folder listing (manifest or upstream layout, negative_prompt_path) -> text
+embeddings (safe unpickling, shape checks, the start-up check) -> read_clip -> GridClips -> ClipSampler.
 """
 import hashlib
 import io
@@ -178,8 +181,8 @@ def check_text_embeddings(files: list, text_len: int, text_dim: int) -> int:
     Cost, so that start-up stays fast with 70k videos: a .safetensors costs its header (~0.2 ms). A .pickle has no
     header and must be read whole (~0.25 ms and ~250 kB for a DROID prompt), but t5.py writes the same bytes for
     every video of a prompt: one pickle per (prompt, byte count) is read, the others cost a stat (~0.01 ms). A pickle
-    of a known prompt with another byte count (another encoder, a truncated file) is read too. Left to the workers: a
-    damaged pickle of exactly the byte count of its prompt's others."""
+    of a known prompt with another byte count (another encoder, a truncated file) is read too, and so is every pickle
+    of a video without a prompt. Left to the workers: a damaged pickle of exactly its prompt's byte count."""
     seen, read = set(), 0
     for path, prompt in files:
         if path.endswith(".safetensors"):
@@ -189,10 +192,13 @@ def check_text_embeddings(files: list, text_len: int, text_dim: int) -> int:
                 tensor = f.get_slice("text_emb")
                 check_text_shape(path, tensor.get_shape(), tensor.get_dtype() in ("F16", "BF16", "F32", "F64"),
                                  text_len, text_dim)
-        elif (prompt, os.path.getsize(path)) not in seen:
+        else:
+            key = (prompt, os.path.getsize(path)) if prompt else path  # no prompt: nothing says two files match
+            if key in seen:
+                continue
             arr = read_pickle_embedding(path)
             check_text_shape(path, arr.shape, arr.dtype.kind == "f", text_len, text_dim)
-            seen.add((prompt, os.path.getsize(path)))
+            seen.add(key)
             read += 1
     return read
 

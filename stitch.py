@@ -222,11 +222,9 @@ def stitch_episode(stem: str, ep: Episode) -> dict:
                                             "episode_index": ep.index, "reason": reason, "detail": detail}}
     try:
         result = run_episode(stem, ep)
-    except OSError as e:  # a full disk must say so, not hide in a traceback
-        if e.errno not in WRITE_ERRNOS:
-            result = skip("worker_error", traceback.format_exc(limit=4).strip())
-        else:
-            result = skip("write_error", f"{errno.errorcode[e.errno]} ({e.strerror}) writing {e.filename}")
+    except OSError as e:  # a full disk is named, not hidden in a traceback
+        result = skip("write_error", f"{errno.errorcode[e.errno]} ({e.strerror}) writing {e.filename}") \
+            if e.errno in WRITE_ERRNOS else skip("worker_error", traceback.format_exc(limit=4).strip())
     except Exception:  # a bug or an odd file must not stop the other 70k episodes: recorded, and retried on rerun
         result = skip("worker_error", traceback.format_exc(limit=4).strip())
     partial = os.path.join(_CTX["out"], "videos", stem + ".mp4.tmp")
@@ -257,9 +255,10 @@ def run_episode(stem: str, ep: Episode) -> dict:
         if rc != 0:
             tail = log_tail(log)
             log.seek(0)
-            full = [line.strip() for line in log if "No space left on device" in line]
-            if full:  # the disk, not the episode: named, and retried by a rerun
-                return skip("write_error", f"ENOSPC (disk full) writing {video}.tmp: ffmpeg rc {rc}: {full[0]}")
+            # the disk, not the episode (ffmpeg prints strerror): named, and retried by a rerun
+            full = [(errno.errorcode[n], line.strip()) for line in log for n in WRITE_ERRNOS if os.strerror(n) in line]
+            if full:
+                return skip("write_error", f"{full[0][0]} writing {video}.tmp: ffmpeg rc {rc}: {full[0][1]}")
             return skip("ffmpeg_error", f"ffmpeg rc {rc}: {tail}")
         log.seek(0)
         text = log.read()
@@ -436,7 +435,7 @@ def stitch(src: str, out: str, **overrides) -> dict:
                                             disable=not terminal), 1):
                 record(*next(iter(result.items())))
                 this_run.update(result.keys())
-                if not terminal and cfg.progress_every and (k % cfg.progress_every == 0 or k == len(jobs)):
+                if not terminal and cfg.progress_every and k % cfg.progress_every == 0:  # the summary ends it
                     rate = k / max(time.time() - t0, 1e-9)
                     eta = (len(jobs) - k) / rate
                     print(f"stitch {source.name}: {k}/{len(jobs)} episodes ({this_run['done']} written, "
@@ -468,8 +467,8 @@ def outcome_problem(summary: dict, max_skip_fraction: float, out: str) -> str | 
     failed = sum(n for reason, n in summary["by_reason"].items() if reason not in FILTERED)
     kept_or_failed = summary["written"] + failed
     if failed > max_skip_fraction * kept_or_failed:
-        return (f"{failed} of {kept_or_failed} episodes long enough to keep were skipped ({failed / kept_or_failed:.0%} "
-                f"> --max-skip-fraction {max_skip_fraction}; {reasons}); the reasons are in {out}/skips.jsonl. The "
+        return (f"{failed} of {kept_or_failed} episodes long enough to keep were skipped "
+                f"({failed / kept_or_failed:.0%} > --max-skip-fraction {max_skip_fraction}; {reasons}); the reasons are in {out}/skips.jsonl. The "
                 f"{summary['written']} videos written stay; a rerun retries {', '.join(sorted(RETRYABLE))}; pass a "
                 "larger --max-skip-fraction to accept the folder as it is")
     return None

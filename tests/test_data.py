@@ -67,7 +67,8 @@ def test_random_window_is_contiguous_and_reproducible():
 def test_wrong_size_is_refused_at_start_up_never_resized(tmp_path):
     root = copy_grid(tmp_path)
     fix = f"pass --height {SIZE[0]} --width {SIZE[1]}, or restitch with `python stitch.py SRC OUT --size 48x80`"
-    with pytest.raises(ValueError, match=f"the videos are {SIZE[0]}x{SIZE[1]} \\(3 of 3 in manifest.jsonl\\), this run asks for 48x80.*{fix}"):
+    asked = "\\(3 of 3 in manifest.jsonl\\), this run asks for 48x80"
+    with pytest.raises(ValueError, match=f"the videos are {SIZE[0]}x{SIZE[1]} {asked}.*{fix}"):
         data.GridClips(root, frames=9, height=48, width=80, text="standin")
     os.remove(os.path.join(root, "manifest.jsonl"))  # upstream layout: the first video is probed
     with pytest.raises(ValueError, match=f"{SIZE[0]}x{SIZE[1]} .*{STEMS[0]}.mp4, probed.*{fix}"):

@@ -357,7 +357,8 @@ def test_disk_full_is_named_in_the_skip(tmp_path, monkeypatch):
     summary = stitch.stitch(V21, out, size="48x80", workers=1, episodes=str(tmp_path / "eps.txt"))
     assert summary["by_reason"] == {"write_error": 1}
     (rec,) = skips(out).values()
-    assert rec["detail"].startswith("ENOSPC (disk full) writing ") and "No space left on device" in rec["detail"]
+    assert rec["detail"].startswith(f"ENOSPC writing {out}/videos/lerobot_v21_tiny__ep000000.mp4.tmp: ffmpeg rc ")
+    assert "No space left on device" in rec["detail"]
     monkeypatch.setattr(stitch, "run_episode", lambda stem, ep: open("/dev/full", "w").write("x" * 65536))
     stitch._init_worker({"source": lerobot.open_source(V21), "out": out})
     result = stitch.stitch_episode("s", lerobot.open_source(V21).episodes[0])

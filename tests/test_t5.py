@@ -77,5 +77,5 @@ def test_command_line(tmp_path, capsys):
     assert t5.main([str(root), "--device", "cuda", "--model", str(tmp_path / "no-model"), "--batch", "8"]) == 0
     assert "'files': 0" in capsys.readouterr().out
     os.remove(os.path.join(root, "t5_xxl", "negative_prompt.pickle"))
-    with pytest.raises(OSError, match="no-model"):  # now there is work: the model is loaded, and this one does not exist
+    with pytest.raises(OSError, match="no-model"):  # now there is work: the model loads, and this one doesn't exist
         t5.main([str(root), "--device", "cpu", "--model", str(tmp_path / "no-model")])
