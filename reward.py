@@ -1,30 +1,59 @@
-"""Weight-free rewards for 2x2 robot-grid videos, for GRPO (../shared/specs/grpo.md section 7).
+"""Weight-free rewards for 2x2 robot-grid videos, for GRPO (docs/grpo.md), and the --reward plug-in mechanism.
 
 Grid layout: top-left exterior camera 1, top-right exterior camera 2, bottom-left wrist camera, bottom-right black.
-Input: decoded videos [B, 3, F, H, W] in [-1, 1] (what vae.decode returns). Internally I = clamp((V+1)/2, 0, 1)
-and luma Y = 0.299 R + 0.587 G + 0.114 B. Every reward is exp(-min(50, x)) with x >= 0, so it lies in (0, 1] and
-equals 1 iff x = 0. All of it is batched torch under no_grad; the raw statistics are returned for logging and
-for calibrating the temperatures (set each tau to the median raw statistic of ~32 rollouts of the initial policy).
+Input: decoded videos [B, 3, F, H, W] in [-1, 1] (what vae.decode returns), F >= 3. Internally I = clamp((V+1)/2,
+0, 1) and luma Y = 0.299 R + 0.587 G + 0.114 B; each view is cropped by a margin (the VAE bleeds across seams).
 
-- static  (exterior cameras TL, TR): the cameras are fixed, so any global image motion is an artefact.
-          J = mean per-frame jitter (px), D = worst accumulated drift from frame 0 (px), V = fraction of tiles with
-          enough texture to measure (stops "blur the background flat" from scoring).
-- smooth  (wrist camera, top part of BL): the wrist moves, but smoothly. A = mean |acceleration| (px/frame^2).
+The default reward is a weighted geometric mean of six components, each in (0, 1]:
+
+    reward = prod_k r_k ** (w_k / sum_k w_k) = exp(-sum_k w_k x_k / sum_k w_k),   r_k = exp(-x_k), 0 <= x_k <= 50
+
+quality (exp(-min(50, x)), 1 iff x = 0; the temperatures tau are calibrated on rollouts of the initial policy):
+- static  (TL, TR): the exterior cameras are fixed, so global image motion is an artefact. x = J/tau_J + D/tau_D
+          + lambda_v (1 - V): mean jitter J (px/frame), worst drift D from frame 0 (px), textured fraction V.
+- smooth  (top 2/3 of BL; the static gripper at the bottom would pin shifts at 0): the wrist moves, smoothly.
+          x = A/tau_A + lambda_v (1 - V_wrist): mean |acceleration| A (px/frame^2), textured fraction V_wrist.
 - black   (BR): mean intensity above the VAE's black level b0.
-- flicker (TL, TR, BL-top): second difference of the per-frame mean luma (ignores steady lighting trends).
-- motion  guard against the frozen-video hack (a frozen video maximises static, smooth and flicker at once):
-          R_motion = min(1, M / motion_ref), M = mean |frame difference| of the wrist view. It multiplies the total.
+- flicker (TL, TR, BL-top): |second difference| of the per-frame mean luma (steady lighting trends are free).
+activity (bounded ratios min(1, stat / ref): any clip with the robot acting saturates them, so they cannot be
+over-won, and a clip with no action gets exp(-50), i.e. a factor exp(-50 w / sum w) ~ 5e-5 on the total):
+- activity (TL, TR): coherent motion in each exterior view (the arm acting), mean over the two views of
+          min(1, act_q / activity_ref). See `coherent_motion`: it is ~0 for a frozen clip, for sensor grain, for
+          global brightness changes, flicker, a jump between two held frames and alternating frames.
+- motion  (BL-top): min(1, S / motion_ref), S = mean wrist speed (px/frame) from the phase correlation, which
+          grain cannot fake: grain does not translate.
 
+Why so (an outside trial found the old reward, a weighted *arithmetic* mean of static, smooth, black and flicker
+times a wrist |frame difference| guard, won by a frozen robot with a flat, grainy wrist view at 0.9997):
+- nothing rewarded the robot doing something: a frozen clip maximises static, smooth and flicker at once. Now
+  the exterior views must show coherent motion and the wrist view must translate.
+- sensor grain satisfied the |frame difference| guard and passed as texture. Now texture is measured on
+  2x2-or-more average-pooled tiles (grain averages out, texture does not), and motion by measures that are zero
+  in expectation for temporally white noise.
+- an arithmetic mean keeps 1 - w_k / sum w of the reward when one component fails completely (0.83 with a white
+  bottom-right quadrant), so a broken clip that excels elsewhere can beat an honest one. The geometric mean makes
+  every component necessary: a white quadrant alone costs a factor exp(-50 * 0.5 / 5) ~ 7e-3.
 Global motion is measured by tiled phase correlation with a per-component median over tiles: a global phase
-correlation locks onto the moving arm (~17% of a quadrant), which would reward freezing the robot.
+correlation locks onto the moving arm (~17% of a view), which would reward freezing the robot.
 
-Add your own reward: pass `extra={"name": (fn, weight)}` to grid_rewards, where fn(video [B,3,F,H,W] in [-1,1])
-returns a [B] tensor in (0, 1]; it joins the weighted mean and is reported under its name.
+All of it is batched torch under no_grad, and a clip's values do not depend on the rest of the batch. The raw
+statistics are returned for logging and for `calibrated` (tau = the median raw statistic of ~32 rollouts of the
+initial policy, activity_ref and motion_ref = half of it). `extra={"name": (fn, weight)}` adds your own component
+fn(video) -> [B] in (0, 1] to the geometric mean.
+
+Plug-ins (train.py --reward SPEC): `parse_rewards("default,mymod:fn=0.5")` imports and checks reward terms at
+start-up; a term function asks for `video` ([B, 3, F, H, W] in [-1, 1]) and/or `latent` (the sampler's clean x0,
+[B, 16, T, H/8, W/8]) by its parameter names; `score(terms, video=, latent=)` returns the weighted sum and every
+term and component for logging.
+
+Contents, top to bottom: config; pixels -> views; tiled phase correlation; coherent motion; the components;
+grid_rewards and calibrated; plug-ins (RewardTerm, parse_rewards, needs_pixels, score).
 """
 import math
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 
 # -----------------------------------------------------------------------------
 # Config
@@ -35,23 +64,31 @@ class RewardConfig:
     margin: int = 4  # px cut from every quadrant edge: the VAE bleeds across the seams
     tile_grid: tuple = (4, 6)  # tile = (quadrant_h // 4, quadrant_w // 6): 54 x 64 px at 432 x 768
     wrist_top: float = 2 / 3  # fraction of the wrist view used (the static gripper at the bottom pins shifts at 0)
-    min_tile_std: float = 0.02  # a tile needs this much luma std in both frames to be measured
-    min_peak: float = 0.05  # ... and a phase-correlation peak at least this high
+    min_tile_std: float = 0.02  # a tile needs this much luma std, after average pooling, in both frames
+    min_peak: float = 0.3  # ... and a phase-correlation peak at least this high (1 = a perfect match)
+    shift_lowpass: float = 0.125  # cycles/px: Gaussian weight on the cross-power spectrum (peak std 1.3 px)
+    min_tile: int = 12  # px: smaller tiles (tiny test videos) are enlarged to this
     tau_jitter: float = 1.0  # px per frame
     tau_drift: float = 4.0  # px
-    texture_weight: float = 2.0  # lambda_v: penalty per unit of untextured (unmeasurable) exterior
+    texture_weight: float = 2.0  # lambda_v: penalty per unit of untextured (unmeasurable) view
     tau_accel: float = 1.0  # px per frame^2
     black_level: float = 0.0  # b0: mean of a VAE round trip of an all-black quadrant (measure once per VAE)
     tau_black: float = 0.02  # ~5/255
     tau_flicker: float = 0.01
-    motion_ref: float = 0.005  # M_ref: wrist mean |dY| per frame below which the guard bites; calibrate on the base
+    activity_rows: int = 24  # exteriors are average-pooled to ~this many rows of cells before measuring activity
+    min_growth: float = 1.5  # coherent motion: two frames must change the view >= 1.5x more than one frame
+    activity_ref: float = 0.005  # coherent luma change per frame (cells) that saturates r_activity; calibrate
+    motion_ref: float = 0.1  # wrist speed (% of the quadrant height per frame) that saturates r_motion; calibrate
     w_static: float = 1.0
     w_smooth: float = 1.0
     w_black: float = 0.5
     w_flicker: float = 0.5
+    w_activity: float = 1.0
+    w_motion: float = 1.0
 
 
 MAX_EXPONENT = 50.0  # exp(-50) ~ 2e-22: every reward stays strictly positive (and finite in fp32)
+COMPONENTS = ("static", "smooth", "black", "flicker", "activity", "motion")
 
 
 def sample_mean(x):
@@ -64,8 +101,13 @@ def bounded(x):
     return torch.exp(-x.clamp(min=0, max=MAX_EXPONENT))
 
 
+def ratio(stat, ref):
+    """min(1, stat / ref), kept >= exp(-50): a reward in (0, 1] that saturates, so it cannot be over-won."""
+    return (stat / ref).clamp(min=math.exp(-MAX_EXPONENT), max=1.0)
+
+
 # -----------------------------------------------------------------------------
-# Pixels -> quadrant crops
+# Pixels -> views
 
 
 def to_intensity(video_B_3_F_H_W):
@@ -85,10 +127,10 @@ def quadrant_boxes(H, W, cfg: RewardConfig):
     if H % 2 or W % 2:
         raise ValueError(f"grid video {H}x{W}: height and width must be even (2x2 quadrants)")
     h, w, m = H // 2, W // 2, cfg.margin
-    tile = (h // cfg.tile_grid[0], w // cfg.tile_grid[1])
-    if min(tile) < 4 or h - 2 * m < tile[0] or w - 2 * m < tile[1]:
-        raise ValueError(f"quadrant {h}x{w} (margin {m}) too small for tiles {tile}: use a larger video or "
-                         f"a smaller tile_grid than {cfg.tile_grid}")
+    tile = (max(h // cfg.tile_grid[0], cfg.min_tile), max(w // cfg.tile_grid[1], cfg.min_tile))
+    if h - 2 * m < tile[0] or w - 2 * m < tile[1]:
+        raise ValueError(f"grid video {H}x{W}: quadrant {h}x{w} (margin {m}) too small for tiles {tile}: use a "
+                         f"video of at least 64x64 or a smaller RewardConfig.min_tile than {cfg.min_tile}")
     wrist_rows = int((h - 2 * m) * cfg.wrist_top)
     if wrist_rows < tile[0]:
         raise ValueError(f"wrist crop of {wrist_rows} rows holds no {tile[0]}-row tile (wrist_top={cfg.wrist_top})")
@@ -113,52 +155,127 @@ def crop(x, box):
 def to_tiles(x_B_F_h_w, tile):
     """[B, F, h, w] -> [B, F, n_tiles, th, tw] non-overlapping tiles (the remainder at the bottom/right is dropped)."""
     th, tw = tile
-    B, F, h, w = x_B_F_h_w.shape
+    B, n_frames, h, w = x_B_F_h_w.shape
     ny, nx = h // th, w // tw
-    x = x_B_F_h_w[:, :, : ny * th, : nx * tw].reshape(B, F, ny, th, nx, tw)
-    return x.permute(0, 1, 2, 4, 3, 5).reshape(B, F, ny * nx, th, tw)
+    x = x_B_F_h_w[:, :, : ny * th, : nx * tw].reshape(B, n_frames, ny, th, nx, tw)
+    return x.permute(0, 1, 2, 4, 3, 5).reshape(B, n_frames, ny * nx, th, tw)
 
 
-def subpixel(r_minus, r_0, r_plus):
-    """3-point centroid with negative side lobes clamped: accurate to ~0.003 px on Fourier-shifted content."""
-    lo, hi = r_minus.clamp(min=0), r_plus.clamp(min=0)
-    return (hi - lo) / (lo + r_0 + hi)
+def pooled_tiles(tiles_B_F_n_th_tw):
+    """Every tile average-pooled by max(2, th // 8), flattened: [B, F, n, cells]. I.i.d. grain of std s drops to
+    s / pool while texture coarser than the pool survives, so texture and change measured here ignore grain."""
+    B, n_frames, n, th, tw = tiles_B_F_n_th_tw.shape
+    k = max(2, th // 8)
+    pooled = F.avg_pool2d(tiles_B_F_n_th_tw.reshape(B * n_frames * n, 1, th, tw), k)
+    return pooled.reshape(B, n_frames, n, -1)
+
+
+def gaussian_peak(r_minus, r_0, r_plus):
+    """Sub-pixel offset of a Gaussian peak from its 3 samples (a parabola through their logs): exact for the
+    Gaussian-weighted phase correlation below, whose peak is a Gaussian of std 1 / (2 pi shift_lowpass) px."""
+    lm, l0, lp = (r.clamp(min=1e-6).log() for r in (r_minus, r_0, r_plus))
+    curvature = lm - 2 * l0 + lp
+    offset = 0.5 * (lm - lp) / torch.where(curvature < 0, curvature, torch.full_like(curvature, -1e-6))
+    return offset.clamp(-0.5, 0.5)
+
+
+def correlation_peak(cross, lowpass):
+    """Peak of the Gaussian-weighted phase correlation of a cross-power spectrum [..., th, tw]: (shift [..., 2]
+    wrapped to +-size/2 with its sub-pixel part, peak height [...], 1 at a perfect match)."""
+    th, tw = cross.shape[-2:]
+    corr = torch.fft.ifft2(lowpass * cross / (cross.abs() + 1e-8)).real.flatten(-2) / lowpass.mean()
+    peak, index = corr.max(dim=-1)
+    py, px = index // tw, index % tw
+
+    def at(iy, ix):
+        return corr.gather(-1, ((iy % th) * tw + ix % tw).unsqueeze(-1)).squeeze(-1)
+
+    dy = torch.where(py > th // 2, py - th, py) + gaussian_peak(at(py - 1, px), peak, at(py + 1, px))
+    dx = torch.where(px > tw // 2, px - tw, px) + gaussian_peak(at(py, px - 1), peak, at(py, px + 1))
+    return torch.stack([dy, dx], dim=-1), peak
+
+
+def tile_shifts(y_B_F_h_w, tile, cfg: RewardConfig):
+    """Shift of every tile from frame f to f+1: shifts [B, F-1, n, 2], valid [B, F-1, n] (texture in both frames
+    and a clear peak) and change [B, F-1, n] (mean squared difference of the pooled tiles).
+
+    Phase correlation weighs every frequency alike, so sensor grain, which dominates the high frequencies of a
+    VAE-blurred frame, scatters the peak (0.35 px of false jitter per frame with a 1 px blur and 1% grain); a
+    Gaussian low-pass on the cross-power spectrum keeps the frequencies where the picture is (0.15 px) and makes
+    the peak a Gaussian. The low frequencies it favours are the ones the fixed Hann window biases towards 0
+    (-4% of the shift), so the estimate is refined once: frame f+1 is shifted back by it (Fourier), and the
+    residual shift is measured and added (max error 0.006 px on sub-pixel shifts).
+    """
+    tiles = to_tiles(y_B_F_h_w, tile)
+    pooled = pooled_tiles(tiles)
+    textured = pooled.std(dim=-1, correction=0) > cfg.min_tile_std  # [B, F, n]
+    change = (pooled[:, 1:] - pooled[:, :-1]).square().mean(dim=-1)
+    tiles = tiles - tiles.mean(dim=(-2, -1), keepdim=True)
+    th, tw = tile
+    dev = tiles.device
+    window = (torch.hann_window(th, periodic=False, device=dev)[:, None]
+              * torch.hann_window(tw, periodic=False, device=dev)[None, :])
+    fy, fx = torch.fft.fftfreq(th, device=dev)[:, None], torch.fft.fftfreq(tw, device=dev)[None, :]
+    lowpass = torch.exp(-(fy ** 2 + fx ** 2) / (2 * cfg.shift_lowpass ** 2))
+
+    before = torch.fft.fft2(tiles[:, :-1] * window).conj()
+    d, peak = correlation_peak(torch.fft.fft2(tiles[:, 1:] * window) * before, lowpass)
+    ramp = (torch.exp(2j * math.pi * fy * d[..., 0, None, None])  # separable: [.., th, 1] x [.., 1, tw]
+            * torch.exp(2j * math.pi * fx * d[..., 1, None, None]))
+    after_back = torch.fft.ifft2(torch.fft.fft2(tiles[:, 1:]) * ramp).real  # frame f+1 moved back by d
+    residual, _ = correlation_peak(torch.fft.fft2(after_back * window) * before, lowpass)
+    valid = textured[:, 1:] & textured[:, :-1] & (peak > cfg.min_peak)
+    return d + residual, valid, change
 
 
 def frame_shifts(y_B_F_h_w, tile, cfg: RewardConfig):
     """Global shift d_f = (dy, dx) from frame f to f+1, with b(y, x) ~ a(y - dy, x - dx).
 
-    Returns (shift [B, F-1, 2], valid fraction [B, F-1]). The shift is the component-wise median over tiles with
-    texture and a clear peak; 0 where no tile qualifies.
+    Returns (shift [B, F-1, 2], valid fraction [B, F-1]). The shift is the component-wise median over the
+    stiller half of the valid tiles (change <= the median change of valid tiles; 0 where no tile is valid).
+    With grain, a median over all tiles leans towards the arm by a fraction of the still tiles' noise, every
+    frame, the same way (2-3 px of false drift over 33 frames with blur and 1% grain), since the tiles the arm
+    crosses read shifts pulled towards its motion. Those tiles change most; the stiller half is the background.
+    A shaking camera changes every tile alike, so the selection then costs nothing.
     """
-    tiles = to_tiles(y_B_F_h_w, tile)
-    tiles = tiles - tiles.mean(dim=(-2, -1), keepdim=True)
-    textured = tiles.std(dim=(-2, -1), correction=0) > cfg.min_tile_std  # [B, F, n]
-    th, tw = tile
-    window = (torch.hann_window(th, periodic=False, device=tiles.device)[:, None]
-              * torch.hann_window(tw, periodic=False, device=tiles.device)[None, :])
-    spectra = torch.fft.fft2(tiles * window)
-    cross = spectra[:, 1:] * spectra[:, :-1].conj()  # frame f+1 against frame f
-    corr = torch.fft.ifft2(cross / (cross.abs() + 1e-8)).real  # [B, F-1, n, th, tw]
-
-    peak, index = corr.flatten(-2).max(dim=-1)
-    py, px = index // tw, index % tw
-
-    def at(iy, ix):
-        return corr.flatten(-2).gather(-1, ((iy % th) * tw + ix % tw).unsqueeze(-1)).squeeze(-1)
-
-    dy = torch.where(py > th // 2, py - th, py) + subpixel(at(py - 1, px), peak, at(py + 1, px))
-    dx = torch.where(px > tw // 2, px - tw, px) + subpixel(at(py, px - 1), peak, at(py, px + 1))
-    valid = textured[:, 1:] & textured[:, :-1] & (peak > cfg.min_peak)
-
-    shifts = torch.stack([dy, dx], dim=-1).masked_fill(~valid.unsqueeze(-1), float("nan"))
-    median = torch.nanquantile(shifts, 0.5, dim=2)  # [B, F-1, 2]; NaN where no tile is valid
-    any_valid = valid.any(dim=2, keepdim=True)
-    return torch.where(any_valid, median, torch.zeros_like(median)), valid.float().mean(dim=2)
+    shifts, valid, change = tile_shifts(y_B_F_h_w, tile, cfg)
+    change = change.masked_fill(~valid, float("nan"))
+    still = valid & (change <= torch.nanquantile(change, 0.5, dim=2, keepdim=True))
+    median = torch.nanquantile(shifts.masked_fill(~still.unsqueeze(-1), float("nan")), 0.5, dim=2)
+    return torch.where(median.isnan(), torch.zeros_like(median), median), valid.float().mean(dim=2)
 
 
 # -----------------------------------------------------------------------------
-# The rewards
+# Coherent motion: something in the view moves, persistently, in a way grain, flicker and cuts cannot fake
+
+
+def coherent_motion(y_B_F_h_w, cfg: RewardConfig):
+    """RMS luma change per frame that comes from persistent motion, [B] (0 if none).
+
+    1. Average-pool to ~activity_rows rows of cells (grain std drops by the pool size; resolution-free units).
+    2. Affine-align every frame to the clip's mean frame (least squares gain and offset): a global brightness
+       ramp or flicker then changes nothing.
+    3. e1_f = mean |X_{f+1} - X_f|^2, e2_f = mean |X_{f+2} - X_f|^2, b_f = e2_f - max(e1_f, e1_{f+1}).
+       Something moving steadily sweeps more area in two frames than in one: e2 ~ 2..4 e1, b > 0. Temporally white
+       grain (or independent noise frames): e2 = e1 in expectation, b <= 0. A jump between two held frames
+       (teleport): e2 = max e1, b = 0. Alternating frames, jitter, flicker: e2 ~ 0, b < 0.
+    Returns sqrt(max(0, mean_f b_f)).
+    """
+    B, n_frames, h, w = y_B_F_h_w.shape
+    p = max(2, h // cfg.activity_rows)
+    x = F.avg_pool2d(y_B_F_h_w.reshape(B * n_frames, 1, h, w), p).reshape(B, n_frames, -1).double()
+    x = x - x.mean(dim=-1, keepdim=True)
+    ref = x.mean(dim=1, keepdim=True)
+    gain = (x * ref).mean(dim=-1, keepdim=True) / ((x * x).mean(dim=-1, keepdim=True) + 1e-12)
+    x = gain * x
+    e1 = (x[:, 1:] - x[:, :-1]).square().mean(dim=-1)
+    e2 = (x[:, 2:] - x[:, :-2]).square().mean(dim=-1)
+    b = e2 - cfg.min_growth * torch.maximum(e1[:, 1:], e1[:, :-1])
+    return b.mean(dim=1).clamp(min=0).sqrt().float()
+
+
+# -----------------------------------------------------------------------------
+# The components
 
 
 def exterior_stillness(y_ext1, y_ext2, tile, cfg: RewardConfig):
@@ -174,11 +291,11 @@ def exterior_stillness(y_ext1, y_ext2, tile, cfg: RewardConfig):
     return bounded(x), {"jitter": J, "drift": D, "texture": V}
 
 
-def wrist_smoothness(y_wrist, tile, cfg: RewardConfig):
-    """R_smooth and the mean acceleration A (px/frame^2) of the wrist view's global motion."""
-    d, _ = frame_shifts(y_wrist, tile, cfg)
+def wrist_smoothness(d, valid, cfg: RewardConfig):
+    """R_smooth from the wrist's global shifts d [B, F-1, 2]: acceleration A (px/frame^2) and texture V_wrist."""
     A = (d[:, 1:] - d[:, :-1]).norm(dim=-1).mean(dim=1)
-    return bounded(A / cfg.tau_accel), {"accel": A}
+    V = valid.mean(dim=1)
+    return bounded(A / cfg.tau_accel + cfg.texture_weight * (1 - V)), {"accel": A, "wrist_texture": V}
 
 
 def black_fidelity(intensity_black, cfg: RewardConfig):
@@ -194,34 +311,51 @@ def flicker(y_views, cfg: RewardConfig):
     return bounded(Fl / cfg.tau_flicker), {"flicker": Fl}
 
 
-def motion_guard(y_wrist, cfg: RewardConfig):
-    """R_motion = min(1, M / motion_ref) (kept >= exp(-50)), M = mean |frame difference| of the wrist view."""
-    M = sample_mean((y_wrist[:, 1:] - y_wrist[:, :-1]).abs())
-    return (M / cfg.motion_ref).clamp(min=math.exp(-MAX_EXPONENT), max=1.0), {"motion": M}
+def robot_activity(y_ext1, y_ext2, cfg: RewardConfig):
+    """R_activity = mean over the exteriors of min(1, coherent_motion / activity_ref): both views should see the
+    arm act, and neither can make up for the other."""
+    acts = [coherent_motion(y, cfg) for y in (y_ext1, y_ext2)]
+    r = sum(ratio(a, cfg.activity_ref) for a in acts) / 2
+    return r, {"activity": (acts[0] + acts[1]) / 2}
+
+
+def wrist_motion(d, quadrant_h, cfg: RewardConfig):
+    """R_motion = min(1, S / motion_ref). S = mean wrist speed over windows of 4 frames, from the phase
+    correlation's shifts, in % of the quadrant height per frame (one motion_ref serves every resolution).
+    Over a window, a pan adds up and the per-frame noise of the shifts (grain) does not (it grows as sqrt(4)).
+    """
+    k = min(4, d.shape[1])
+    path = torch.cat([torch.zeros_like(d[:, :1]), d.cumsum(dim=1)], dim=1)  # position at every frame
+    S = 100 * ((path[:, k:] - path[:, :-k]).norm(dim=-1) / k).mean(dim=1) / quadrant_h
+    return ratio(S, cfg.motion_ref), {"wrist_speed": S}
 
 
 @torch.no_grad()
 def grid_rewards(video_B_3_F_H_W, cfg: RewardConfig = RewardConfig(), extra=None):
-    """All rewards of a batch of 2x2 grid videos in [-1, 1]. Needs >= 3 frames.
+    """All rewards of a batch of 2x2 grid videos in [-1, 1]. Needs >= 3 frames and >= 64x64 pixels.
 
-    Returns a dict of [B] fp32 tensors: "reward" (the weighted mean of the component rewards times the motion
-    guard, in (0, 1]), each component reward as "r_<name>", and the raw statistics (jitter, drift, texture, accel,
-    black_level, flicker, motion). `extra`: {name: (fn, weight)} with fn(video) -> [B] in (0, 1].
+    Returns a dict of [B] fp32 tensors: "reward" (the weighted geometric mean of the components, in (0, 1]), each
+    component as "r_<name>" (static, smooth, black, flicker, activity, motion), and the raw statistics (jitter,
+    drift, texture, accel, wrist_texture, black_level, flicker, activity, wrist_speed).
+    `extra`: {name: (fn, weight)} with fn(video) -> [B] in (0, 1], joining the geometric mean.
     """
     intensity = to_intensity(video_B_3_F_H_W)
-    B, _, F, H, W = intensity.shape
-    if F < 3:
-        raise ValueError(f"{F} frames: the smoothness and flicker rewards need at least 3")
+    B, _, n_frames, H, W = intensity.shape
+    if n_frames < 3:
+        raise ValueError(f"{n_frames} frames: the smoothness, flicker and activity rewards need at least 3")
     boxes, tile = quadrant_boxes(H, W, cfg)
     y = luma(intensity)
     ext1, ext2, wrist = (crop(y, boxes[name]) for name in ("ext1", "ext2", "wrist"))
+    d_wrist, valid_wrist = frame_shifts(wrist, tile, cfg)
 
     components, raw = {}, {}
     for name, (r, stats) in {
         "static": exterior_stillness(ext1, ext2, tile, cfg),
-        "smooth": wrist_smoothness(wrist, tile, cfg),
+        "smooth": wrist_smoothness(d_wrist, valid_wrist, cfg),
         "black": black_fidelity(crop(intensity, boxes["black"]), cfg),
         "flicker": flicker([ext1, ext2, wrist], cfg),
+        "activity": robot_activity(ext1, ext2, cfg),
+        "motion": wrist_motion(d_wrist, H // 2, cfg),
     }.items():
         components[name] = r
         raw.update(stats)
@@ -234,19 +368,20 @@ def grid_rewards(video_B_3_F_H_W, cfg: RewardConfig = RewardConfig(), extra=None
             raise ValueError(f"extra reward {name!r} must return [B={B}] values in (0, 1], got {r.tolist()}")
         components[name], weights[name] = r, float(weight)
     total_weight = sum(weights.values())
-    if total_weight <= 0:
-        raise ValueError(f"reward weights must sum to > 0, got {weights}")
-    guard, stats = motion_guard(wrist, cfg)
-    raw.update(stats)
-    mixed = sum(weights[name] * r for name, r in components.items()) / total_weight
-    out = {"reward": mixed * guard, "r_motion": guard}
+    if total_weight <= 0 or min(weights.values()) < 0:
+        raise ValueError(f"reward weights must be >= 0 and sum to > 0, got {weights}")
+    # in log space: each log r_k >= -50, so the weighted mean exponent stays in [-50, 0] and nothing underflows
+    exponent = sum(weights[name] * r.double().log() for name, r in components.items()) / total_weight
+    out = {"reward": exponent.exp().float()}
     out.update({f"r_{name}": r for name, r in components.items()})
     out.update(raw)
     return out
 
 
 def calibrated(raw_stats, cfg: RewardConfig = RewardConfig()):
-    """Temperatures set to the median raw statistic over rollouts of the initial policy (rewards start near 1/e).
+    """Temperatures set to the median raw statistic over rollouts of the initial policy (each quality component
+    starts near 1/e); activity_ref and motion_ref to half the median (the guards bite only on clips with less
+    than half the usual motion: they stop a frozen robot, they are not an incentive to move more).
 
     raw_stats: the dicts returned by grid_rewards for those rollouts. Returns a new RewardConfig.
     """
@@ -255,4 +390,4 @@ def calibrated(raw_stats, cfg: RewardConfig = RewardConfig()):
 
     return replace(cfg, tau_jitter=max(median("jitter"), 1e-3), tau_drift=max(median("drift"), 1e-3),
                    tau_accel=max(median("accel"), 1e-3), tau_flicker=max(median("flicker"), 1e-5),
-                   motion_ref=max(median("motion"), 1e-5))
+                   activity_ref=max(median("activity") / 2, 1e-5), motion_ref=max(median("wrist_speed") / 2, 1e-3))
