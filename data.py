@@ -324,8 +324,9 @@ class GridClips(Dataset):
                     "Only the built-in tiny default may use text='standin'.")
             read = check_text_embeddings([(self.text_paths[v.stem], v.prompt) for v in self.videos], text_len, text_dim)
         reasons = Counter(reason.split(":")[0] for reason in self.skipped.values())
-        print(f"GridClips: {root}: {len(self.videos)} videos {height}x{width}, {len(self.skipped)} skipped "
-              f"{dict(reasons) or ''}" + (f"; text embeddings checked ({read} read whole)" if text == "t5" else ""))
+        print(f"GridClips: {root}: {len(self.videos)} videos {height}x{width}, {len(self.skipped)} skipped"
+              + (f" {dict(reasons)}" if reasons else "")
+              + (f"; text embeddings checked ({read} files read whole)" if text == "t5" else ""))
 
     def _text_path(self, stem: str):
         for ext in (".pickle", ".safetensors"):
