@@ -190,7 +190,12 @@ def load_first_frame(cfg):
         frame = torch.from_numpy(np.asarray(imageio.imread(cfg.image))[..., :3].copy())
     else:
         import data
-        frame = torch.from_numpy(data.read_clip(data.list_videos(cfg.data)[0].path, 0, 1, cfg.height, cfg.width)[0])
+        path = data.list_videos(cfg.data)[0].path
+        try:
+            frame = torch.from_numpy(data.read_clip(path, 0, 1, cfg.height, cfg.width)[0])
+        except data.ClipError as e:  # e.g. a folder stitched at another size: never resized silently
+            raise ValueError(f"--data {cfg.data}: first frame of {path}: {e}; pass --image, or --height/--width "
+                             "of the data") from e
     frame = frame.permute(2, 0, 1)[None].float()  # [1, 3, h, w] in 0..255
     frame = F.interpolate(frame, size=(cfg.height, cfg.width), mode="bilinear", antialias=True, align_corners=False)
     return (frame / 127.5 - 1).clamp(-1, 1)[:, :, None]
