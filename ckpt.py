@@ -2,17 +2,17 @@
 
 Training-state checkpoints (save / resume / rotate / export) are resume.py, which builds on this file.
 
-    python ckpt.py check --config v2w-2b 2b-480p-16fps     # strict report from metadata, exit 0 only if it loads
+    python ckpt.py check --config v2w-2b 2b-480p-16fps   # strict report + byte verification; exit 0 only if it loads
 
 Why this module is paranoid: a run meant to start from a pretrained Cosmos checkpoint trained from random weights
 for three days because a checkpointer skipped any path ending in `.pt` and logged "Training from scratch.".
-So here: every source is resolved or rejected, keys are compared in full before any tensor is copied, all ranks
-agree on the outcome and raise together, and after loading every local shard is checked against the file's bytes.
-Contents: sources -> strict report -> loading -> init guard -> CLI.
+So here: every source is resolved or rejected, every rank must be reading the same file, keys are compared in full
+before any tensor is copied, all ranks agree on the outcome and raise together, the bytes read are checked against
+what the file records about itself (a .pt's zip CRCs, a step directory's save-time checksums), and after loading
+every local shard is checked against the file's bytes.
+Contents: sources (named inits, resolve, same file on every rank) -> strict report -> loading -> init guard -> CLI.
+Reading and checking the files themselves (formats, CRCs, checksums) is formats.py.
 """
-import argparse
-import io
-import json
 import math
 import os
 import re
@@ -24,22 +24,21 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: `except Exception` misses it
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+import cli
+from formats import (CheckpointError, bitsum, check_sums, crc_range, crc_shift, denied, identity, open_source,
+                     pread, tensor_crc, verify_bytes, weight_map)
 from model import DiT, add_lora, denoise, get_config
 
-
-class CheckpointError(RuntimeError):
-    pass
-
-
-# Released checkpoints (cosmos_dit.md §7.1: flat dicts, `net.` keys, bf16). Only the DROID one pins a revision.
-_V2W = "hf://nvidia/Cosmos-Predict2-{size}-Video2World/model-{res}p-{fps}fps.pt"
-NAMED_INITS = {f"{size.lower()}-{res}p-{fps}fps": _V2W.format(size=size, res=res, fps=fps)
-               for size in ("2B", "14B") for res in (480, 720) for fps in (16, 10)}
+# Released checkpoints (cosmos_dit.md §7.1: flat dicts, `net.` keys, bf16), pinned to the revisions upstream's own
+# downloader pins (nvidia-cosmos/cosmos-predict2 scripts/download_checkpoints.py, REPO_ID_MAPPING, commit 877dc68),
+# so that every rank and every run reads the same bytes.
+_REVISIONS = {"2B": "f50c09f5d8ab133a90cac3f4886a6471e9ba3f18", "14B": "03b03a377fede782647afac998f674d9f358e319"}
+_V2W = "hf://nvidia/Cosmos-Predict2-{size}-Video2World/model-{res}p-{fps}fps.pt@{rev}"
+NAMED_INITS = {f"{size.lower()}-{res}p-{fps}fps": _V2W.format(size=size, res=res, fps=fps, rev=rev)
+               for size, rev in _REVISIONS.items() for res in (480, 720) for fps in (16, 10)}
 NAMED_INITS["droid"] = ("hf://nvidia/Cosmos-Predict2-14B-Sample-GR00T-Dreams-DROID/model-480p-16fps.pt"
                         "@ebc29d30a3fab504bcc779a85bca073d14ad39f9")
 # Keys that released files carry but that hold no weights of our network: TransformerEngine metadata and the trainer's
@@ -96,8 +95,17 @@ def agree(what, fn, share=False):
     return gathered[0][1] if share else result
 
 
+def gather(value):
+    """Every rank's (picklable) value, on every rank."""
+    if world_size() == 1:
+        return [value]
+    out = [None] * world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
 # -----------------------------------------------------------------------------
-# Sources: resolve a name to a local path, then read its key/shape/dtype table without touching tensor bytes
+# Sources: a name -> a local path (formats.py reads it), and the same file on every rank
 
 
 def resolve_source(init, offline=None):
@@ -111,6 +119,8 @@ def resolve_source(init, offline=None):
     if not os.path.exists(init):
         hint = "" if os.sep in init or "." in init else f" (not a named init either: {sorted(NAMED_INITS)})"
         raise CheckpointError(f"checkpoint not found: {init}{hint}; use --init random to train from scratch")
+    if not os.access(init, os.R_OK | (os.X_OK if os.path.isdir(init) else 0)):
+        raise CheckpointError(denied(init))
     if os.path.isdir(init):
         names = os.listdir(init)
         if ".metadata" in names:
@@ -125,7 +135,8 @@ def resolve_source(init, offline=None):
         raise CheckpointError(f"{init}: directory holds no checkpoint (no .metadata, no *.safetensors.index.json;"
                               f" {len(names)} entries)")
     if not init.endswith((".pt", ".pth", ".safetensors", ".safetensors.index.json")):
-        raise CheckpointError(f"{init}: unsupported checkpoint format (.pt/.pth, .safetensors, an index json, a DCP dir)")
+        raise CheckpointError(f"{init}: unsupported checkpoint format (.pt/.pth, .safetensors, an index json, a DCP"
+                              " dir)")
     return init
 
 
@@ -138,99 +149,33 @@ def _hf_download(url, offline):
     repo, filename = "/".join(parts[:2]), "/".join(parts[2:])
     offline = constants.HF_HUB_OFFLINE if offline is None else offline
 
-    def fetch(name):
+    def fetch(name, what):
         try:
             return hf_hub_download(repo, name, revision=revision or None, local_files_only=offline)
         except Exception as e:  # re-raised with the url and what to do; the original stays chained
-            mode = "offline (HF_HUB_OFFLINE=1): not in the local cache" if offline else "download failed"
+            mode = f"offline (HF_HUB_OFFLINE=1): {what} missing from the local cache" if offline else \
+                "download failed"
             raise CheckpointError(f"{url}: {mode}: {type(e).__name__}: {e}. Gated Cosmos repos need an accepted"
                                   " license and HF_TOKEN; pre-download with `python ckpt.py check`.") from e
-    path = fetch(filename)
+    path = fetch(filename, filename)
     if filename.endswith(".index.json"):  # sharded safetensors: fetch every shard next to the index
-        with open(path) as f:
-            for shard in sorted(set(json.load(f)["weight_map"].values())):
-                fetch(os.path.join(os.path.dirname(filename), shard))
+        for shard in dict.fromkeys(weight_map(path).values()):
+            fetch(os.path.join(os.path.dirname(filename), shard), f"shard {shard} (listed in the index)")
     return path
 
 
-_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-              "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
-
-
-@dataclass
-class Source:
-    path: str
-    kind: str  # "pt" | "safetensors" | "dcp"
-    entries: dict  # file key -> (shape, dtype), or (None, type name) for a non-tensor value
-    prefix: str = None  # fixed top-level prefix of the model weights (DCP: "model"); None = release prefix rules
-    tensors: dict = None  # .pt: the mmapped tensors
-    spans: dict = None  # .safetensors: key -> (file, first byte)
-
-
-def _safetensors_table(path, entries, spans):
-    """Parse a safetensors header ourselves: we need byte offsets to read only this rank's rows."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little") if size >= 8 else -1
-        if n < 0 or 8 + n > size:
-            raise CheckpointError(f"{path}: truncated or not safetensors ({size} bytes, header length {n})")
-        try:
-            header = json.loads(f.read(n))
-        except ValueError as e:
-            raise CheckpointError(f"{path}: corrupt safetensors header: {e}") from e
-    end = 0
-    for key, info in header.items():
-        if key == "__metadata__":
-            continue
-        if info["dtype"] not in _ST_DTYPES:
-            raise CheckpointError(f"{path}: {key} has unsupported dtype {info['dtype']}")
-        dtype, shape, (lo, hi) = _ST_DTYPES[info["dtype"]], tuple(info["shape"]), info["data_offsets"]
-        if hi - lo != math.prod(shape) * dtype.itemsize:
-            raise CheckpointError(f"{path}: {key} {shape} {dtype} spans {hi - lo} bytes")
-        entries[key], spans[key], end = (shape, dtype), (path, 8 + n + lo), max(end, hi)
-    if 8 + n + end != size:
-        raise CheckpointError(f"{path}: truncated: the header describes {8 + n + end} bytes, the file has {size}")
-
-
-def open_source(path):
-    """Read only the table of contents of a local checkpoint (see resolve_source for the accepted forms)."""
-    if os.path.isdir(path):
-        try:
-            md = FileSystemReader(path).read_metadata().state_dict_metadata
-        except (Exception, CheckpointException) as e:
-            raise CheckpointError(f"{path}: unreadable DCP .metadata: {type(e).__name__}: {e}") from e
-        return Source(path, "dcp", {k: (tuple(m.size), m.properties.dtype) if isinstance(m, TensorStorageMetadata)
-                                    else (None, "bytes") for k, m in md.items()}, prefix="model")
-    if path.endswith(".json"):
-        with open(path) as f:
-            weight_map = json.load(f)["weight_map"]
-        entries, spans = {}, {}
-        for shard in sorted(set(weight_map.values())):
-            shard_path = os.path.join(os.path.dirname(path), shard)
-            if not os.path.isfile(shard_path):
-                raise CheckpointError(f"{path}: shard {shard} is missing")
-            _safetensors_table(shard_path, entries, spans)
-        wrong = [k for k, s in weight_map.items() if k not in spans or os.path.basename(spans[k][0]) != s]
-        if wrong:
-            raise CheckpointError(f"{path}: {len(wrong)} keys are not in the shard the index names, e.g. {wrong[:3]}")
-        return Source(path, "safetensors", entries, spans=spans)
-    if path.endswith(".safetensors"):
-        entries, spans = {}, {}
-        _safetensors_table(path, entries, spans)
-        return Source(path, "safetensors", entries, spans=spans)
-    try:  # weights_only: never unpickle arbitrary objects; mmap: no tensor byte is read until it is copied.
-        # Older TransformerEngine saved `_extra_state` as io.BytesIO, which holds bytes only: allowed.
-        with torch.serialization.safe_globals([io.BytesIO]):
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:
-        raise CheckpointError(f"{path}: cannot be read as a weights-only .pt (truncated, legacy format or pickled"
-                              f" objects): {type(e).__name__}: {str(e).splitlines()[0]}") from e
-    if not isinstance(obj, dict):
-        raise CheckpointError(f"{path}: expected a dict of tensors, got {type(obj).__name__}")
-    entries = {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else (None, type(v).__name__)
-               for k, v in obj.items()}
-    return Source(path, "pt", entries, tensors=obj)
+def _same_file_everywhere(source, path, ident):
+    """Each rank copies only its own rows: ranks reading different files (node-local caches filled at different
+    times, an unpinned hf:// name resolved to two revisions) would load a silent row-wise mix of two checkpoints."""
+    got = gather((os.fspath(source), path, ident))
+    odd = [r for r, (_, _, i) in enumerate(got) if i != got[0][2]]
+    if odd:
+        (s0, p0, i0), (s1, p1, i1) = got[0], got[odd[0]]
+        p0, p1 = (p if p == s else f"{s} -> {p}" for s, p in ((s0, p0), (s1, p1)))
+        raise CheckpointError(f"ranks read different files for one checkpoint: rank 0 {p0} ({i0}) vs rank {odd[0]}"
+                              f" {p1} ({i1}); ranks differing from rank 0: {odd}. Pin a revision"
+                              " (hf://ORG/REPO/FILE@REV) and give every rank the same copy (one shared filesystem, or"
+                              " caches filled from one revision)")
 
 
 # -----------------------------------------------------------------------------
@@ -268,6 +213,21 @@ def choose_release_prefix(keys, ema, source):
     return want
 
 
+def weight_prefixes(src, ema):
+    """Where a source's weights are. Release files: chosen from the keys (None). A DCP step dir holds the raw weights
+    under model. and train.py's EMA of the trainable parameters under ema.: ema=True takes every key the EMA holds
+    from ema. and the others (buffers, a LoRA run's frozen base) from model., and the report counts both."""
+    if src.kind != "dcp":
+        return None
+    if not ema:
+        return "model"
+    if not any(k.startswith("ema.") for k in src.entries):
+        raise CheckpointError(f"{src.path}: ema=True (train.py --ema-weights net_ema, sample.py --ema, ckpt.py check"
+                              " --ema net_ema) but this step directory holds no ema.* tensors: its run kept no EMA"
+                              " (train.py --ema 0). Load its raw weights instead (--ema-weights net / --ema auto)")
+    return ("ema", "model")
+
+
 _SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 
 
@@ -297,6 +257,7 @@ class LoadReport:
     ignored: list = field(default_factory=list)  # known-ignorable keys present in the file
     other_prefix: list = field(default_factory=list)  # the release copy not chosen, or non-model DCP state
     dtype_conversions: dict = field(default_factory=dict)  # "bf16->fp32": count
+    taken_from: dict = field(default_factory=dict)  # prefix -> count, when a key may come from several (ema., model.)
     checksum: int = None  # after loading: of the file's bytes of every loaded tensor, independent of world size
     ERRORS = ("missing", "unexpected", "shape_mismatch", "dtype_errors", "non_tensor", "collisions")
 
@@ -307,7 +268,8 @@ class LoadReport:
     def summary(self):
         conv = ", ".join(f"{k} x{v}" for k, v in sorted(self.dtype_conversions.items())) or "none"
         errors = ", ".join(f"{n.replace('_', ' ')} {len(getattr(self, n))}" for n in self.ERRORS)
-        return (f"{len(self.loaded)} tensors match; {errors}; known-ignorable {len(self.ignored)},"
+        taken = "".join(f", {n} from {p}." for p, n in self.taken_from.items())
+        return (f"{len(self.loaded)} tensors match{taken}; {errors}; known-ignorable {len(self.ignored)},"
                 f" allowed missing {len(self.allowed_missing)}, other copy/state {len(self.other_prefix)};"
                 f" dtype conversions: {conv}")
 
@@ -327,26 +289,37 @@ def model_entries(model):
     return {k: (tuple(v.shape), v.dtype, k in trainable) for k, v in model.state_dict().items()}
 
 
+def _lossy(fdtype, mdtype):
+    """True if mdtype cannot hold every fdtype value exactly (fewer mantissa bits, or a smaller exponent range:
+    fp16 -> bf16 loses bits, bf16 -> fp16 overflows and underflows)."""
+    f, m = torch.finfo(fdtype), torch.finfo(mdtype)
+    return m.eps > f.eps or m.max < f.max or m.tiny > f.tiny
+
+
 def _dtype_problem(fdtype, mdtype, trainable):
     if fdtype.is_floating_point != mdtype.is_floating_point or (not fdtype.is_floating_point and fdtype != mdtype):
         return "int/bool/float mismatch"
-    if trainable and fdtype.itemsize > mdtype.itemsize:
-        return "narrowing a trainable parameter"
+    if trainable and fdtype != mdtype and _lossy(fdtype, mdtype):
+        return "narrowing a trainable parameter (the cast would change its values)"
     return None
 
 
 def build_report(model_entries, file_entries, source, ema=None, allow_missing=(), prefix=None):
     """Compare model {key: (shape, dtype[, trainable])} with file {key: (shape, dtype)}.
-    Returns (report, {model key: file key}). prefix fixes the weights' top-level prefix (DCP: 'model')."""
+    Returns (report, {model key: file key}). prefix fixes the weights' top-level prefix (DCP: 'model'), or gives
+    several in priority order (('ema', 'model'): a key comes from the first prefix that holds it)."""
     report = LoadReport(source=str(source))
     if prefix is None:
-        prefix = choose_release_prefix(file_entries, ema, source)
-        other = set(RELEASE_PREFIXES) - {prefix}
+        prefixes = (choose_release_prefix(file_entries, ema, source),)
+        other = set(RELEASE_PREFIXES) - set(prefixes)
     else:
-        other = {k.split(".", 1)[0] for k in file_entries} - {prefix}
+        prefixes = (prefix,) if isinstance(prefix, str) else tuple(prefix)
+        other = {k.split(".", 1)[0] for k in file_entries} - set(prefixes)
     mapping, sources = {}, {}
+    report.taken_from = dict.fromkeys(prefixes, 0) if len(prefixes) > 1 else {}
     for file_key in file_entries:
-        key = normalize_key(file_key, prefix)
+        top = [p for p in prefixes if p is None or file_key.split(".", 1)[0] == p]
+        key = normalize_key(file_key, top[0]) if top else None
         if key is None and file_key.split(".", 1)[0] in other:
             report.other_prefix.append(file_key)
         elif key is None:
@@ -354,8 +327,11 @@ def build_report(model_entries, file_entries, source, ema=None, allow_missing=()
         elif is_ignorable(key):
             report.ignored.append(file_key)
         else:
-            sources.setdefault(key, []).append(file_key)
-    for key, file_keys in sources.items():
+            sources.setdefault(key, {}).setdefault(top[0], []).append(file_key)
+    for key, by_prefix in sources.items():
+        chosen = next(p for p in prefixes if p in by_prefix)
+        file_keys = by_prefix[chosen]
+        report.other_prefix += [k for p, ks in by_prefix.items() if p != chosen for k in ks]  # shadowed by chosen
         fshape, fdtype = file_entries[file_keys[0]]
         if len(file_keys) > 1:
             report.collisions.append(f"{key} <- {file_keys}")
@@ -376,6 +352,8 @@ def build_report(model_entries, file_entries, source, ema=None, allow_missing=()
                     report.dtype_conversions[name] = report.dtype_conversions.get(name, 0) + 1
                 mapping[key] = file_keys[0]
                 report.loaded.append(key)
+                if len(prefixes) > 1:
+                    report.taken_from[chosen] += 1
     for key in sorted(set(model_entries) - set(sources)):
         allowed = any(re.search(p, key) for p in allow_missing)
         (report.allowed_missing if allowed else report.missing).append(key)
@@ -383,10 +361,12 @@ def build_report(model_entries, file_entries, source, ema=None, allow_missing=()
 
 
 # -----------------------------------------------------------------------------
-# Loading: every rank reads and copies only its own rows; then the local shards are checked against the file
+# Loading: every rank reads and copies only its own rows, checksumming them on the way; then the sums are combined
+# across ranks and checked against the file's own record (zip CRCs, save-time checksums), and the local shards
+# against the bytes copied
 
 
-def _local_rows(value):
+def local_rows(value):
     """(local tensor, lo, hi, counts) for a model tensor: the dim-0 rows this rank holds (torch.chunk semantics,
     as FSDP2's Shard(0)), and whether this rank adds its rows to the global checksum (one copy of each row)."""
     if not isinstance(value, DTensor):
@@ -407,33 +387,11 @@ def _local_rows(value):
     return local, lo, hi, counts
 
 
-def _bitsum(t):
-    """Order-independent checksum of the raw bits (mod 2^64), summed in the widest word that divides a row, so
-    the sums of row shards add up to the full tensor's. int64 words: ~12 GB/s on one CPU core."""
-    if t.numel() == 0:
-        return 0
-    row = t[0].numel() * t.element_size() if t.dim() else t.element_size()
-    word = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[math.gcd(row, 8)]
-    return int(t.detach().contiguous().reshape(-1).view(torch.uint8).view(word).sum(dtype=torch.int64))
-
-
 def _finite(t):
     if not t.is_floating_point() or t.numel() == 0:
         return True
     lo, hi = torch.aminmax(t.float() if t.element_size() == 1 else t)  # NaN propagates; 10x faster than isfinite
     return bool(lo.isfinite() and hi.isfinite())
-
-
-def _pread(path, offset, nbytes, pin):
-    buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
-    view, done = memoryview(buf.numpy()), 0
-    with open(path, "rb", buffering=0) as f:
-        while done < nbytes:  # preadv releases the GIL: the reader threads overlap their disk reads
-            n = os.preadv(f.fileno(), [view[done:]], offset + done)
-            if n == 0:
-                raise CheckpointError(f"{path}: unexpected end of file at byte {offset + done}")
-            done += n
-    return buf
 
 
 def _read_rows(src, key, lo, hi, pin):
@@ -445,27 +403,33 @@ def _read_rows(src, key, lo, hi, pin):
         return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t) if pin else t
     path, start = src.spans[key]
     row = math.prod(shape[1:]) * dtype.itemsize if shape else dtype.itemsize
-    buf = _pread(path, start + lo * row, (hi - lo) * row, pin)
+    buf = pread(path, start + lo * row, (hi - lo) * row, pin)
     return buf.view(dtype).view((hi - lo, *shape[1:]) if shape else ())
 
 
-def _copy_into(model, src, mapping, threads):
-    """Copy this rank's rows of every mapped key; return {key: (file checksum of the rows, expected model bits)}."""
+def _copy_into(model, src, mapping, threads, crc_owners=()):
+    """Copy this rank's rows of every mapped key; return {key: (file checksum of the rows, expected model bits,
+    shifted CRC-32 of the rows)}. The CRC part only for keys in crc_owners (.pt: the key whose rows tile a record)."""
     state = model.state_dict()
-    targets = {key: _local_rows(state[key]) for key in mapping}
+    targets = {key: local_rows(state[key]) for key in mapping}
     for local, *_ in targets.values():
         if local.is_floating_point():
             local.detach().fill_(float("nan"))  # poison: a row that is never written cannot pass _verify
 
-    def copy(key, rows):
+    def copy(key, rows, crc=0):
         local, _, _, counts = targets[key]
         if not _finite(rows):
             raise CheckpointError(f"{src.path}: {mapping[key]} holds NaN or Inf values")
         expect = rows.to(local.dtype)
+        if expect is not rows and local.is_floating_point() and torch.finfo(local.dtype).max < \
+                torch.finfo(rows.dtype).max and not _finite(expect):  # only frozen weights may narrow (report)
+            raise CheckpointError(f"{src.path}: {mapping[key]}: values overflow {_dtype_name(local.dtype)} when cast"
+                                  f" from {_dtype_name(rows.dtype)} (max |x| {rows.float().abs().max().item():.4g}):"
+                                  f" load it into a {_dtype_name(rows.dtype)} or fp32 model")
         with torch.no_grad():
             local.copy_(expect)
-        file_sum = _bitsum(rows)
-        return key, (file_sum if counts else 0, file_sum if expect is rows else _bitsum(expect))
+        file_sum = bitsum(rows)
+        return key, (file_sum if counts else 0, file_sum if expect is rows else bitsum(expect), crc if counts else 0)
     if src.kind == "dcp":  # DCP reads exactly the chunks overlapping each local shard; dtypes are converted after
         staged = {fkey: state[key] if state[key].dtype == src.entries[fkey][1]
                   else torch.empty_like(state[key], dtype=src.entries[fkey][1]) for key, fkey in mapping.items()}
@@ -473,11 +437,16 @@ def _copy_into(model, src, mapping, threads):
         return dict(copy(key, staged[fkey].to_local() if isinstance(staged[fkey], DTensor) else staged[fkey])
                     for key, fkey in mapping.items())
 
-    def one(key):  # in a reader thread: preadv / mmap page faults and torch copies all release the GIL
+    def one(key):  # in a reader thread: preadv / mmap page faults, torch copies and zlib all release the GIL
         local, lo, hi, _ = targets[key]
         if hi == lo:
-            return key, (0, 0)
-        return copy(key, _read_rows(src, mapping[key], lo, hi, local.device.type == "cuda").to(local.device))
+            return key, (0, 0, 0)
+        rows = _read_rows(src, mapping[key], lo, hi, local.device.type == "cuda")
+        crc = 0
+        if key in crc_owners:  # rows lo:hi are record bytes [lo * row, hi * row)
+            _, size, _, _ = src.records[mapping[key]]
+            crc = crc_shift(tensor_crc(rows), size - hi * (rows.nbytes // (hi - lo)))
+        return copy(key, rows.to(local.device), crc)
     order = sorted(mapping, key=lambda k: src.spans[mapping[k]] if src.spans else (src.path, 0))
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         return dict(pool.map(one, order))
@@ -487,7 +456,7 @@ def _verify(model, sums):
     """Re-read the model's own tensors: each local shard must carry exactly the bits copied from the file (the NaN
     poison of a row that was never written would change the checksum)."""
     state = model.state_dict()
-    bad = [key for key, (_, expect) in sums.items() if _bitsum(_local_rows(state[key])[0]) != expect]
+    bad = [key for key, (_, expect, _) in sums.items() if bitsum(local_rows(state[key])[0]) != expect]
     if bad:
         raise CheckpointError(f"{len(bad)} local shards differ from the file after copying: {bad[:5]}")
 
@@ -496,11 +465,42 @@ def _comm_device():
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
 
 
+def _combine(values, xor=False):
+    """Per-key ints (< 2^64) summed mod 2^64, or XORed, over ranks: the same list on every rank."""
+    if world_size() == 1 or not values:
+        return [v % 2 ** 64 for v in values]
+    t = torch.tensor([v - 2 ** 64 if v >= 2 ** 63 else v for v in values], dtype=torch.int64, device=_comm_device())
+    parts = [torch.empty_like(t) for _ in range(world_size())]
+    dist.all_gather(parts, t)
+    rows = torch.stack(parts).cpu()
+    if not xor:
+        return [v % 2 ** 64 for v in rows.sum(0).tolist()]  # int64 sums wrap: mod 2^64 is exact
+    out = [0] * len(values)
+    for row in rows.tolist():
+        out = [a ^ (b % 2 ** 64) for a, b in zip(out, row)]
+    return out
+
+
+def _check_crcs(src, mapping, keys, crcs, owners):
+    """.pt: every zip record holding a loaded tensor must match its CRC-32. A record that no loaded key tiles
+    (a view into a larger storage) is read whole by rank 0."""
+    got = {src.records[mapping[k]][0]: c for k, c in zip(keys, crcs) if k in owners}
+    rest = sorted({src.records[mapping[k]][:2] for k in keys} - {src.records[mapping[k]][:2] for k in owners})
+    whole = agree(f"reading {src.path}", lambda: [crc_range(src.path, *r) if rank() == 0 else 0 for r in rest])
+    got.update(zip([off for off, _ in rest], _combine(whole, xor=True)))
+    bad = sorted(mapping[k] for k in keys if got[src.records[mapping[k]][0]] != src.records[mapping[k]][2])
+    if bad:
+        raise CheckpointError(f"{src.path}: the bytes of {bad[:4]} fail their zip CRC-32 check: the file is corrupt"
+                              " (a flipped bit, a bad copy or download); download it again")
+    return len(got)
+
+
 def load(model, source, ema=None, allow_missing=(), verbose=True, threads=8):
     """Strictly load a checkpoint into a plain or FSDP2-sharded model, in place. Returns the LoadReport.
 
     source: anything resolve_source accepts (named init, hf://, .pt, .safetensors, index json, DCP step dir).
-    ema: which release copy (net_ema if True, net if False; None = the only one present).
+    ema: which weights: a release file's net_ema. (True) or net. (False) copy, None = the only one present; a DCP
+    step dir's saved EMA (True: ema.* where it has them, model.* for the rest) or its raw weights (False/None).
     allow_missing: regexes of model keys the file may lack (e.g. LORA_KEYS); those keep their init_weights values.
     Every rank reads its own rows (mmap / pread, no broadcast, no full copy per rank); all ranks raise together.
     """
@@ -511,29 +511,48 @@ def load(model, source, ema=None, allow_missing=(), verbose=True, threads=8):
         if any(v.is_meta for v in model.state_dict().values()):
             raise CheckpointError("the model is on the meta device: call to_empty() and init_weights() first")
         src = open_source(path)
-        report, mapping = build_report(model_entries(model), src.entries, path, ema, allow_missing, src.prefix)
+        report, mapping = build_report(model_entries(model), src.entries, path, ema, allow_missing,
+                                       weight_prefixes(src, ema))
         if not report.ok:
-            raise CheckpointError(report.details())
-        return src, report, mapping
-    src, report, mapping = agree(f"checking {source}", prepare)
-    sums = agree(f"loading {src.path}", lambda: _copy_into(model, src, mapping, threads))
+            raise CheckpointError(report.details() + _lora_hint(src, report))
+        return src, report, mapping, identity(path)
+    src, report, mapping, ident = agree(f"checking {source}", prepare)
+    _same_file_everywhere(source, src.path, ident)
+    owners = {}  # .pt: record -> the first key whose rows tile it
+    for k in sorted(mapping):
+        if src.kind == "pt" and src.records[mapping[k]][3]:
+            owners.setdefault(src.records[mapping[k]][0], k)
+    sums = agree(f"loading {src.path}", lambda: _copy_into(model, src, mapping, threads, set(owners.values())))
     agree(f"verifying {src.path}", lambda: _verify(model, sums))
     keys = sorted(sums)
-    file_sums = torch.tensor([sums[k][0] for k in keys], dtype=torch.int64)
-    if world_size() > 1:
-        file_sums = file_sums.to(_comm_device())
-        dist.all_reduce(file_sums)
-    checksum = sum((i + 1) * int(s) for i, s in enumerate(file_sums.tolist())) % 2 ** 64
+    file_sums = _combine([sums[k][0] for k in keys])
+    if src.kind == "pt":
+        n = _check_crcs(src, mapping, keys, _combine([sums[k][2] for k in keys], xor=True), set(owners.values()))
+        integrity = f"{n} zip records match their CRC-32"
+    elif src.meta and "checksums" in src.meta:
+        check_sums(src.path, {mapping[k]: s for k, s in zip(keys, file_sums)}, src.meta["checksums"])
+        integrity = f"{len(keys)} tensors match the checksums recorded at save"
+    else:
+        integrity = "no checksums recorded in this format: not checked against a record"
+    checksum = sum((i + 1) * s for i, s in enumerate(file_sums)) % 2 ** 64
     numel = sum(math.prod(src.entries[mapping[k]][0]) for k in keys)
     nbytes = sum(math.prod(src.entries[mapping[k]][0]) * src.entries[mapping[k]][1].itemsize for k in keys)
     dt = time.time() - t0
     if verbose:
         say(f"ckpt: loaded {len(keys)} tensors, {numel:,} values, {nbytes / 1e9:.2f} GB from {src.path} in {dt:.1f}s"
              f" ({nbytes / 1e9 / max(dt, 1e-9):.2f} GB/s); " + report.summary())
-        say(f"ckpt: verified on {world_size()} rank(s): every local shard holds exactly the file's bits, all finite;"
-             f" checksum {checksum:016x}")
+        say(f"ckpt: verified on {world_size()} rank(s), all reading {ident}: every local shard holds exactly the"
+             f" file's bits, all finite; {integrity}; checksum {checksum:016x}")
     report.checksum = checksum
     return report
+
+
+def _lora_hint(src, report):
+    if not (src.meta and src.meta.get("lora_only") and report.missing):
+        return ""
+    return (f"\n{src.path} is a LoRA-only step directory (meta.json lora_only): it holds the adapters and buffers, not"
+            " the base weights. Load the base it was trained from first (ckpt.load(model, BASE, allow_missing="
+            "(LORA_KEYS,))), then resume.resume; check it with `python ckpt.py check --lora-rank R --init BASE`")
 
 
 # -----------------------------------------------------------------------------
@@ -584,43 +603,79 @@ def init_guard(loss, zero_loss, max_ratio=GUARD_MAX_RATIO, source=""):
 # CLI: check
 
 
-def check(config, source, ema=None, lora_rank=0, dtype=None, allow_missing=()):
-    """The strict report of `source` against a config, on the meta device (no weights in memory). True if ok."""
+def check(config, source, ema=None, lora_rank=0, dtype=None, allow_missing=(), init="", verify=True):
+    """The strict report of SOURCE against a model config, built on the meta device (no weights in memory), then its
+    bytes checked against the file's own record (--no-verify: skip). A LoRA-only step directory holds adapters only:
+    it is checked with --lora-rank, and the base it was trained from with --init. Exit 0 only if it would load."""
     with torch.device("meta"):
         net = DiT(get_config(config))
     if dtype is not None:
         net = net.to(dtype)
     if lora_rank:
         add_lora(net, lora_rank)
-        allow_missing = (*allow_missing, LORA_KEYS)
-    path = resolve_source(source)
-    src = open_source(path)
-    report, _ = build_report(model_entries(net), src.entries, path, ema, allow_missing, src.prefix)
+    src, ok = open_source(resolve_source(source)), True
+    entries = model_entries(net)
+    if src.meta and src.meta["lora_only"]:
+        ranks = sorted({s[0] for k, (s, _) in src.entries.items() if k.endswith(".lora_a.weight") and s})
+        run = src.meta["extra"].get("config", {}) if isinstance(src.meta["extra"], dict) else {}
+        run = run if isinstance(run, dict) else {}  # train.py records its flags here
+        if not lora_rank or not init:
+            recorded = f"; this run recorded --init {run['init']}" if "init" in run else ""
+            raise CheckpointError(f"{src.path} is a LoRA-only step directory (meta.json lora_only): it holds LoRA"
+                                  f" adapters (rank {ranks}) and buffers, not the base weights. Check it with"
+                                  f" --lora-rank {ranks[0] if ranks else 'R'} --init BASE, BASE being the base it was"
+                                  f" trained from (train.py --init{recorded}); both are checked")
+        # --ema picks the step's EMA; the base is checked with the copy the run trained from (--ema-weights)
+        ok = check(config, init, {"net": False, "net_ema": True}.get(run.get("ema_weights")), lora_rank, dtype,
+                   allow_missing, "", verify)
+        frozen = {k for k, p in net.named_parameters() if not p.requires_grad}
+        entries = {k: e for k, e in entries.items() if k not in frozen}  # what resume.save(lora_only=True) stores
+    elif init:
+        raise ValueError(f"--init {init}: only for a LoRA-only step directory (the base it was trained from)")
+    report, mapping = build_report(entries, src.entries, src.path, ema, (*allow_missing, *[LORA_KEYS] * (
+        bool(lora_rank) and not (src.meta and src.meta["lora_only"]))), weight_prefixes(src, ema))
     print(report.details(), flush=True)
-    print(f"check: {'OK, would load' if report.ok else 'FAILED, would not load'} into {config}", flush=True)
-    return report.ok
+    if verify and report.ok:
+        print(f"check: bytes of {src.path}: {verify_bytes(src, mapping.values())}", flush=True)
+    ok = ok and report.ok
+    print(f"check: {'OK, would load' if ok else 'FAILED, would not load'} into {config}"
+          f"{f' with LoRA rank {lora_rank}' if lora_rank else ''}", flush=True)
+    return ok
+
+
+@dataclass
+class Check:
+    source: str  # the checkpoint: a named init, hf://ORG/REPO/PATH[@REV], .pt, .safetensors, index json, step dir
+    config: str = ""  # the model config to check against (required), e.g. v2w-2b
+    ema: str = "auto"  # which weights: auto (the only copy) | net | net_ema (a release's net_ema. copy, a step's EMA)
+    lora_rank: int = 0  # check a LoRA model of this rank (adapters may be missing from a base checkpoint)
+    init: str = ""  # for a LoRA-only step directory: the base checkpoint it was trained from (train.py --init)
+    dtype: str = "fp32"  # model dtype: fp32 | bf16
+    allow_missing: tuple = ()  # regexes of model keys the file may lack, comma-separated
+    verify: bool = True  # read the bytes and check them against the file's own record (zip CRCs, step checksums)
+
+    def __post_init__(self):
+        if not self.config:
+            raise ValueError("ckpt.py check: --config is required (e.g. --config v2w-2b)")
+        if self.ema not in ("auto", "net", "net_ema") or self.dtype not in ("fp32", "bf16"):
+            raise ValueError(f"ckpt.py check: --ema {self.ema!r} must be auto|net|net_ema, --dtype {self.dtype!r}"
+                             " fp32|bf16")
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("check", help="print the strict report of SOURCE against --config; exit 0 only if it loads")
-    p.add_argument("source")
-    p.add_argument("--config", required=True)
-    p.add_argument("--ema", choices=("auto", "net", "net_ema"), default="auto")
-    p.add_argument("--lora-rank", type=int, default=0, help="check a LoRA model (adapters may be missing)")
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
-    p.add_argument("--allow-missing", action="append", default=[], help="regex of model keys the file may lack")
-    args = parser.parse_args(argv)
-    ema = {"auto": None, "net": False, "net_ema": True}[args.ema]
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    try:
-        ok = check(args.config, args.source, ema, args.lora_rank, dtype, tuple(args.allow_missing))
-    except CheckpointError as e:
-        print(f"check: FAILED: {e}", flush=True)
-        ok = False
+    """`python ckpt.py check ...` -> exit code (0: would load, 1: would not). User errors raise (cli.main)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] != ["check"]:
+        if argv[:1] in (["-h"], ["--help"]):
+            print(__doc__)
+            return 0
+        raise ValueError(f"expected the command `check`, got {argv[:1] or 'nothing'}: python ckpt.py check SOURCE"
+                         " --config NAME (see python ckpt.py check --help)")
+    a = cli.parse(Check, argv[1:], description=check.__doc__, positional=("source",), prog="ckpt.py check")
+    ok = check(a.config, a.source, {"auto": None, "net": False, "net_ema": True}[a.ema], a.lora_rank,
+               {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype], a.allow_missing, a.init, a.verify)
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.main(main, user_errors=(CheckpointError, ValueError, OSError))

@@ -8,9 +8,11 @@ newest complete checkpoint.
 
 Layout: OUT/step_%08d/ (DCP + meta.json), written as step_%08d.tmp and renamed when complete; OUT/latest names the
 newest complete one and is written only after the rename.
-Contents: pointer and rotation -> RNG -> save / resume -> export -> CLI.
+Every step's meta.json records a checksum of every tensor saved (formats.bitsum, summed over the ranks' shards);
+resume, export, ckpt.load and `ckpt.py check` verify the bytes they read against it, so a flipped bit is an error that
+names the tensor.
+Contents: pointer and rotation -> RNG -> save / resume (+ checksums) -> export -> CLI.
 """
-import argparse
 import json
 import math
 import os
@@ -19,17 +21,22 @@ import re
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict  # DCP's own key flattening (private)
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.tensor import DTensor
 
-from ckpt import (STEP_RE, CheckpointError, agree, build_report, model_entries, open_source, rank, say,
-                  world_size)
+import cli
+from ckpt import (STEP_RE, CheckpointError, local_rows, agree, build_report, gather, model_entries, open_source,
+                  rank, say, world_size)
+from formats import bitsum, check_sums, denied, read_meta
 
 # Top-level DCP keys of a training checkpoint; extra_state groups take any other plain name
 TRAINING_KEYS = ("model", "optim", "rng")
@@ -64,8 +71,12 @@ def commit_latest(out_dir, name):
 def complete_checkpoints(out_dir):
     """[(step, path)] of complete checkpoints (final name + .metadata + meta.json), oldest first."""
     found = []
+    if os.path.isdir(out_dir) and not os.access(out_dir, os.R_OK | os.X_OK):
+        raise CheckpointError(denied(out_dir))
     for name in os.listdir(out_dir) if os.path.isdir(out_dir) else []:
         m, path = STEP_RE.match(name), os.path.join(out_dir, name)
+        if m and not os.access(path, os.R_OK | os.X_OK):  # unreadable looks incomplete: say what it really is
+            raise CheckpointError(denied(path))
         if m and os.path.isfile(f"{path}/.metadata") and os.path.isfile(f"{path}/meta.json"):
             found.append((int(m.group(1)), path))
     return sorted(found)
@@ -156,6 +167,40 @@ def _check_extra_state(extra_state):
     return extra_state or {}
 
 
+def state_checksums(state, saved=None):
+    """Collective: {DCP key: formats.bitsum} of every tensor of a nested state dict, the same on every rank. A
+    sharded tensor's rows are summed once each over the ranks; a plain tensor must be equal on every rank that holds
+    it (DCP stores one of the copies, whichever). saved ({key: (shape, dtype)}, on resume): tensors that DCP read
+    into another dtype than was saved are left out."""
+    flat, _ = flatten_state_dict(state)  # the keys .metadata will hold
+
+    def local():
+        return {k: ("rows", bitsum(local_rows(v)[0]) if local_rows(v)[3] else 0) if isinstance(v, DTensor) else
+                ("whole", bitsum(v)) for k, v in flat.items()
+                if isinstance(v, torch.Tensor) and (saved is None or v.dtype == saved[k][1])}
+    sums = {}
+    for theirs in gather(agree("checksumming the state", local)):
+        for key, (kind, s) in theirs.items():
+            if kind == "rows":
+                sums[key] = (sums.get(key, 0) + s) % 2 ** 64
+            elif sums.setdefault(key, s) != s:
+                raise CheckpointError(f"{key}: a plain (unsharded) tensor differs between ranks, and DCP keeps one"
+                                      " copy, whichever: make it equal on every rank, or shard it")
+    return sums
+
+
+def _verify_read(path, state, meta, entries):
+    """Collective: what DCP just read must match the checksums save recorded (bit rot, a bad copy, an edit)."""
+    if "checksums" not in meta:
+        say(f"ckpt: WARNING: {path}/meta.json records no checksums (saved before they existed): bytes not verified")
+        return "bytes NOT verified (no checksums recorded)"
+    sums = state_checksums(state, entries)
+    check_sums(path, sums, meta["checksums"])
+    other = [k for k, v in flatten_state_dict(state)[0].items() if torch.is_tensor(v) and v.dtype != entries[k][1]]
+    return f"{len(sums)} tensors match the checksums recorded at save" + (
+        f"; {len(other)} read into another dtype, not compared" if other else "")
+
+
 def save(out_dir, step, model, optimizer=None, extra=None, keep=3, lora_only=False, extra_state=None):
     """Collective: write OUT/step_%08d (model, optimizer, this rank's RNG; `extra` -> meta.json), then point
     OUT/latest at it and rotate. extra must be JSON-serialisable (step, data position, LR schedule state, config).
@@ -165,9 +210,10 @@ def save(out_dir, step, model, optimizer=None, extra=None, keep=3, lora_only=Fal
     if keep < 2:
         raise CheckpointError(f"keep={keep}: at least 2 checkpoints must be kept (the newest may be mid-write)")
     extra_state = _check_extra_state(extra_state)
+    meta = {"step": step, "world_size": world_size(), "lora_only": lora_only, "time": time.time(),
+            "torch": torch.__version__, "extra": extra or {}}
     try:
-        meta = json.dumps({"step": step, "world_size": world_size(), "lora_only": lora_only, "time": time.time(),
-                           "torch": torch.__version__, "extra": extra or {}}, indent=1)
+        json.dumps(meta)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"save(step={step}): extra must be JSON-serialisable: {e}") from e
     name = f"step_{step:08d}"
@@ -187,6 +233,7 @@ def save(out_dir, step, model, optimizer=None, extra=None, keep=3, lora_only=Fal
     if optimizer is not None:
         state["optim"] = get_optimizer_state_dict(model, optimizer, options=options)
     state.update((group, dict(tensors)) for group, tensors in extra_state.items())
+    meta["checksums"] = {k: f"{s:016x}" for k, s in sorted(state_checksums(state).items())}
     agree(f"writing {tmp}", lambda: dcp.save(state, checkpoint_id=tmp))
 
     def finish():
@@ -194,7 +241,7 @@ def save(out_dir, step, model, optimizer=None, extra=None, keep=3, lora_only=Fal
             return
         if not os.path.isfile(f"{tmp}/.metadata"):
             raise CheckpointError(f"{tmp}: DCP returned without writing .metadata")
-        write_atomic(f"{tmp}/meta.json", meta)
+        write_atomic(f"{tmp}/meta.json", json.dumps(meta, indent=1))
         os.rename(tmp, final)  # the directory appears under its final name only when complete
         _fsync_dir(out_dir)
         commit_latest(out_dir, name)
@@ -219,8 +266,7 @@ def resume(out_dir, model, optimizer=None, restore_rng=True, extra_state=None):
         return None
 
     def check():
-        with open(f"{path}/meta.json") as f:
-            meta = json.load(f)
+        meta = read_meta(path)
         options = StateDictOptions(ignore_frozen_params=meta["lora_only"])
         msd = get_model_state_dict(model, options=options)
         ours = {k: v for k, v in model_entries(model).items() if k in msd}
@@ -237,8 +283,8 @@ def resume(out_dir, model, optimizer=None, restore_rng=True, extra_state=None):
                                      f"{path} ({group})", prefix=group)
             if not report.ok:
                 raise CheckpointError(report.details())
-        return meta, options, msd
-    meta, options, msd = agree(f"checking {path}", check)
+        return meta, options, msd, entries
+    meta, options, msd, entries = agree(f"checking {path}", check)
     state = {"model": msd}
     if optimizer is not None:
         state["optim"] = get_optimizer_state_dict(model, optimizer, options=options)
@@ -247,6 +293,7 @@ def resume(out_dir, model, optimizer=None, restore_rng=True, extra_state=None):
     if restore_rng and same_world:
         state[f"rng.rank{rank()}"] = _rng_state()
     agree(f"reading {path}", lambda: dcp.load(state, checkpoint_id=path))
+    verified = _verify_read(path, state, meta, entries)
 
     def apply():
         result = set_model_state_dict(model, state["model"], options=StateDictOptions(
@@ -262,7 +309,7 @@ def resume(out_dir, model, optimizer=None, restore_rng=True, extra_state=None):
     rng = "restored" if restore_rng and same_world else f"not restored (saved with world size {meta['world_size']})"
     groups = "".join(f", {group} x{len(tensors)}" for group, tensors in extra_state.items())
     say(f"ckpt: resumed {path}: step {meta['step']}, {len(msd)} model tensors"
-        f"{', optimizer' if optimizer is not None else ''}{groups}, RNG {rng}")
+        f"{', optimizer' if optimizer is not None else ''}{groups}, RNG {rng}; {verified}")
     return dict(meta["extra"], step=meta["step"])
 
 
@@ -270,14 +317,17 @@ def resume(out_dir, model, optimizer=None, restore_rng=True, extra_state=None):
 # Export (single process, offline): DCP -> one .safetensors with our keys, or a release-style .pt
 
 
-def _read_dcp(src, groups=("model",)):
-    """({group: {key: full tensor}}, meta, path) of a step dir (or an out_dir's newest); optimizer state is never
-    read. A group with no tensors in the checkpoint is an error."""
+def _read_dcp(src, out_path, groups=("model",)):
+    """({group: {key: full tensor}}, meta, path) of a step dir (or an out_dir's newest), checked against its
+    save-time checksums; optimizer state is never read. A group with no tensors in the checkpoint is an error.
+    out_path's directory must exist (checked first, before reading gigabytes)."""
+    parent = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(parent):
+        raise CheckpointError(f"{out_path}: its directory {parent} does not exist; create it (mkdir -p {parent})")
     path = src if os.path.isfile(os.path.join(src, ".metadata")) else find_resume(src)
     if path is None:
         raise CheckpointError(f"{src}: no complete checkpoint to export")
-    with open(f"{path}/meta.json") as f:
-        meta = json.load(f)
+    meta = read_meta(path)
     md = FileSystemReader(path).read_metadata().state_dict_metadata
     full = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.items()
             if k.split(".", 1)[0] in groups and isinstance(m, TensorStorageMetadata)}
@@ -285,13 +335,17 @@ def _read_dcp(src, groups=("model",)):
     if absent:
         raise CheckpointError(f"{path}: holds no {absent} tensors (saved without extra_state={{{absent[0]!r}: ...}}?)")
     dcp.load(full, checkpoint_id=path, no_dist=True)
+    if "checksums" not in meta:
+        print(f"ckpt: WARNING: {path}/meta.json records no checksums (saved before they existed): not verified")
+    else:
+        check_sums(path, {k: bitsum(v) for k, v in full.items()}, meta["checksums"])
     return {g: {k[len(g) + 1:]: v for k, v in full.items() if k.startswith(g + ".")} for g in groups}, meta, path
 
 
 def export_safetensors(src, out_path, dtype=None):
     """DCP step dir (or out_dir: newest) -> one .safetensors with our keys; float tensors cast to dtype if given."""
     from safetensors.torch import save_file
-    groups, meta, path = _read_dcp(src)
+    groups, meta, path = _read_dcp(src, out_path)
     tensors = groups["model"]
     if dtype is not None:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
@@ -307,7 +361,7 @@ def export_release_pt(src, out_path, ema=False):
     """DCP -> a release-style .pt (flat dict, `net.` keys, floats in bf16) that upstream Cosmos tools read.
     ema=True adds upstream's `net_ema.` copy: the network with the saved EMA (extra_state "ema") in place of the
     parameters it averages; every other tensor (buffers, frozen weights) as in `net.`."""
-    groups, meta, path = _read_dcp(src, ("model", "ema") if ema else ("model",))
+    groups, meta, path = _read_dcp(src, out_path, ("model", "ema") if ema else ("model",))
     if meta["lora_only"]:
         raise CheckpointError(f"{path} is LoRA-only (no base weights): a release .pt needs the full network")
     net = groups["model"]
@@ -329,24 +383,44 @@ def export_release_pt(src, out_path, ema=False):
 # CLI: export
 
 
+DTYPES = {"keep": None, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass
+class Export:
+    source: str  # a DCP step directory, or a train.py out dir (its newest complete step)
+    out: str  # OUT.safetensors (our keys) or OUT.pt (release-style: net. keys, bf16)
+    dtype: str = "keep"  # .safetensors only: keep | bf16 | fp32
+    ema: bool = False  # .pt only: add upstream's net_ema. copy, from the run's saved EMA (train.py --ema)
+
+    def __post_init__(self):
+        if not self.out.endswith((".pt", ".safetensors")):
+            raise ValueError(f"resume.py export: {self.out}: export to OUT.safetensors or OUT.pt")
+        if self.dtype not in DTYPES or (self.out.endswith(".pt") and self.dtype != "keep"):
+            raise ValueError(f"resume.py export: --dtype {self.dtype}: keep|bf16|fp32, for .safetensors only (a"
+                             " release .pt is always bf16)")
+        if self.ema and not self.out.endswith(".pt"):
+            raise ValueError("resume.py export: --ema: only .pt (upstream's net_ema. copy); .safetensors holds"
+                             " the raw weights")
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("export", help="DCP step dir (or out_dir) -> OUT.safetensors (our keys) or OUT.pt (release)")
-    p.add_argument("source")
-    p.add_argument("out")
-    p.add_argument("--dtype", choices=("keep", "bf16", "fp32"), default="keep", help="for .safetensors")
-    p.add_argument("--ema", action="store_true", help="for .pt: add the net_ema. copy (saved extra_state 'ema')")
-    args = parser.parse_args(argv)
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "keep": None}
-    if args.out.endswith(".safetensors") and not args.ema:
-        export_safetensors(args.source, args.out, dtypes[args.dtype])
-    elif args.out.endswith(".pt"):
-        export_release_pt(args.source, args.out, args.ema)
+    """`python resume.py export SRC OUT [--ema] [--dtype bf16]` -> 0. User errors raise (cli.main)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] != ["export"]:
+        if argv[:1] in (["-h"], ["--help"]):
+            print(__doc__)
+            return 0
+        raise ValueError(f"expected the command `export`, got {argv[:1] or 'nothing'}: python resume.py export SRC"
+                         " OUT (see python resume.py export --help)")
+    a = cli.parse(Export, argv[1:], description=__doc__.split("\n")[0], positional=("source", "out"),
+                  prog="resume.py export")
+    if a.out.endswith(".pt"):
+        export_release_pt(a.source, a.out, a.ema)
     else:
-        raise CheckpointError(f"{args.out}: export to .safetensors or .pt (--ema: only .pt)")
+        export_safetensors(a.source, a.out, DTYPES[a.dtype])
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.main(main, user_errors=(CheckpointError, ValueError, OSError))

@@ -77,6 +77,23 @@ def train_step(net, opt, step):
     return loss.item()
 
 
+def flip_chunk(path, offset, length):
+    """Flip one bit in the middle of a byte range of a file (a tensor's bytes: a bit rotted on disk)."""
+    with open(path, "r+b") as f:
+        f.seek(offset + length // 2)
+        byte = f.read(1)[0]
+        f.seek(offset + length // 2)
+        f.write(bytes([byte ^ 8]))
+
+
+def flip_last_shard(step, fqn):
+    """Flip a bit in the last rank's chunk of a saved sharded tensor (DCP stores each chunk as a small torch.save
+    zip, whose middle is tensor data for a tensor much larger than its ~1 KB of headers)."""
+    storage = FileSystemReader(step).read_metadata().storage_data
+    info = storage[max((i for i in storage if i.fqn == fqn), key=lambda i: tuple(i.offset))]
+    flip_chunk(os.path.join(step, info.relative_path), info.offset, info.length)
+
+
 # -----------------------------------------------------------------------------
 # Fixture files (written once by the parent, read by both ranks)
 
@@ -96,6 +113,9 @@ def files(tmp_path_factory):
         torch.save(obj, f[name], **kw)
     st("ref", sd)
     pt("ref_pt", sd)
+    st("ref_other", {k: v * 2 for k, v in sd.items()})  # same keys and shapes, other values: another revision
+    pt("pt_flipped", sd)
+    flip_chunk(f["pt_flipped"], *ckpt.open_source(f["pt_flipped"]).records["blocks.1.mlp.layer2.weight"][:2])
     release = {"net." + k: v.to(torch.bfloat16) for k, v in sd.items()}
     release.update({"net.accum_iteration": torch.tensor(7), "net.blocks.0.self_attn.q_norm._extra_state":
                     torch.zeros(5, dtype=torch.uint8), "net.blocks.0.self_attn.attn_op._extra_state": io.BytesIO(b"TE")})
@@ -166,9 +186,9 @@ LOAD_FAULTS = [
     ("prefix mix", "prefix_mix", "unexpected"), ("key collision", "collision", "collisions 1"),
     ("net and net_ema, no choice", "both_copies", "both net. and net_ema."),
     ("non-tensor payload", "non_tensor", "step (int)"), ("nested training dict", "nested", "model (dict)"),
-    ("pickled object", "pickled_object", "weights-only"), ("legacy .pt format", "legacy_format", "weights-only"),
+    ("pickled object", "pickled_object", "weights-only"), ("legacy .pt format", "legacy_format", "legacy (pre-zip)"),
     ("truncated .pt", "truncated_pt", "weights-only"), ("truncated .safetensors", "truncated_safetensors", "truncated"),
-    ("garbage .safetensors", "garbage_safetensors", "safetensors"), ("empty file", "empty_file", "not safetensors"),
+    ("garbage .safetensors", "garbage_safetensors", "safetensors"), ("empty file", "empty_file", "empty file (0 bytes)"),
     ("unsupported extension", "bin", "unsupported checkpoint format"),
     ("DCP without .metadata", "dcp_no_metadata", "no .metadata"), ("empty dir", "empty_dir", "holds no checkpoint"),
     ("out_dir given as init", "out_dir", "training out_dir"), ("index: shard missing", "index_missing_shard", "gone.safetensors is missing"),
@@ -199,6 +219,16 @@ def fault_cases(f, tmp):
         ("save extra not JSON", lambda m: resume.save(tmp["scratch"], 1, m, extra={"t": torch.ones(1)}),
          "JSON-serialisable"),
         ("save over a complete step", lambda m: resume.save(tmp["out"], 3, m), "already exists"),
+        ("ranks read different files", lambda m: load(m, f["ref"] if dist.get_rank() == 0 else f["ref_other"]),
+         "ranks read different files for one checkpoint: rank 0"),
+        ("bit flipped in a .pt (rank 1's rows)", lambda m: load(m, f["pt_flipped"]),
+         "bytes of ['blocks.1.mlp.layer2.weight'] fail their zip CRC-32"),
+        ("bit flipped in a .distcp: resume", lambda m: resume.resume(tmp["flipped"], m, extra_state={
+            "ema": {n: torch.zeros_like(p) for n, p in m.named_parameters()}}),
+         "differ from the checksums recorded when this step was saved, e.g. ['model.blocks.1.mlp.layer2.weight']"),
+        ("bit flipped in a .distcp: load", lambda m: load(m, tmp["flipped"] + "/step_00000003"),
+         "differ from the checksums recorded when this step was saved, e.g. ['model.blocks.1.mlp.layer2.weight']"),
+        ("EMA asked of a step saved without one", lambda m: load(m, tmp["lora_step"], ema=True), "holds no ema.*"),
     ]
 
 
@@ -238,6 +268,9 @@ def _job(rank, ws, f, tmpdir):
     got = full_state(net)
     res["load_bf16_frozen_base"] = all(torch.equal(got[k], v.to(torch.bfloat16)) for k, v in ref.items())
     net = build(hsdp=True)
+    report = ckpt.load(net, f["ref_pt"])  # Replicate placements: each row's CRC and sum counted once
+    res["load_hsdp_pt"] = all(torch.equal(v, ref[k]) for k, v in full_state(net).items())
+    net = build(hsdp=True)
     report = ckpt.load(net, f["ref"])
     res["load_hsdp"] = all(torch.equal(v, ref[k]) for k, v in full_state(net).items())
     res["checksum_hsdp"], res["placements_hsdp"] = report.checksum, str(net.blocks[0].mlp.layer1.weight.placements)
@@ -275,6 +308,10 @@ def _job(rank, ws, f, tmpdir):
     net3 = build()
     ckpt.load(net3, os.path.join(out["out"], "step_00000003"))
     res["load_dcp"] = all(torch.equal(a, b) for a, b in zip(full_state(net3).values(), res["state_step3"].values()))
+    report = ckpt.load(net3, os.path.join(out["out"], "step_00000003"), ema=True)  # its EMA where it has one
+    want = {k: res["ema_step3"].get(k, v) for k, v in res["state_step3"].items()}
+    res["load_dcp_ema"] = all(torch.equal(v, want[k]) for k, v in full_state(net3).items())
+    res["taken_from_dcp_ema"] = report.taken_from
     # 3. LoRA-only save (frozen base excluded) and resume on top of the base loaded from the init file
     out["lora"] = os.path.join(tmpdir, "lora")
     net = build(lora=2)
@@ -298,12 +335,14 @@ def _job(rank, ws, f, tmpdir):
     if rank == 0:
         shutil.copytree(os.path.join(out["out"], "step_00000003"), os.path.join(tmpdir, "dcp_broken"))
         os.remove(os.path.join(tmpdir, "dcp_broken", "__1_0.distcp"))
+        shutil.copytree(out["out"], os.path.join(tmpdir, "flipped"))
+        flip_last_shard(os.path.join(tmpdir, "flipped", "step_00000003"), "model.blocks.1.mlp.layer2.weight")
         for name, text in (("dangling", "step_00000009\n"), ("garbage_latest", "../../etc\n")):
             shutil.copytree(out["out"], os.path.join(tmpdir, name))
             with open(os.path.join(tmpdir, name, "latest"), "w") as fh:
                 fh.write(text)
     dist.barrier()
-    out.update(dcp_broken=os.path.join(tmpdir, "dcp_broken"), dangling=os.path.join(tmpdir, "dangling"),
+    out.update(dcp_broken=os.path.join(tmpdir, "dcp_broken"), flipped=os.path.join(tmpdir, "flipped"), dangling=os.path.join(tmpdir, "dangling"),
                garbage_latest=os.path.join(tmpdir, "garbage_latest"), scratch=os.path.join(tmpdir, "scratch"))
     faults = {}
     for name, call, _ in fault_cases(f, out):
@@ -329,8 +368,10 @@ def dist_job(files, tmp_path_factory):
 
 def test_every_format_loads_bitwise_into_fsdp2_shards(dist_job, files):
     for r in dist_job:
-        for name in ("pt", "safetensors", "index", "release_pt", "dcp", "hsdp", "bf16_frozen_base"):
+        for name in ("pt", "safetensors", "index", "release_pt", "dcp", "dcp_ema", "hsdp", "hsdp_pt",
+                     "bf16_frozen_base"):
             assert r[f"load_{name}"], name
+        assert r["taken_from_dcp_ema"] == {"ema": len(r["ema_step3"]), "model": 3}  # the 3 RoPE buffers
         assert r["placements_hsdp"] == "(Replicate(), Shard(dim=0))"
         assert r["ignored_release_pt"] == 3  # accum_iteration and 2 _extra_state (TE, old: BytesIO): counted only
     # the checksum is a property of the file's bytes, not of the world size: ws=2 equals ws=1
@@ -420,8 +461,8 @@ def test_check_cli_reports_from_metadata_and_sets_the_exit_code(tmp_path, capsys
     assert ckpt.main(["check", "--config", "tiny", good]) == 0
     assert ckpt.main(["check", "--config", "tiny", "--lora-rank", "4", good]) == 0
     assert ckpt.main(["check", "--config", "v2w-2b", good]) == 1  # shapes differ; nothing is allocated (meta)
-    assert ckpt.main(["check", "--config", "tiny", str(tmp_path / "nope.pt")]) == 1
-    assert "not found" in capsys.readouterr().out
+    with pytest.raises(ckpt.CheckpointError, match="not found"):  # a user error: one line from cli.main
+        ckpt.main(["check", "--config", "tiny", str(tmp_path / "nope.pt")])
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "ckpt.py"), "check", "--config", "tiny", bad],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "missing: blocks.1.mlp.layer1.weight" in proc.stdout, proc.stdout + proc.stderr
