@@ -409,3 +409,132 @@ def test_too_small_video_is_an_error():
         reward.grid_rewards(torch.zeros(1, 3, 5, 32, 32))
     with pytest.raises(ValueError, match="2 frames"):
         reward.grid_rewards(torch.zeros(1, 3, 2, 64, 64))
+
+
+# -----------------------------------------------------------------------------
+# Plug-ins: parse_rewards, needs_pixels, score
+
+BROKEN = '''
+import torch
+
+NOT_CALLABLE = 3
+
+
+def black_latent(latent):  # same name as tests.reward_plugins.black_latent
+    return latent.mean(dim=(1, 2, 3, 4))
+
+
+def no_inputs(x):
+    return x
+
+
+def extra_arg(video, scale):
+    return video.mean(dim=(1, 2, 3, 4)) * scale
+
+
+def wrong_shape(video):
+    return video.mean(dim=(1, 2, 3))
+
+
+def nan_reward(latent):
+    return latent.mean(dim=(1, 2, 3, 4)) * float("nan")
+
+
+def no_reward_key(latent):
+    return {"energy": latent.square().mean(dim=(1, 2, 3, 4))}
+
+
+def not_a_tensor(video):
+    return [0.5] * video.shape[0]
+'''
+
+
+@pytest.fixture
+def plugin_dir(tmp_path, monkeypatch):
+    """A working directory holding tmp_plugins.py, not on sys.path: parse_rewards must put it there itself."""
+    (tmp_path / "tmp_plugins.py").write_text(BROKEN)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    yield tmp_path
+    sys.modules.pop("tmp_plugins", None)
+
+
+def batch():
+    video = torch.cat([as_video(robot(FRAMES, (64, 112), seed=s)) for s in range(2)])
+    latent = torch.randn(2, 16, 3, 8, 14, generator=torch.Generator().manual_seed(0))
+    return video, latent
+
+
+def test_score_weighs_terms_and_names_components():
+    terms = reward.parse_rewards("default, tests.reward_plugins:wrist_brightness=0.5,"
+                                 "tests.reward_plugins:black_latent=2")
+    assert [(t.name, t.weight, t.needs_video, t.needs_latent) for t in terms] == [
+        ("default", 1.0, True, False), ("wrist_brightness", 0.5, True, False), ("black_latent", 2.0, False, True)]
+    assert reward.needs_pixels(terms)
+    video, latent = batch()
+    out = reward.score(terms, video=video, latent=latent)
+    grid = reward.grid_rewards(video)
+    from tests import reward_plugins
+    torch.testing.assert_close(out["default"], grid["reward"])
+    torch.testing.assert_close(out["black_latent"], reward_plugins.black_latent(latent))
+    torch.testing.assert_close(out["wrist_brightness"], reward_plugins.wrist_brightness(video)["reward"])
+    expected = out["default"].double() + 0.5 * out["wrist_brightness"].double() + 2 * out["black_latent"].double()
+    torch.testing.assert_close(out["reward"], expected.float())
+    assert out["reward"].dtype == torch.float32 and out["reward"].shape == (2,)
+    assert set(out) == ({"reward", "default", "wrist_brightness", "wrist_brightness/top", "wrist_brightness/bottom",
+                         "black_latent"} | {f"default/{k}" for k in grid if k != "reward"})
+    torch.testing.assert_close(out["default/r_activity"], grid["r_activity"])
+    torch.testing.assert_close(out["default/wrist_speed"], grid["wrist_speed"])
+
+
+def test_latent_only_spec_needs_no_pixels(plugin_dir):
+    terms = reward.parse_rewards("tests.reward_plugins:black_latent,tmp_plugins:no_reward_key=0")
+    assert not reward.needs_pixels(terms)
+    _, latent = batch()
+    with pytest.raises(ValueError, match="'no_reward_key' returned a dict without 'reward'"):
+        reward.score(terms, latent=latent)
+    terms = reward.parse_rewards("tests.reward_plugins:black_latent=0.5,tmp_plugins:black_latent")
+    assert [t.name for t in terms] == ["tests.reward_plugins.black_latent", "tmp_plugins.black_latent"]
+    out = reward.score(terms, latent=latent)
+    torch.testing.assert_close(out["reward"], 0.5 * out[terms[0].name] + out[terms[1].name])
+    with pytest.raises(ValueError, match="needs the video, but score got none"):
+        reward.score(reward.parse_rewards("default"), latent=latent)
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("", "is empty"),
+    ("default,,tests.reward_plugins:black_latent", "empty term"),
+    ("reward_plugins_typo:fn", "no module 'reward_plugins_typo': it must be importable from the working directory"),
+    ("tests.reward_plugins", "expected 'default' or module:function"),
+    ("tests.reward_plugins:fn-1", "expected 'default' or module:function"),
+    ("tests.reward_plugins:missing", "has no function 'missing'"),
+    ("tmp_plugins:NOT_CALLABLE", "tmp_plugins.NOT_CALLABLE is a int, not a function"),
+    ("tmp_plugins:no_inputs", r"no_inputs\(x\) names neither 'video' nor 'latent'"),
+    ("tmp_plugins:extra_arg", "parameter 'scale' has no default"),
+    ("default,default=2", "'default' appears 2 times"),
+    ("default=abc", "weight 'abc' is not a number"),
+    ("default=-1", "must be finite and >= 0"),
+    ("default=nan", "must be finite and >= 0"),
+    ("tmp_plugins:black_latent=inf", "must be finite and >= 0"),
+])
+def test_bad_specs_fail_at_parse_time_naming_the_term(plugin_dir, spec, message):
+    with pytest.raises(ValueError, match=message):
+        reward.parse_rewards(spec)
+
+
+@pytest.mark.parametrize("fn,message", [
+    ("wrong_shape", r"'wrong_shape': its reward has shape \(2, 112\), expected \[B=2\] \(one value per clip\)"),
+    ("nan_reward", r"'nan_reward': its reward is not finite: \[nan, nan\]"),
+    ("not_a_tensor", "'not_a_tensor': its reward is a list; return a torch tensor"),
+])
+def test_bad_results_fail_naming_the_term_and_the_fix(plugin_dir, fn, message):
+    video, latent = batch()
+    with pytest.raises(ValueError, match=message):
+        reward.score(reward.parse_rewards(f"tmp_plugins:{fn}"), video=video, latent=latent)
+
+
+def test_a_plugins_own_missing_import_is_not_blamed_on_the_spec(plugin_dir):
+    (plugin_dir / "tmp_needs_dep.py").write_text("import a_package_that_is_not_installed\n")
+    with pytest.raises(ImportError, match="importing 'tmp_needs_dep' failed: No module named 'a_package_that"):
+        reward.parse_rewards("tmp_needs_dep:fn")
+    sys.modules.pop("tmp_needs_dep", None)

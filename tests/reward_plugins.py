@@ -1,0 +1,22 @@
+"""Example reward plug-ins for train.py --reward, e.g. `--reward default,tests.reward_plugins:black_latent=0.5`.
+
+A plug-in names the inputs it needs as parameters: `video` (the decoded clips [B, 3, F, H, W] float32 in [-1, 1])
+and/or `latent` (the sampler's clean x0 [B, 16, T, H/8, W/8] float32; a latent-only reward skips decoding). It
+returns a [B] tensor, or a dict with "reward": [B] and other named [B] components, which are logged.
+"""
+
+
+def wrist_brightness(video):
+    """Mean intensity in [0, 1] of the wrist view (bottom-left quadrant); its top and bottom halves are logged."""
+    H, W = video.shape[-2:]
+    wrist = (video[:, :, :, H // 2:, : W // 2] + 1) / 2
+    half = wrist.shape[-2] // 2
+    return {"reward": wrist.mean(dim=(1, 2, 3, 4)), "top": wrist[..., :half, :].mean(dim=(1, 2, 3, 4)),
+            "bottom": wrist[..., half:, :].mean(dim=(1, 2, 3, 4))}
+
+
+def black_latent(latent):
+    """Minus the mean energy of the latent's bottom-right quadrant: a decoding-free black-quadrant proxy. (In
+    earnest, compare with the latent of an encoded all-black clip instead of 0: the VAE does not map black to 0.)"""
+    H, W = latent.shape[-2:]
+    return -latent[:, :, :, H // 2:, W // 2:].square().mean(dim=(1, 2, 3, 4))
