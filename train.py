@@ -709,7 +709,7 @@ def main(argv=None):
             if run_log is not None:
                 run_log.log(row, step=row["step"])
             bar.set_postfix(**({"loss": f"{row['loss']:.4f}"} if cfg.objective == "sft" else
-                               {"reward": f"{row['reward_mean']:.4f}", "std": f"{row['reward_std']:.3f}"}),
+                               {"reward": f"{row['reward_mean']:.4g}", "std": f"{row['reward_std']:.2g}"}),
                             s_it=f"{dt:.2f}")
             if plots and "s_checkpoint" in row:
                 plot_metrics(os.path.join(cfg.out, "loss.png"), history)
