@@ -514,7 +514,10 @@ def load(model, source, ema=None, allow_missing=(), verbose=True, threads=8):
         report, mapping = build_report(model_entries(model), src.entries, path, ema, allow_missing,
                                        weight_prefixes(src, ema))
         if not report.ok:
-            raise CheckpointError(report.details() + _lora_hint(src, report))
+            lora = f"\n{path} is a LoRA-only step directory (meta.json lora_only): adapters and buffers only. Load" \
+                " the base it was trained from first (load(model, BASE, allow_missing=(LORA_KEYS,))), then" \
+                " resume.resume; check it with `python ckpt.py check --lora-rank R --init BASE`"
+            raise CheckpointError(report.details() + (lora if src.meta and src.meta["lora_only"] else ""))
         return src, report, mapping, identity(path)
     src, report, mapping, ident = agree(f"checking {source}", prepare)
     _same_file_everywhere(source, src.path, ident)
@@ -545,14 +548,6 @@ def load(model, source, ema=None, allow_missing=(), verbose=True, threads=8):
              f" file's bits, all finite; {integrity}; checksum {checksum:016x}")
     report.checksum = checksum
     return report
-
-
-def _lora_hint(src, report):
-    if not (src.meta and src.meta.get("lora_only") and report.missing):
-        return ""
-    return (f"\n{src.path} is a LoRA-only step directory (meta.json lora_only): it holds the adapters and buffers, not"
-            " the base weights. Load the base it was trained from first (ckpt.load(model, BASE, allow_missing="
-            "(LORA_KEYS,))), then resume.resume; check it with `python ckpt.py check --lora-rank R --init BASE`")
 
 
 # -----------------------------------------------------------------------------
@@ -614,8 +609,8 @@ def check(config, source, ema=None, lora_rank=0, dtype=None, allow_missing=(), i
     if lora_rank:
         add_lora(net, lora_rank)
     src, ok = open_source(resolve_source(source)), True
-    entries = model_entries(net)
-    if src.meta and src.meta["lora_only"]:
+    entries, lora_only = model_entries(net), bool(src.meta and src.meta["lora_only"])
+    if lora_only:
         ranks = sorted({s[0] for k, (s, _) in src.entries.items() if k.endswith(".lora_a.weight") and s})
         run = src.meta["extra"].get("config", {}) if isinstance(src.meta["extra"], dict) else {}
         run = run if isinstance(run, dict) else {}  # train.py records its flags here
@@ -632,8 +627,9 @@ def check(config, source, ema=None, lora_rank=0, dtype=None, allow_missing=(), i
         entries = {k: e for k, e in entries.items() if k not in frozen}  # what resume.save(lora_only=True) stores
     elif init:
         raise ValueError(f"--init {init}: only for a LoRA-only step directory (the base it was trained from)")
-    report, mapping = build_report(entries, src.entries, src.path, ema, (*allow_missing, *[LORA_KEYS] * (
-        bool(lora_rank) and not (src.meta and src.meta["lora_only"]))), weight_prefixes(src, ema))
+    if lora_rank and not lora_only:
+        allow_missing = (*allow_missing, LORA_KEYS)  # a base checkpoint has no adapters
+    report, mapping = build_report(entries, src.entries, src.path, ema, allow_missing, weight_prefixes(src, ema))
     print(report.details(), flush=True)
     if verify and report.ok:
         print(f"check: bytes of {src.path}: {verify_bytes(src, mapping.values())}", flush=True)

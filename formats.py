@@ -100,10 +100,11 @@ class Source:
 
 
 def _no_duplicates(pairs):
-    keys = [k for k, _ in pairs]
-    dups = sorted({k for k in keys if keys.count(k) > 1})
+    seen, dups = set(), set()
+    for key, _ in pairs:
+        (dups if key in seen else seen).add(key)
     if dups:
-        raise CheckpointError(f"header repeats key(s) {dups[:3]}: which copy is meant is undefined")
+        raise CheckpointError(f"header repeats key(s) {sorted(dups)[:3]}: which copy is meant is undefined")
     return dict(pairs)
 
 
@@ -127,9 +128,10 @@ def _safetensors_table(path, entries, spans):
             continue
         try:
             dtype, shape, (lo, hi) = _ST_DTYPES[info["dtype"]], tuple(info["shape"]), info["data_offsets"]
-            assert all(isinstance(v, int) and v >= 0 for v in (*shape, lo, hi)) and lo <= hi
-        except (KeyError, TypeError, ValueError, AssertionError) as e:
+        except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{path}: {key}: invalid header entry {info!r} ({type(e).__name__} {e})") from e
+        if not all(isinstance(v, int) and v >= 0 for v in (*shape, lo, hi)) or lo > hi:
+            raise CheckpointError(f"{path}: {key}: invalid header entry {info!r} (negative or non-integer)")
         if hi - lo != math.prod(shape) * dtype.itemsize:
             raise CheckpointError(f"{path}: {key} {shape} {dtype} spans {hi - lo} bytes")
         table.append((lo, hi, key, shape, dtype))
@@ -165,6 +167,8 @@ def _pt_records(path, tensors):
             storages.setdefault(t.untyped_storage().data_ptr(), []).append(key)
     if not storages:
         return {}
+    if not records:
+        raise CheckpointError(f"{path}: no tensor records in its zip: not written by torch.save? Re-save it")
     by_offset = {off: (size, crc) for off, size, crc in records}
     base, out = min(storages) - min(records)[0], {}
     for ptr, keys in storages.items():
@@ -278,7 +282,11 @@ def bitsum(t):
 
 def check_sums(path, got, recorded):
     """Compare {key: bitsum} with the {key: hex} a step's meta.json recorded at save; raise naming the keys."""
-    bad = [k for k, s in sorted(got.items()) if k not in recorded or int(recorded[k], 16) != s % 2 ** 64]
+    unrecorded = sorted(set(got) - set(recorded))
+    if unrecorded:
+        raise CheckpointError(f"{path}: meta.json records no checksum of {unrecorded[:4]}: edited, or not written by"
+                              " resume.save")
+    bad = [k for k, s in sorted(got.items()) if int(recorded[k], 16) != s % 2 ** 64]
     if bad:
         raise CheckpointError(f"{path}: {len(bad)} tensor(s) differ from the checksums recorded when this step was"
                               f" saved, e.g. {bad[:4]}: the files changed after the save (bit rot, a bad copy)."
@@ -359,7 +367,7 @@ def verify_bytes(src, keys=None, threads=8):
                                   " corrupt (a flipped bit, a bad copy or download); download it again")
         return f"{len(records)} zip records match their CRC-32"
     if not (src.meta and "checksums" in src.meta):
-        return "not checked: this format records no checksums (safetensors; a DCP dir without resume.py's meta.json)"
+        return "not checked: no checksums recorded (safetensors; a DCP dir without resume.py's meta.json)"
     recorded, got, batch, size = src.meta["checksums"], {}, {}, 0
     absent = [k for k in recorded if src.entries.get(k, (None,))[0] is None]
     if absent:

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.tensor import DTensor
 
 import cli
-from ckpt import (STEP_RE, CheckpointError, local_rows, agree, build_report, gather, model_entries, open_source,
+from ckpt import (STEP_RE, CheckpointError, agree, build_report, gather, local_rows, model_entries, open_source,
                   rank, say, world_size)
 from formats import bitsum, check_sums, denied, read_meta
 
@@ -175,9 +175,16 @@ def state_checksums(state, saved=None):
     flat, _ = flatten_state_dict(state)  # the keys .metadata will hold
 
     def local():
-        return {k: ("rows", bitsum(local_rows(v)[0]) if local_rows(v)[3] else 0) if isinstance(v, DTensor) else
-                ("whole", bitsum(v)) for k, v in flat.items()
-                if isinstance(v, torch.Tensor) and (saved is None or v.dtype == saved[k][1])}
+        out = {}
+        for k, v in flat.items():
+            if not isinstance(v, torch.Tensor) or (saved is not None and v.dtype != saved[k][1]):
+                continue
+            if isinstance(v, DTensor):
+                part, _, _, counts = local_rows(v)
+                out[k] = ("rows", bitsum(part) if counts else 0)
+            else:
+                out[k] = ("whole", bitsum(v))
+        return out
     sums = {}
     for theirs in gather(agree("checksumming the state", local)):
         for key, (kind, s) in theirs.items():

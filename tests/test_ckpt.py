@@ -342,7 +342,8 @@ def _job(rank, ws, f, tmpdir):
             with open(os.path.join(tmpdir, name, "latest"), "w") as fh:
                 fh.write(text)
     dist.barrier()
-    out.update(dcp_broken=os.path.join(tmpdir, "dcp_broken"), flipped=os.path.join(tmpdir, "flipped"), dangling=os.path.join(tmpdir, "dangling"),
+    out.update(dcp_broken=os.path.join(tmpdir, "dcp_broken"), flipped=os.path.join(tmpdir, "flipped"),
+               dangling=os.path.join(tmpdir, "dangling"),
                garbage_latest=os.path.join(tmpdir, "garbage_latest"), scratch=os.path.join(tmpdir, "scratch"))
     faults = {}
     for name, call, _ in fault_cases(f, out):
