@@ -13,6 +13,7 @@ every local shard is checked against the file's bytes.
 Contents: sources (named inits, resolve, same file on every rank) -> strict report -> loading -> init guard -> CLI.
 Reading and checking the files themselves (formats, CRCs, checksums) is formats.py.
 """
+import inspect
 import math
 import os
 import re
@@ -667,7 +668,8 @@ def main(argv=None):
             return 0
         raise ValueError(f"expected the command `check`, got {argv[:1] or 'nothing'}: python ckpt.py check SOURCE"
                          " --config NAME (see python ckpt.py check --help)")
-    a = cli.parse(Check, argv[1:], description=check.__doc__, positional=("source",), prog="ckpt.py check")
+    a = cli.parse(Check, argv[1:], description=inspect.cleandoc(check.__doc__), positional=("source",),
+                  prog="ckpt.py check")
     ok = check(a.config, a.source, {"auto": None, "net": False, "net_ema": True}[a.ema], a.lora_rank,
                {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype], a.allow_missing, a.init, a.verify)
     return 0 if ok else 1

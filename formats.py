@@ -246,23 +246,28 @@ def open_source(path):
 
 
 def identity(path):
-    """What every rank compares before copying anything: sizes plus a sha256 of the first and last MiB of every
-    file of the checkpoint (2 MiB read per file). Two revisions, a partial copy or another save differ here."""
+    """What every rank compares before copying anything. A file: its size and a sha256 of its first and last MiB
+    (2 MiB read). An index: the index in full and each shard like a file. A step dir: .metadata and meta.json in
+    full (meta.json holds every tensor's checksum) and the sizes of its .distcp files, so that no rank's reads grow
+    with the world size. Two revisions, a partial copy or another save differ here; the path does not count."""
     if os.path.isdir(path):
-        files = sorted(n for n in os.listdir(path) if n in (".metadata", "meta.json") or n.endswith(".distcp"))
+        root, names = path, sorted(os.listdir(path))
+        whole = [n for n in names if n in (".metadata", "meta.json")]
+        ends, sized = [], [n for n in names if n.endswith(".distcp")]
     elif path.endswith(".json"):
-        files = [os.path.basename(path), *dict.fromkeys(weight_map(path).values())]
+        root = os.path.dirname(path)
+        whole, ends, sized = [os.path.basename(path)], list(dict.fromkeys(weight_map(path).values())), []
     else:
-        files = [os.path.basename(path)]
-    root = path if os.path.isdir(path) else os.path.dirname(path)
-    h, total = hashlib.sha256(), 0
+        root, whole, ends, sized = os.path.dirname(path), [], [os.path.basename(path)], []
+    h, total, files = hashlib.sha256(), 0, whole + ends + sized
     for name in files:
         with open(os.path.join(root, name), "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            tail = os.pread(f.fileno(), 1 << 20, max(0, size - (1 << 20)))
-            h.update(f"{name if len(files) > 1 else ''}:{size}:".encode() + f.read(1 << 20) + tail)
+            data = f.read() if name in whole else b"" if name in sized else \
+                f.read(1 << 20) + os.pread(f.fileno(), 1 << 20, max(0, size - (1 << 20)))
+        h.update(f"{name if len(files) > 1 else ''}:{size}:".encode() + data)
         total += size
-    return f"{total} bytes in {len(files)} file(s), sha256 of first+last MiB {h.hexdigest()[:16]}"
+    return f"{total} bytes in {len(files)} file(s), sha256 {h.hexdigest()[:16]}"
 
 
 # -----------------------------------------------------------------------------

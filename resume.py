@@ -420,7 +420,8 @@ def main(argv=None):
             return 0
         raise ValueError(f"expected the command `export`, got {argv[:1] or 'nothing'}: python resume.py export SRC"
                          " OUT (see python resume.py export --help)")
-    a = cli.parse(Export, argv[1:], description=__doc__.split("\n")[0], positional=("source", "out"),
+    a = cli.parse(Export, argv[1:], description="A step directory (or a run's newest) -> OUT.safetensors with our"
+                  " keys, or a release-style OUT.pt that upstream Cosmos tools read.", positional=("source", "out"),
                   prog="resume.py export")
     if a.out.endswith(".pt"):
         export_release_pt(a.source, a.out, a.ema)
