@@ -13,6 +13,7 @@ every local shard is checked against the file's bytes.
 Contents: sources (named inits, resolve, same file on every rank) -> strict report -> loading -> init guard -> CLI.
 Reading and checking the files themselves (formats, CRCs, checksums) is formats.py.
 """
+import functools
 import inspect
 import math
 import os
@@ -30,7 +31,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import cli
 from formats import (CheckpointError, bitsum, check_sums, crc_range, crc_shift, denied, identity, open_source,
-                     pread, tensor_crc, verify_bytes, weight_map)
+                     read_rows, tensor_crc, verify_bytes, weight_map)
 from model import DiT, add_lora, denoise, get_config
 
 # Released checkpoints (cosmos_dit.md §7.1: flat dicts, `net.` keys, bf16), pinned to the revisions upstream's own
@@ -395,19 +396,6 @@ def _finite(t):
     return bool(lo.isfinite() and hi.isfinite())
 
 
-def _read_rows(src, key, lo, hi, pin):
-    shape, dtype = src.entries[key]
-    if src.kind == "pt":
-        t = src.tensors[key][lo:hi] if src.tensors[key].dim() else src.tensors[key]
-        # for a GPU, fault the mmapped pages in here, in this reader thread (a pageable host-to-device copy would
-        # serialise the disk reads inside the driver), then DMA from pinned memory
-        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t) if pin else t
-    path, start = src.spans[key]
-    row = math.prod(shape[1:]) * dtype.itemsize if shape else dtype.itemsize
-    buf = pread(path, start + lo * row, (hi - lo) * row, pin)
-    return buf.view(dtype).view((hi - lo, *shape[1:]) if shape else ())
-
-
 def _copy_into(model, src, mapping, threads, crc_owners=()):
     """Copy this rank's rows of every mapped key; return {key: (file checksum of the rows, expected model bits,
     shifted CRC-32 of the rows)}. The CRC part only for keys in crc_owners (.pt: the key whose rows tile a record)."""
@@ -442,7 +430,7 @@ def _copy_into(model, src, mapping, threads, crc_owners=()):
         local, lo, hi, _ = targets[key]
         if hi == lo:
             return key, (0, 0, 0)
-        rows = _read_rows(src, mapping[key], lo, hi, local.device.type == "cuda")
+        rows = read_rows(src, mapping[key], lo, hi, local.device.type == "cuda")
         crc = 0
         if key in crc_owners:  # rows lo:hi are record bytes [lo * row, hi * row)
             _, size, _, _ = src.records[mapping[key]]
@@ -473,13 +461,8 @@ def _combine(values, xor=False):
     t = torch.tensor([v - 2 ** 64 if v >= 2 ** 63 else v for v in values], dtype=torch.int64, device=_comm_device())
     parts = [torch.empty_like(t) for _ in range(world_size())]
     dist.all_gather(parts, t)
-    rows = torch.stack(parts).cpu()
-    if not xor:
-        return [v % 2 ** 64 for v in rows.sum(0).tolist()]  # int64 sums wrap: mod 2^64 is exact
-    out = [0] * len(values)
-    for row in rows.tolist():
-        out = [a ^ (b % 2 ** 64) for a, b in zip(out, row)]
-    return out
+    out = functools.reduce(torch.bitwise_xor, parts) if xor else torch.stack(parts).sum(0)  # int64 sums wrap: exact
+    return [v % 2 ** 64 for v in out.tolist()]
 
 
 def _check_crcs(src, mapping, keys, crcs, owners):

@@ -5,7 +5,7 @@ an HTML error page saved under a checkpoint's name is named as such), headers ar
 own libraries do, and the bytes can be checked against what the file records about itself: the zip CRC-32 of each
 .pt record (torch.load never checks them), and the per-tensor checksums resume.save writes into a step's meta.json.
 Contents: errors and sniffing -> tables of contents (safetensors, .pt, DCP + meta.json) -> identity -> checksums
-(bit sums, CRC-32 arithmetic) -> verify_bytes.
+(bit sums, CRC-32 arithmetic) -> reading rows -> verify_bytes.
 """
 import hashlib
 import io
@@ -345,6 +345,10 @@ def crc_range(path, offset, nbytes, chunk=64 << 20):
     return crc
 
 
+# -----------------------------------------------------------------------------
+# Reading bytes: byte ranges, a key's rows, and verifying them against the file's own record
+
+
 def pread(path, offset, nbytes, pin):
     buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
     view, done = memoryview(buf.numpy()), 0
@@ -355,6 +359,20 @@ def pread(path, offset, nbytes, pin):
                 raise CheckpointError(f"{path}: unexpected end of file at byte {offset + done}")
             done += n
     return buf
+
+
+def read_rows(src, key, lo, hi, pin):
+    """Rows lo:hi (dim 0) of a key of a .pt (from the mmap) or .safetensors (pread), pinned for a GPU if pin."""
+    shape, dtype = src.entries[key]
+    if src.kind == "pt":
+        t = src.tensors[key][lo:hi] if src.tensors[key].dim() else src.tensors[key]
+        # for a GPU, fault the mmapped pages in here, in this reader thread (a pageable host-to-device copy would
+        # serialise the disk reads inside the driver), then DMA from pinned memory
+        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t) if pin else t
+    path, start = src.spans[key]
+    row = math.prod(shape[1:]) * dtype.itemsize if shape else dtype.itemsize
+    buf = pread(path, start + lo * row, (hi - lo) * row, pin)
+    return buf.view(dtype).view((hi - lo, *shape[1:]) if shape else ())
 
 
 def verify_bytes(src, keys=None, threads=8):
