@@ -11,14 +11,19 @@ newest complete one and is written only after the rename.
 Every step's meta.json records a checksum of every tensor saved (formats.bitsum, summed over the ranks' shards);
 resume, export, ckpt.load and `ckpt.py check` verify the bytes they read against it, so a flipped bit is an error that
 names the tensor.
-Contents: pointer and rotation -> RNG -> save / resume (+ checksums) -> export -> CLI.
+Around them, the run directory: claim_out (one train.py per OUT), load_history (metrics.jsonl up to the resume
+point), evaluation markers (eval.json: "completed" means completed).
+Contents: pointer and rotation -> RNG -> save / resume (+ checksums) -> run directory -> export -> CLI.
 """
+import fcntl
+import hashlib
 import json
 import math
 import os
 import random
 import re
 import shutil
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -318,6 +323,78 @@ def resume(out_dir, model, optimizer=None, restore_rng=True, extra_state=None):
     say(f"ckpt: resumed {path}: step {meta['step']}, {len(msd)} model tensors"
         f"{', optimizer' if optimizer is not None else ''}{groups}, RNG {rng}; {verified}")
     return dict(meta["extra"], step=meta["step"])
+
+
+# -----------------------------------------------------------------------------
+# The run directory around the checkpoints: one writer at a time, the metrics log, evaluation markers
+
+
+def claim_out(out):
+    """Refuse a second train.py on the same --out: an exclusive flock on OUT/.lock for the life of this process. The
+    kernel drops it when the process dies, however it dies, so a crashed run never leaves it stuck."""
+    os.makedirs(out, exist_ok=True)
+    handle = open(os.path.join(out, ".lock"), "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise ValueError(f"--out {out} is in use by a running train.py ({holder}): wait for it, or use another --out")
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    return handle  # keep it open: closing the file releases the lock
+
+
+def load_history(path, start_step):
+    """The metrics rows up to the resume point. The file is rewritten without the rows after it (a killed run logged
+    steps that the resumed run logs again) and without a torn last line (killed mid-write)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        lines = f.read().splitlines()
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:  # only the last line can be torn by a kill: anything else is damage
+                raise ValueError(f"{path}: line {i + 1} is not JSON ({line[:60]!r}): repair or remove the file")
+            print(f"metrics: dropping the torn last line of {path} ({len(line)} bytes)", flush=True)
+    kept = [r for r in rows if r["step"] <= start_step]
+    if len(kept) < len(rows):
+        print(f"metrics: dropping {len(rows) - len(kept)} rows after step {start_step} from {path} (logged by a run "
+              "killed after its last checkpoint; they are logged again)", flush=True)
+    resume.write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+    return kept
+
+
+EVAL_MARKER = "eval.json"
+
+
+def eval_marker_valid(step_dir):
+    """A checkpoint counts as evaluated only if its marker exists, parses, and its checksum matches its contents; a
+    partial or tampered marker is reported and the checkpoint evaluated again."""
+    path = os.path.join(step_dir, EVAL_MARKER)
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path) as f:
+            marker = json.load(f)
+    except json.JSONDecodeError as e:
+        print(f"eval: {path} is partial ({e}): evaluating again", flush=True)
+        return False
+    body = json.dumps(marker.get("result"), sort_keys=True)
+    return marker.get("status") == "completed" and marker.get("sha256") == hashlib.sha256(body.encode()).hexdigest()
+
+
+def write_eval_marker(step_dir, result):
+    """Written last, atomically, and only once the evaluation finished: "completed" means completed."""
+    body = json.dumps(result, sort_keys=True)
+    resume.write_atomic(os.path.join(step_dir, EVAL_MARKER), json.dumps(
+        {"status": "completed", "result": result, "sha256": hashlib.sha256(body.encode()).hexdigest()}, indent=1))
 
 
 # -----------------------------------------------------------------------------

@@ -7,14 +7,12 @@
 One script, top to bottom: config -> setup -> data -> model -> optimizer -> loop -> checkpoint.
 """
 import dataclasses
-import fcntl
 import hashlib
 import importlib.util
 import json
 import math
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ from tqdm import tqdm
 
 import ckpt
 import cli
+import formats
 import data
 import grpo
 import resume
@@ -45,7 +44,7 @@ from model import DiT, add_lora, condition_mask, denoise, get_config, matmul_pea
 class TrainConfig:
     config: str = "tiny"  # DiT config (model.CONFIGS): tiny, v2w-2b, v2w-14b, ...
     init: str = ""  # droid | 2b-480p-16fps | 14b-720p-10fps | PATH | hf://org/repo/file@rev | random ("" = random for tiny)
-    ema_weights: str = ""  # net | net_ema: which copy of a release file that holds both ("" = the only one)
+    ema_weights: str = ""  # net | net_ema: which copy of a release file that holds both ("" = the only one); net_ema on a step dir: its saved EMA
     guard_max_ratio: float = 0.75  # init guard: iteration-0 loss / zero-velocity loss must stay below (random ~1.6)
     data: str = ""  # stitched folder (stitch.py), read only; the tiny default builds its own in data/tiny_grid
     out: str = "out"  # run directory: config.json, checkpoints, metrics.jsonl, loss.png, samples
@@ -295,7 +294,8 @@ def ema_beta(step, rate):
 
 
 # -----------------------------------------------------------------------------
-# Small helpers for the loop: the tiny dataset, the run directory, metrics, plots, evaluation markers
+# Small helpers for the loop: the tiny dataset, resume settings, plots, evaluation, one SFT / GRPO step
+# (the run directory's lock, metrics log and evaluation markers live in resume.py)
 
 
 def make_tiny_dataset(root):
@@ -321,25 +321,6 @@ def any_rank(flag, device):
     return bool(t.item())
 
 
-def claim_out(out):
-    """Refuse a second train.py on the same --out: an exclusive flock on OUT/.lock for the life of this process. The
-    kernel drops it when the process dies, however it dies, so a crashed run never leaves it stuck."""
-    os.makedirs(out, exist_ok=True)
-    handle = open(os.path.join(out, ".lock"), "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
-        raise ValueError(f"--out {out} is in use by a running train.py ({holder}): wait for it, or use another --out")
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    handle.flush()
-    return handle  # keep it open: closing the file releases the lock
-
-
 def resume_keys(cfg):
     """The settings a resumed run must share with the saved one (shapes, init, data, objective, GRPO's sampler and
     objective); all others (steps, optimizer, memory and logging settings) may change and are reported."""
@@ -362,37 +343,13 @@ def check_resume_settings(out, cfg):
     path = resume.find_resume(out)
     if path is None:
         return None, {}
-    with open(os.path.join(path, "meta.json")) as f:
-        saved = cli.flatten(json.load(f)["extra"]["config"])
+    saved = cli.flatten(formats.read_meta(path)["extra"]["config"])
     now = cli.flatten(json.loads(json.dumps(dataclasses.asdict(cfg))))  # tuples as lists, like the saved JSON
     refused = {k: (saved.get(k), now[k]) for k in resume_keys(cfg) if saved.get(k) != now[k]}
     if refused:
         raise ValueError(f"{out} was written with other settings, (saved, now): {refused}; a resumed run must keep "
                          "them (LoRA checkpoints hold only adapters: the base comes from --init). Use a new --out")
     return path, {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
-
-
-def load_history(path, start_step):
-    """The metrics rows up to the resume point. The file is rewritten without the rows after it (a killed run logged
-    steps that the resumed run logs again) and without a torn last line (killed mid-write)."""
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        lines = f.read().splitlines()
-    rows = []
-    for i, line in enumerate(lines):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i < len(lines) - 1:  # only the last line can be torn by a kill: anything else is damage
-                raise ValueError(f"{path}: line {i + 1} is not JSON ({line[:60]!r}): repair or remove the file")
-            print(f"metrics: dropping the torn last line of {path} ({len(line)} bytes)", flush=True)
-    kept = [r for r in rows if r["step"] <= start_step]
-    if len(kept) < len(rows):
-        print(f"metrics: dropping {len(rows) - len(kept)} rows after step {start_step} from {path} (logged by a run "
-              "killed after its last checkpoint; they are logged again)", flush=True)
-    resume.write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
-    return kept
 
 
 def plot_metrics(path, history):
@@ -435,32 +392,6 @@ def plot_metrics(path, history):
     fig.savefig(path + ".tmp.png", dpi=100)
     plt.close(fig)
     os.replace(path + ".tmp.png", path)
-
-
-EVAL_MARKER = "eval.json"
-
-
-def eval_marker_valid(step_dir):
-    """A checkpoint counts as evaluated only if its marker exists, parses, and its checksum matches its contents; a
-    partial or tampered marker is reported and the checkpoint evaluated again."""
-    path = os.path.join(step_dir, EVAL_MARKER)
-    if not os.path.isfile(path):
-        return False
-    try:
-        with open(path) as f:
-            marker = json.load(f)
-    except json.JSONDecodeError as e:
-        print(f"eval: {path} is partial ({e}): evaluating again", flush=True)
-        return False
-    body = json.dumps(marker.get("result"), sort_keys=True)
-    return marker.get("status") == "completed" and marker.get("sha256") == hashlib.sha256(body.encode()).hexdigest()
-
-
-def write_eval_marker(step_dir, result):
-    """Written last, atomically, and only once the evaluation finished: "completed" means completed."""
-    body = json.dumps(result, sort_keys=True)
-    resume.write_atomic(os.path.join(step_dir, EVAL_MARKER), json.dumps(
-        {"status": "completed", "result": result, "sha256": hashlib.sha256(body.encode()).hexdigest()}, indent=1))
 
 
 @torch.no_grad()
@@ -548,7 +479,7 @@ def main(argv=None):
         raise ValueError(f"--holdout {holdout} leaves no video of {len(dataset)} in {cfg.data} to train on")
 
     # run directory: claimed (one train.py per --out), settings checked against its checkpoint, then config.json
-    lock = ckpt.agree(f"claiming --out {cfg.out}", lambda: claim_out(cfg.out) if master else None)
+    lock = ckpt.agree(f"claiming --out {cfg.out}", lambda: resume.claim_out(cfg.out) if master else None)
     resume_path, changed = ckpt.agree("checking the run's saved settings", lambda: check_resume_settings(cfg.out, cfg),
                                       share=True)
     if changed:
@@ -633,11 +564,11 @@ def main(argv=None):
         [dataset[(eval_ids[(i * world + rank) % len(eval_ids)], data.seed_of(cfg.seed, 1, i * world + rank))]]))
         for i in range(2)]
     say(f"evaluation: {'held-out videos ' + str(eval_ids) if holdout else 'fixed clips of training videos'}")
-    if state and not eval_marker_valid(os.path.join(cfg.out, f"step_{start_step:08d}")):
+    if state and not resume.eval_marker_valid(os.path.join(cfg.out, f"step_{start_step:08d}")):
         # killed between the save and its evaluation: a missing or partial result is re-run, never assumed done
         result = evaluate(net, cfg, held_batches)
         if master:
-            write_eval_marker(os.path.join(cfg.out, f"step_{start_step:08d}"), dict(result, step=start_step))
+            resume.write_eval_marker(os.path.join(cfg.out, f"step_{start_step:08d}"), dict(result, step=start_step))
         say(f"evaluated the resumed checkpoint step {start_step}: {result}")
 
     if start_step == 0 and cfg.init != "random":  # prove that the pretrained weights went in before training
@@ -654,7 +585,7 @@ def main(argv=None):
     tokens = latent_shape[2] * (cfg.height // 16) * (cfg.width // 16)
     flops_per_step = model_flops(mcfg, latent_shape, cfg.text_len, cfg.lora)[2] * cfg.batch_size * cfg.grad_accum
     metrics_path = os.path.join(cfg.out, "metrics.jsonl")
-    history = load_history(metrics_path, start_step) if master else []
+    history = resume.load_history(metrics_path, start_step) if master else []
     plots = importlib.util.find_spec("matplotlib") is not None  # optional: the one plot is not worth a dependency
     if not plots:
         say("loss.png: matplotlib is not installed (pip install matplotlib); metrics.jsonl holds every number")
@@ -700,7 +631,7 @@ def main(argv=None):
             row["s_checkpoint"] = time.perf_counter() - t_save
             row.update(evaluate(net, cfg, held_batches))
             if master:
-                write_eval_marker(path, dict(eval_loss=row["eval_loss"], step=done))
+                resume.write_eval_marker(path, dict(eval_loss=row["eval_loss"], step=done))
                 say(f"step {done}: loss {row['loss']:.4f}, eval {row['eval_loss']:.4f} -> {path}")
         history.append(row)
         if master:  # after the save: a row is logged once its step is safe or the run went on past it

@@ -11,6 +11,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+import resume  # noqa: E402
 import train  # noqa: E402
 
 
@@ -57,7 +58,7 @@ def test_tiny_default_trains_and_writes_everything(trained):
     assert sum(losses[-20:]) < 0.7 * sum(losses[:20])  # it learns
     assert open(os.path.join(trained, "latest")).read().strip() == "step_00000120"
     for step in (60, 120):
-        assert train.eval_marker_valid(os.path.join(trained, f"step_{step:08d}"))
+        assert resume.eval_marker_valid(os.path.join(trained, f"step_{step:08d}"))
     assert os.path.getsize(os.path.join(trained, "loss.png")) > 0
 
 
@@ -169,15 +170,15 @@ def test_options_are_validated_before_anything_is_built():
 
 def test_eval_marker_partial_or_tampered_is_not_done(tmp_path):
     d = str(tmp_path)
-    assert not train.eval_marker_valid(d)
-    train.write_eval_marker(d, {"eval_loss": 1.5, "step": 3})
-    assert train.eval_marker_valid(d)
-    marker = json.load(open(os.path.join(d, train.EVAL_MARKER)))
+    assert not resume.eval_marker_valid(d)
+    resume.write_eval_marker(d, {"eval_loss": 1.5, "step": 3})
+    assert resume.eval_marker_valid(d)
+    marker = json.load(open(os.path.join(d, resume.EVAL_MARKER)))
     marker["result"]["eval_loss"] = 0.1
-    json.dump(marker, open(os.path.join(d, train.EVAL_MARKER), "w"))
-    assert not train.eval_marker_valid(d)
-    json.dump({"status": "submitted"}, open(os.path.join(d, train.EVAL_MARKER), "w"))
-    assert not train.eval_marker_valid(d)
+    json.dump(marker, open(os.path.join(d, resume.EVAL_MARKER), "w"))
+    assert not resume.eval_marker_valid(d)
+    json.dump({"status": "submitted"}, open(os.path.join(d, resume.EVAL_MARKER), "w"))
+    assert not resume.eval_marker_valid(d)
 
 
 def test_grpo_objective_updates_lora_and_resumes(grid, tmp_path):
@@ -348,9 +349,9 @@ def test_partial_eval_marker_is_evaluated_again(grid, tmp_path):
     out = str(tmp_path / "out")
     args = ["--data", grid, "--out", out, "--sample-every", "0"]
     run(args + ["--steps", "2"])
-    marker = os.path.join(out, "step_00000002", train.EVAL_MARKER)
+    marker = os.path.join(out, "step_00000002", resume.EVAL_MARKER)
     text = open(marker).read()
     open(marker, "w").write(text[: len(text) // 2])  # a partial write
     proc = run(args + ["--steps", "2"])
     assert "is partial" in proc.stdout and "evaluated the resumed checkpoint step 2" in proc.stdout
-    assert train.eval_marker_valid(os.path.dirname(marker))
+    assert resume.eval_marker_valid(os.path.dirname(marker))
