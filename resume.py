@@ -367,7 +367,7 @@ def load_history(path, start_step):
     if len(kept) < len(rows):
         print(f"metrics: dropping {len(rows) - len(kept)} rows after step {start_step} from {path} (logged by a run "
               "killed after its last checkpoint; they are logged again)", flush=True)
-    resume.write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
     return kept
 
 
@@ -393,7 +393,7 @@ def eval_marker_valid(step_dir):
 def write_eval_marker(step_dir, result):
     """Written last, atomically, and only once the evaluation finished: "completed" means completed."""
     body = json.dumps(result, sort_keys=True)
-    resume.write_atomic(os.path.join(step_dir, EVAL_MARKER), json.dumps(
+    write_atomic(os.path.join(step_dir, EVAL_MARKER), json.dumps(
         {"status": "completed", "result": result, "sha256": hashlib.sha256(body.encode()).hexdigest()}, indent=1))
 
 
