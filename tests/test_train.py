@@ -287,7 +287,7 @@ def test_kill_9_during_a_save_resumes_bitwise_from_the_previous_checkpoint(grid,
     assert not os.path.exists(os.path.join(out, "step_00000006.tmp"))
 
 
-def test_user_errors_are_one_line_and_nothing_is_written(grid, tmp_path):
+def test_user_errors_are_one_line_and_nothing_is_written(grid, tmp_path, capsys):
     """Bad flags, data and outputs stop before any model is built, as one line (exit 2), writing nothing."""
     empty, user = tmp_path / "empty", tmp_path / "user"
     empty.mkdir()
@@ -305,18 +305,24 @@ def test_user_errors_are_one_line_and_nothing_is_written(grid, tmp_path):
              (["--out", str(a_file)], "is a file"),
              (["--init", str(tmp_path / "nope.pt")], "nope.pt"),
              (["--vae-ckpt", "x.pth"], "--vae-ckpt does nothing without --vae real")]
+    import cli
     for args, message in cases:
-        if "--device" in args and __import__("torch").cuda.is_available():
+        if "--device" in args and torch.cuda.is_available():
             continue
         out = tmp_path / f"out{len(message)}"
-        proc = run(["--data", grid, "--out", str(out)] + args if "--data" not in args else ["--out", str(out)] + args,
-                   check=False)
-        assert proc.returncode == 2, (args, proc.stdout[-500:], proc.stderr[-1500:])
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        assert len(lines) == 1 and lines[0].startswith("train.py: error:") and "Traceback" not in proc.stderr, lines
+        argv = (["--data", grid] if "--data" not in args else []) + ["--out", str(out)] + args
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_info:  # in-process: the same cli.main the script runs under
+            cli.main(lambda: train.main(argv), user_errors=(ValueError, OSError, train.ckpt.CheckpointError))
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2, (args, err)
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert len(lines) == 1 and ": error: " in lines[0], lines  # (the program name is pytest's here)
         if message not in ("empty", "user"):
             assert message in lines[0], (message, lines[0])
         assert not out.exists() or not any(out.iterdir()), (args, list(out.iterdir()))
+    proc = run(["--data", grid, "--lora-alpha", "8"], check=False)  # and once as the real script
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("train.py: error: --lora-alpha does nothing")
     assert sorted(p.name for p in user.iterdir()) == ["notes.txt"] and not any(empty.iterdir())  # read, never written
 
 
