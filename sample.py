@@ -190,6 +190,9 @@ def load_first_frame(cfg):
         frame = torch.from_numpy(np.asarray(imageio.imread(cfg.image))[..., :3].copy())
     else:
         import data
+        if not os.path.isdir(cfg.data):
+            raise ValueError(f"--data {cfg.data}: no such folder to take the first frame from: pass --image FILE (the "
+                             "tiny default's folder appears after one `python train.py`)")
         path = data.list_videos(cfg.data)[0].path
         try:
             frame = torch.from_numpy(data.read_clip(path, 0, 1, cfg.height, cfg.width)[0])

@@ -69,11 +69,17 @@ def test_no_ema_picks_the_raw_copy_of_a_file_holding_both(tmp_path):
             **{"net_ema." + k: v + 1 if v.is_floating_point() else v for k, v in net.state_dict().items()}}
     path = str(tmp_path / "both.pt")
     torch.save(both, path)
+    image = str(tmp_path / "first.png")
+    imageio.imwrite(image, np.zeros((64, 112, 3), np.uint8))
     outputs = {}
     for extra in ([], ["--ema"], ["--no-ema"]):
         out = str(tmp_path / f"b{len(extra)}{extra[:1]}.mp4")
-        proc = subprocess.run([sys.executable, "sample.py", "--ckpt", path, "--steps", "1", "--out", out, *extra],
+        proc = subprocess.run([sys.executable, "sample.py", "--ckpt", path, "--steps", "1", "--out", out, "--image",
+                               image, *extra],
                               cwd=ROOT, capture_output=True, text=True, timeout=300)
         outputs[tuple(extra)] = proc
     assert outputs[()].returncode == 2 and "both" in outputs[()].stderr
-    assert outputs[("--ema",)].returncode == 0 and outputs[("--no-ema",)].returncode == 0
+    assert outputs[("--ema",)].returncode == 0 and outputs[("--no-ema",)].returncode == 0, outputs[("--ema",)].stderr
+    proc = subprocess.run([sys.executable, "sample.py", "--ckpt", "random", "--data", str(tmp_path / "nowhere")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "pass --image" in proc.stderr
