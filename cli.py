@@ -12,8 +12,8 @@
 Every field is a flag `--field-name` (underscores become dashes), booleans are `--x` / `--no-x`, tuples take
 comma-separated values, and a nested dataclass field contributes its own fields under its name as prefix.
 Unknown flags are an error (argparse), and so are unknown keys in a preset. The help text of a flag is the
-comment on its field's line plus any comment-only lines right below it, with the default appended (unless the
-comment speaks of its default itself).
+comment on its field's line plus any comment-only lines right below it (so a header comment for the next fields
+goes after a blank line), with the default appended (unless the comment speaks of its default itself).
 `cli.main(fn)` runs a script's main and turns a user error (a bad flag, a missing file) into one line on stderr
 and exit code 2, instead of a traceback; NANOCOSMOS_TRACEBACK=1 shows the traceback too.
 """

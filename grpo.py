@@ -46,7 +46,7 @@ class GRPOConfig:
     guidance: float = 7.0  # Predict2 CFG x0 = c + g (c - u), i.e. classic scale g + 1; 0 = one forward per step
     uncond_grad: bool = False  # False: the uncond branch is a separate no-grad forward (same value, half the memory)
     adv_eps: float = 1e-4  # added to the std, outside the sqrt
-    adv_clip: float = 5.0
+    adv_clip: float = 5.0  # advantages are clipped to +-adv_clip
     global_std: bool = True  # normalise by the std of all rewards in the update (advised for K <= 4), else per group
     std_ddof: int = 0  # 0: population std (Flow-GRPO, K = 2 gives |A| ~ 1); 1: unbiased (|A| ~ 0.7071 at K = 2)
     clip_range: float = 1e-3  # ratio clip epsilon (per-element-mean log-probs make ratios tiny)

@@ -77,8 +77,8 @@ class StitchConfig:
     per_task: int = 0  # keep the first N episodes of each task; 0 = all
     cameras: str = ""  # override the alias table: "ext_1=KEY,ext_2=KEY,wrist=KEY"
     fit: str = "auto"  # auto: stretch when the aspect is within 5% of the cell's, else pad; or stretch / pad
-    crf: int = 15
-    preset: str = "fast"
+    crf: int = 15  # x264 constant rate factor of the written grid videos (lower = better, larger)
+    preset: str = "fast"  # x264 preset (speed vs file size at the same quality)
     retry_skips: bool = False  # also retry episodes skipped for data reasons (too_short, no_task, ...)
     max_skip_fraction: float = 0.1  # exit 1 when more than this fraction of the episodes long enough to keep
     # was skipped for another reason than length or a missing task (1 = never); a folder with no video always exits 1

@@ -206,6 +206,11 @@ def test_grpo_objective_updates_lora_and_resumes(grid, tmp_path):
     assert meta["lora_only"] is True
     config = json.load(open(os.path.join(out, "config.json")))
     assert config["grpo"]["kl_coef"] == 0.01 and config["grpo"]["window_range"] == [0, 3]
+    latent_only = run(["--data", grid, "--out", str(tmp_path / "latent"), "--objective", "grpo", "--lora", "4",
+                       "--steps", "1", "--grpo-num-steps", "3", "--reward", "reward_plugins:black_latent"], env=env)
+    assert "(latents only: no decoding)" in latent_only.stdout
+    row = metrics(str(tmp_path / "latent"))[1]
+    assert row["s_decode"] < 0.01 and "reward_black_latent" in row and "reward_default" not in row
     changed = run(args + ["--steps", "4", "--grpo-kl-coef", "0.02"], env=env, check=False)
     assert changed.returncode == 2 and "grpo.kl_coef" in changed.stderr  # an objective change is refused
     assert json.load(open(os.path.join(out, "config.json")))["grpo"]["kl_coef"] == 0.01  # and writes nothing

@@ -1,0 +1,73 @@
+"""cli.py: one command-line mechanism for every script: flags from dataclass fields, help from their comments."""
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+
+import pytest
+
+import bench
+import ckpt
+import cli
+import resume
+import sample
+import smoke
+import stitch
+import t5
+import train
+import vae
+from grpo import GRPOConfig
+
+
+@dataclass
+class Toy:
+    lr: float = 1e-4  # peak learning rate, 100% of it
+
+    # a header comment (after a blank line) is not a field's help
+    flag: bool = False  # switch it on
+    # and this continues the help of flag
+    name: str = "x#y"  # a name with a hash inside the string
+    betas: tuple = (0.9, 0.999)  # two floats
+    steps: tuple = ()  # any ints
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)  # the GRPO knobs
+
+
+def test_flags_types_nesting_and_presets():
+    given = cli.parse_flags(Toy, ["--lr", "3", "--no-flag", "--betas", "0.8,0.95", "--steps", "1,2",
+                                  "--grpo-kl-coef", "0.1", "--grpo-window-size", "2", "--grpo-window-range", "0,5"])
+    assert given == {"lr": 3.0, "flag": False, "betas": (0.8, 0.95), "steps": (1, 2),
+                     "grpo": {"kl_coef": 0.1, "window_size": 2, "window_range": (0, 5)}}
+    cfg = cli.build(Toy, {"lr": 5.0, "name": "preset", "grpo": {"kl_coef": 0.5, "lr": 3e-4}}, given)
+    assert (cfg.lr, cfg.name, cfg.betas, cfg.steps) == (3.0, "preset", (0.8, 0.95), (1, 2))  # given beats preset
+    assert (cfg.grpo.kl_coef, cfg.grpo.lr, cfg.grpo.window_range) == (0.1, 3e-4, (0, 5))  # merged per field
+    assert cli.flatten({"grpo": {"kl_coef": 1}, "lr": 2}) == {"grpo.kl_coef": 1, "lr": 2}
+    assert cli.flag("grpo.kl_coef") == "--grpo-kl-coef"
+    with pytest.raises(SystemExit):
+        cli.parse_flags(Toy, ["--no-such-flag", "1"])
+    with pytest.raises(SystemExit):
+        cli.parse_flags(Toy, ["--betas", "a,b"])
+    with pytest.raises(ValueError, match="unknown key"):
+        cli.build(Toy, {"lrr": 1})
+    with pytest.raises(ValueError, match="window_size"):  # the nested dataclass validates itself
+        cli.build(Toy, {"grpo": {"window_size": 99}})
+
+
+def test_help_comes_from_the_field_comments():
+    helps = cli.field_help(Toy)
+    assert helps["lr"] == "peak learning rate, 100%% of it"  # escaped for argparse's % formatting
+    assert helps["flag"] == "switch it on and this continues the help of flag"
+    assert helps["name"] == "a name with a hash inside the string"
+    parser = argparse.ArgumentParser()
+    cli.add_fields(parser, Toy)
+    text = parser.format_help()
+    assert "peak learning rate, 100% of it (default: 0.0001)" in " ".join(text.split())
+    assert "--no-flag" in text and "--grpo-kl-coef" in text
+
+
+@pytest.mark.parametrize("cls", [train.TrainConfig, GRPOConfig, sample.SampleConfig, smoke.SmokeConfig,
+                                 bench.BenchConfig, stitch.StitchConfig, t5.T5Config, ckpt.Check, resume.Export,
+                                 vae.BenchConfig])
+def test_every_flag_of_every_script_has_help(cls):
+    """`--help` of every script shows each flag's meaning (and its default)."""
+    helps = cli.field_help(cls)
+    missing = [f.name for f in dataclasses.fields(cls) if not helps.get(f.name)]
+    assert not missing, f"{cls.__name__}: fields without a comment (their --help would be empty): {missing}"
