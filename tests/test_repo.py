@@ -7,19 +7,28 @@ import os
 import re
 import subprocess
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = "shared"  # the patterns are assembled from pieces so that this file does not match itself
 OUTSIDE = ("../" + SHARED, "/work/" + SHARED, SHARED + "/specs", SHARED + "/reference")
 
 
+def repo_files():
+    """Relative paths of the repository's files: git's tracked files in a checkout, else (an unpacked archive) every
+    file outside caches and run outputs."""
+    if os.path.exists(os.path.join(ROOT, ".git")):
+        names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+        return names.decode().split("\0")
+    skip = {"__pycache__", ".pytest_cache", "out", "data", ".whl", ".gpu"}
+    found = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in skip]  # pruned in place: os.walk does not descend into them
+        found += [os.path.relpath(os.path.join(folder, name), ROOT) for name in files]
+    return found
+
+
 def tracked_text_files():
-    """(path relative to the repo root, text) of every git-tracked file that is text (binary files are skipped)."""
-    if not os.path.exists(os.path.join(ROOT, ".git")):
-        pytest.skip("not a git checkout: nothing tracked to check")
-    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    for rel in names.decode().split("\0"):
+    """(path relative to the repo root, text) of every repository file that is text (binary files are skipped)."""
+    for rel in repo_files():
         path = os.path.join(ROOT, rel)
         if not rel or not os.path.isfile(path):  # deleted in the work tree, or a submodule
             continue
