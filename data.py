@@ -213,6 +213,18 @@ def standin_text_embedding(prompt: str, text_len: int, text_dim: int) -> tuple:
     return emb, mask
 
 
+def negative_embedding(root: str, text_len: int, text_dim: int, standin: bool = False, path: str = "") -> tuple:
+    """(emb [text_len, text_dim], where it came from): the uncond branch of CFG. `path`, else Predict2's default
+    negative prompt as t5.py embedded it beside root's prompts, else zeros; the second value says which, for the
+    start-up line (zeros are never silent). standin: the tiny default's stand-in text, whose negative is zeros."""
+    path = path or (None if standin else negative_prompt_path(root))
+    if path:
+        return load_text_embedding(path, text_len, text_dim)[0], path
+    return torch.zeros(text_len, text_dim), ("zeros (the tiny stand-in text)" if standin else
+                                             f"NONE in {root}/t5_xxl (run `python t5.py {root}` to embed Predict2's "
+                                             "default negative prompt): zeros")
+
+
 # ---------------------------------------------------------------------------------------------------- videos
 
 def read_clip(path: str, start: int, frames: int, height: int, width: int, fit: str = "exact") -> np.ndarray:

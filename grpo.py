@@ -213,6 +213,12 @@ class Rollout:
     x0_final: torch.Tensor  # [K, C, T, H, W] fp32: the clean pass at sigma_N, the sample to decode and reward
 
 
+def draw_window_start(cfg: GRPOConfig, generator):
+    """A Flow-GRPO-Fast window start, uniform over the starts that fit the window inside cfg.window."""
+    lo, hi = cfg.window
+    return lo + int(torch.randint(hi - cfg.window_size - lo + 1, (1,), generator=generator, device=generator.device))
+
+
 def step_noise_levels(cfg: GRPOConfig, generator, window_start=None):
     """Per-step eta: cfg.eta everywhere, or (Flow-GRPO-Fast) only inside one window per group, starting at
     window_start or, if None, at a start drawn from the generator."""
@@ -223,8 +229,7 @@ def step_noise_levels(cfg: GRPOConfig, generator, window_start=None):
         return [cfg.eta] * N
     lo, hi = cfg.window
     if window_start is None:
-        window_start = lo + int(torch.randint(hi - cfg.window_size - lo + 1, (1,), generator=generator,
-                                              device=generator.device))
+        window_start = draw_window_start(cfg, generator)
     if not lo <= window_start <= hi - cfg.window_size:
         raise ValueError(f"window_start {window_start} outside [{lo}, {hi - cfg.window_size}]")
     return [cfg.eta if window_start <= i < window_start + cfg.window_size else 0.0 for i in range(N)]
@@ -541,9 +546,8 @@ def window_starts(cfg: GRPOConfig, n_groups, seed):
     on the start."""
     if not cfg.window_size:
         return [None] * n_groups
-    lo, hi = cfg.window
     generator = torch.Generator().manual_seed(seed)
-    return [lo + int(torch.randint(hi - cfg.window_size - lo + 1, (1,), generator=generator)) for _ in range(n_groups)]
+    return [draw_window_start(cfg, generator) for _ in range(n_groups)]
 
 
 def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, score, decode, seed, window_seed,

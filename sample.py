@@ -235,18 +235,6 @@ def build_from_run(out_dir, device, use_ema):
     return net, f"{out_dir} step {state['step']}{' (EMA)' if use_ema else ''}"
 
 
-def negative_embedding(cfg, text, dim):
-    """--neg-prompt-emb, else the negative prompt t5.py wrote beside the data's prompts, else zeros (said)."""
-    import data
-    path = cfg.neg_prompt_emb or (data.negative_prompt_path(cfg.data) if cfg.config != "tiny" else None)
-    if path:
-        print(f"sample: negative prompt {path}", flush=True)
-        return data.load_text_embedding(path, text.shape[0], dim)[0]
-    print("sample: negative prompt: zeros" + (" (tiny stand-in)" if cfg.config == "tiny" else
-          f" (none in {cfg.data}/t5_xxl: run `python t5.py {cfg.data}`, or pass --neg-prompt-emb)"), flush=True)
-    return torch.zeros_like(text)
-
-
 def main(argv=None):
     import ckpt
     import data
@@ -279,7 +267,9 @@ def main(argv=None):
         text, _ = data.load_text_embedding(cfg.prompt_emb, 512, dim)
     else:  # tiny only (parse_config refuses otherwise): train.py's stand-in, 16 tokens
         text, _ = data.standin_text_embedding(cfg.prompt or "Put the marker in the cup.", 16, dim)
-    neg = negative_embedding(cfg, text, dim)
+    neg, source = data.negative_embedding(cfg.data, text.shape[0], dim, standin=cfg.config == "tiny",
+                                          path=cfg.neg_prompt_emb)
+    print(f"sample: negative prompt: {source}", flush=True)
     generated = generate(net, vae, video.to(dtype), text[None].to(device), neg[None].to(device), cfg.steps,
                          cfg.guidance, cfg.seed)
     write_mp4(cfg.out, generated[0], fps=cfg.fps)

@@ -406,19 +406,6 @@ def evaluate(net, cfg, batches):
     return {"eval_loss": all_mean(torch.stack(losses).mean().item(), batches[0][0].device)}
 
 
-def negative_prompt(cfg, text_dim, say):
-    """[1, text_len, dim] embedding of Predict2's default negative prompt (t5.py writes it beside the prompts): the
-    uncond branch of CFG in samples and GRPO rollouts. Zeros for the tiny stand-in or when it is missing (said)."""
-    path = None if cfg.config == "tiny" else data.negative_prompt_path(cfg.data)
-    if path is None:
-        say("negative prompt: " + ("zeros (the tiny stand-in text)" if cfg.config == "tiny" else
-                                   f"NONE in {cfg.data}/t5_xxl (run `python t5.py {cfg.data}` to embed Predict2's "
-                                   "default negative prompt): CFG's uncond branch uses a zero embedding"))
-        return torch.zeros(1, cfg.text_len, text_dim)
-    say(f"negative prompt: {path}")
-    return data.load_text_embedding(path, cfg.text_len, text_dim)[0][None]
-
-
 def sft_step(net, optimizer, trainable, cfg, next_batch, step, rank, world):
     """One SFT optimizer step over grad_accum micro-batches; returns (mean loss on this rank, grad norm)."""
     loss_sum = 0.0
@@ -499,8 +486,12 @@ def main(argv=None):
                                                           else " (latents only: no decoding)"))
 
     sampler = data.ClipSampler(n_train, rank=rank, world_size=world, seed=cfg.seed)
-    neg_text = negative_prompt(cfg, mcfg.crossattn_emb_channels, say) if cfg.objective == "grpo" or cfg.sample_every \
-        else None
+    neg_text = None  # the uncond branch of CFG in GRPO rollouts and samples
+    if cfg.objective == "grpo" or cfg.sample_every:
+        neg_text, source = data.negative_embedding(cfg.data, cfg.text_len, mcfg.crossattn_emb_channels,
+                                                   standin=cfg.config == "tiny")
+        neg_text = neg_text[None]
+        say(f"negative prompt: {source}")
     vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, device, compute_dtype)
     latent_cache = {}
 
