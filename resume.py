@@ -12,7 +12,7 @@ Every step's meta.json records a checksum of every tensor saved (formats.bitsum,
 resume, export, ckpt.load and `ckpt.py check` verify the bytes they read against it, so a flipped bit is an error that
 names the tensor.
 Around them, the run directory: claim_out (one train.py per OUT), load_history (metrics.jsonl up to the resume
-point), evaluation markers (eval.json: "completed" means completed).
+point) and its plot loss.png (matplotlib, optional), evaluation markers (eval.json: "completed" means completed).
 Contents: pointer and rotation -> RNG -> save / resume (+ checksums) -> run directory -> export -> CLI.
 """
 import fcntl
@@ -369,6 +369,48 @@ def load_history(path, start_step):
               "killed after its last checkpoint; they are logged again)", flush=True)
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
     return kept
+
+
+def plot_metrics(path, history):
+    """loss.png: training loss (log scale) with its running mean and the evaluation loss; for GRPO a reward panel."""
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+    grpo_run = any("reward_mean" in r for r in history)
+    fig, axes = plt.subplots(1, 2 if grpo_run else 1, figsize=(12 if grpo_run else 7, 4), squeeze=False)
+    ax = axes[0][0]
+    steps = [r["step"] for r in history]
+    loss = np.array([r["loss"] for r in history], dtype=np.float64)
+    if grpo_run:
+        ax.plot(steps, loss, lw=0.8, label="surrogate loss")
+        ax.set_ylabel("surrogate loss (~0 at ratio 1)")
+    else:
+        ax.plot(steps, loss, lw=0.6, alpha=0.5, label="train loss")
+        n = min(20, len(loss))
+        if n > 1:
+            ax.plot(steps[n - 1:], np.convolve(loss, np.ones(n) / n, mode="valid"), lw=1.5, label=f"mean of {n}")
+        ax.set_yscale("log")
+        ax.set_ylabel("loss (log scale)")
+    evals = [(r["step"], r["eval_loss"]) for r in history if r.get("eval_loss") is not None]
+    if evals and not grpo_run:
+        ax.plot(*zip(*evals), "o-", label="eval loss (held out)")
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if grpo_run:
+        ax = axes[0][1]
+        mean = np.array([r["reward_mean"] for r in history])
+        std = np.array([r.get("reward_std") or 0.0 for r in history])
+        ax.plot(steps, mean, label="reward mean")
+        ax.fill_between(steps, mean - std, mean + std, alpha=0.2, label="+- std over samples")
+        ax.set_xlabel("update")
+        ax.set_ylabel("reward")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path + ".tmp.png", dpi=100)
+    plt.close(fig)
+    os.replace(path + ".tmp.png", path)
 
 
 EVAL_MARKER = "eval.json"

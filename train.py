@@ -298,8 +298,8 @@ def ema_beta(step, rate):
 
 
 # -----------------------------------------------------------------------------
-# Small helpers for the loop: the tiny dataset, resume settings, plots, evaluation, one SFT / GRPO step
-# (the run directory's lock, metrics log and evaluation markers live in resume.py)
+# Small helpers for the loop: the tiny dataset, resume settings, evaluation, one SFT / GRPO step
+# (the run directory's lock, metrics log, loss.png and evaluation markers live in resume.py)
 
 
 def make_tiny_dataset(root):
@@ -354,48 +354,6 @@ def check_resume_settings(out, cfg):
         raise ValueError(f"{out} was written with other settings, (saved, now): {refused}; a resumed run must keep "
                          "them (LoRA checkpoints hold only adapters: the base comes from --init). Use a new --out")
     return path, {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
-
-
-def plot_metrics(path, history):
-    """loss.png: training loss (log scale) with its running mean and the evaluation loss; for GRPO a reward panel."""
-    import matplotlib
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-    grpo_run = any("reward_mean" in r for r in history)
-    fig, axes = plt.subplots(1, 2 if grpo_run else 1, figsize=(12 if grpo_run else 7, 4), squeeze=False)
-    ax = axes[0][0]
-    steps = [r["step"] for r in history]
-    loss = np.array([r["loss"] for r in history], dtype=np.float64)
-    if grpo_run:
-        ax.plot(steps, loss, lw=0.8, label="surrogate loss")
-        ax.set_ylabel("surrogate loss (~0 at ratio 1)")
-    else:
-        ax.plot(steps, loss, lw=0.6, alpha=0.5, label="train loss")
-        n = min(20, len(loss))
-        if n > 1:
-            ax.plot(steps[n - 1:], np.convolve(loss, np.ones(n) / n, mode="valid"), lw=1.5, label=f"mean of {n}")
-        ax.set_yscale("log")
-        ax.set_ylabel("loss (log scale)")
-    evals = [(r["step"], r["eval_loss"]) for r in history if r.get("eval_loss") is not None]
-    if evals and not grpo_run:
-        ax.plot(*zip(*evals), "o-", label="eval loss (held out)")
-    ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    if grpo_run:
-        ax = axes[0][1]
-        mean = np.array([r["reward_mean"] for r in history])
-        std = np.array([r.get("reward_std") or 0.0 for r in history])
-        ax.plot(steps, mean, label="reward mean")
-        ax.fill_between(steps, mean - std, mean + std, alpha=0.2, label="+- std over samples")
-        ax.set_xlabel("update")
-        ax.set_ylabel("reward")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path + ".tmp.png", dpi=100)
-    plt.close(fig)
-    os.replace(path + ".tmp.png", path)
 
 
 @torch.no_grad()
@@ -638,7 +596,7 @@ def main(argv=None):
                                {"reward": f"{row['reward_mean']:.4g}", "std": f"{row['reward_std']:.2g}"}),
                             s_it=f"{dt:.2f}")
             if plots and "s_checkpoint" in row:
-                plot_metrics(os.path.join(cfg.out, "loss.png"), history)
+                resume.plot_metrics(os.path.join(cfg.out, "loss.png"), history)
         if cfg.sample_every and done % cfg.sample_every == 0:
             write_sample(net, vae, dataset, eval_ids[0], cfg, neg_text,
                          os.path.join(cfg.out, f"sample_{done:08d}.mp4"), master)
