@@ -267,9 +267,9 @@ def main(argv=None):
         text, _ = data.load_text_embedding(cfg.prompt_emb, 512, dim)
     else:  # tiny only (parse_config refuses otherwise): train.py's stand-in, 16 tokens
         text, _ = data.standin_text_embedding(cfg.prompt or "Put the marker in the cup.", 16, dim)
-    neg, source = data.negative_embedding(cfg.data, text.shape[0], dim, standin=cfg.config == "tiny",
-                                          path=cfg.neg_prompt_emb)
-    print(f"sample: negative prompt: {source}", flush=True)
+    neg, neg_source = data.negative_embedding(cfg.data, text.shape[0], dim, standin=cfg.config == "tiny",
+                                              path=cfg.neg_prompt_emb)
+    print(f"sample: negative prompt: {neg_source}", flush=True)
     generated = generate(net, vae, video.to(dtype), text[None].to(device), neg[None].to(device), cfg.steps,
                          cfg.guidance, cfg.seed)
     write_mp4(cfg.out, generated[0], fps=cfg.fps)
