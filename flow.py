@@ -1,0 +1,295 @@
+"""Predict2.5's rectified flow: training-time draws, loss, UniPC sampler (and the RF step GRPO uses).
+
+Cosmos-Predict2.5 trains the same rectified-flow network as Predict2 (x_sigma = (1 - sigma) x0 + sigma eps, the net
+predicts the velocity eps - x0), but drops the EDM-sigma interface of model.denoise: sigma lives in (0, 1) and the
+network is told upstream's "timesteps" = 1000 sigma, which it scales back by 0.001 (we keep t in (0, 1) in our API and
+compute it exactly as upstream does, `timesteps.float() * 0.001`). What is new here (spec predict25 §4):
+
+* training: sigma from a logit-normal u with shift 5, sigma = 5u / (1 + 4u); 0, 1 or 2 conditional latent frames with
+  probabilities 0.5 / 0.25 / 0.25; uniform weight, no x10 scale; conditional frames either share the noisy frames'
+  timestep (conditional_frame_timestep = -1, pre-training) or get timestep 0.1, i.e. t = 1e-4 (0.1: 2B post-trained,
+  agibot), and the prediction on them is replaced by the exact velocity (they add exact zeros to the mean).
+* sampling: UniPC-bh2 of order 2 (predictor + corrector, lower order at the last step) on the shift-5 grid or a
+  Karras grid, the net fed int64 floor(1000 sigma) from the float64 grid, the solver the float32 sigmas; CFG in
+  velocity v = v_c + g (v_c - v_u); conditional frames replaced, in the net's output, by `noise - gt` with the run's
+  INITIAL noise (so the last x0 holds (1 - sigma_0) noise + sigma_0 gt there: `sample` puts gt back).
+* multi-view (robot/multiview-agibot): views stacked on the latent time axis; the frame-init condition mask.
+
+Contents, top to bottom: training draws -> the RF velocity (upstream's denoise) -> loss -> sampler grids ->
+UniPC -> sampling loop -> multi-view mask -> the RF GRPO step (docs/grpo.md §10).
+"""
+import math
+
+import numpy as np
+import torch
+
+SHIFT = 5.0  # every released 2.5 experiment
+CONDITIONAL_FRAMES_PROBS = (0.5, 0.25, 0.25)  # P(n conditional latent frames = 0, 1, 2) in training
+TIMESTEP_SCALE = 0.001  # upstream's net input is 1000 sigma, scaled back inside the net
+
+# -----------------------------------------------------------------------------
+# Training-time draws (our own seeded generator; the formulas are upstream's, in the same fp32 ops)
+
+
+def shifted_timesteps(normal, shift=SHIFT):
+    """Upstream's training times from standard normals: u = 1 / (1 + exp(-n)), timesteps = 1000 * shift u /
+    (1 + (shift - 1) u), sigma = timesteps / 1000; fp32 in these exact ops (bit-equal to upstream's draws)."""
+    u = 1 / (1 + torch.exp(-normal.float()))
+    timesteps = shift * u / (1 + (shift - 1) * u) * 1000
+    return timesteps, timesteps / 1000
+
+
+def num_conditional_frames(uniform, num_latent_frames, probs=CONDITIONAL_FRAMES_PROBS):
+    """n in {0, 1, 2} from one uniform draw in [0, 1) (inverse CDF of probs); an image batch (T = 1) has none."""
+    if num_latent_frames <= 1:
+        return 0
+    cumulative = np.cumsum(probs)
+    return int(min(np.searchsorted(cumulative, float(uniform), side="right"), len(probs) - 1))
+
+
+def draw_sample(latent_C_T_H_W, seed, text_dropout):
+    """(normal, eps, n_cond, drop_text) of one training sample from its own seed (train.sample_seed)."""
+    g = torch.Generator().manual_seed(seed)
+    normal = torch.randn((), generator=g)
+    eps = torch.randn(latent_C_T_H_W.shape, generator=g)
+    n_cond = num_conditional_frames(torch.rand((), generator=g), latent_C_T_H_W.shape[1])
+    drop_text = bool(torch.rand((), generator=g) < text_dropout)
+    return normal, eps, n_cond, drop_text
+
+
+# -----------------------------------------------------------------------------
+# The RF velocity with conditional frames (upstream Video2WorldModelRectifiedFlow.denoise)
+
+
+def net_time(timesteps_B, mask_B_1_T_H_W=None, conditional_frame_timestep=-1.0):
+    """t for our net ([B,1] or per frame [B,T]) from upstream timesteps [B] (int64 at inference, fp32 in training).
+
+    conditional_frame_timestep >= 0 gives conditional frames that timestep (per frame: c m + t (1 - m), m the frame's
+    mask mean, per sample; upstream's version of this only works for B = 1); -1 keeps one timestep for all frames."""
+    timesteps = timesteps_B.reshape(-1, 1).float()
+    if mask_B_1_T_H_W is not None and conditional_frame_timestep >= 0:
+        m = mask_B_1_T_H_W.float().mean(dim=(1, 3, 4))  # [B, T]
+        timesteps = conditional_frame_timestep * m + timesteps * (1 - m)
+    return timesteps * TIMESTEP_SCALE
+
+
+def velocity(net, x_B_C_T_H_W, timesteps_B, crossattn_emb, gt_frames=None, condition_mask_B_1_T_H_W=None,
+             noise=None, conditional_frame_timestep=-1.0, camera=None, fps=None, padding_mask=None):
+    """The velocity prediction at upstream timesteps [B] (1000 sigma), fp32.
+
+    With a condition mask: the net sees the clean gt_frames on the conditional frames (and the mask channel), and its
+    output there is replaced by the exact velocity noise - gt, `noise` being the training eps or the sampling run's
+    initial noise. camera: [B, T, H/2, W/2, 1536] Pluecker map of a camera net, else None."""
+    x = x_B_C_T_H_W.float()
+    mask = None if condition_mask_B_1_T_H_W is None else condition_mask_B_1_T_H_W.float()
+    if mask is not None:
+        if gt_frames is None or noise is None:
+            raise ValueError("flow.velocity: a condition mask needs gt_frames (clean latent) and noise (its eps)")
+        x = gt_frames.float() * mask + x * (1 - mask)
+    kwargs = {} if camera is None else {"camera_B_T_Hp_Wp_C": camera}  # only camera nets take the keyword
+    v = net(x, net_time(timesteps_B, mask, conditional_frame_timestep), crossattn_emb, condition_mask_B_1_T_H_W=mask,
+            fps=fps, padding_mask_B_1_H_W=padding_mask, **kwargs).float()
+    if mask is not None:
+        v = (noise.float() - gt_frames.float()) * mask + v * (1 - mask)
+    return v
+
+
+# -----------------------------------------------------------------------------
+# Training loss (upstream Text2WorldModelRectifiedFlow.forward, uniform weight)
+
+
+def loss_given_draws(net, x0, crossattn_emb, eps, timesteps_B, condition_mask_B_1_T_H_W,
+                     conditional_frame_timestep=-1.0, camera=None, fps=None, padding_mask=None):
+    """Per-sample loss [B]: mean over (C, T, H, W) of (v_hat - (eps - x0))^2 at x_sigma = eps sigma + x0 (1 - sigma).
+    crossattn_emb is the embedding after text dropout; conditional frames contribute exact zeros but stay in the mean."""
+    sigma = (timesteps_B.float() / 1000).view(-1, 1, 1, 1, 1)
+    x0, eps = x0.float(), eps.float()
+    x_sigma = eps * sigma + x0 * (1 - sigma)
+    v_hat = velocity(net, x_sigma, timesteps_B, crossattn_emb, gt_frames=x0, condition_mask_B_1_T_H_W=condition_mask_B_1_T_H_W,
+                     noise=eps, conditional_frame_timestep=conditional_frame_timestep, camera=camera, fps=fps,
+                     padding_mask=padding_mask)
+    return (v_hat - (eps - x0)).square().mean(dim=(1, 2, 3, 4))
+
+
+def training_loss(net, latent, text_emb, seeds, text_dropout, conditional_frame_timestep=-1.0, camera=None,
+                  condition_mask_fn=None):
+    """Batch loss with one seed per sample (draw_sample). condition_mask_fn(latent, n_cond [B]) -> mask; default:
+    the first n latent frames (model.condition_mask); multi-view latents pass `multiview_condition_mask`'s closure."""
+    from model import condition_mask
+    draws = [draw_sample(latent[b], s, text_dropout) for b, s in enumerate(seeds)]
+    timesteps, _ = shifted_timesteps(torch.stack([d[0] for d in draws]))
+    eps = torch.stack([d[1] for d in draws]).to(latent.device)
+    n_cond = torch.tensor([d[2] for d in draws], device=latent.device)
+    keep_text = torch.tensor([0.0 if d[3] else 1.0 for d in draws], device=latent.device).view(-1, 1, 1)
+    mask = (condition_mask_fn or condition_mask)(latent, n_cond)
+    per_sample = loss_given_draws(net, latent, text_emb * keep_text, eps, timesteps.to(latent.device), mask,
+                                  conditional_frame_timestep, camera)
+    return per_sample.mean()
+
+
+# -----------------------------------------------------------------------------
+# Sampler grids (upstream FlowUniPCMultistepScheduler.set_timesteps, shift 1 at construction)
+
+SIGMA_MAX_INIT = float(np.float32(0.999))  # the scheduler's init grid top, 0.9990000128746033
+KARRAS_SIGMA_MAX, KARRAS_SIGMA_MIN, KARRAS_RHO = 200.0, 0.01, 7.0
+GRIDS = ("shift", "karras")
+
+
+def time_grid(grid, num_steps, shift=SHIFT):
+    """(sigmas fp32 [E + 1] ending in 0, timesteps int64 [E]) for E network evaluations.
+
+    shift: E = num_steps, sigma_i = shift u / (1 + (shift - 1) u) over u = linspace(0.999, 0, N + 1)[:-1];
+    karras: E = num_steps + 1 (N + 1 Karras points from 200 to 0.01 in EDM sigma, mapped by s / (1 + s)).
+    The timesteps are floor(1000 sigma) of the float64 sigmas; the solver uses their float32 rounding."""
+    if num_steps < 1:
+        raise ValueError(f"num_steps={num_steps}: need >= 1")
+    if grid == "shift":
+        u = np.linspace(SIGMA_MAX_INIT, 0.0, num_steps + 1)[:-1]
+        sigmas = shift * u / (1 + (shift - 1) * u)
+    elif grid == "karras":
+        ramp = np.arange(num_steps + 1, dtype=np.float64) / num_steps
+        hi, lo = KARRAS_SIGMA_MAX ** (1 / KARRAS_RHO), KARRAS_SIGMA_MIN ** (1 / KARRAS_RHO)
+        edm = (hi + ramp * (lo - hi)) ** KARRAS_RHO
+        sigmas = edm / (1 + edm)
+    else:
+        raise ValueError(f"grid={grid!r}: valid are {', '.join(GRIDS)}")
+    timesteps = torch.from_numpy((sigmas * 1000).astype(np.int64))
+    sigmas_fp32 = torch.from_numpy(np.append(sigmas, 0.0).astype(np.float32))
+    return sigmas_fp32, timesteps
+
+
+# -----------------------------------------------------------------------------
+# UniPC-bh2, order 2, x0 prediction, lower_order_final (fm_solvers_unipc.py; spec §4.2). Coefficients in float64
+# from the float32 sigmas, applied to fp32 tensors.
+
+
+def _lam(sigma):
+    return math.log(1 - sigma) - math.log(sigma)  # log(alpha / sigma), alpha = 1 - sigma
+
+
+def unipc_predict(x, x0, x0_prev, sigma, sigma_next, lam_prev, order):
+    """x at the next sigma from the (corrected) x and x0 = x0_i; order 2 also uses x0_prev = x0_{i-1}."""
+    if sigma_next == 0:  # lambda = inf: the step lands on x0 (the last step, order 1)
+        return x0.clone()
+    lam, lam_next = _lam(sigma), _lam(sigma_next)
+    h = lam_next - lam
+    coef = (1 - sigma_next) * math.expm1(-h)  # alpha' (e^{-h} - 1)
+    out = (sigma_next / sigma) * x - coef * x0
+    if order == 2:
+        r = (lam_prev - lam) / h
+        out = out - coef * 0.5 / r * (x0_prev - x0)
+    return out
+
+
+def unipc_correct(x_prev, x0, x0_prev, x0_prev2, sigma, sigma_prev, lam_prev2, order):
+    """The corrector: x_i recomputed from the previous (corrected) x_{i-1} with the new x0_i."""
+    lam, lam_prev = _lam(sigma), _lam(sigma_prev)
+    h = lam - lam_prev
+    B = math.expm1(-h)
+    coef = (1 - sigma) * B
+    out = (sigma / sigma_prev) * x_prev - coef * x0_prev
+    if order == 1:
+        return out - coef * 0.5 * (x0 - x0_prev)
+    r = (lam_prev2 - lam_prev) / h
+    g1 = B / (-h) - 1
+    b1, b2 = g1 / B, 2 * (g1 / (-h) - 0.5) / B
+    rho_1 = (b1 - b2) / (1 - r)  # [[1, 1], [r, 1]] (rho_1, rho_c) = (b1, b2)
+    rho_c = b1 - rho_1
+    return out - coef * (rho_1 / r * (x0_prev2 - x0_prev) + rho_c * (x0 - x0_prev))
+
+
+def unipc(velocity_fn, noise, sigmas, callback=None):
+    """Run the solver over len(sigmas) - 1 evaluations; velocity_fn(x, i) -> v at sigmas[i]. Returns the final x0.
+
+    Orders (solver order 2, lower_order_final): step 0 predictor 1; step 1 corrector 1 + predictor 2; then corrector 2
+    + predictor 2; the last step corrector 2 + predictor 1, which returns x0 (sigma_N = 0). callback(i, x_next, x0)."""
+    s = [float(v) for v in sigmas]
+    n = len(s) - 1
+    x = noise.float()
+    x_prev = x0_prev = x0_prev2 = None
+    order_prev = 0
+    for i in range(n):
+        x0 = x - s[i] * velocity_fn(x, i)  # from the uncorrected x the net saw
+        if i > 0:
+            x = unipc_correct(x_prev, x0, x0_prev, x0_prev2, s[i], s[i - 1], _lam(s[i - 2]) if i > 1 else None,
+                              order_prev)
+        order = 1 if i == 0 or i == n - 1 else 2
+        x_next = unipc_predict(x, x0, x0_prev, s[i], s[i + 1], _lam(s[i - 1]) if i > 0 else None, order)
+        x_prev, x0_prev2, x0_prev, order_prev = x, x0_prev, x0, order
+        x = x_next
+        if callback is not None:
+            callback(i, x, x0)
+    return x
+
+
+# -----------------------------------------------------------------------------
+# The sampling loop: noise -> UniPC with CFG in velocity space and frame replacement
+
+
+def initial_noise(shape, seed):
+    """Upstream's arch-invariant noise: numpy RandomState(seed).standard_normal, float32, unit variance (no x80)."""
+    return torch.from_numpy(np.random.RandomState(seed).standard_normal(shape).astype(np.float32))
+
+
+@torch.no_grad()
+def sample(net, noise, crossattn_emb, neg_crossattn_emb=None, guidance=7.0, gt_frames=None,
+           condition_mask_B_1_T_H_W=None, grid="shift", num_steps=35, conditional_frame_timestep=-1.0, camera=None,
+           fps=None, padding_mask=None, callback=None):
+    """Video2world sampling (upstream generate_samples_from_batch): v = v_c + g (v_c - v_u), the uncond branch with
+    the negative prompt and the same conditional frames; no negative embedding or g = 0: one call per step.
+    Returns the final latent with gt put back on the conditional frames."""
+    sigmas, timesteps = time_grid(grid, num_steps)
+    batch = noise.shape[0]
+    cond = dict(gt_frames=gt_frames, condition_mask_B_1_T_H_W=condition_mask_B_1_T_H_W, noise=noise,
+                conditional_frame_timestep=conditional_frame_timestep, camera=camera, fps=fps,
+                padding_mask=padding_mask)
+
+    def velocity_fn(x, i):
+        t = timesteps[i].expand(batch).to(x.device)
+        v_cond = velocity(net, x, t, crossattn_emb, **cond)
+        if neg_crossattn_emb is None or guidance == 0:
+            return v_cond
+        v_uncond = velocity(net, x, t, neg_crossattn_emb, **cond)
+        return v_cond + guidance * (v_cond - v_uncond)
+
+    x0 = unipc(velocity_fn, noise, sigmas, callback)
+    if condition_mask_B_1_T_H_W is not None:
+        mask = condition_mask_B_1_T_H_W.float()
+        x0 = gt_frames.float() * mask + x0 * (1 - mask)
+    return x0
+
+
+# -----------------------------------------------------------------------------
+# Multi-view: views stacked on the latent time axis, [B, C, V*T, H, W]
+
+
+def multiview_condition_mask(latent_B_C_VT_H_W, num_views, num_conditional_frames):
+    """robot/multiview-agibot's frame-init mask [B,1,V*T,H,W]: latent 0 of view 0, plus the first n latents of every
+    other view (spec §1.1); n is an int or a per-sample tensor [B]. A latent whose V*T is not a multiple of V fails."""
+    B, _, VT, H, W = latent_B_C_VT_H_W.shape
+    if num_views < 1 or VT % num_views:
+        raise ValueError(f"{VT} latent frames are not {num_views} views stacked on time (need a multiple)")
+    T = VT // num_views
+    device = latent_B_C_VT_H_W.device
+    n = torch.as_tensor(num_conditional_frames, device=device).reshape(-1, 1).expand(B, 1)
+    frame = torch.arange(T, device=device)[None, :]  # [1, T] within a view
+    views = [(frame < 1).expand(B, T)] + [frame < n for _ in range(num_views - 1)]
+    mask_B_VT = torch.cat(views, dim=1).to(latent_B_C_VT_H_W.dtype)
+    return mask_B_VT[:, None, :, None, None].expand(B, 1, VT, H, W).contiguous()
+
+
+# -----------------------------------------------------------------------------
+# GRPO's stochastic step in RF coordinates (docs/grpo.md §10): x' = (1 - sigma') x0_hat + alpha eps_hat + beta z,
+# alpha^2 + beta^2 = sigma'^2, eps_hat = (x - (1 - sigma) x0_hat) / sigma.
+
+
+def edm_sigma(sigma):
+    """The EDM noise level of an RF sigma: x / (1 - sigma) = x0 + sigma / (1 - sigma) eps."""
+    return sigma / (1 - sigma)
+
+
+def step_mean(x, x0, sigma, sigma_next, alpha):
+    """The Gaussian mean (1 - sigma') x0 + alpha eps_hat = c x + (1 - sigma' - c (1 - sigma)) x0, c = alpha / sigma
+    (fp32; the same op order in rollout and training)."""
+    c = alpha / sigma
+    return c * x + (1.0 - sigma_next - c * (1.0 - sigma)) * x0
