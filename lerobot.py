@@ -6,7 +6,16 @@ v3.0 data file; the first v2.x file, since one writer wrote them all: reading 70
 per episode, check_frames_table checks its parquet rows (and its columns again).
 
 Camera slots are found through an alias table (CAMERA_ALIASES; `--cameras` overrides it); a slot is never left
-unfilled. stitch.py lays the slots out as a grid and does all the video work.
+unfilled. stitch.py lays the slots out as a grid (or writes them as separate views) and does all the video work.
+
+Camera parameters (for the multi-view layout's Pluecker rays), when the dataset carries them, are found per camera by
+its name (the last dotted part of its video key) in two conventions (sources in docs/multiview.md):
+  droid: `camera_extrinsics.<name>` float[6] = [x, y, z, roll, pitch, yaw], the camera's pose in the robot base frame
+    (camera -> base, metres), R = Rz(yaw) Ry(pitch) Rx(roll) (scipy's from_euler("xyz")), as lerobot's DROID port
+    writes it (copied from the RLDS episode metadata: one pose per episode, also for the moving wrist camera). No
+    intrinsics: stitch.py --camera-params gives them.
+  cv: `sensors.<name>.extrinsic_cv` float[3,4] (world -> camera, OpenCV axes: x right, y down, z forward) and
+    `sensors.<name>.intrinsic_cv` float[3,3] (in pixels of the stored frames), as ManiSkill exports write them.
 """
 import dataclasses
 import json
@@ -47,6 +56,7 @@ class Source:
     cam_hw: dict  # slot -> (height, width) from info.json
     task_table: dict  # task_index -> task string
     episodes: list
+    cam_params: dict | None = None  # slot -> (convention, extrinsics column, intrinsics column or None); None: none
 
 
 # ------------------------------------------------------------------------------------------------------ metadata
@@ -161,7 +171,7 @@ def open_source(src: str, cameras: str = "") -> Source:
                              "episode_index and task_index")
     name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(src))  # no commas: upstream splits metadata.csv on them
     cam_hw = {s: camera_hw(info["features"][k], k) for s, k in cams.items()}
-    return Source(src, name, layout, fps, cams, cam_hw, table, episodes)
+    return Source(src, name, layout, fps, cams, cam_hw, table, episodes, camera_columns(info["features"], cams, info_path))
 
 
 # ----------------------------------------------------------------------------------------------- per episode
@@ -212,3 +222,93 @@ def select_episodes(source: Source, cfg) -> list:
         episodes = kept
     return episodes
 
+
+
+# ------------------------------------------------------------------------------------------ camera parameters
+
+def camera_columns(features: dict, cams: dict, where: str) -> dict | None:
+    """slot -> (convention, extrinsics column, intrinsics column or None) for the cameras whose parameters the frame
+    table holds (module docstring); None when no camera has any. A column of another shape, or parameters for only
+    some of the cameras (the others would get made-up rays), is a ValueError."""
+    found = {}
+    for slot, key in cams.items():
+        name = key.split(".")[-1]
+        droid, ext, intr = f"camera_extrinsics.{name}", f"sensors.{name}.extrinsic_cv", f"sensors.{name}.intrinsic_cv"
+        for col, shape in ((droid, [6]), (ext, [3, 4]), (intr, [3, 3])):
+            if col in features and list(features[col].get("shape") or []) != shape:
+                raise ValueError(f"{where}: feature {col} has shape {features[col].get('shape')}, expected {shape} "
+                                 "(see lerobot.py for the camera-parameter conventions read)")
+        if (ext in features) != (intr in features):
+            raise ValueError(f"{where}: {ext if ext in features else intr} without "
+                             f"{intr if ext in features else ext}: a camera needs both")
+        found.update({slot: ("cv", ext, intr)} if ext in features else
+                     {slot: ("droid", droid, None)} if droid in features else {})
+    if found and len(found) != len(cams):
+        raise ValueError(f"{where}: camera parameters for {sorted(found)} but not for "
+                         f"{sorted(set(cams) - set(found))}; pass --camera-params none to use the fallback rig for all")
+    return found or None
+
+
+def camera_summary(source: Source, camera_params) -> str:
+    """The start-up line's camera part for --layout views; ValueError when the options and the dataset disagree."""
+    conventions = {c for c, *_ in (source.cam_params or {}).values()}
+    if camera_params == "none":
+        return ("camera parameters: IGNORED (--camera-params none): no cameras/*.npz; data.ViewClips will use the "
+                "fallback rig (docs/multiview.md)")
+    if not conventions:
+        if camera_params != "auto":
+            raise ValueError(f"--camera-params {source.root} has no camera extrinsics to go with these intrinsics")
+        return (f"camera parameters: NONE in {source.root} (no camera_extrinsics.* / sensors.*.extrinsic_cv "
+                "columns): data.ViewClips will use the fallback rig (docs/multiview.md)")
+    if "droid" in conventions and camera_params == "auto":
+        raise ValueError(f"{source.root}: camera_extrinsics.* columns (lerobot's DROID port) hold no intrinsics: "
+                         "pass --camera-params fx,fy,cx,cy@HxW (docs/multiview.md has DROID's), or none")
+    if "droid" not in conventions and camera_params != "auto":
+        raise ValueError(f"--camera-params: {source.root} has its own intrinsics (sensors.*.intrinsic_cv)")
+    cols = {s: c[1] for s, c in source.cam_params.items()}
+    return f"camera parameters: REAL, per output frame, from {cols}" + (
+        f" with intrinsics {camera_params[0]} at {camera_params[1][0]}x{camera_params[1][1]}" if camera_params != "auto" else "")
+
+
+def euler_xyz_matrix(euler: np.ndarray) -> np.ndarray:
+    """[..., 3] (roll, pitch, yaw) -> [..., 3, 3] = Rz(yaw) Ry(pitch) Rx(roll): scipy's from_euler("xyz")."""
+    (ca, cb, cc), (sa, sb, sc) = np.cos(np.moveaxis(euler, -1, 0)), np.sin(np.moveaxis(euler, -1, 0))
+    return np.stack([np.stack([cb * cc, sa * sb * cc - ca * sc, ca * sb * cc + sa * sc], -1),
+                     np.stack([cb * sc, sa * sb * sc + ca * cc, ca * sb * sc - sa * cc], -1),
+                     np.stack([-sb, sa * cb, ca * cb], -1)], -2)
+
+
+def read_cameras(ep: Episode, source: Source, frames: np.ndarray, intrinsics: tuple | None) -> dict:
+    """slot -> (w2c [n,3,4] world -> camera (OpenCV axes), (fx, fy, cx, cy) [n,4] in pixels of the stored frames)
+    at the frame_index values `frames`, float64. `intrinsics` ((fx, fy, cx, cy), (height, width) they refer to) is
+    used for cameras whose convention has none (droid). ValueError (the message names the column) on values that
+    are not finite, a rotation that is not one, or a focal length <= 0."""
+    cols = sorted({c for _, *names in source.cam_params.values() for c in names if c})
+    filters = [("episode_index", "=", ep.index)] if source.layout == "v3" else None
+    table = pq.read_table(ep.data_path, columns=cols, filters=filters)
+    if table.num_rows != ep.length:
+        raise ValueError(f"{ep.data_path}: {table.num_rows} rows of camera parameters for episode {ep.index}, "
+                         f"the metadata says {ep.length}")
+    out = {}
+    for slot, (convention, ext_col, k_col) in source.cam_params.items():
+        ext = np.asarray(table[ext_col].to_pylist(), np.float64)[frames]
+        if convention == "droid":
+            if intrinsics is None:
+                raise ValueError(f"{ext_col}: this convention has no intrinsics; pass --camera-params fx,fy,cx,cy@HxW")
+            rot = euler_xyz_matrix(ext[:, 3:])  # camera -> base; invert: w2c = [R^T | -R^T t]
+            w2c = np.concatenate([rot.swapaxes(-1, -2), -rot.swapaxes(-1, -2) @ ext[:, :3, None]], -1)
+            (fx, fy, cx, cy), (kh, kw) = intrinsics
+            (h, w) = source.cam_hw[slot]
+            k = np.tile([fx * w / kw, fy * h / kh, cx * w / kw, cy * h / kh], (len(frames), 1))
+        else:
+            w2c, mat = ext, np.asarray(table[k_col].to_pylist(), np.float64)[frames]
+            k = np.stack([mat[:, 0, 0], mat[:, 1, 1], mat[:, 0, 2], mat[:, 1, 2]], -1)
+        rot = w2c[:, :, :3]
+        if not (np.isfinite(w2c).all() and np.isfinite(k).all()):
+            raise ValueError(f"{ext_col}: non-finite camera parameters in episode {ep.index}")
+        if np.abs(rot @ rot.swapaxes(-1, -2) - np.eye(3)).max() > 1e-3 or (np.linalg.det(rot) < 0).any():
+            raise ValueError(f"{ext_col}: not a rotation (R R^T != I or det < 0) in episode {ep.index}")
+        if (k[:, :2] <= 0).any():
+            raise ValueError(f"{k_col or ext_col}: focal length <= 0 in episode {ep.index}")
+        out[slot] = (w2c, k)
+    return out

@@ -1,8 +1,9 @@
-"""LeRobot robot episodes -> 2x2 grid H.264 videos for Cosmos-Predict2 video2world post-training.
+"""LeRobot robot episodes -> 2x2 grid H.264 videos for Cosmos-Predict2 video2world post-training (or, with
+--layout views, one video per camera for the Predict2.5 multi-view model, docs/multiview.md).
 
     python stitch.py SRC OUT [--stride 4] [--frames 93] [--size 432x768] [--workers N] [--prompt droid|TEMPLATE]
                      [--min-frames N] [--episodes FILE] [--per-task N] [--cameras ...] [--fit auto] [--crf 15]
-                     [--max-skip-fraction 0.1] [--progress-every 100]
+                     [--max-skip-fraction 0.1] [--progress-every 100] [--layout grid|views] [--camera-params auto]
     python stitch.py --synthetic OUT    # tiny synthetic LeRobot v2.1 dataset (H.264) for the tiny default and tests
     python stitch.py --bench SRC        # our time vs. the bundled ffmpeg only decoding the sources + encoding the grids
     python stitch.py --help             # every flag, with its default
@@ -10,6 +11,8 @@
 Grid: top-left exterior_1_left, top-right exterior_2_left, bottom-left wrist, bottom-right black. OUT gets
 videos/<stem>.mp4, metas/<stem>.txt, metadata.csv, manifest.jsonl (one line per verified video, written last),
 skips.jsonl (one line per skipped episode with its reason) and RECIPE.json; stems are <source folder>__ep<index>.
+Views: videos/<stem>.<slot>.mp4 per camera slot (ext_1, ext_2, wrist) at --size, all of the same length, and, when the
+dataset has camera parameters, cameras/<stem>.npz (per output frame and view: w2c, intrinsics at --size).
 
 Per episode one ffmpeg command cuts each camera out of its mp4 by timestamp, keeps every stride-th frame, logs the
 source timestamp of each kept frame (checked here), resizes it into its cell, stacks the grid and encodes it with
@@ -47,7 +50,8 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 import cli
-from lerobot import SLOTS, Episode, Source, check_frames_table, open_source, select_episodes
+from lerobot import (SLOTS, Episode, Source, camera_summary, check_frames_table, open_source, read_cameras,
+                     select_episodes)
 
 RECIPE_VERSION = 1  # bump when the code changes the bytes written for the same recipe
 DROID_TEMPLATE = (
@@ -55,6 +59,9 @@ DROID_TEMPLATE = (
     "robotic arm from the left side, the top-right view shows it from the right side, the bottom-left view shows a "
     "first-person perspective from the robot's end-effector (gripper), and the bottom-right view is a black screen "
     "(inactive view). The robot {task}")
+DROID_VIEWS_TEMPLATE = (  # --layout views: one prompt for the three separate views (no grid to describe)
+    "A robot arm {task}, seen by three cameras: two fixed on the left and right of the workspace and one on the "
+    "robot's gripper.")
 RETRYABLE = {"ffmpeg_error", "verify_error", "worker_error", "write_error"}  # a rerun tries these again
 FILTERED = {"too_short", "too_short_after_decode", "no_task"}  # dropped by design: not counted by --max-skip-fraction
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}  # OSErrors that mean "OUT can't take more"
@@ -83,6 +90,10 @@ class StitchConfig:
     max_skip_fraction: float = 0.1  # exit 1 when more than this fraction of the episodes long enough to keep
     # was skipped for another reason than length or a missing task (1 = never); a folder with no video always exits 1
     progress_every: int = 100  # without a terminal (SLURM logs): one progress line every N episodes; 0 = none
+    layout: str = "grid"  # grid: one 2x2 grid video per episode; views: one video per camera at --size (multi-view)
+    camera_params: str = "auto"  # views only: auto = the dataset's camera parameters if it has any; none = ignore
+    # them (training then uses the fallback rig); fx,fy,cx,cy@HxW = intrinsics (pixels of an HxW image) for datasets
+    # that carry extrinsics only (lerobot's DROID port)
 
     def __post_init__(self):  # checked when built, so a bad flag stops the run before any work
         if self.stride < 1 or self.frames < 1 or min(self.min_frames, self.per_task, self.workers) < 0:
@@ -93,7 +104,10 @@ class StitchConfig:
         if not 0 <= self.max_skip_fraction <= 1 or self.progress_every < 0:
             raise ValueError(f"--max-skip-fraction {self.max_skip_fraction} must lie in [0, 1] and --progress-every "
                              f"{self.progress_every} be >= 0")
-        parse_size(self.size), prompt_template(self.prompt)
+        if self.layout not in ("grid", "views") or (self.layout == "grid" and self.camera_params != "auto"):
+            raise ValueError(f"--layout {self.layout} --camera-params {self.camera_params}: expected --layout grid "
+                             "or views; --camera-params is for --layout views only")
+        parse_size(self.size), prompt_template(self.prompt), parse_camera_params(self.camera_params)
 
 
 def make_config(overrides: dict) -> StitchConfig:
@@ -111,10 +125,25 @@ def parse_size(size: str) -> tuple:
     return int(m[1]), int(m[2])
 
 
-def prompt_template(prompt: str) -> tuple:
+def parse_camera_params(text: str):
+    """"auto", "none", or ((fx, fy, cx, cy), (height, width)) from "fx,fy,cx,cy@HxW"."""
+    if text in ("auto", "none"):
+        return text
+    m = re.fullmatch(r"([^,@]+),([^,@]+),([^,@]+),([^,@]+)@([1-9]\d*)x([1-9]\d*)", text)
+    try:
+        k = tuple(float(v) for v in m.groups()[:4]) if m else None
+    except ValueError:
+        k = None
+    if not k or min(k[:2]) <= 0:
+        raise ValueError(f"--camera-params {text}: expected auto, none or fx,fy,cx,cy@HxW (focal lengths > 0), "
+                         "e.g. 531.0,531.0,640.0,360.0@720x1280")
+    return k, (int(m[5]), int(m[6]))
+
+
+def prompt_template(prompt: str, layout: str = "grid") -> tuple:
     """(template, template_id); a custom template must use {task} and no other field."""
     if prompt == "droid":
-        return DROID_TEMPLATE, "droid"
+        return (DROID_VIEWS_TEMPLATE, "droid-views") if layout == "views" else (DROID_TEMPLATE, "droid")
     fields = {f for _, f, _, _ in string.Formatter().parse(prompt) if f is not None}
     if fields != {"task"}:
         raise ValueError(f"prompt template {prompt!r} must contain {{task}} and no other field (has {fields or 'none'})")
@@ -152,22 +181,50 @@ def x264_args(crf: int, preset: str) -> list:
     return ["-an", "-c:v", "libx264", "-preset", preset, "-crf", str(crf), "-pix_fmt", "yuv420p", "-threads", "2"]
 
 
-def grid_command(ep: Episode, source: Source, cfg: StitchConfig, fits: dict, out: list, log_times: bool) -> list:
+def cell_hw(cfg: StitchConfig) -> tuple:
+    """The size each camera is resized to: a quarter of --size in the grid, all of it as a view."""
+    H, W = parse_size(cfg.size)
+    return (H, W) if cfg.layout == "views" else (H // 2, W // 2)
+
+
+def fitted_intrinsics(k: np.ndarray, src_hw: tuple, cell: tuple, fit: str) -> np.ndarray:
+    """(fx, fy, cx, cy) [..., 4] in source pixels -> in pixels of the cell, as cell_filter resizes (and pads) the
+    frame: ffmpeg's decrease-to-fit rounds the scaled size to the nearest pixel, then down to even, and the pad's
+    offset down to even (yuv420p)."""
+    (sh, sw), (ch, cw) = src_hw, cell
+    w, h, x, y = cw, ch, 0, 0
+    if fit == "pad":
+        w, h = min(cw, round(ch * sw / sh)), min(ch, round(cw * sh / sw))
+        w, h = max(w // 2, 1) * 2, max(h // 2, 1) * 2
+        x, y = (cw - w) // 2 // 2 * 2, (ch - h) // 2 // 2 * 2
+    return k * np.array([w / sw, h / sh, w / sw, h / sh]) + np.array([0, 0, x, y])
+
+
+def episode_command(ep: Episode, source: Source, cfg: StitchConfig, fits: dict, out: list, log_times: bool) -> list:
     """One ffmpeg command for one episode: cut each camera's segment out, keep every stride-th frame, (log its source
-    timestamp,) resize it into its cell, stack the cells into the grid and write `out` (output options + path).
+    timestamp,) resize it into its cell and write `out` (output options + path): the cells stacked into the grid, or
+    with --layout views each camera to its own file (the path's `{view}` becomes the slot).
 
     The j-th kept frame of every camera gets the same timestamp j/out_fps, so stacking pairs them; hstack/vstack stop
-    at the shortest camera. With log_times, -copyts keeps the source timestamps for showinfo@<slot> to print."""
-    H, W = parse_size(cfg.size)
-    fps_out = source.fps / cfg.stride
+    at the shortest camera (views are stacked side by side too, then cropped apart, so they end together). With
+    log_times, -copyts keeps the source timestamps for showinfo@<slot> to print."""
+    (h, w), fps_out = cell_hw(cfg), source.fps / cfg.stride
     chains = [f"[{i}:v:0]select='not(mod(n,{cfg.stride}))',{f'showinfo@{slot},' * log_times}"
               f"setpts=N*{fps_out.denominator}/({fps_out.numerator}*TB),"
-              f"{cell_filter(source.cam_hw[slot], (H // 2, W // 2), fits[slot])}[{slot}]" for i, slot in enumerate(SLOTS)]
-    graph = ";".join(chains + ["[ext_1][ext_2]hstack=shortest=1[top]", f"[wrist]pad={W}:{H // 2}:0:0:black[bottom]",
-                               "[top][bottom]vstack=shortest=1[grid]"])
+              f"{cell_filter(source.cam_hw[slot], (h, w), fits[slot])}[{slot}]" for i, slot in enumerate(SLOTS)]
+    if cfg.layout == "views":
+        chains += ["".join(f"[{s}]" for s in SLOTS) + f"hstack=inputs={len(SLOTS)}:shortest=1,split={len(SLOTS)}"
+                   + "".join(f"[row_{s}]" for s in SLOTS)]
+        chains += [f"[row_{s}]crop={w}:{h}:{i * w}:0[view_{s}]" for i, s in enumerate(SLOTS)]
+        maps = [a for s in SLOTS for a in ("-map", f"[view_{s}]", "-r", str(fps_out), *out[:-1],
+                                           out[-1].replace("{view}", s))]
+    else:
+        chains += ["[ext_1][ext_2]hstack=shortest=1[top]", f"[wrist]pad={w * 2}:{h}:0:0:black[bottom]",
+                   "[top][bottom]vstack=shortest=1[grid]"]
+        maps = ["-map", "[grid]", "-r", str(fps_out), *out]
     inputs = [a for slot in SLOTS for a in segment_input(*ep.segments[slot][:2], ep.length, source.fps)]
     return [ffmpeg_exe(), "-hide_banner", "-nostdin", "-nostats", *(["-copyts"] if log_times else []), *inputs,
-            "-filter_complex", graph, "-map", "[grid]", "-r", str(fps_out), *out]
+            "-filter_complex", ";".join(chains), *maps]
 
 
 def open_encoder(path: str, hw: tuple, fps, crf: int, preset: str, log, pix_fmt="rgb24") -> subprocess.Popen:
@@ -227,10 +284,21 @@ def stitch_episode(stem: str, ep: Episode) -> dict:
             if e.errno in WRITE_ERRNOS else skip("worker_error", traceback.format_exc(limit=4).strip())
     except Exception:  # a bug or an odd file must not stop the other 70k episodes: recorded, and retried on rerun
         result = skip("worker_error", traceback.format_exc(limit=4).strip())
-    partial = os.path.join(_CTX["out"], "videos", stem + ".mp4.tmp")
-    if "skip" in result and os.path.exists(partial):
-        os.remove(partial)
+    for partial in [*video_files(_CTX["out"], stem, _CTX["cfg"].layout).values(), camera_file(_CTX["out"], stem)]:
+        if "skip" in result and os.path.exists(partial + ".tmp"):
+            os.remove(partial + ".tmp")
     return result
+
+
+def video_files(out: str, stem: str, layout: str) -> dict:
+    """name -> path of an episode's videos: {"grid": videos/<stem>.mp4}, or per slot videos/<stem>.<slot>.mp4."""
+    if layout == "views":
+        return {s: os.path.join(out, "videos", f"{stem}.{s}.mp4") for s in SLOTS}
+    return {"grid": os.path.join(out, "videos", stem + ".mp4")}
+
+
+def camera_file(out: str, stem: str) -> str:
+    return os.path.join(out, "cameras", stem + ".npz")
 
 
 def run_episode(stem: str, ep: Episode) -> dict:
@@ -247,11 +315,12 @@ def run_episode(stem: str, ep: Episode) -> dict:
         if abs(round((end - start) * fps) - ep.length) > 1:
             return skip("segment_mismatch", f"{cams[slot]}: [{start}, {end}) s holds {(end - start) * fps:.1f} "
                                             f"frames, the parquet {ep.length}")
-    H, W = parse_size(cfg.size)
-    video = os.path.join(_CTX["out"], "videos", stem + ".mp4")
+    (H, W), views = parse_size(cfg.size), cfg.layout == "views"
+    files = video_files(_CTX["out"], stem, cfg.layout)
+    video = os.path.join(_CTX["out"], "videos", stem + (".{view}.mp4" if views else ".mp4"))
     with tempfile.TemporaryFile("w+", errors="replace") as log:
-        rc = subprocess.run(grid_command(ep, source, cfg, fits, [*x264_args(cfg.crf, cfg.preset), "-f", "mp4", "-y",
-                                                                 video + ".tmp"], log_times=True), stderr=log).returncode
+        rc = subprocess.run(episode_command(ep, source, cfg, fits, [*x264_args(cfg.crf, cfg.preset), "-f", "mp4", "-y",
+                                                                    video + ".tmp"], log_times=True), stderr=log).returncode
         if rc != 0:
             tail = log_tail(log)
             log.seek(0)
@@ -281,25 +350,43 @@ def run_episode(stem: str, ep: Episode) -> dict:
     n, min_frames = counts[short], cfg.min_frames or cfg.frames
     if n < min_frames:
         return skip("too_short_after_decode", f"{n} frames decoded, need {min_frames}")
-    try:  # decode it back: n grids, h264, the grid size
-        info = probe_video(video + ".tmp")
-    except RuntimeError as e:
-        return skip("verify_error", str(e))
-    if (info["frames"], info["codec"], info["height"], info["width"]) != (n, "h264", H, W):
-        return skip("verify_error", f"expected {n} frames {H}x{W} h264, read back {info}")
+    for path in files.values():  # decode it back: n frames, h264, the output size
+        try:
+            info = probe_video(path + ".tmp")
+        except RuntimeError as e:
+            return skip("verify_error", str(e))
+        if (info["frames"], info["codec"], info["height"], info["width"]) != (n, "h264", H, W):
+            return skip("verify_error", f"{path}: expected {n} frames {H}x{W} h264, read back {info}")
+    cameras = "absent"
+    if views and source.cam_params and _CTX["camera_params"] != "none":
+        try:  # output frame j is source frame j*stride (checked above by timestamp)
+            found = read_cameras(ep, source, np.arange(n) * cfg.stride, _CTX["camera_params"])
+        except ValueError as e:
+            return skip("bad_camera", str(e))
+        with open(camera_file(_CTX["out"], stem) + ".tmp", "wb") as f:  # per view in SLOTS order, per output frame
+            np.savez(f, views=np.array(SLOTS), w2c=np.stack([found[s][0] for s in SLOTS]).astype(np.float32),
+                     intrinsics=np.stack([fitted_intrinsics(found[s][1], source.cam_hw[s], (H, W), fits[s])
+                                          for s in SLOTS]).astype(np.float32))
+        os.replace(camera_file(_CTX["out"], stem) + ".tmp", camera_file(_CTX["out"], stem))
+        cameras = "real"
     prompt = _CTX["template"].format(task=normalize_task(task))
     metas = os.path.join(_CTX["out"], "metas", stem + ".txt")
     with open(metas + ".tmp", "w", encoding="utf-8") as f:
         f.write(prompt)
     os.replace(metas + ".tmp", metas)
-    digest, size = sha1_file(video + ".tmp"), os.path.getsize(video + ".tmp")
-    os.replace(video + ".tmp", video)
-    return {"done": {
+    written = {}
+    for name, path in files.items():
+        written[name] = {"sha1": sha1_file(path + ".tmp"), "bytes": os.path.getsize(path + ".tmp")}
+        os.replace(path + ".tmp", path)
+    record = {
         "stem": stem, "source": source.name, "layout": source.layout, "episode_index": ep.index, "cams": cams,
         "fit": fits, "src_fps": str(fps), "stride": cfg.stride, "out_fps": str(fps / cfg.stride), "src_len": ep.length,
         "cam_frames": counts, "n_out": n, "height": H, "width": W, "task_raw": task, "prompt": prompt,
-        "prompt_template_id": _CTX["template_id"], "crf": cfg.crf, "sha1": digest, "bytes": size,
-        "recipe_hash": _CTX["recipe_hash"]}}
+        "prompt_template_id": _CTX["template_id"], "crf": cfg.crf, **(written.get("grid") or {}),
+        "recipe_hash": _CTX["recipe_hash"]}
+    if views:  # which views in which order, and whether cameras/<stem>.npz holds their real parameters
+        record.update(views={s: written[s] for s in SLOTS}, cameras=cameras)
+    return {"done": record}
 
 
 # ----------------------------------------------------------------------------------------- the whole dataset
@@ -332,10 +419,19 @@ def jsonl(records: dict) -> str:
 
 
 def metadata_csv(done: dict) -> str:
-    """Header video,prompt; the prompt is always quoted (RFC 4180), the path never (upstream splits on the first ,)."""
+    """Header video,prompt (a views folder lists each view); the prompt is always quoted (RFC 4180), the path never
+    (upstream splits on the first ,)."""
     q = '"'
-    return "video,prompt\n" + "".join(f"videos/{s}.mp4,{q}{done[s]['prompt'].replace(q, q + q)}{q}\n"
-                                      for s in sorted(done))
+    return "video,prompt\n" + "".join(f"videos/{s}{f'.{v}' if v else ''}.mp4,{q}{done[s]['prompt'].replace(q, q + q)}{q}\n"
+                                      for s in sorted(done) for v in done[s].get("views") or [""])
+
+
+def outputs_intact(out: str, rec: dict, layout: str) -> bool:
+    files = video_files(out, rec.get("stem"), layout)
+    sizes = rec.get("views") or {"grid": {"bytes": rec.get("bytes")}}
+    return (set(sizes) == set(files) and all(os.path.isfile(p) and os.path.getsize(p) == sizes[k]["bytes"]
+                                             for k, p in files.items())
+            and (rec.get("cameras") != "real" or os.path.isfile(camera_file(out, rec["stem"]))))
 
 
 def fit_policy(cfg: StitchConfig, src_hw: tuple, cell_hw: tuple) -> str:
@@ -358,15 +454,20 @@ def stitch(src: str, out: str, **overrides) -> dict:
     says whether they make a usable folder)."""
     cfg = make_config({**overrides, "src": src, "out": out})
     source = open_source(src, cfg.cameras)
+    camera_params = parse_camera_params(cfg.camera_params)
+    if cfg.layout == "views":
+        print(f"stitch: views {', '.join(f'{s}={k}' for s, k in source.cams.items())}; {camera_summary(source, camera_params)}")
     check_ffmpeg()
     H, W = parse_size(cfg.size)
-    template, template_id = prompt_template(cfg.prompt)
+    template, template_id = prompt_template(cfg.prompt, cfg.layout)
     min_frames = cfg.min_frames or cfg.frames
     recipe = {"version": RECIPE_VERSION, "stride": cfg.stride, "size": [H, W], "min_frames": min_frames,
               "fit": cfg.fit, "prompt_template": template, "prompt_template_id": template_id, "crf": cfg.crf,
               "preset": cfg.preset, "codec": "libx264", "pix_fmt": "yuv420p"}
+    if cfg.layout == "views":  # only here, so a grid recipe (and its hash) stays what it always was
+        recipe.update(layout="views", camera_params=cfg.camera_params)
     recipe_hash = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
-    for sub in ("videos", "metas"):
+    for sub in ("videos", "metas") + (("cameras",) if cfg.layout == "views" else ()):
         os.makedirs(os.path.join(out, sub), exist_ok=True)
         for name in os.listdir(os.path.join(out, sub)):  # leftovers of a killed run
             if name.endswith(".tmp"):
@@ -377,21 +478,21 @@ def stitch(src: str, out: str, **overrides) -> dict:
             old = json.load(f)
         if old.get("recipe_hash") != recipe_hash:
             raise ValueError(f"{out} was built with another recipe ({recipe_path}: {old}); a different stride, size, "
-                             f"prompt, fit or crf needs a new output folder. This run: {recipe}")
+                             f"prompt, fit, crf or layout needs a new output folder. This run: {recipe}")
     else:
         write_atomic(recipe_path, json.dumps({**recipe, "recipe_hash": recipe_hash,
                                               "ffmpeg": imageio_ffmpeg.get_ffmpeg_version()}, indent=1))
     manifest_path, skips_path = os.path.join(out, "manifest.jsonl"), os.path.join(out, "skips.jsonl")
-    # done = a manifest line whose video is still there with the recorded size (videos are renamed in complete)
-    done = load_records(manifest_path, lambda r: os.path.isfile(os.path.join(out, "videos", f"{r.get('stem')}.mp4"))
-                        and os.path.getsize(os.path.join(out, "videos", f"{r['stem']}.mp4")) == r.get("bytes"))
+    # done = a manifest line whose videos are still there with the recorded sizes (renamed in complete), and its
+    # camera file when it has one
+    done = load_records(manifest_path, lambda r: outputs_intact(out, r, cfg.layout))
     skips = {s: r for s, r in load_records(skips_path, lambda r: "stem" in r).items() if s not in done}
     write_atomic(manifest_path, jsonl(done))
     write_atomic(skips_path, jsonl(skips))
 
     episodes = select_episodes(source, cfg)
     stems = {e.index: f"{source.name}__ep{e.index:06d}" for e in episodes}
-    fits = {s: fit_policy(cfg, source.cam_hw[s], (H // 2, W // 2)) for s in SLOTS}
+    fits = {s: fit_policy(cfg, source.cam_hw[s], cell_hw(cfg)) for s in SLOTS}
     jobs, pre_skips, already = [], [], 0
     for e in episodes:
         stem, n_out = stems[e.index], (e.length - 1) // cfg.stride + 1
@@ -406,6 +507,7 @@ def stitch(src: str, out: str, **overrides) -> dict:
             jobs.append((stem, e))
 
     ctx = {"source": source, "cfg": cfg, "out": out, "fits": fits, "template": template, "template_id": template_id,
+           "camera_params": camera_params,
            "recipe_hash": recipe_hash}
     with open(manifest_path, "a", encoding="utf-8") as manifest, open(skips_path, "a", encoding="utf-8") as skipf:
         def record(kind: str, rec: dict):
@@ -496,8 +598,24 @@ def code_frame(episode: int, camera: int, frame_index: int, height: int, width: 
     return img
 
 
-def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: int = 160, fps: int = 15) -> str:
-    """Write a LeRobot v2.1 dataset (lerobot's files, H.264 video) with 3 DROID cameras showing code_frame.
+def synthetic_w2c(camera: int, frame_index: np.ndarray) -> np.ndarray:
+    """World -> camera [n,3,4] (OpenCV axes) of make_synthetic's camera 1-3: the exterior cameras stand left and right
+    in front of the workspace, the wrist camera circles above it; all look at its centre (the world origin)."""
+    k = np.asarray(frame_index, np.float64)
+    eye = {1: np.tile([-0.6, -0.6, 0.5], (len(k), 1)), 2: np.tile([0.6, -0.6, 0.5], (len(k), 1)),
+           3: np.stack([0.2 * np.cos(k / 8), 0.2 * np.sin(k / 8), np.full_like(k, 0.6)], -1)}[camera]
+    z = -eye / np.linalg.norm(eye, axis=-1, keepdims=True)  # forward, towards the origin
+    x = np.cross(z, [0.0, 0.0, 1.0])
+    x /= np.linalg.norm(x, axis=-1, keepdims=True)  # right (world z is up, so image y points down)
+    rot = np.stack([x, np.cross(z, x), z], -2)  # rows: the camera's axes in world coordinates
+    return np.concatenate([rot, -rot @ eye[..., None]], -1)
+
+
+def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: int = 160, fps: int = 15,
+                   cameras: bool = False) -> str:
+    """Write a LeRobot v2.1 dataset (lerobot's files, H.264 video) with 3 DROID cameras showing code_frame; with
+    cameras, each frame also carries every camera's parameters (sensors.<name>.extrinsic_cv from synthetic_w2c and
+    sensors.<name>.intrinsic_cv: a pinhole with fx = fy = 0.8 width, centred), for --layout views.
 
     Tasks alternate between two strings with commas, quotes and non-ASCII; the 8-frame episode is too short for any
     clip. Built in a temporary folder and renamed at the end, so a killed run leaves no half dataset behind."""
@@ -518,6 +636,10 @@ def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: i
                          **{k: {"dtype": "float32", "shape": [8], "names": [f"joint_{i}" for i in range(8)]}
                             for k in ("observation.state", "action")}, "timestamp": scalar("float32"),
                          **{k: scalar("int64") for k in ("frame_index", "episode_index", "index", "task_index")}}}
+    params = {f"sensors.{c.split('.')[-1]}.{kind}_cv": (i, kind) for i, c in enumerate(cams, 1)
+              for kind in ("extrinsic", "intrinsic")} if cameras else {}
+    info["features"].update({col: {"dtype": "float32", "shape": [3, 4 if kind == "extrinsic" else 3], "names": None}
+                             for col, (_, kind) in params.items()})
     for sub in ["meta", "data/chunk-000"] + [f"videos/chunk-000/{c}" for c in cams]:
         os.makedirs(os.path.join(tmp, sub))
     meta = {"episodes": [], "tasks": [{"task_index": i, "task": t} for i, t in enumerate(SYNTHETIC_TASKS)],
@@ -528,8 +650,11 @@ def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: i
         cols = {"observation.state": state, "action": np.roll(state, -1, axis=0),
                 "timestamp": (t / fps).astype(np.float32), "frame_index": t, "episode_index": np.full(length, ep),
                 "index": sum(lengths[:ep]) + t, "task_index": np.full(length, task_index)}
-        pq.write_table(pa.table({k: pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), 8) if v.ndim == 2 else v
-                                 for k, v in cols.items()}),
+        pinhole = np.array([[0.8 * width, 0, width / 2], [0, 0.8 * width, height / 2], [0, 0, 1]], np.float32)
+        cols.update({col: synthetic_w2c(i, t).astype(np.float32) if kind == "extrinsic" else np.tile(pinhole, (length, 1, 1))
+                     for col, (i, kind) in params.items()})
+        pq.write_table(pa.table({k: pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), 8) if v.ndim == 2 else
+                                 pa.array(v.tolist()) if v.ndim == 3 else v for k, v in cols.items()}),
                        os.path.join(tmp, info["data_path"].format(episode_chunk=0, episode_index=ep)))
         for camera, key in enumerate(cams, 1):
             path = os.path.join(tmp, info["video_path"].format(episode_chunk=0, video_key=key, episode_index=ep))
@@ -585,12 +710,12 @@ def bench(src: str, rounds: int = 3, **overrides) -> dict:
             decode = [[ffmpeg_exe(), *quiet, *segment_input(*ep.segments[s][:2], ep.length, source.fps), "-map",
                        "0:v:0", "-f", "null", "-"] for ep in eps for s in SLOTS]
             raw = [os.path.join(tmp, f"{ep.index}.yuv") for ep in eps]  # the grid frames, made outside the timing
-            run_all(grid_command(ep, source, cfg, fits, [*quiet, "-f", "rawvideo", "-pix_fmt", "yuv420p", "-y", path],
+            run_all(episode_command(ep, source, cfg, fits, [*quiet, "-f", "rawvideo", "-pix_fmt", "yuv420p", "-y", path],
                                  False) for ep, path in zip(eps, raw))
             encode = [[ffmpeg_exe(), *quiet, "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", f"{W}x{H}", "-framerate",
                        str(source.fps / cfg.stride), "-i", path, *x264_args(cfg.crf, cfg.preset), "-f", "mp4", "-y",
                        path + ".mp4"] for path in raw]
-            unchecked = [grid_command(ep, source, cfg, fits, [*quiet, *x264_args(cfg.crf, cfg.preset), "-f", "mp4",
+            unchecked = [episode_command(ep, source, cfg, fits, [*quiet, *x264_args(cfg.crf, cfg.preset), "-f", "mp4",
                                                               "-y", os.path.join(tmp, "g.mp4")], False) for ep in eps]
             for name, commands in (("decode", decode), ("encode", encode), ("graph_unchecked", unchecked)):
                 times[name].append(timed(lambda: run_all(commands)))

@@ -350,9 +350,9 @@ def test_frame_table_without_a_column_is_refused_up_front_or_skipped(tmp_path):
 
 def test_disk_full_is_named_in_the_skip(tmp_path, monkeypatch):
     (tmp_path / "eps.txt").write_text("0")
-    real = stitch.grid_command
+    real = stitch.episode_command
     # the grid mp4 goes to /dev/full, where every write fails with ENOSPC (in-process: one worker)
-    monkeypatch.setattr(stitch, "grid_command", lambda *a, **k: real(*a, **k)[:-1] + ["/dev/full"])
+    monkeypatch.setattr(stitch, "episode_command", lambda *a, **k: real(*a, **k)[:-1] + ["/dev/full"])
     out = str(tmp_path / "out")
     summary = stitch.stitch(V21, out, size="48x80", workers=1, episodes=str(tmp_path / "eps.txt"))
     assert summary["by_reason"] == {"write_error": 1}
@@ -360,7 +360,7 @@ def test_disk_full_is_named_in_the_skip(tmp_path, monkeypatch):
     assert rec["detail"].startswith(f"ENOSPC writing {out}/videos/lerobot_v21_tiny__ep000000.mp4.tmp: ffmpeg rc ")
     assert "No space left on device" in rec["detail"]
     monkeypatch.setattr(stitch, "run_episode", lambda stem, ep: open("/dev/full", "w").write("x" * 65536))
-    stitch._init_worker({"source": lerobot.open_source(V21), "out": out})
+    stitch._init_worker({"source": lerobot.open_source(V21), "out": out, "cfg": stitch.make_config({})})
     result = stitch.stitch_episode("s", lerobot.open_source(V21).episodes[0])
     assert result["skip"]["reason"] == "write_error" and result["skip"]["detail"].startswith(
         "ENOSPC (No space left on device) writing")
