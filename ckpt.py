@@ -21,7 +21,7 @@ import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.distributed as dist
@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 import cli
 from formats import (CheckpointError, bitsum, check_sums, crc_range, crc_shift, denied, identity, open_source,
                      read_rows, tensor_crc, verify_bytes, weight_map)
-from model import DiT, add_lora, denoise, get_config
+from model import DiT, DiTConfig, add_lora, denoise, get_config
 
 # Released checkpoints (cosmos_dit.md §7.1: flat dicts, `net.` keys, bf16), pinned to the revisions upstream's own
 # downloader pins (nvidia-cosmos/cosmos-predict2 scripts/download_checkpoints.py, REPO_ID_MAPPING, commit 877dc68),
@@ -43,6 +43,27 @@ NAMED_INITS = {f"{size.lower()}-{res}p-{fps}fps": _V2W.format(size=size, res=res
                for size, rev in _REVISIONS.items() for res in (480, 720) for fps in (16, 10)}
 NAMED_INITS["droid"] = ("hf://nvidia/Cosmos-Predict2-14B-Sample-GR00T-Dreams-DROID/model-480p-16fps.pt"
                         "@ebc29d30a3fab504bcc779a85bca073d14ad39f9")
+# Cosmos-Predict2.5 (EMA weights, bf16, `net.` keys), pinned to the revisions of upstream's own registry
+# (nvidia-cosmos/cosmos-predict2.5 packages/cosmos-oss/cosmos_oss/checkpoints_predict2.py, release 1.5.0).
+# 2B post-trained is the default of upstream's inference; the pre-trained files are what its recipes fine-tune.
+_P25_2B, _P25_14B = "hf://nvidia/Cosmos-Predict2.5-2B/", "hf://nvidia/Cosmos-Predict2.5-14B/"
+NAMED_INITS.update({
+    "p25-2b-pre": _P25_2B + "base/pre-trained/d20b7120-df3e-4911-919d-db6e08bad31c_ema_bf16.pt"
+                            "@15a82a2ec231bc318692aa0456a36537c806e7d4",
+    "p25-2b-post": _P25_2B + "base/post-trained/81edfebe-bd6a-4039-8c1d-737df1a790bf_ema_bf16.pt"
+                             "@15a82a2ec231bc318692aa0456a36537c806e7d4",
+    "p25-14b-pre": _P25_14B + "base/pre-trained/54937b8c-29de-4f04-862c-e67b04ec41e8_ema_bf16.pt"
+                              "@03eb354f35eae0d6e0c1be3c9f94d8551e125570",
+    "p25-14b-post": _P25_14B + "base/post-trained/e21d2a49-4747-44c8-ba44-9f6f9243715f_ema_bf16.pt"
+                               "@2bc4ca5ba5a20b9858a7ddb856bc82d70b030fbe",
+    "p25-2b-agibot": _P25_2B + "robot/multiview-agibot/f740321e-2cd6-4370-bbfe-545f4eca2065_ema_bf16.pt"
+                               "@fbe72c18d152053029a19db3b211cf78671ad422",
+})
+# The model config each named init loads into (load() refuses any other); all Predict2 video2world files of one size
+# share one config (docs/predict2.md).
+INIT_CONFIGS = {**{name: f"v2w-{name.split('-')[0]}" for name in NAMED_INITS if name[:3] in ("2b-", "14b")},
+                "droid": "v2w-14b", "p25-2b-pre": "p25-2b", "p25-2b-post": "p25-2b", "p25-14b-pre": "p25-14b",
+                "p25-14b-post": "p25-14b", "p25-2b-agibot": "p25-2b-agibot"}
 # Keys that released files carry but that hold no weights of our network: TransformerEngine metadata and the trainer's
 # counters. They are counted in the report, never silently dropped.
 IGNORABLE_SUFFIXES = ("._extra_state",)
@@ -140,6 +161,18 @@ def resolve_source(init, offline=None):
         raise CheckpointError(f"{init}: unsupported checkpoint format (.pt/.pth, .safetensors, an index json, a DCP"
                               " dir)")
     return init
+
+
+def check_init_config(init, cfg):
+    """A named init loads only into the config it was released for (INIT_CONFIGS). cfg: the model's DiTConfig."""
+    need = INIT_CONFIGS.get(os.fspath(init))
+    if need is None or not isinstance(cfg, DiTConfig):
+        return
+    expected = get_config(need)
+    differ = [f.name for f in fields(expected) if getattr(cfg, f.name) != getattr(expected, f.name)]
+    if differ:
+        raise CheckpointError(f"--init {init} is a {need} checkpoint but the model's config differs in {differ}:"
+                              f" build the model with --config {need}")
 
 
 def _hf_download(url, offline):
@@ -275,8 +308,29 @@ class LoadReport:
                 f" allowed missing {len(self.allowed_missing)}, other copy/state {len(self.other_prefix)};"
                 f" dtype conversions: {conv}")
 
+    def family_hint(self):
+        """One line when the keys say the file and the model are different networks (Predict2 / 2.5 / agibot)."""
+        def has(keys, part):
+            return any(part in k for k in keys)
+        if has(self.unexpected, ".cam_encoder."):
+            return "the file is the robot/multiview-agibot network (per-block cam_encoder): use --config p25-2b-agibot"
+        if has(self.unexpected, "crossattn_proj."):
+            return "the file is a Cosmos-Predict2.5 network (crossattn_proj, Reason1 text): use --config p25-2b or p25-14b"
+        if has(self.missing, "crossattn_proj."):
+            return ("the model is a Predict2.5 config (crossattn_proj) but the file has no text projection: a Predict2"
+                    " checkpoint loads into --config v2w-2b or v2w-14b")
+        if has(self.missing, ".cam_encoder."):
+            return ("the model has cam_encoder (p25-2b-agibot) but the file does not: the base Predict2.5 checkpoints"
+                    " load into --config p25-2b or p25-14b")
+        if has(self.shape_mismatch, "crossattn_proj."):
+            return ("the text projection's in-width differs (Reason1 embeddings are 100352 wide in the released"
+                    " networks, tiny configs use their own width)")
+        return ""
+
     def details(self, limit=12):
         lines = [f"{self.source}: {'would load' if self.ok else 'would NOT load'}: {self.summary()}"]
+        if not self.ok and self.family_hint():
+            lines.insert(0, f"{self.source}: wrong network: {self.family_hint()}")
         for name in (*self.ERRORS, "allowed_missing", "ignored"):
             items = _collapse(getattr(self, name))
             lines += [f"  {name}: {item}" for item in items[:limit]]
@@ -491,6 +545,7 @@ def load(model, source, ema=None, allow_missing=(), verbose=True, threads=8):
     t0 = time.time()
 
     def prepare():
+        check_init_config(source, getattr(model, "cfg", None))
         path = resolve_source(source)
         if any(v.is_meta for v in model.state_dict().values()):
             raise CheckpointError("the model is on the meta device: call to_empty() and init_weights() first")
@@ -588,6 +643,7 @@ def check(config, source, ema=None, lora_rank=0, dtype=None, allow_missing=(), i
     it is checked with --lora-rank, and the base it was trained from with --init. Exit 0 only if it would load."""
     with torch.device("meta"):
         net = DiT(get_config(config))
+    check_init_config(source, net.cfg)
     if dtype is not None:
         net = net.to(dtype)
     if lora_rank:

@@ -45,6 +45,11 @@ class DiTConfig:
     rope_t_extrapolation_ratio: float = 1.0
     rope_enable_fps_modulation: bool = False
     extra_per_block_abs_pos_emb: bool = False
+    # Predict2.5. Our net always takes t in (0,1); upstream 2.5 nets take 1000*t and multiply by timestep_scale
+    # inside, so the field only records which convention a checkpoint was trained with (1 or 0.001, see is_p25)
+    timestep_scale: float = 1.0
+    fp32_time_modulation: bool = False  # upstream's "Wan fp32 strategy": t-embedding, adaLN GEMMs, final layer in fp32
+    camera_channels: int = 0  # > 0: per-block cam_encoder Linear(camera_channels -> D) (robot/multiview-agibot: 1536)
 
     @property
     def head_dim(self):
@@ -67,30 +72,62 @@ CONFIGS = {
                          rope_h_extrapolation_ratio=2.0, rope_w_extrapolation_ratio=2.0,
                          rope_t_extrapolation_ratio=5.0 / 6.0),
 }
+# Cosmos-Predict2.5 (Reason1 text: 28 layers x 3584 concatenated, projected to 1024); RoPE (h,w,t) = (3,3,1) at 14B too
+_P25 = dict(timestep_scale=0.001, fp32_time_modulation=True, rope_h_extrapolation_ratio=3.0,
+            rope_w_extrapolation_ratio=3.0)
+CONFIGS.update({
+    "p25-2b": DiTConfig(model_channels=2048, num_blocks=28, num_heads=16, crossattn_proj_in_channels=100352,
+                        **_RELEASE, **_P25),
+    "p25-14b": DiTConfig(model_channels=5120, num_blocks=36, num_heads=40, crossattn_proj_in_channels=100352,
+                         **_RELEASE, **_P25),
+    "p25-2b-agibot": DiTConfig(model_channels=2048, num_blocks=28, num_heads=16, crossattn_proj_in_channels=100352,
+                               camera_channels=1536, **_RELEASE, **_P25),
+    # CPU-fast stand-ins: text 96 wide (3 fake layers x 32), projected to 32; the camera map keeps its real width
+    "p25-tiny": DiTConfig(model_channels=64, num_blocks=2, num_heads=2, adaln_lora_dim=16, crossattn_emb_channels=32,
+                          crossattn_proj_in_channels=96, **_P25),
+    "p25-tiny-agibot": DiTConfig(model_channels=64, num_blocks=2, num_heads=2, adaln_lora_dim=16,
+                                 crossattn_emb_channels=32, crossattn_proj_in_channels=96, camera_channels=1536, **_P25),
+})
 
 # Upstream constructor kwargs that carry no meaning for this network (rope3d is the only positional scheme;
 # the attention backend is a kernel choice; fps bounds and extra_*_extrapolation ratios are unused upstream).
 _UPSTREAM_IGNORED = {"pos_emb_cls", "pos_emb_learnable", "pos_emb_interpolation", "atten_backend", "min_fps", "max_fps",
                      "extra_h_extrapolation_ratio", "extra_w_extrapolation_ratio", "extra_t_extrapolation_ratio",
-                     "sac_config", "use_crossattn_projection", "timestep_scale"}
+                     "sac_config", "use_crossattn_projection", "use_wan_fp32_strategy"}
+_UPSTREAM_CLASSES = {"MiniTrainDIT": (False, 0), "MinimalV1LVGDiT": (True, 0),  # (video2world, camera_channels)
+                     "CameraMiniTrainDIT": (False, 1536), "CameraMiniTrainDITwithConditionalMask": (True, 1536)}
 
 
 def config_from_upstream(class_name, kwargs):
     """Map an upstream constructor call (class name, kwargs) to a DiTConfig; unknown kwargs are an error."""
     name = class_name.rsplit(".", 1)[-1]
-    if name not in ("MiniTrainDIT", "MinimalV1LVGDiT"):
-        raise ValueError(f"unsupported upstream class {class_name!r}: expected MiniTrainDIT or MinimalV1LVGDiT")
-    ours = {f.name for f in fields(DiTConfig)}
+    if name not in _UPSTREAM_CLASSES:
+        raise ValueError(f"unsupported upstream class {class_name!r}: expected one of {sorted(_UPSTREAM_CLASSES)}")
+    ours = {f.name for f in fields(DiTConfig)} - {"video2world", "fp32_time_modulation", "camera_channels"}
     unknown = set(kwargs) - ours - _UPSTREAM_IGNORED
     if unknown:
         raise ValueError(f"upstream kwargs not understood by DiTConfig: {sorted(unknown)}")
     if kwargs.get("pos_emb_cls", "rope3d") != "rope3d":
         raise ValueError(f"only pos_emb_cls='rope3d' is implemented, got {kwargs['pos_emb_cls']!r}")
+    if kwargs.get("timestep_scale", 1.0) not in (1.0, 0.001):
+        raise ValueError(f"timestep_scale={kwargs['timestep_scale']!r}: only 1 (Predict2) and 0.001 (Predict2.5)")
     values = {k: v for k, v in kwargs.items() if k in ours}
-    values.setdefault("crossattn_proj_in_channels", values.get("crossattn_emb_channels", 1024))
+    emb = values.get("crossattn_emb_channels", 1024)
+    values.setdefault("crossattn_proj_in_channels", emb)  # Predict2: a projection exists iff the widths differ
+    if kwargs.get("use_crossattn_projection") is False:  # Predict2.5 says it explicitly
+        values["crossattn_proj_in_channels"] = emb  # and ignores the in-width without the projection
+    elif kwargs.get("use_crossattn_projection") and values["crossattn_proj_in_channels"] == emb:
+        raise ValueError(f"use_crossattn_projection with in-width == crossattn_emb_channels ({emb}) is not supported")
     # the class default is True, every release sets it False; keep the class default when the key is absent
     values.setdefault("rope_enable_fps_modulation", True)
-    return DiTConfig(video2world=(name == "MinimalV1LVGDiT"), **values)
+    video2world, camera_channels = _UPSTREAM_CLASSES[name]
+    return DiTConfig(video2world=video2world, camera_channels=camera_channels,
+                     fp32_time_modulation=bool(kwargs.get("use_wan_fp32_strategy", False)), **values)
+
+
+def is_p25(cfg):
+    """True for a Cosmos-Predict2.5 network (rectified-flow training, Reason1 text, UniPC sampling)."""
+    return cfg.timestep_scale == 0.001
 
 
 def get_config(name, **overrides):
@@ -234,13 +271,24 @@ class Timesteps(nn.Module):
         return torch.cat([torch.cos(arg), torch.sin(arg)], dim=-1)
 
 
+def linear_fp32(linear, x):
+    """linear(x) as an fp32 GEMM whatever the weights' dtype (fp32_time_modulation; upstream: CUDA fp32 autocast)."""
+    if type(linear) is not nn.Linear:
+        raise ValueError(f"fp32_time_modulation runs the time/adaLN/final layers as plain fp32 Linears, found a"
+                         f" {type(linear).__name__}: adapters on them are not supported")
+    return F.linear(x.float(), linear.weight.float(), None if linear.bias is None else linear.bias.float())
+
+
 class TimestepEmbedding(nn.Module):
-    def __init__(self, dim, use_adaln_lora):
+    def __init__(self, dim, use_adaln_lora, fp32=False):
         super().__init__()
+        self.fp32 = fp32
         self.linear_1 = nn.Linear(dim, dim, bias=not use_adaln_lora)
         self.linear_2 = nn.Linear(dim, 3 * dim if use_adaln_lora else dim, bias=False)
 
     def forward(self, sinusoid):
+        if self.fp32:
+            return linear_fp32(self.linear_2, F.silu(linear_fp32(self.linear_1, sinusoid)))
         return self.linear_2(F.silu(self.linear_1(sinusoid)))
 
 
@@ -249,6 +297,16 @@ def modulation(dim, chunks, lora_dim):
     if lora_dim:
         return nn.Sequential(nn.SiLU(), nn.Linear(dim, lora_dim, bias=False), nn.Linear(lora_dim, chunks * dim, bias=False))
     return nn.Sequential(nn.SiLU(), nn.Linear(dim, chunks * dim, bias=False))
+
+
+def run_modulation(mlp, emb, fp32):
+    """A modulation() MLP on the time embedding; with fp32 its GEMMs run in fp32 (the embedding is fp32 then)."""
+    if not fp32:
+        return mlp(emb)
+    x = F.silu(emb.float())
+    for linear in mlp[1:]:
+        x = linear_fp32(linear, x)
+    return x
 
 
 def attention(q_B_L_h_d, k_B_S_h_d, v_B_S_h_d):
@@ -320,27 +378,34 @@ class Block(nn.Module):
         self.adaln_modulation_self_attn = modulation(D, 3, lora)
         self.adaln_modulation_cross_attn = modulation(D, 3, lora)
         self.adaln_modulation_mlp = modulation(D, 3, lora)
+        if cfg.camera_channels:  # robot/multiview-agibot: Pluecker rays of each token's pixels, into self-attention
+            self.cam_encoder = nn.Linear(cfg.camera_channels, D, bias=False)
+        self.fp32 = cfg.fp32_time_modulation
         self.checkpoint_fn = None
 
-    def forward(self, x_B_T_S_D, emb_B_T_D, crossattn_emb_B_N_D, rope_cos_sin, adaln_lora_B_T_3D=None, extra_pos=None):
-        args = (x_B_T_S_D, emb_B_T_D, crossattn_emb_B_N_D, rope_cos_sin, adaln_lora_B_T_3D, extra_pos)
+    def forward(self, x_B_T_S_D, emb_B_T_D, crossattn_emb_B_N_D, rope_cos_sin, adaln_lora_B_T_3D=None, extra_pos=None,
+                camera_B_T_S_C=None):
+        args = (x_B_T_S_D, emb_B_T_D, crossattn_emb_B_N_D, rope_cos_sin, adaln_lora_B_T_3D, extra_pos, camera_B_T_S_C)
         if self.checkpoint_fn is not None and torch.is_grad_enabled():
             return self.checkpoint_fn(self._forward, *args)
         return self._forward(*args)
 
-    def _forward(self, x, emb, crossattn_emb, rope_cos_sin, adaln_lora, extra_pos):
+    def _forward(self, x, emb, crossattn_emb, rope_cos_sin, adaln_lora, extra_pos, camera):
         B, T, S, D = x.shape
         if extra_pos is not None:
             x = x + extra_pos
 
         def modulate(mlp):
-            m = mlp(emb)
+            m = run_modulation(mlp, emb, self.fp32)
             if adaln_lora is not None:
                 m = m + adaln_lora
-            return [c.unsqueeze(2) for c in m.chunk(3, dim=-1)]  # shift, scale, gate as [B, T|1, 1, D]
+            return [c.unsqueeze(2).to(x.dtype) for c in m.chunk(3, dim=-1)]  # shift, scale, gate: [B, T|1, 1, D]
 
         shift, scale, gate = modulate(self.adaln_modulation_self_attn)
-        h = (layer_norm(x) * (1 + scale) + shift).view(B, T * S, D)
+        h = layer_norm(x) * (1 + scale) + shift
+        if camera is not None:  # added to the self-attention input only (upstream: q, k and v all see it)
+            h = h + self.cam_encoder(camera)
+        h = h.view(B, T * S, D)
         x = x + gate * self.self_attn(h, h, rope_cos_sin).view(B, T, S, D)
         shift, scale, gate = modulate(self.adaln_modulation_cross_attn)
         h = (layer_norm(x) * (1 + scale) + shift).view(B, T * S, D)
@@ -356,12 +421,15 @@ class FinalLayer(nn.Module):
         out = cfg.patch_spatial ** 2 * cfg.patch_temporal * cfg.out_channels
         self.linear = nn.Linear(D, out, bias=False)
         self.adaln_modulation = modulation(D, 2, cfg.adaln_lora_dim if cfg.use_adaln_lora else 0)
+        self.fp32 = cfg.fp32_time_modulation
 
     def forward(self, x_B_T_S_D, emb_B_T_D, adaln_lora_B_T_3D=None):
-        m = self.adaln_modulation(emb_B_T_D)
+        m = run_modulation(self.adaln_modulation, emb_B_T_D, self.fp32)
         if adaln_lora_B_T_3D is not None:
             m = m + adaln_lora_B_T_3D[..., : m.shape[-1]]
         shift, scale = (c.unsqueeze(2) for c in m.chunk(2, dim=-1))
+        if self.fp32:  # the whole layer in fp32, output included (as upstream)
+            return linear_fp32(self.linear, layer_norm(x_B_T_S_D.float()) * (1 + scale) + shift)
         return self.linear(layer_norm(x_B_T_S_D) * (1 + scale) + shift)
 
 
@@ -383,7 +451,7 @@ class DiT(nn.Module):
         self.pos_embedder = RopePositions(cfg)
         if cfg.extra_per_block_abs_pos_emb:
             self.extra_pos_embedder = LearnablePosEmb(cfg)
-        self.t_embedder = nn.Sequential(Timesteps(D), TimestepEmbedding(D, cfg.use_adaln_lora))
+        self.t_embedder = nn.Sequential(Timesteps(D), TimestepEmbedding(D, cfg.use_adaln_lora, cfg.fp32_time_modulation))
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.num_blocks)])
         self.final_layer = FinalLayer(cfg)
         if cfg.crossattn_proj_in_channels != cfg.crossattn_emb_channels:
@@ -416,8 +484,8 @@ class DiT(nn.Module):
             if isinstance(module, LoRALinear):
                 module.reset_lora(generator)
 
-    def forward(self, x_B_C_T_H_W, timesteps_B_T, crossattn_emb, condition_mask_B_1_T_H_W=None, fps=None,
-                padding_mask_B_1_H_W=None):
+    def forward(self, x_B_C_T_H_W, t_B_T, crossattn_emb, condition_mask_B_1_T_H_W=None, fps=None,
+                padding_mask_B_1_H_W=None, camera_B_T_Hp_Wp_C=None):
         cfg = self.cfg
         dtype = self.x_embedder.proj[1].weight.dtype
         B, _, T, H, W = x_B_C_T_H_W.shape
@@ -440,26 +508,50 @@ class DiT(nn.Module):
         rope_cos_sin = (torch.cos(angles), torch.sin(angles))
         extra_pos = self.extra_pos_embedder(Tp, Hp, Wp) if cfg.extra_per_block_abs_pos_emb else None
 
-        if timesteps_B_T.ndim == 1:
-            timesteps_B_T = timesteps_B_T[:, None]
-        if timesteps_B_T.shape[1] not in (1, Tp):
-            raise ValueError(f"timesteps {tuple(timesteps_B_T.shape)}: need [B], [B,1] or [B,{Tp}] (patched frames)")
-        sinusoid = self.t_embedder[0](timesteps_B_T).to(dtype)
+        camera = self._camera(camera_B_T_Hp_Wp_C, (B, Tp, Hp, Wp), dtype)
+        if t_B_T.ndim == 1:
+            t_B_T = t_B_T[:, None]
+        if t_B_T.shape[1] not in (1, Tp):
+            raise ValueError(f"timesteps {tuple(t_B_T.shape)}: need [B], [B,1] or [B,{Tp}] (patched frames)")
+        fp32 = cfg.fp32_time_modulation  # then the time embedding stays fp32 down to the modulations
+        sinusoid = self.t_embedder[0](t_B_T)
+        sinusoid = sinusoid if fp32 else sinusoid.to(dtype)
         t_mlp = self.t_embedder[1](sinusoid)
         # with adaLN-LoRA the raw sinusoid drives the per-block modulations and the MLP output is the shared bias
         emb, adaln_lora = (sinusoid, t_mlp) if cfg.use_adaln_lora else (t_mlp, None)
-        emb = self.t_embedding_norm(emb)
+        if fp32:  # the functional form: the module's weight may be bf16
+            norm = self.t_embedding_norm
+            emb = F.rms_norm(emb.float(), norm.normalized_shape, norm.weight.float(), norm.eps)
+        else:
+            emb = self.t_embedding_norm(emb)
 
         crossattn_emb = crossattn_emb.to(dtype)
         if hasattr(self, "crossattn_proj"):
             crossattn_emb = self.crossattn_proj(crossattn_emb)
         for block in self.blocks:
-            x = block(x, emb, crossattn_emb, rope_cos_sin, adaln_lora, extra_pos)
+            x = block(x, emb, crossattn_emb, rope_cos_sin, adaln_lora, extra_pos, camera)
         x = self.final_layer(x, emb, adaln_lora)  # [B, T', H'*W', p*p*pt*C]
 
         p, pt, C = cfg.patch_spatial, cfg.patch_temporal, cfg.out_channels
         x = x.view(B, Tp, Hp, Wp, p, p, pt, C).permute(0, 7, 1, 6, 2, 4, 3, 5)  # unpatchify: channel innermost
         return x.reshape(B, C, Tp * pt, Hp * p, Wp * p)
+
+    def _camera(self, camera, grid_B_T_H_W, dtype):
+        """The camera map as [B, T', H'*W', C] tokens, or None; required iff the config has camera_channels."""
+        C = self.cfg.camera_channels
+        if camera is None and C:
+            raise ValueError(f"this config has camera_channels={C} (robot/multiview-agibot): pass camera_B_T_Hp_Wp_C"
+                             " [B, T', H', W', C] per latent frame (camera.plucker_map, or camera.fallback_cameras)")
+        if camera is None:
+            return None
+        if not C:
+            raise ValueError("camera_B_T_Hp_Wp_C given, but this config has camera_channels=0 (no cam_encoder): use a"
+                             " camera config such as p25-2b-agibot, or drop the camera")
+        if tuple(camera.shape) != (*grid_B_T_H_W, C):
+            raise ValueError(f"camera_B_T_Hp_Wp_C {tuple(camera.shape)}: expected {(*grid_B_T_H_W, C)} (one map per"
+                             " latent frame, one 16x16-pixel patch per token)")
+        B, T, H, W = grid_B_T_H_W
+        return camera.to(dtype).reshape(B, T, H * W, C)
 
 
 def build_model(cfg: DiTConfig, device=None, dtype=None):
@@ -600,6 +692,7 @@ def model_flops(cfg, latent, text_len, lora_rank=0):
       cross-attention k,v on the text     2 * 2S Dc D      MLP                          2 * 2LDF
       adaLN(-LoRA) modulations            3 * 2Tt(D r + r 3D)   (or 3 * 2Tt D 3D without adaLN-LoRA)
       LoRA adapters on each target linear 2 tokens r (in + out)
+      camera encoder (agibot)             2 L C_cam D
     plus the patch embedding, the final layer (with its adaLN), the timestep MLP (Tt rows) and the text projection
     when the config has one. Recompute under activation checkpointing is not counted.
     Returns (fwd, step_3x, step_needed): step_3x = 3 * fwd, the usual rule (each linear's backward costs twice
@@ -614,6 +707,7 @@ def model_flops(cfg, latent, text_len, lora_rank=0):
     ada = 3 * 2 * Tt * (D * r_ada + r_ada * 3 * D) if r_ada else 3 * 2 * Tt * D * 3 * D
     linear = 4 * 2 * L * D * D + 2 * 2 * L * D * D + 2 * 2 * S * Dc * D + 2 * 2 * L * D * F
     attn = 4 * L * L * D + 4 * L * S * D
+    linear += 2 * L * cfg.camera_channels * D
     lora = 0
     if lora_rank:
         r = lora_rank
