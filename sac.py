@@ -20,11 +20,18 @@ Upstream's full-recompute mode handed `context_fn=None` to the checkpoint wrappe
 forward; here every mode has a callable context function and `make_checkpoint_fn` runs a tiny checkpointed
 forward+backward before anything is returned.
 """
+import contextlib
 import functools
+import statistics
+import time
+import weakref
 from collections import Counter
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts, noop_context_fn
 
 MODES = ("none", "block", "mm", "attn", "selective")
@@ -123,33 +130,206 @@ def apply(model, mode="none", every=1):
     Returns the indices of the checkpointed blocks. Calling it again replaces the previous setting.
     """
     validate(mode, every)
+    return apply_per_block(model, [mode if i % every == 0 else "none" for i in range(len(model.blocks))])
+
+
+def apply_per_block(model, modes):
+    """One mode per block (e.g. `plan_auto(...).modes`), each validated and self-tested as in `apply`.
+
+    Returns the indices of the checkpointed blocks. Calling it again replaces the previous setting.
+    """
+    if len(modes) != len(model.blocks):
+        raise ValueError(f"{len(modes)} activation-checkpointing modes for {len(model.blocks)} blocks: need one each")
+    for mode in modes:
+        validate(mode)
     for name, m in model.named_modules():
         # a dropout mask drawn in the forward must be redrawn identically in the recompute; our DiT has none,
         # and preserve_rng_state=True would cover one, but refuse rather than rely on it silently
-        if isinstance(m, nn.Dropout) and m.p > 0 and mode != "none":
+        if isinstance(m, nn.Dropout) and m.p > 0 and set(modes) != {"none"}:
             raise ValueError(f"{name}: dropout p={m.p} under activation checkpointing; the DiT is built without")
-    fn = make_checkpoint_fn(mode)
-    wrapped = []
-    for i, block in enumerate(model.blocks):
-        on = fn is not None and i % every == 0
-        block.checkpoint_fn = fn if on else None
-        if on:
-            wrapped.append(i)
+    fns = {mode: make_checkpoint_fn(mode) for mode in sorted(set(modes))}
+    for block, mode in zip(model.blocks, modes):
+        block.checkpoint_fn = fns[mode]
     reset_counters()
-    return wrapped
+    return [i for i, mode in enumerate(modes) if fns[mode] is not None]
 
 
 def check_first_step(mode):
     """After the first training step: assert the save list matched real kernels, else raise with what was seen.
 
-    Catches kernel-name drift (cuDNN vs flash SDPA, deterministic mode switching the kernel, a new backend), which
-    would otherwise silently recompute attention or matmuls. Returns the per-group save counts.
+    `mode` is one mode or the list of per-block modes (`apply_per_block`). Catches kernel-name drift (cuDNN vs flash
+    SDPA, deterministic mode switching the kernel, a new backend), which would otherwise silently recompute attention
+    or matmuls. Returns the per-group save counts.
     """
-    validate(mode)
+    modes = [mode] if isinstance(mode, str) else list(mode)
+    for m in modes:
+        validate(m)
     counts = {g: SAVED_GROUPS[g] for g in ("mm", "attn")}
-    missing = [g for g in sorted(SAVE_GROUPS[mode]) if counts[g] == 0]
+    missing = [g for g in sorted(set().union(*(SAVE_GROUPS[m] for m in modes))) if counts[g] == 0]
     if missing:
         seen = ", ".join(f"{k} x{v}" for k, v in SEEN.most_common(40)) or "nothing (were any blocks checkpointed?)"
         raise RuntimeError(f"sac mode {mode!r}: no {'/'.join(missing)} op was saved in the first step; the save "
                            f"lists do not name the kernels that ran. Ops seen in checkpointed blocks: {seen}")
     return counts
+
+
+# -----------------------------------------------------------------------------
+# auto: the fastest per-block mix of modes that fits a per-rank memory budget, from measured per-block costs
+
+AUTO_MODES = ("none", "selective", "mm", "attn", "block")
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """One block's forward + backward under one mode, in bytes above what was allocated before it."""
+    saved_bytes: int  # held from the end of its forward to its backward (its output: the next block's input)
+    peak_bytes: int  # the most held at once during its forward + backward (saved, recompute, grads, workspace)
+    seconds: float  # forward + backward, recompute included
+
+
+class LiveBytes(TorchDispatchMode):
+    """CPU stand-in for the CUDA allocator's statistics: bytes of the storages that ops create, until freed.
+
+    Exact for the tensors themselves (no allocator rounding, caching or workspace) and deterministic. Views of an
+    input are not new memory; a storage is counted once and uncounted when its last reference dies.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.peak, self.counted = 0, 0, set()
+
+    def _free(self, key, nbytes):
+        self.live -= nbytes
+        self.counted.discard(key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if torch.is_tensor(t)}
+        for t in tree_leaves(out):
+            if not torch.is_tensor(t):
+                continue
+            storage = t.untyped_storage()
+            key, nbytes = storage.data_ptr(), storage.nbytes()
+            if nbytes and key not in inputs and key not in self.counted:
+                self.counted.add(key)
+                self.live += nbytes
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(storage, self._free, key, nbytes)
+        return out
+
+
+def _block_step(block, inputs, cuda):
+    """(saved bytes, peak bytes, seconds) of one forward + backward of `block(*inputs)`."""
+    for t in [*block.parameters(), *inputs]:
+        if torch.is_tensor(t):
+            t.grad = None
+    tracker = contextlib.nullcontext() if cuda else LiveBytes()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    t0 = time.perf_counter()
+    with tracker:
+        out = block(*inputs)
+        saved = torch.cuda.memory_allocated() - base if cuda else tracker.live
+        out.backward(torch.ones_like(out))
+        del out
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    return saved, torch.cuda.max_memory_allocated() - base if cuda else tracker.peak, seconds
+
+
+def measure_block_costs(block, inputs, modes=AUTO_MODES, reps=2):
+    """{mode: BlockCost} from running `block(*inputs)` forward + backward under each mode, after one warm-up.
+
+    Use the real device, dtype and shapes (bench.py captures a block's inputs from a meta forward of the whole
+    model). CUDA: memory_allocated / max_memory_allocated deltas, time the median of `reps`. CPU: LiveBytes (the
+    tensors' bytes, deterministic) and wall-clock time (noisy: a CPU plan is a code-path check, not a forecast).
+    """
+    cuda = any(t.is_cuda for t in block.parameters())
+    inputs = [t.detach().requires_grad_(t.is_floating_point()) if torch.is_tensor(t) else t for t in inputs]
+    before = block.checkpoint_fn
+    costs = {}
+    for mode in modes:
+        block.checkpoint_fn = make_checkpoint_fn(mode)
+        runs = [_block_step(block, inputs, cuda) for _ in range(reps + 1)][1:]
+        costs[mode] = BlockCost(runs[-1][0], max(r[1] for r in runs), statistics.median(r[2] for r in runs))
+    block.checkpoint_fn = before
+    for t in [*block.parameters(), *inputs]:
+        if torch.is_tensor(t):
+            t.grad = None
+    reset_counters()
+    return costs
+
+
+@dataclass
+class AutoPlan:
+    modes: list  # one per block, for apply_per_block
+    peak_bytes: int  # predicted per-rank peak: fixed + activations
+    seconds: float  # predicted blocks' forward + backward time
+    why: str  # one or two lines for the log
+
+
+def _mix_peak(counts, costs, fixed_bytes):
+    """Predicted peak of a mix, its blocks ordered as `_order`: when block i runs its backward, every block before
+    it still holds its saved bytes, so peak = fixed + max_i(sum_{j<i} saved_j + peak_i)."""
+    held, worst = 0, 0
+    for mode in _order(counts, costs):
+        n, c = counts[mode], costs[mode]
+        worst = max(worst, held + (n - 1) * c.saved_bytes + c.peak_bytes)
+        held += n * c.saved_bytes
+    return fixed_bytes + worst
+
+
+def _order(counts, costs):
+    """Modes in forward order: largest (peak - saved) first minimises the max above (swap two neighbours to see)."""
+    return sorted((m for m in counts if counts[m]), key=lambda m: (costs[m].saved_bytes - costs[m].peak_bytes, m))
+
+
+def _compositions(total, parts):
+    if parts == 1:
+        yield (total,)
+        return
+    for first in range(total + 1):
+        for rest in _compositions(total - first, parts - 1):
+            yield (first, *rest)
+
+
+def plan_auto(costs, budget_bytes, fixed_bytes, num_blocks):
+    """The fastest per-block mix of the measured modes whose predicted per-rank peak fits `budget_bytes`.
+
+    costs: {mode: BlockCost} (measure_block_costs, or synthetic); fixed_bytes: what the rank holds regardless of
+    the mix (sharded params, grads and optimizer states, FSDP's gathered blocks: bench.py's planner). Every mix of
+    counts is tried (5 modes x 36 blocks: 92k), ties go to the smaller peak. An impossible budget is a ValueError.
+    """
+    modes = [m for m in AUTO_MODES if m in costs]
+    if not modes or set(costs) - set(modes) or num_blocks < 1:
+        raise ValueError(f"plan_auto needs costs for modes among {AUTO_MODES} and num_blocks >= 1, got "
+                         f"{sorted(costs)} and {num_blocks}")
+    gib = lambda n: f"{n / 2**30:.4g} GiB"  # noqa: E731
+    best = None
+    for split in _compositions(num_blocks, len(modes)):
+        counts = dict(zip(modes, split))
+        peak = _mix_peak(counts, costs, fixed_bytes)
+        seconds = sum(n * costs[m].seconds for m, n in counts.items())
+        if peak <= budget_bytes and (best is None or (seconds, peak) < best[:2]):
+            best = (seconds, peak, counts)
+    uniform = {m: _mix_peak({m: num_blocks}, costs, fixed_bytes) for m in modes}
+    needs = ", ".join(f"{m} {gib(p)}" for m, p in uniform.items())
+    if best is None:
+        least = min(_mix_peak(dict(zip(modes, s)), costs, fixed_bytes) for s in _compositions(num_blocks, len(modes)))
+        raise ValueError(f"--mem-budget {gib(budget_bytes)}: no checkpointing mix fits; the smallest needs "
+                         f"{gib(least)} per rank ({gib(fixed_bytes)} fixed; one mode on every block: {needs}). Raise the "
+                         "budget, use more ranks, LoRA, or --offload")
+    seconds, peak, counts = best
+    plan, spans = [], []
+    for mode in _order(counts, costs):
+        spans.append(f"{mode} x{counts[mode]}" + (f" (blocks {len(plan)}-{len(plan) + counts[mode] - 1})"
+                                                  if counts[mode] > 1 else f" (block {len(plan)})"))
+        plan += [mode] * counts[mode]
+    fastest = min(uniform, key=lambda m: num_blocks * costs[m].seconds)
+    why = (f"sac auto: {', '.join(spans)}: predicted peak {gib(peak)} of the {gib(budget_bytes)} budget "
+           f"({gib(fixed_bytes)} fixed), blocks {seconds:.3f} s vs {num_blocks * costs[fastest].seconds:.3f} s "
+           f"for the fastest ({fastest}).\nsac auto: per-rank peak with one mode everywhere: {needs}")
+    return AutoPlan(plan, peak, seconds, why)
