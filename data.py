@@ -47,6 +47,9 @@ from stitch import ffmpeg_exe, probe_video, sha1_file
 
 NEGATIVE_STEM = "negative_prompt"  # t5.py writes the negative prompt's embedding as t5_xxl/negative_prompt.pickle
 MANIFEST_KEYS = ("stem", "prompt", "n_out", "height", "width")  # what GridClips needs of a manifest.jsonl line
+TEXT_ENCODERS = ("t5", "reason1")  # t5_xxl/<stem>.pickle|.safetensors, or reason1/<sha1(prompt)>.safetensors
+REASON1_FORMAT = "reason1-full-concat-v1"  # the metadata "format" t5.py --encoder reason1 writes
+VIEW_ORDER = ("wrist", "ext_1", "ext_2")  # stitch.py's slots in agibot's internal order [hand_0, head, hand_1]
 
 
 @dataclass
@@ -58,6 +61,8 @@ class Video:
     size: tuple | None = None  # (height, width) from the manifest; None = probe it on first use
     sha1: str | None = None  # from the manifest: checked at first use in each process
     bytes: int | None = None  # from the manifest: checked at construction (a stat)
+    views: dict | None = None  # stitch.py --layout views: slot -> Video of that camera's file
+    cameras: str | None = None  # views: "real" (cameras/<stem>.npz) or "absent"
 
 
 def seed_of(*parts: int) -> int:
@@ -96,6 +101,11 @@ def list_videos(root: str) -> list:
     if os.path.exists(manifest):
         videos = [Video(r["stem"], os.path.join(root, "videos", r["stem"] + ".mp4"), r["prompt"], int(r["n_out"]),
                         (int(r["height"]), int(r["width"])), r.get("sha1"), r.get("bytes"))
+                  if "views" not in r else  # a views folder: one file per camera slot, one Video each
+                  Video(r["stem"], "", r["prompt"], int(r["n_out"]), (int(r["height"]), int(r["width"])),
+                        views={s: Video(f"{r['stem']}.{s}", os.path.join(root, "videos", f"{r['stem']}.{s}.mp4"),
+                                        r["prompt"], int(r["n_out"]), (int(r["height"]), int(r["width"])), f["sha1"],
+                                        f["bytes"]) for s, f in r["views"].items()}, cameras=r.get("cameras"))
                   for r in read_manifest(manifest)]
     else:
         folder = os.path.join(root, "videos")
@@ -114,8 +124,11 @@ def list_videos(root: str) -> list:
     return videos
 
 
-def negative_prompt_path(root: str) -> str | None:
+def negative_prompt_path(root: str, text_encoder: str = "t5") -> str | None:
     """t5.py's embedding of the negative prompt (t5.NEGATIVE_PROMPT) in a stitched folder, or None if not computed."""
+    if text_encoder == "reason1":
+        path = os.path.join(root, "reason1", NEGATIVE_STEM + ".safetensors")
+        return path if os.path.exists(path) else None
     for ext in (".pickle", ".safetensors"):
         path = os.path.join(root, "t5_xxl", NEGATIVE_STEM + ext)
         if os.path.exists(path):
@@ -152,7 +165,42 @@ def check_text_shape(path: str, shape: tuple, is_float: bool, text_len: int, tex
     if len(shape) != 2 or shape[1] != text_dim or not 1 <= shape[0] <= text_len or not is_float:
         raise ValueError(f"{path}: text embedding has shape {tuple(shape)}{'' if is_float else ' (not float)'}, "
                          f"expected float (1..{text_len}, {text_dim}): text_dim is the model's crossattn_emb_channels "
-                         "(1024 for Cosmos-Predict2's T5-XXL); recompute it with t5.py (delete the file first)")
+                         "(1024 for Cosmos-Predict2's T5-XXL) or crossattn_proj_in_channels (100352 for Predict2.5's "
+                         "Reason1); recompute it with t5.py (delete the file first)")
+
+
+def reason1_path(root: str, prompt: str) -> str:
+    """Where t5.py --encoder reason1 keeps a prompt's embedding: one file per unique prompt."""
+    return os.path.join(root, "reason1", hashlib.sha1(prompt.encode()).hexdigest() + ".safetensors")
+
+
+def check_reason1_embedding(path: str, prompt: str | None, text_len: int, text_dim: int):
+    """Header-only check of a reason1/*.safetensors: one bf16 tensor "crossattn_emb" (tokens, text_dim), metadata
+    format REASON1_FORMAT and (unless prompt is None) the prompt it embeds."""
+    with safetensors.safe_open(path, framework="pt") as f:
+        meta, keys = f.metadata() or {}, list(f.keys())
+        if "crossattn_emb" not in keys:
+            raise ValueError(f"{path}: no tensor 'crossattn_emb' (has {sorted(keys)}); recompute it with "
+                             f"`python t5.py ROOT --encoder reason1` (delete the file first)")
+        tensor = f.get_slice("crossattn_emb")
+        shape, dtype = tensor.get_shape(), tensor.get_dtype()
+    if dtype != "BF16" or meta.get("format") != REASON1_FORMAT:
+        raise ValueError(f"{path}: crossattn_emb is {dtype} with format {meta.get('format')!r}, expected BF16 with "
+                         f"{REASON1_FORMAT!r} (t5.py --encoder reason1 writes it); delete it and rerun t5.py")
+    check_text_shape(path, shape, True, text_len, text_dim)
+    if prompt is not None and meta.get("prompt") != prompt:
+        raise ValueError(f"{path}: embeds {meta.get('prompt')!r}, not this video's prompt {prompt!r}; delete it and "
+                         "rerun `python t5.py ROOT --encoder reason1`")
+
+
+def load_reason1_embedding(path: str, text_len: int, text_dim: int) -> tuple:
+    """(emb [text_len, text_dim] bf16, as stored (float32 would double ~98 MiB per sample), zero-padded past the
+    file's rows; mask [text_len] int64, 1 on every stored row: Reason1's pad tokens are real tokens, not masked)."""
+    check_reason1_embedding(path, None, text_len, text_dim)
+    arr = safetensors.torch.load_file(path)["crossattn_emb"]
+    emb, mask = torch.zeros(text_len, text_dim, dtype=arr.dtype), torch.zeros(text_len, dtype=torch.int64)
+    emb[:len(arr)], mask[:len(arr)] = arr, 1
+    return emb, mask
 
 
 def load_text_embedding(path: str, text_len: int, text_dim: int) -> tuple:
@@ -213,15 +261,60 @@ def standin_text_embedding(prompt: str, text_len: int, text_dim: int) -> tuple:
     return emb, mask
 
 
-def negative_embedding(root: str, text_len: int, text_dim: int, standin: bool = False, path: str = "") -> tuple:
-    """(emb [text_len, text_dim], where it came from): the uncond branch of CFG. `path`, else Predict2's default
-    negative prompt as t5.py embedded it beside root's prompts, else zeros; the second value says which, for the
-    start-up line (zeros are never silent). standin: the tiny default's stand-in text, whose negative is zeros."""
-    path = path or (None if standin else negative_prompt_path(root))
+def text_files(root: str, videos: list, text: str, text_encoder: str, text_len: int, text_dim: int) -> tuple:
+    """(stem -> embedding file, files read whole) of videos: text="t5" reads text_encoder's files (GridClips'
+    docstring), "standin" none. Raises at start-up, naming the file and the command that makes it, when one is
+    missing or check_text_embeddings / check_reason1_embedding refuses it."""
+    if text not in ("t5", "standin") or text_encoder not in TEXT_ENCODERS or (text, text_encoder) == ("standin",
+                                                                                                     "reason1"):
+        raise ValueError(f"text={text!r}, text_encoder={text_encoder!r}: text must be 't5' (embeddings from files) or "
+                         f"'standin' (the tiny default, no files: text_encoder stays 't5'); text_encoder one of "
+                         f"{TEXT_ENCODERS}")
+    if text == "standin":
+        return {}, 0
+    if text_encoder == "reason1":
+        paths = {v.stem: reason1_path(root, v.prompt) for v in videos}
+        missing = [v for v in videos if not os.path.exists(paths[v.stem])]
+        if missing:
+            raise FileNotFoundError(f"{root}: {len(missing)} of {len(videos)} videos have no Reason1 embedding "
+                                    f"({paths[missing[0].stem]} for {missing[0].stem}); compute them with "
+                                    f"`python t5.py {root} --encoder reason1`")
+        for path, prompt in {paths[v.stem]: v.prompt for v in videos}.items():  # one file per unique prompt
+            check_reason1_embedding(path, prompt, text_len, text_dim)
+        return paths, 0
+    candidates = lambda stem: (os.path.join(root, "t5_xxl", stem + ext) for ext in (".pickle", ".safetensors"))  # noqa
+    paths = {v.stem: next((p for p in candidates(v.stem) if os.path.exists(p)), None) for v in videos}
+    missing = [stem for stem, path in paths.items() if path is None]
+    if missing:
+        raise FileNotFoundError(f"{root}: {len(missing)} of {len(videos)} videos have no text embedding "
+                                f"(t5_xxl/{missing[0]}.pickle or .safetensors); compute them with "
+                                f"`python t5.py {root}`. Only the built-in tiny default may use text='standin'.")
+    return paths, check_text_embeddings([(paths[v.stem], v.prompt) for v in videos], text_len, text_dim)
+
+
+def clip_text(dataset, video: Video) -> tuple:
+    """(emb, mask) of a GridClips / ViewClips video, as its text settings say."""
+    if dataset.text == "standin":
+        return standin_text_embedding(video.prompt, dataset.text_len, dataset.text_dim)
+    load = load_reason1_embedding if dataset.text_encoder == "reason1" else load_text_embedding
+    return load(dataset.text_paths[video.stem], dataset.text_len, dataset.text_dim)
+
+
+def negative_embedding(root: str, text_len: int, text_dim: int, standin: bool = False, path: str = "",
+                       text_encoder: str = "t5") -> tuple:
+    """(emb [text_len, text_dim], where it came from): the uncond branch of CFG. `path`, else the default negative
+    prompt as t5.py embedded it beside root's prompts (t5_xxl/ or, with text_encoder="reason1", reason1/), else
+    zeros; the second value says which, for the start-up line (zeros are never silent). standin: the tiny default's
+    stand-in text, whose negative is zeros."""
+    if text_encoder not in TEXT_ENCODERS:
+        raise ValueError(f"text_encoder={text_encoder!r} must be one of {TEXT_ENCODERS}")
+    path = path or (None if standin else negative_prompt_path(root, text_encoder))
     if path:
-        return load_text_embedding(path, text_len, text_dim)[0], path
+        load = load_reason1_embedding if text_encoder == "reason1" else load_text_embedding
+        return load(path, text_len, text_dim)[0], path
+    folder, flag = ("reason1", " --encoder reason1") if text_encoder == "reason1" else ("t5_xxl", "")
     return torch.zeros(text_len, text_dim), ("zeros (the tiny stand-in text)" if standin else
-                                             f"NONE in {root}/t5_xxl (run `python t5.py {root}` to embed Predict2's "
+                                             f"NONE in {root}/{folder} (run `python t5.py {root}{flag}` to embed the "
                                              "default negative prompt): zeros")
 
 
@@ -268,6 +361,33 @@ def read_clip(path: str, start: int, frames: int, height: int, width: int, fit: 
     return clip
 
 
+def list_folder(root: str, height: int, width: int, views: bool) -> list:
+    """list_videos(root), refused (ValueError, one line) when its manifest's sizes are not height x width or its
+    layout is not the one asked for (views: stitch.py --layout views)."""
+    videos = list_videos(root)
+    sizes = Counter(v.size for v in videos if v.size is not None)
+    if set(sizes) - {(height, width)}:
+        wrong = [(s, n) for s, n in sizes.most_common() if s != (height, width)]
+        raise size_error(root, wrong[0][0], f"{wrong[0][1]} of {len(videos)} in manifest.jsonl", height, width)
+    if any((v.views is None) == views for v in videos):
+        raise ValueError(f"{root}: {'a grid' if views else 'a multi-view'} folder; "
+                         + ("ViewClips reads `python stitch.py SRC OUT --layout views` folders" if views else
+                            "read it with data.ViewClips (GridClips reads grid folders)"))
+    return videos
+
+
+def file_problem(video: Video, frames: int) -> str | None:
+    """Why a video cannot give `frames`-frame clips, from what construction can see cheaply: a counted skip."""
+    if not os.path.isfile(video.path):
+        return f"missing_file: {video.path}"
+    if video.bytes is not None and os.path.getsize(video.path) != video.bytes:
+        return f"bytes_mismatch: {video.path} has {os.path.getsize(video.path)} bytes, the manifest {video.bytes} " \
+               "(a partial copy?)"
+    if video.frames is not None and video.frames < frames:
+        return f"too_short: {video.frames} frames < {frames}"
+    return None
+
+
 def size_error(root: str, found: tuple, where: str, height: int, width: int) -> ValueError:
     return ValueError(f"{root}: the videos are {found[0]}x{found[1]} ({where}), this run asks for {height}x{width}; "
                       f"videos are never resized: pass --height {found[0]} --width {found[1]}, or restitch with "
@@ -280,38 +400,29 @@ class GridClips(Dataset):
     Sizes: a folder with a manifest whose videos are not height x width is refused at construction. A folder without
     one (upstream layout) is refused when its first video is another size; any other video of another size is
     skipped and counted at first use (wrong_size), since probing every video at start-up costs ~30 ms each.
-    text="t5" reads t5_xxl/<stem>.pickle or .safetensors and fails at construction if any is missing or has the wrong
-    shape; text="standin" uses standin_text_embedding (the built-in tiny default only). An item is a video index, or
-    (index, sample_seed) as ClipSampler yields; the seed picks the window start, so a resumed run draws the same
-    clips."""
+    text="t5" reads the embeddings of text_encoder ("t5": t5_xxl/<stem>.pickle or .safetensors, float32 [text_len,
+    text_dim]; "reason1": reason1/<sha1(prompt)>.safetensors, bf16) and fails at construction if any is missing or
+    has the wrong shape; text="standin" uses standin_text_embedding (the built-in tiny default only). An item is a
+    video index, or (index, sample_seed) as ClipSampler yields; the seed picks the window start, so a resumed run
+    draws the same clips. A --layout views folder is ViewClips'."""
 
     def __init__(self, root: str, frames: int, height: int, width: int, text_len: int = 512, text_dim: int = 1024,
-                 text: str = "t5", seed: int = 0, dtype: torch.dtype = torch.float32):
-        if text not in ("t5", "standin"):
-            raise ValueError(f"text={text!r} must be 't5' or 'standin'")
+                 text: str = "t5", seed: int = 0, dtype: torch.dtype = torch.float32, text_encoder: str = "t5"):
+        text_files(root, [], text, text_encoder, text_len, text_dim)  # the settings, before any file is read
         if frames < 1 or height < 2 or width < 2:
             raise ValueError(f"frames={frames}, height={height}, width={width}: need frames >= 1 and a real size")
         self.root, self.frames, self.height, self.width = root, frames, height, width
         self.text, self.text_len, self.text_dim, self.seed, self.dtype = text, text_len, text_dim, seed, dtype
+        self.text_encoder = text_encoder
         self.skipped = {}  # stem -> reason, found at construction (same in every worker)
         self.failed = {}  # stem -> reason, found while loading, in this process
         self.verified = set()  # stems whose sha1 matched the manifest's, in this process
-        videos = list_videos(root)
-        sizes = Counter(v.size for v in videos if v.size is not None)
-        if set(sizes) - {(height, width)}:
-            wrong = [(s, n) for s, n in sizes.most_common() if s != (height, width)]
-            raise size_error(root, wrong[0][0], f"{wrong[0][1]} of {len(videos)} in manifest.jsonl", height, width)
+        videos = list_folder(root, height, width, views=False)
         self.videos = []
         for v in videos:
-            if not os.path.isfile(v.path):
-                self.skipped[v.stem] = f"missing_file: {v.path}"
-            elif v.bytes is not None and os.path.getsize(v.path) != v.bytes:
-                self.skipped[v.stem] = (f"bytes_mismatch: {v.path} has {os.path.getsize(v.path)} bytes, the manifest "
-                                        f"{v.bytes} (a partial copy?)")
-            elif v.frames is not None and v.frames < frames:
-                self.skipped[v.stem] = f"too_short: {v.frames} frames < {frames}"
-            else:
-                self.videos.append(v)
+            problem = file_problem(v, frames)
+            self.skipped.update({v.stem: problem} if problem else {})
+            self.videos += [] if problem else [v]
         for v in [v for v in self.videos if v.size is None]:  # no manifest: the first readable video decides
             try:
                 self._probe(v)
@@ -325,27 +436,11 @@ class GridClips(Dataset):
         if not self.videos:
             raise ValueError(f"{root}: no usable video for {frames}-frame clips ({len(self.skipped)} skipped: "
                              f"{dict(list(self.skipped.items())[:5])})")
-        read = 0
-        if text == "t5":
-            self.text_paths = {v.stem: self._text_path(v.stem) for v in self.videos}
-            missing = [s for s, p in self.text_paths.items() if p is None]
-            if missing:
-                raise FileNotFoundError(
-                    f"{root}: {len(missing)} of {len(self.videos)} videos have no text embedding "
-                    f"(t5_xxl/{missing[0]}.pickle or .safetensors); compute them with `python t5.py {root}`. "
-                    "Only the built-in tiny default may use text='standin'.")
-            read = check_text_embeddings([(self.text_paths[v.stem], v.prompt) for v in self.videos], text_len, text_dim)
+        self.text_paths, read = text_files(root, self.videos, text, text_encoder, text_len, text_dim)
         reasons = Counter(reason.split(":")[0] for reason in self.skipped.values())
         print(f"GridClips: {root}: {len(self.videos)} videos {height}x{width}, {len(self.skipped)} skipped"
               + (f" {dict(reasons)}" if reasons else "")
-              + (f"; text embeddings checked ({read} files read whole)" if text == "t5" else ""))
-
-    def _text_path(self, stem: str):
-        for ext in (".pickle", ".safetensors"):
-            path = os.path.join(self.root, "t5_xxl", stem + ext)
-            if os.path.exists(path):
-                return path
-        return None
+              + (f"; {text_encoder} text embeddings checked ({read} files read whole)" if text == "t5" else ""))
 
     def __len__(self):
         return len(self.videos)
@@ -364,10 +459,7 @@ class GridClips(Dataset):
                 print(f"GridClips: skipping {video.path}: {e} ({len(self.failed)} failed in this process)",
                       file=sys.stderr)
                 continue
-            if self.text == "t5":
-                emb, mask = load_text_embedding(self.text_paths[video.stem], self.text_len, self.text_dim)
-            else:
-                emb, mask = standin_text_embedding(video.prompt, self.text_len, self.text_dim)
+            emb, mask = clip_text(self, video)
             pixels = torch.empty((3,) + clip.shape[:3], dtype=self.dtype)
             pixels.copy_(torch.from_numpy(clip).permute(3, 0, 1, 2))  # [T,H,W,3] uint8 -> [3,T,H,W]
             return {"video": pixels.div_(127.5).sub_(1.0), "text_emb": emb, "text_mask": mask,
@@ -399,6 +491,120 @@ class GridClips(Dataset):
             self.verified.add(video.stem)
         start = int(rng.integers(0, video.frames - self.frames + 1))  # inclusive: T == frames gives start 0
         return read_clip(video.path, start, self.frames, self.height, self.width), start
+
+
+class ViewClips(Dataset):
+    """Multi-view clips from a `stitch.py --layout views` folder, for the Predict2.5 agibot model (docs/multiview.md).
+
+    An item (an index, or (index, sample_seed) as ClipSampler yields) is a dict:
+      video [V,3,T,H,W] in [-1,1], the views in VIEW_ORDER, the agibot model's internal order [hand_0, head, hand_1]
+        = [wrist, ext_1 (exterior_1_left), ext_2 (exterior_2_left)]: the same window of frames in every view;
+      w2c [V,Tl,3,4] (world -> camera, OpenCV axes) and intrinsics [V,Tl,4] ((fx, fy, cx, cy) in pixels of H x W),
+        float32, one per LATENT frame (Tl = (T-1)/4 + 1): latent k <-> pixel frame start + 4k (frame 0 is latent 0
+        alone, latent k >= 1 encodes frames 4k-3..4k, of which 4k is the last), as upstream's camera files are;
+      cameras "real" (the folder's cameras/<stem>.npz) or "fallback" (camera.fallback_cameras: the folder has none,
+        said once at construction); views (the slot names, in order); text_emb, text_mask, prompt, stem, start,
+        skipped as GridClips.
+    Checks as GridClips (per view file: existence, bytes, length, sha1 at first use, decode errors) plus each
+    camera file's presence at construction and its shapes at first use. T must be 4k+1 (the VAE's frame counts)."""
+
+    def __init__(self, root: str, frames: int, height: int, width: int, text_len: int = 512, text_dim: int = 1024,
+                 text: str = "t5", seed: int = 0, dtype: torch.dtype = torch.float32, text_encoder: str = "t5"):
+        text_files(root, [], text, text_encoder, text_len, text_dim)  # the settings, before any file is read
+        if frames < 1 or frames % 4 != 1 or height < 16 or width < 16:
+            raise ValueError(f"frames={frames}, height={height}, width={width}: need frames = 4k+1 (the VAE's "
+                             "frame counts, one camera per latent frame) and a real size")
+        self.root, self.frames, self.height, self.width = root, frames, height, width
+        self.text, self.text_len, self.text_dim, self.seed, self.dtype = text, text_len, text_dim, seed, dtype
+        self.text_encoder, self.skipped, self.failed, self.verified = text_encoder, {}, {}, set()
+        videos = list_folder(root, height, width, views=True)
+        self.videos = []
+        for v in videos:
+            if sorted(v.views) != sorted(VIEW_ORDER):
+                raise ValueError(f"{root}/manifest.jsonl: {v.stem} has views {sorted(v.views)}, ViewClips needs "
+                                 f"{sorted(VIEW_ORDER)} (stitch.py's slots)")
+            problem = next(filter(None, (file_problem(v.views[s], frames) for s in VIEW_ORDER)), None)
+            if not problem and v.cameras == "real" and not os.path.isfile(self._camera_path(v)):
+                problem = f"missing_file: {self._camera_path(v)}"
+            self.skipped.update({v.stem: problem} if problem else {})
+            self.videos += [] if problem else [v]
+        if not self.videos:
+            raise ValueError(f"{root}: no usable video for {frames}-frame clips ({len(self.skipped)} skipped: "
+                             f"{dict(list(self.skipped.items())[:5])})")
+        kinds = {v.cameras for v in self.videos}
+        if len(kinds) > 1 or kinds - {"real", "absent"}:
+            raise ValueError(f"{root}/manifest.jsonl: cameras {sorted(map(str, kinds))}; one stitch.py recipe writes "
+                             "all 'real' or all 'absent': restitch the folder")
+        self.fallback = None
+        if kinds == {"absent"}:
+            import camera  # the fallback rig, agreed with camera.py's docstring
+            self.fallback = camera.fallback_cameras(len(VIEW_ORDER), (frames - 1) // 4 + 1, height, width)
+        self.text_paths, read = text_files(root, self.videos, text, text_encoder, text_len, text_dim)
+        reasons = Counter(reason.split(":")[0] for reason in self.skipped.values())
+        print(f"ViewClips: {root}: {len(self.videos)} episodes x {len(VIEW_ORDER)} views {' '.join(VIEW_ORDER)} "
+              f"{height}x{width}, {len(self.skipped)} skipped" + (f" {dict(reasons)}" if reasons else "")
+              + (f"; {text_encoder} text embeddings checked ({read} files read whole)" if text == "t5" else ""))
+        if self.fallback is not None:
+            print(f"ViewClips: {root} has NO camera parameters (stitched without them): every clip gets "
+                  "camera.fallback_cameras, a fixed made-up rig that only tells the views apart; sample such a model "
+                  "with the same fallback (docs/multiview.md)")
+
+    def _camera_path(self, video: Video) -> str:
+        return os.path.join(self.root, "cameras", video.stem + ".npz")
+
+    def __len__(self):
+        return len(self.videos)
+
+    def __getitem__(self, item) -> dict:
+        index, sample_seed = item if isinstance(item, tuple) else (item, seed_of(self.seed, item))
+        rng = np.random.default_rng(sample_seed)
+        for attempt in range(len(self.videos)):  # on a bad episode, move on to the next one
+            video = self.videos[(index + attempt) % len(self.videos)]
+            if video.stem in self.failed:
+                continue
+            try:
+                clips, start, w2c, intrinsics = self._clip(video, rng)
+            except ClipError as e:
+                self.failed[video.stem] = str(e)
+                print(f"ViewClips: skipping {video.stem}: {e} ({len(self.failed)} failed in this process)",
+                      file=sys.stderr)
+                continue
+            emb, mask = clip_text(self, video)
+            pixels = torch.empty((len(clips), 3) + clips[0].shape[:3], dtype=self.dtype)
+            for v, clip in enumerate(clips):  # [T,H,W,3] uint8 -> [3,T,H,W]
+                pixels[v].copy_(torch.from_numpy(clip).permute(3, 0, 1, 2))
+            return {"video": pixels.div_(127.5).sub_(1.0), "w2c": w2c, "intrinsics": intrinsics,
+                    "cameras": "fallback" if self.fallback is not None else "real", "views": list(VIEW_ORDER),
+                    "text_emb": emb, "text_mask": mask, "prompt": video.prompt, "stem": video.stem, "start": start,
+                    "skipped": attempt}
+        raise RuntimeError(f"{self.root}: every episode failed to load in this process: {self.failed}")
+
+    def _clip(self, video: Video, rng) -> tuple:
+        for slot in VIEW_ORDER:  # once per file and process
+            view = video.views[slot]
+            if view.sha1 and view.stem not in self.verified:
+                digest = sha1_file(view.path)
+                if digest != view.sha1:
+                    raise ClipError(f"sha1_mismatch: {view.path} has sha1 {digest}, manifest.jsonl says {view.sha1} "
+                                    "(changed since stitch.py wrote it)")
+                self.verified.add(view.stem)
+        start = int(rng.integers(0, video.frames - self.frames + 1))
+        latent_frames = start + 4 * np.arange((self.frames - 1) // 4 + 1)
+        if self.fallback is not None:
+            w2c, intrinsics = (t.clone() for t in self.fallback)
+        else:
+            path = self._camera_path(video)
+            with np.load(path) as f:
+                names, w2c_all, k_all = [str(n) for n in f["views"]], f["w2c"], f["intrinsics"]
+            n = (len(names), video.frames)
+            if sorted(names) != sorted(VIEW_ORDER) or w2c_all.shape != n + (3, 4) or k_all.shape != n + (4,):
+                raise ClipError(f"bad_camera: {path} holds views {names}, w2c {w2c_all.shape}, intrinsics "
+                                f"{k_all.shape}; expected {sorted(VIEW_ORDER)}, {n + (3, 4)}, {n + (4,)}")
+            order = [names.index(s) for s in VIEW_ORDER]
+            w2c = torch.from_numpy(w2c_all[order][:, latent_frames].astype(np.float32))
+            intrinsics = torch.from_numpy(k_all[order][:, latent_frames].astype(np.float32))
+        clips = [read_clip(video.views[s].path, start, self.frames, self.height, self.width) for s in VIEW_ORDER]
+        return clips, start, w2c, intrinsics
 
 
 class ClipSampler(Sampler):

@@ -171,7 +171,8 @@ def open_source(src: str, cameras: str = "") -> Source:
                              "episode_index and task_index")
     name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(src))  # no commas: upstream splits metadata.csv on them
     cam_hw = {s: camera_hw(info["features"][k], k) for s, k in cams.items()}
-    return Source(src, name, layout, fps, cams, cam_hw, table, episodes, camera_columns(info["features"], cams, info_path))
+    params = camera_columns(info["features"], cams, info_path)
+    return Source(src, name, layout, fps, cams, cam_hw, table, episodes, params)
 
 
 # ----------------------------------------------------------------------------------------------- per episode
@@ -266,8 +267,8 @@ def camera_summary(source: Source, camera_params) -> str:
     if "droid" not in conventions and camera_params != "auto":
         raise ValueError(f"--camera-params: {source.root} has its own intrinsics (sensors.*.intrinsic_cv)")
     cols = {s: c[1] for s, c in source.cam_params.items()}
-    return f"camera parameters: REAL, per output frame, from {cols}" + (
-        f" with intrinsics {camera_params[0]} at {camera_params[1][0]}x{camera_params[1][1]}" if camera_params != "auto" else "")
+    given = "" if camera_params == "auto" else f" with intrinsics {camera_params[0]} at {camera_params[1]} (HxW)"
+    return f"camera parameters: REAL, per output frame, from {cols}{given}"
 
 
 def euler_xyz_matrix(euler: np.ndarray) -> np.ndarray:

@@ -319,8 +319,9 @@ def run_episode(stem: str, ep: Episode) -> dict:
     files = video_files(_CTX["out"], stem, cfg.layout)
     video = os.path.join(_CTX["out"], "videos", stem + (".{view}.mp4" if views else ".mp4"))
     with tempfile.TemporaryFile("w+", errors="replace") as log:
-        rc = subprocess.run(episode_command(ep, source, cfg, fits, [*x264_args(cfg.crf, cfg.preset), "-f", "mp4", "-y",
-                                                                    video + ".tmp"], log_times=True), stderr=log).returncode
+        command = episode_command(ep, source, cfg, fits, [*x264_args(cfg.crf, cfg.preset), "-f", "mp4", "-y",
+                                                          video + ".tmp"], log_times=True)
+        rc = subprocess.run(command, stderr=log).returncode
         if rc != 0:
             tail = log_tail(log)
             log.seek(0)
@@ -422,7 +423,7 @@ def metadata_csv(done: dict) -> str:
     """Header video,prompt (a views folder lists each view); the prompt is always quoted (RFC 4180), the path never
     (upstream splits on the first ,)."""
     q = '"'
-    return "video,prompt\n" + "".join(f"videos/{s}{f'.{v}' if v else ''}.mp4,{q}{done[s]['prompt'].replace(q, q + q)}{q}\n"
+    return "video,prompt\n" + "".join(f"videos/{s}{'.' * bool(v)}{v}.mp4,{q}{done[s]['prompt'].replace(q, q + q)}{q}\n"
                                       for s in sorted(done) for v in done[s].get("views") or [""])
 
 
@@ -456,7 +457,8 @@ def stitch(src: str, out: str, **overrides) -> dict:
     source = open_source(src, cfg.cameras)
     camera_params = parse_camera_params(cfg.camera_params)
     if cfg.layout == "views":
-        print(f"stitch: views {', '.join(f'{s}={k}' for s, k in source.cams.items())}; {camera_summary(source, camera_params)}")
+        views = ", ".join(f"{s}={k}" for s, k in source.cams.items())
+        print(f"stitch: views {views}; {camera_summary(source, camera_params)}")
     check_ffmpeg()
     H, W = parse_size(cfg.size)
     template, template_id = prompt_template(cfg.prompt, cfg.layout)
@@ -651,8 +653,8 @@ def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: i
                 "timestamp": (t / fps).astype(np.float32), "frame_index": t, "episode_index": np.full(length, ep),
                 "index": sum(lengths[:ep]) + t, "task_index": np.full(length, task_index)}
         pinhole = np.array([[0.8 * width, 0, width / 2], [0, 0.8 * width, height / 2], [0, 0, 1]], np.float32)
-        cols.update({col: synthetic_w2c(i, t).astype(np.float32) if kind == "extrinsic" else np.tile(pinhole, (length, 1, 1))
-                     for col, (i, kind) in params.items()})
+        cols.update({col: synthetic_w2c(i, t).astype(np.float32) if kind == "extrinsic" else
+                     np.tile(pinhole, (length, 1, 1)) for col, (i, kind) in params.items()})
         pq.write_table(pa.table({k: pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), 8) if v.ndim == 2 else
                                  pa.array(v.tolist()) if v.ndim == 3 else v for k, v in cols.items()}),
                        os.path.join(tmp, info["data_path"].format(episode_chunk=0, episode_index=ep)))
@@ -710,8 +712,8 @@ def bench(src: str, rounds: int = 3, **overrides) -> dict:
             decode = [[ffmpeg_exe(), *quiet, *segment_input(*ep.segments[s][:2], ep.length, source.fps), "-map",
                        "0:v:0", "-f", "null", "-"] for ep in eps for s in SLOTS]
             raw = [os.path.join(tmp, f"{ep.index}.yuv") for ep in eps]  # the grid frames, made outside the timing
-            run_all(episode_command(ep, source, cfg, fits, [*quiet, "-f", "rawvideo", "-pix_fmt", "yuv420p", "-y", path],
-                                 False) for ep, path in zip(eps, raw))
+            run_all(episode_command(ep, source, cfg, fits, [*quiet, "-f", "rawvideo", "-pix_fmt", "yuv420p", "-y",
+                                                            path], False) for ep, path in zip(eps, raw))
             encode = [[ffmpeg_exe(), *quiet, "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", f"{W}x{H}", "-framerate",
                        str(source.fps / cfg.stride), "-i", path, *x264_args(cfg.crf, cfg.preset), "-f", "mp4", "-y",
                        path + ".mp4"] for path in raw]

@@ -364,3 +364,139 @@ def test_disk_full_is_named_in_the_skip(tmp_path, monkeypatch):
     result = stitch.stitch_episode("s", lerobot.open_source(V21).episodes[0])
     assert result["skip"]["reason"] == "write_error" and result["skip"]["detail"].startswith(
         "ENOSPC (No space left on device) writing")
+
+
+# ------------------------------------------------------------------------------------------- --layout views
+
+VIEW_SIZE = (64, 112)  # the synthetic 90x160 cameras are stretched (aspect within 5%)
+
+
+@functools.lru_cache(maxsize=None)
+def stitched_views(cameras: bool = True) -> tuple:
+    """A synthetic dataset (with camera parameters or without) stitched once per session with --layout views at
+    stride 2: (src, out, summary); test_data reads it too."""
+    src = os.path.join(ROOT_TMP, f"syn_cam{int(cameras)}")
+    if not os.path.exists(src):
+        stitch.make_synthetic(src, lengths=(30, 40, 8), cameras=cameras)
+    out = os.path.join(ROOT_TMP, f"views_cam{int(cameras)}")
+    return src, out, stitch.stitch(src, out, size=f"{VIEW_SIZE[0]}x{VIEW_SIZE[1]}", frames=9, stride=2, workers=1,
+                                   layout="views")
+
+
+def test_views_are_separate_aligned_videos_with_their_cameras_per_output_frame():
+    src, out, summary = stitched_views()
+    assert (summary["written"], summary["by_reason"]) == (2, {"too_short": 1})
+    records = manifest(out)
+    with open(os.path.join(out, "RECIPE.json")) as f:
+        assert json.load(f)["layout"] == "views"
+    for stem, rec in records.items():
+        assert list(rec["views"]) == list(lerobot.SLOTS) and rec["cameras"] == "real" and "sha1" not in rec
+        for camera, slot in enumerate(lerobot.SLOTS, 1):
+            path = os.path.join(out, "videos", f"{stem}.{slot}.mp4")
+            assert rec["views"][slot]["sha1"] == stitch.sha1_file(path)
+            frames = decode_rgb(path, *VIEW_SIZE)
+            assert len(frames) == rec["n_out"] == (rec["src_len"] - 1) // 2 + 1
+            codes = [read_code(f) for f in frames]  # the whole frame is this camera: no grid, no black quadrant
+            assert all(c["camera"] == camera and c["episode"] == rec["episode_index"] for c in codes), (slot, codes)
+            assert [c["frame"] for c in codes] == [2 * j for j in range(len(frames))]
+        with np.load(os.path.join(out, "cameras", stem + ".npz")) as f:
+            assert list(f["views"]) == list(lerobot.SLOTS)
+            assert f["w2c"].shape == (3, rec["n_out"], 3, 4) and f["intrinsics"].shape == (3, rec["n_out"], 4)
+            for camera in (1, 2, 3):  # output frame j carries source frame 2j's parameters, at the output size
+                want = stitch.synthetic_w2c(camera, 2 * np.arange(rec["n_out"]))
+                np.testing.assert_allclose(f["w2c"][camera - 1], want, atol=1e-6)
+                np.testing.assert_allclose(f["intrinsics"][camera - 1], np.tile(
+                    [128 * 112 / 160, 128 * 64 / 90, 80 * 112 / 160, 45 * 64 / 90], (rec["n_out"], 1)), rtol=1e-6)
+    with open(os.path.join(out, "metadata.csv"), encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f))[1:]
+    assert [r[0] for r in rows] == [f"videos/{s}.{v}.mp4" for s in sorted(records) for v in lerobot.SLOTS]
+    assert all("three cameras" in r[1] for r in rows)  # the views template, not the grid's
+    again = stitch.stitch(src, out, size=f"{VIEW_SIZE[0]}x{VIEW_SIZE[1]}", frames=9, stride=2, workers=1,
+                          layout="views")
+    assert (again["new"], again["already_done"]) == (0, 2)
+    os.remove(os.path.join(out, "cameras", sorted(records)[0] + ".npz"))  # a lost camera file redoes its episode
+    assert stitch.stitch(src, out, size=f"{VIEW_SIZE[0]}x{VIEW_SIZE[1]}", frames=9, stride=2, workers=1,
+                         layout="views")["new"] == 1
+    with pytest.raises(ValueError, match="another recipe"):  # a grid into a views folder
+        stitch.stitch(src, out, size=f"{VIEW_SIZE[0]}x{VIEW_SIZE[1]}", frames=9, stride=2, workers=1)
+
+
+def test_views_without_camera_parameters_say_so_and_grid_recipes_are_unchanged(capsys, tmp_path):
+    src, out, summary = stitched_views(cameras=False)
+    assert summary["written"] == 2 and not os.listdir(os.path.join(out, "cameras"))
+    assert {r["cameras"] for r in manifest(out).values()} == {"absent"}
+    grid = stitch.stitch(src, str(tmp_path / "grid"), size="64x112", frames=9, stride=2, workers=1)
+    assert grid["written"] == 2
+    with open(tmp_path / "grid" / "RECIPE.json") as f:
+        assert "layout" not in json.load(f)  # so folders stitched before --layout existed keep their recipe hash
+    assert "camera parameters: NONE" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--layout views only"):
+        stitch.make_config({"camera_params": "none"})
+    for bad in ("1,2,3@4x5", "0,1,2,3@10x10", "a,b,c,d@1x1", "1,1,1,1@0x3"):
+        with pytest.raises(ValueError, match="--camera-params"):
+            stitch.make_config({"layout": "views", "camera_params": bad})
+    assert stitch.parse_camera_params("531,531.5,640,360@720x1280") == ((531, 531.5, 640, 360), (720, 1280))
+
+
+def droid_port(tmp_path, n: int = 12, shape: int = 6, cameras=("exterior_1_left", "exterior_2_left", "wrist_left")):
+    """A tiny frame table with lerobot's DROID-port camera columns: (Source, Episode, poses {camera: [n,6]})."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rng = np.random.default_rng(0)
+    poses = {c: np.concatenate([rng.normal(size=(n, 3)), rng.uniform(-3, 3, size=(n, 3))], 1) for c in cameras}
+    path = str(tmp_path / "episode_000000.parquet")
+    columns = {f"camera_extrinsics.{c}": pa.array(p.astype(np.float32).tolist()) for c, p in poses.items()}
+    pq.write_table(pa.table({"frame_index": np.arange(n), **columns}), path)
+    features = {f"camera_extrinsics.{c}": {"dtype": "float32", "shape": [shape]} for c in cameras}
+    names = ("exterior_1_left", "exterior_2_left", "wrist_left")
+    cams = {s: f"observation.images.{c}" for s, c in zip(lerobot.SLOTS, names)}
+    source = lerobot.Source(str(tmp_path), "t", "v2", 15, cams, {s: (180, 320) for s in cams}, {}, [],
+                            lerobot.camera_columns(features, cams, "info.json"))
+    return source, lerobot.Episode(0, n, [], path, {}), poses
+
+
+def test_droid_port_extrinsics_are_read_inverted_and_rescaled(tmp_path):
+    source, ep, poses = droid_port(tmp_path)
+    assert source.cam_params["wrist"] == ("droid", "camera_extrinsics.wrist_left", None)
+    frames = np.array([0, 4, 8])
+    with pytest.raises(ValueError, match="no intrinsics"):
+        lerobot.read_cameras(ep, source, frames, None)
+    found = lerobot.read_cameras(ep, source, frames, ((530.0, 520.0, 640.0, 360.0), (720, 1280)))
+    for slot, name in zip(lerobot.SLOTS, ("exterior_1_left", "exterior_2_left", "wrist_left")):
+        w2c, k = found[slot]
+        for j, f in enumerate(frames):
+            pose = poses[name][f].astype(np.float32).astype(np.float64)
+            roll, pitch, yaw = pose[3:]  # scipy's "xyz": extrinsic x, then y, then z
+            rx = np.array([[1, 0, 0], [0, np.cos(roll), -np.sin(roll)], [0, np.sin(roll), np.cos(roll)]])
+            ry = np.array([[np.cos(pitch), 0, np.sin(pitch)], [0, 1, 0], [-np.sin(pitch), 0, np.cos(pitch)]])
+            rz = np.array([[np.cos(yaw), -np.sin(yaw), 0], [np.sin(yaw), np.cos(yaw), 0], [0, 0, 1]])
+            cam_to_base = np.eye(4)
+            cam_to_base[:3, :3], cam_to_base[:3, 3] = rz @ ry @ rx, pose[:3]
+            np.testing.assert_allclose(np.vstack([w2c[j], [0, 0, 0, 1]]), np.linalg.inv(cam_to_base), atol=1e-9)
+        np.testing.assert_allclose(k, np.tile([530 / 4, 520 / 4, 160, 90], (3, 1)))  # 1280x720 -> 320x180
+    # into a 64x64 view: the 320x180 frame is padded (aspect 1.78 vs 1): scaled to 64x36 and centred at y = 14
+    np.testing.assert_allclose(stitch.fitted_intrinsics(np.array([132.5, 130.0, 160.0, 90.0]), (180, 320), (64, 64),
+                                                        "pad"), [26.5, 26.0, 32.0, 32.0])
+
+
+def test_malformed_or_partial_camera_parameters_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"shape \[7\], expected \[6\]"):
+        droid_port(tmp_path, shape=7)
+    with pytest.raises(ValueError, match="not for"):
+        droid_port(tmp_path, cameras=("exterior_1_left", "wrist_left"))
+    source, ep, poses = droid_port(tmp_path)
+    with pytest.raises(ValueError, match="no intrinsics"):
+        lerobot.camera_summary(source, "auto")
+    assert "REAL" in lerobot.camera_summary(source, ((1.0, 1.0, 1.0, 1.0), (2, 2)))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    table = pq.read_table(ep.data_path)
+    bad = np.array(table["camera_extrinsics.wrist_left"].to_pylist())
+    bad[3, 0] = np.nan
+    pq.write_table(table.set_column(table.schema.get_field_index("camera_extrinsics.wrist_left"),
+                                    "camera_extrinsics.wrist_left", pa.array(bad.tolist())), ep.data_path)
+    with pytest.raises(ValueError, match="non-finite"):
+        lerobot.read_cameras(ep, source, np.arange(4), ((1.0, 1.0, 1.0, 1.0), (2, 2)))
+    features = {"sensors.wrist_left.extrinsic_cv": {"shape": [3, 4]}}
+    with pytest.raises(ValueError, match="needs both"):
+        lerobot.camera_columns(features, {"wrist": "observation.images.wrist_left"}, "info.json")
