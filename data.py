@@ -394,6 +394,24 @@ def size_error(root: str, found: tuple, where: str, height: int, width: int) -> 
                       f"`python stitch.py SRC OUT --size {height}x{width}`")
 
 
+def first_loadable(dataset, item) -> tuple:
+    """(video, attempt, dataset._clip(video, rng)) for a GridClips / ViewClips item: on a bad video (a ClipError,
+    recorded in dataset.failed and reported once) the sample moves on to the next one; the rng comes from the seed."""
+    index, sample_seed = item if isinstance(item, tuple) else (item, seed_of(dataset.seed, item))
+    rng = np.random.default_rng(sample_seed)
+    for attempt in range(len(dataset.videos)):
+        video = dataset.videos[(index + attempt) % len(dataset.videos)]
+        if video.stem in dataset.failed:
+            continue
+        try:
+            return video, attempt, dataset._clip(video, rng)
+        except ClipError as e:
+            dataset.failed[video.stem] = str(e)
+            print(f"{type(dataset).__name__}: skipping {video.path or video.stem}: {e} ({len(dataset.failed)} failed "
+                  "in this process)", file=sys.stderr)
+    raise RuntimeError(f"{dataset.root}: every video failed to load in this process: {dataset.failed}")
+
+
 class GridClips(Dataset):
     """Clips of `frames` frames from a stitched folder whose videos are height x width; see the module docstring.
 
@@ -446,25 +464,12 @@ class GridClips(Dataset):
         return len(self.videos)
 
     def __getitem__(self, item) -> dict:
-        index, sample_seed = item if isinstance(item, tuple) else (item, seed_of(self.seed, item))
-        rng = np.random.default_rng(sample_seed)
-        for attempt in range(len(self.videos)):  # on a bad video, move on to the next one
-            video = self.videos[(index + attempt) % len(self.videos)]
-            if video.stem in self.failed:
-                continue
-            try:
-                clip, start = self._clip(video, rng)
-            except ClipError as e:
-                self.failed[video.stem] = str(e)
-                print(f"GridClips: skipping {video.path}: {e} ({len(self.failed)} failed in this process)",
-                      file=sys.stderr)
-                continue
-            emb, mask = clip_text(self, video)
-            pixels = torch.empty((3,) + clip.shape[:3], dtype=self.dtype)
-            pixels.copy_(torch.from_numpy(clip).permute(3, 0, 1, 2))  # [T,H,W,3] uint8 -> [3,T,H,W]
-            return {"video": pixels.div_(127.5).sub_(1.0), "text_emb": emb, "text_mask": mask,
-                    "prompt": video.prompt, "stem": video.stem, "start": start, "skipped": attempt}
-        raise RuntimeError(f"{self.root}: every video failed to load in this process: {self.failed}")
+        video, attempt, (clip, start) = first_loadable(self, item)
+        emb, mask = clip_text(self, video)
+        pixels = torch.empty((3,) + clip.shape[:3], dtype=self.dtype)
+        pixels.copy_(torch.from_numpy(clip).permute(3, 0, 1, 2))  # [T,H,W,3] uint8 -> [3,T,H,W]
+        return {"video": pixels.div_(127.5).sub_(1.0), "text_emb": emb, "text_mask": mask,
+                "prompt": video.prompt, "stem": video.stem, "start": start, "skipped": attempt}
 
     @staticmethod
     def _probe(video: Video):
@@ -556,28 +561,15 @@ class ViewClips(Dataset):
         return len(self.videos)
 
     def __getitem__(self, item) -> dict:
-        index, sample_seed = item if isinstance(item, tuple) else (item, seed_of(self.seed, item))
-        rng = np.random.default_rng(sample_seed)
-        for attempt in range(len(self.videos)):  # on a bad episode, move on to the next one
-            video = self.videos[(index + attempt) % len(self.videos)]
-            if video.stem in self.failed:
-                continue
-            try:
-                clips, start, w2c, intrinsics = self._clip(video, rng)
-            except ClipError as e:
-                self.failed[video.stem] = str(e)
-                print(f"ViewClips: skipping {video.stem}: {e} ({len(self.failed)} failed in this process)",
-                      file=sys.stderr)
-                continue
-            emb, mask = clip_text(self, video)
-            pixels = torch.empty((len(clips), 3) + clips[0].shape[:3], dtype=self.dtype)
-            for v, clip in enumerate(clips):  # [T,H,W,3] uint8 -> [3,T,H,W]
-                pixels[v].copy_(torch.from_numpy(clip).permute(3, 0, 1, 2))
-            return {"video": pixels.div_(127.5).sub_(1.0), "w2c": w2c, "intrinsics": intrinsics,
-                    "cameras": "fallback" if self.fallback is not None else "real", "views": list(VIEW_ORDER),
-                    "text_emb": emb, "text_mask": mask, "prompt": video.prompt, "stem": video.stem, "start": start,
-                    "skipped": attempt}
-        raise RuntimeError(f"{self.root}: every episode failed to load in this process: {self.failed}")
+        video, attempt, (clips, start, w2c, intrinsics) = first_loadable(self, item)
+        emb, mask = clip_text(self, video)
+        pixels = torch.empty((len(clips), 3) + clips[0].shape[:3], dtype=self.dtype)
+        for v, clip in enumerate(clips):  # [T,H,W,3] uint8 -> [3,T,H,W]
+            pixels[v].copy_(torch.from_numpy(clip).permute(3, 0, 1, 2))
+        return {"video": pixels.div_(127.5).sub_(1.0), "w2c": w2c, "intrinsics": intrinsics,
+                "cameras": "fallback" if self.fallback is not None else "real", "views": list(VIEW_ORDER),
+                "text_emb": emb, "text_mask": mask, "prompt": video.prompt, "stem": video.stem, "start": start,
+                "skipped": attempt}
 
     def _clip(self, video: Video, rng) -> tuple:
         for slot in VIEW_ORDER:  # once per file and process

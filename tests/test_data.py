@@ -308,3 +308,76 @@ def test_t5_pickles_of_every_protocol_load_and_code_does_not(tmp_path, protocol)
         pickle.dump([Evil()], f, protocol=protocol)
     with pytest.raises(pickle.UnpicklingError, match="refusing"):
         load_text_embedding(path, 10, 8)
+
+
+def test_view_clips_order_alignment_and_cameras_per_latent_frame(capsys):
+    from test_stitch import VIEW_SIZE, read_code, stitched_views
+    _, out, _ = stitched_views()
+    ds = data.ViewClips(out, 9, *VIEW_SIZE, text_len=16, text_dim=8, text="standin", seed=3)
+    for index in range(len(ds)):
+        sample = ds[(index, 11 + index)]
+        assert sample["views"] == ["wrist", "ext_1", "ext_2"] and sample["cameras"] == "real"
+        pixels = ((sample["video"].permute(0, 2, 3, 4, 1) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).numpy()
+        assert pixels.shape == (3, 9) + VIEW_SIZE + (3,)
+        codes = [[read_code(frame) for frame in view] for view in pixels]
+        # [hand_0, head, hand_1] = wrist (camera 3), exterior_1 (1), exterior_2 (2); the same window in each view
+        assert [{c["camera"] for c in view} for view in codes] == [{3}, {1}, {2}]
+        start = sample["start"]
+        assert all([c["frame"] for c in view] == [2 * (start + j) for j in range(9)] for view in codes)
+        with np.load(f"{out}/cameras/{sample['stem']}.npz") as f:  # latent k <-> pixel frame start + 4k
+            want = f["w2c"][[2, 0, 1]][:, start + 4 * np.arange(3)]
+            want_k = f["intrinsics"][[2, 0, 1]][:, start + 4 * np.arange(3)]
+        assert sample["w2c"].shape == (3, 3, 3, 4) and torch.equal(sample["w2c"], torch.from_numpy(want))
+        assert torch.equal(sample["intrinsics"], torch.from_numpy(want_k))
+    with pytest.raises(ValueError, match="4k\\+1"):
+        data.ViewClips(out, 8, *VIEW_SIZE, text="standin")
+    with pytest.raises(ValueError, match="ViewClips"):
+        data.GridClips(out, 9, *VIEW_SIZE, text="standin")
+    with pytest.raises(ValueError, match="--layout views"):
+        data.ViewClips(stitched(V30)[0], 9, *SIZE, text="standin")
+    _, bare, _ = stitched_views(cameras=False)
+    capsys.readouterr()
+    ds = data.ViewClips(bare, 9, *VIEW_SIZE, text_len=16, text_dim=8, text="standin")
+    assert "NO camera parameters" in capsys.readouterr().out
+    import camera
+    w2c, k = camera.fallback_cameras(3, 3, *VIEW_SIZE)
+    sample = ds[0]
+    assert sample["cameras"] == "fallback" and torch.equal(sample["w2c"], w2c) and torch.equal(sample["intrinsics"], k)
+
+
+def write_reason1(path, prompt, rows=5, dim=8, dtype=torch.bfloat16, fmt=data.REASON1_FORMAT):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    emb = torch.randn(rows, dim, generator=torch.Generator().manual_seed(len(prompt))).to(dtype)
+    save_file({"crossattn_emb": emb}, path, metadata={"prompt": prompt, "encoder": "test", "revision": "0",
+                                                      "format": fmt})
+    return emb
+
+
+def test_reason1_embeddings_one_file_per_prompt_and_refusals(tmp_path):
+    root = copy_grid(tmp_path)
+    videos = data.list_videos(root)
+    with pytest.raises(FileNotFoundError, match="--encoder reason1"):
+        data.GridClips(root, 93, *SIZE, text_len=6, text_dim=8, text_encoder="reason1")
+    want = {v.prompt: write_reason1(data.reason1_path(root, v.prompt), v.prompt) for v in videos}
+    assert len(os.listdir(os.path.join(root, "reason1"))) == len(want) == 2  # 3 videos, 2 unique prompts
+    ds = data.GridClips(root, 93, *SIZE, text_len=6, text_dim=8, text_encoder="reason1")
+    sample = ds[0]
+    assert sample["text_emb"].dtype == torch.bfloat16 and sample["text_emb"].shape == (6, 8)
+    assert torch.equal(sample["text_emb"][:5], want[sample["prompt"]]) and not sample["text_emb"][5].any()
+    assert sample["text_mask"].tolist() == [1] * 5 + [0]
+    neg, source = data.negative_embedding(root, 6, 8, text_encoder="reason1")
+    assert not neg.any() and "t5.py" in source and "--encoder reason1" in source
+    neg_want = write_reason1(os.path.join(root, "reason1", "negative_prompt.safetensors"), "a negative prompt")
+    neg, source = data.negative_embedding(root, 6, 8, text_encoder="reason1")
+    assert torch.equal(neg[:5], neg_want) and source.endswith("negative_prompt.safetensors")
+    path = data.reason1_path(root, videos[0].prompt)
+    for bad, match in ((dict(dtype=torch.float32), "BF16"), (dict(fmt="other"), "format"), (dict(dim=9), "shape"),
+                       (dict(rows=7), "shape")):
+        write_reason1(path, videos[0].prompt, **bad)
+        with pytest.raises(ValueError, match=match):
+            data.GridClips(root, 93, *SIZE, text_len=6, text_dim=8, text_encoder="reason1")
+    write_reason1(path, "another prompt")
+    with pytest.raises(ValueError, match="not this video's prompt"):
+        data.GridClips(root, 93, *SIZE, text_len=6, text_dim=8, text_encoder="reason1")
+    with pytest.raises(ValueError, match="text_encoder"):
+        data.GridClips(root, 93, *SIZE, text="standin", text_encoder="reason1")
