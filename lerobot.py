@@ -12,8 +12,10 @@ Camera parameters (for the multi-view layout's Pluecker rays), when the dataset 
 its name (the last dotted part of its video key) in two conventions (sources in docs/multiview.md):
   droid: `camera_extrinsics.<name>` float[6] = [x, y, z, roll, pitch, yaw], the camera's pose in the robot base frame
     (camera -> base, metres), R = Rz(yaw) Ry(pitch) Rx(roll) (scipy's from_euler("xyz")), as lerobot's DROID port
-    writes it (copied from the RLDS episode metadata: one pose per episode, also for the moving wrist camera). No
-    intrinsics: stitch.py --camera-params gives them.
+    writes it, copied from the RLDS episode metadata into every frame. For the wrist camera that is its pose at frame
+    0 (DROID's metadata takes the first step); where it is constant and the table has EE_POSE_COLUMN, the camera is
+    moved with the gripper: T_base_cam(t) = T_base_ee(t) T_base_ee(0)^-1 T_base_cam(0), as DROID computed it while
+    recording (the hand-eye offset is fixed). No intrinsics: stitch.py --camera-params gives them.
   cv: `sensors.<name>.extrinsic_cv` float[3,4] (world -> camera, OpenCV axes: x right, y down, z forward) and
     `sensors.<name>.intrinsic_cv` float[3,3] (in pixels of the stored frames), as ManiSkill exports write them.
 """
@@ -35,6 +37,7 @@ CAMERA_ALIASES = {"ext_1": ("exterior_1_left", "exterior_image_1_left", "robot0_
                   "wrist": ("wrist_image_left", "wrist_left", "robot0_eye_in_hand")}
 PLACEHOLDER_TASKS = {"", "none", "null", "nan", "n/a"}
 LANGUAGE_COLUMNS = ("language_instruction", "language_instruction_2", "language_instruction_3")
+EE_POSE_COLUMN = "observation.state.cartesian_position"  # DROID port: gripper pose in the base frame, [xyz, Euler xyz]
 
 
 @dataclasses.dataclass
@@ -279,12 +282,20 @@ def euler_xyz_matrix(euler: np.ndarray) -> np.ndarray:
                      np.stack([-sb, sa * cb, ca * cb], -1)], -2)
 
 
+def pose_matrix(pose: np.ndarray) -> np.ndarray:
+    """[n, 6] (x, y, z, roll, pitch, yaw) -> [n, 4, 4] homogeneous transforms with R = euler_xyz_matrix."""
+    out = np.tile(np.eye(4), (len(pose), 1, 1))
+    out[:, :3, :3], out[:, :3, 3] = euler_xyz_matrix(pose[:, 3:]), pose[:, :3]
+    return out
+
+
 def read_cameras(ep: Episode, source: Source, frames: np.ndarray, intrinsics: tuple | None) -> dict:
     """slot -> (w2c [n,3,4] world -> camera (OpenCV axes), (fx, fy, cx, cy) [n,4] in pixels of the stored frames)
     at the frame_index values `frames`, float64. `intrinsics` ((fx, fy, cx, cy), (height, width) they refer to) is
     used for cameras whose convention has none (droid). ValueError (the message names the column) on values that
     are not finite, a rotation that is not one, or a focal length <= 0."""
     cols = sorted({c for _, *names in source.cam_params.values() for c in names if c})
+    cols += [EE_POSE_COLUMN] if EE_POSE_COLUMN in pq.read_schema(ep.data_path).names else []
     filters = [("episode_index", "=", ep.index)] if source.layout == "v3" else None
     table = pq.read_table(ep.data_path, columns=cols, filters=filters)
     if table.num_rows != ep.length:
@@ -292,17 +303,21 @@ def read_cameras(ep: Episode, source: Source, frames: np.ndarray, intrinsics: tu
                          f"the metadata says {ep.length}")
     out = {}
     for slot, (convention, ext_col, k_col) in source.cam_params.items():
-        ext = np.asarray(table[ext_col].to_pylist(), np.float64)[frames]
+        ext = np.asarray(table[ext_col].to_pylist(), np.float64)
         if convention == "droid":
             if intrinsics is None:
                 raise ValueError(f"{ext_col}: this convention has no intrinsics; pass --camera-params fx,fy,cx,cy@HxW")
-            rot = euler_xyz_matrix(ext[:, 3:])  # camera -> base; invert: w2c = [R^T | -R^T t]
-            w2c = np.concatenate([rot.swapaxes(-1, -2), -rot.swapaxes(-1, -2) @ ext[:, :3, None]], -1)
+            cam = pose_matrix(ext[frames])  # camera -> base
+            if slot == "wrist" and EE_POSE_COLUMN in cols and (ext == ext[0]).all():  # the port's one pose: frame 0's
+                ee = pose_matrix(np.asarray(table[EE_POSE_COLUMN].to_pylist(), np.float64))
+                cam = ee[frames] @ np.linalg.inv(ee[0]) @ cam
+            rot = cam[:, :3, :3]  # invert: w2c = [R^T | -R^T t]
+            w2c = np.concatenate([rot.swapaxes(-1, -2), -rot.swapaxes(-1, -2) @ cam[:, :3, 3:]], -1)
             (fx, fy, cx, cy), (kh, kw) = intrinsics
             (h, w) = source.cam_hw[slot]
             k = np.tile([fx * w / kw, fy * h / kh, cx * w / kw, cy * h / kh], (len(frames), 1))
         else:
-            w2c, mat = ext, np.asarray(table[k_col].to_pylist(), np.float64)[frames]
+            w2c, mat = ext[frames], np.asarray(table[k_col].to_pylist(), np.float64)[frames]
             k = np.stack([mat[:, 0, 0], mat[:, 1, 1], mat[:, 0, 2], mat[:, 1, 2]], -1)
         rot = w2c[:, :, :3]
         if not (np.isfinite(w2c).all() and np.isfinite(k).all()):

@@ -438,15 +438,18 @@ def test_views_without_camera_parameters_say_so_and_grid_recipes_are_unchanged(c
     assert stitch.parse_camera_params("531,531.5,640,360@720x1280") == ((531, 531.5, 640, 360), (720, 1280))
 
 
-def droid_port(tmp_path, n: int = 12, shape: int = 6, cameras=("exterior_1_left", "exterior_2_left", "wrist_left")):
-    """A tiny frame table with lerobot's DROID-port camera columns: (Source, Episode, poses {camera: [n,6]})."""
+def droid_port(tmp_path, n: int = 12, shape: int = 6, cameras=("exterior_1_left", "exterior_2_left", "wrist_left"),
+               columns=None):
+    """A tiny frame table with lerobot's DROID-port camera columns (random poses, or `columns`):
+    (Source, Episode, poses {camera: [n,6]})."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     rng = np.random.default_rng(0)
     poses = {c: np.concatenate([rng.normal(size=(n, 3)), rng.uniform(-3, 3, size=(n, 3))], 1) for c in cameras}
     path = str(tmp_path / "episode_000000.parquet")
-    columns = {f"camera_extrinsics.{c}": pa.array(p.astype(np.float32).tolist()) for c, p in poses.items()}
-    pq.write_table(pa.table({"frame_index": np.arange(n), **columns}), path)
+    columns = columns or {f"camera_extrinsics.{c}": p for c, p in poses.items()}
+    pq.write_table(pa.table({"frame_index": np.arange(n), **{k: pa.array(v.astype(np.float32).tolist())
+                                                             for k, v in columns.items()}}), path)
     features = {f"camera_extrinsics.{c}": {"dtype": "float32", "shape": [shape]} for c in cameras}
     names = ("exterior_1_left", "exterior_2_left", "wrist_left")
     cams = {s: f"observation.images.{c}" for s, c in zip(lerobot.SLOTS, names)}
@@ -500,3 +503,24 @@ def test_malformed_or_partial_camera_parameters_are_refused(tmp_path):
     features = {"sensors.wrist_left.extrinsic_cv": {"shape": [3, 4]}}
     with pytest.raises(ValueError, match="needs both"):
         lerobot.camera_columns(features, {"wrist": "observation.images.wrist_left"}, "info.json")
+
+
+def test_droid_port_wrist_camera_moves_with_the_gripper(tmp_path):
+    """The port repeats the wrist camera's frame-0 pose in every row; with the gripper pose per frame the camera is
+    moved along: T_base_cam(t) = T_base_ee(t) T_ee_cam, DROID's own formula while recording."""
+    n, rng = 9, np.random.default_rng(1)
+    ee = np.concatenate([rng.normal(size=(n, 3)), rng.uniform(-3, 3, size=(n, 3))], 1).astype(np.float32)
+    as_matrix = lambda p: lerobot.pose_matrix(p.astype(np.float64))  # noqa: E731 (tested above against Rz Ry Rx)
+    offset = as_matrix(np.array([[0.05, -0.02, 0.1, 0.3, -0.2, 1.4]]))[0]  # camera in the gripper's frame
+    wrist0 = as_matrix(ee[:1])[0] @ offset
+    euler = np.array([np.arctan2(wrist0[2, 1], wrist0[2, 2]), -np.arcsin(wrist0[2, 0]),
+                      np.arctan2(wrist0[1, 0], wrist0[0, 0])])
+    fixed = np.tile(np.concatenate([wrist0[:3, 3], euler]), (n, 1))
+    columns = {"camera_extrinsics.exterior_1_left": fixed, "camera_extrinsics.exterior_2_left": fixed,
+               "camera_extrinsics.wrist_left": fixed, lerobot.EE_POSE_COLUMN: ee}
+    source, ep, _ = droid_port(tmp_path, n=n, columns=columns)
+    found = lerobot.read_cameras(ep, source, np.arange(0, n, 2), ((1.0, 1.0, 1.0, 1.0), (2, 2)))
+    for j, f in enumerate(range(0, n, 2)):
+        want = np.linalg.inv(as_matrix(ee[f:f + 1])[0] @ offset)
+        np.testing.assert_allclose(found["wrist"][0][j], want[:3], atol=2e-5)  # float32 storage
+        np.testing.assert_allclose(found["ext_1"][0][j], np.linalg.inv(wrist0)[:3], atol=2e-5)  # fixed cameras stay
