@@ -105,8 +105,9 @@ def observe(net):
         if hasattr(block, "cam_encoder"):
             handles.append(block.cam_encoder.register_forward_hook(keep(f"block{i}_cam_encoder_out")))
     handles.append(net.final_layer.register_forward_hook(keep("final_layer_out")))
-    # the normed time embedding is what every block receives (fp32_time_modulation normalises it functionally)
-    handles.append(net.blocks[0].register_forward_pre_hook(keep_input("t_embedding_norm_out", 1)))
+    # the normed time embedding is what every block and the final layer receive (fp32_time_modulation normalises it
+    # functionally, so no hook on t_embedding_norm would see it)
+    handles.append(net.final_layer.register_forward_pre_hook(keep_input("t_embedding_norm_out", 1)))
     handles.append(net.t_embedder[0].register_forward_pre_hook(keep_input("t_embedder_in", 0)))
     handles.append(net.t_embedder[0].register_forward_hook(keep("sinusoid")))
     handles.append(net.t_embedder[1].register_forward_hook(keep("t_mlp")))

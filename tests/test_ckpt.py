@@ -443,10 +443,66 @@ def test_keys_are_normalised_by_whole_segments():
 
 def test_named_inits_and_offline_error():
     assert {"droid", "2b-480p-16fps", "2b-720p-16fps", "2b-480p-10fps", "2b-720p-10fps", "14b-480p-16fps",
-            "14b-720p-16fps", "14b-480p-10fps", "14b-720p-10fps"} == set(ckpt.NAMED_INITS)
+            "14b-720p-16fps", "14b-480p-10fps", "14b-720p-10fps", "p25-2b-pre", "p25-2b-post", "p25-14b-pre",
+            "p25-14b-post", "p25-2b-agibot"} == set(ckpt.NAMED_INITS) == set(ckpt.INIT_CONFIGS)
     assert ckpt.NAMED_INITS["droid"].endswith("@ebc29d30a3fab504bcc779a85bca073d14ad39f9")
+    # upstream's registry (cosmos_oss/checkpoints_predict2.py): repo, file and full revision of each 2.5 release
+    assert ckpt.NAMED_INITS["p25-2b-post"] == ("hf://nvidia/Cosmos-Predict2.5-2B/base/post-trained/"
+                                               "81edfebe-bd6a-4039-8c1d-737df1a790bf_ema_bf16.pt"
+                                               "@15a82a2ec231bc318692aa0456a36537c806e7d4")
+    assert ckpt.NAMED_INITS["p25-14b-pre"].endswith("54937b8c-29de-4f04-862c-e67b04ec41e8_ema_bf16.pt"
+                                                    "@03eb354f35eae0d6e0c1be3c9f94d8551e125570")
+    assert ckpt.NAMED_INITS["p25-2b-agibot"].startswith("hf://nvidia/Cosmos-Predict2.5-2B/robot/multiview-agibot/")
+    assert all(get_config(c) for c in ckpt.INIT_CONFIGS.values())  # every named init names a real config
     with pytest.raises(ckpt.CheckpointError, match="offline"):
         ckpt.resolve_source("droid", offline=True)
+
+
+def test_a_named_init_loads_only_into_its_config():
+    net = DiT(get_config("tiny"))
+    # refused from the config alone, before any download
+    with pytest.raises(ckpt.CheckpointError, match=r"p25-2b-pre is a p25-2b checkpoint .* --config p25-2b$"):
+        ckpt.load(net, "p25-2b-pre")
+    with pytest.raises(ckpt.CheckpointError, match="--init droid is a v2w-14b checkpoint"):
+        ckpt.check("p25-14b", "droid")
+    ckpt.check_init_config("p25-2b-agibot", get_config("p25-2b-agibot"))  # the right one passes
+    ckpt.check_init_config("some/file.pt", get_config("tiny"))  # files and hf:// urls name no config
+
+
+def _release_layout(path, cfg_name, extra_keys=()):
+    """A model saved as the Predict2.5 release files are: `net.` keys, bf16, upstream's counters and TransformerEngine
+    `_extra_state` keys (agibot's cross-attention op included)."""
+    torch.manual_seed(0)
+    net = DiT(get_config(cfg_name))
+    sd = {"net." + k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in net.state_dict().items()}
+    sd.update({f"net.{k}": torch.zeros((), dtype=torch.int64) for k in ckpt.IGNORABLE_KEYS})
+    sd.update({f"net.{k}": torch.zeros(5, dtype=torch.uint8) for k in extra_keys})
+    save_file(sd, path)
+    return net
+
+
+def test_predict25_release_layout_loads_strictly_and_wrong_networks_are_named(tmp_path):
+    extra = ["t_embedding_norm._extra_state"] + [f"blocks.{i}.{a}.{n}._extra_state" for i in range(2)
+                                                 for a in ("self_attn", "cross_attn") for n in ("q_norm", "k_norm")]
+    agibot_extra = extra + [f"blocks.{i}.cross_attn.attn_op._extra_state" for i in range(2)]
+    agibot_file, base_file, p2_file = (str(tmp_path / f"{n}.safetensors") for n in ("agibot", "base", "p2"))
+    src = _release_layout(agibot_file, "p25-tiny-agibot", agibot_extra)
+    _release_layout(base_file, "p25-tiny", extra)
+    _release_layout(p2_file, "tiny")
+    net = DiT(get_config("p25-tiny-agibot"))
+    report = ckpt.load(net, agibot_file)
+    assert report.ok and len(report.ignored) == len(agibot_extra) + len(ckpt.IGNORABLE_KEYS)
+    assert len(report.loaded) == len(net.state_dict()) and not report.missing
+    assert torch.equal(net.blocks[1].cam_encoder.weight, src.blocks[1].cam_encoder.weight.bfloat16().float())
+    cases = [("p25-tiny", agibot_file, "robot/multiview-agibot network .* --config p25-2b-agibot"),
+             ("tiny", base_file, "a Cosmos-Predict2.5 network .* --config p25-2b or p25-14b"),
+             ("p25-tiny", p2_file, "has no text projection: a Predict2 checkpoint loads into --config v2w-2b"),
+             ("p25-tiny-agibot", base_file, "has cam_encoder .* load into --config p25-2b or p25-14b")]
+    for config, path, hint in cases:
+        with pytest.raises(ckpt.CheckpointError, match=hint) as err:
+            ckpt.load(DiT(get_config(config)), path)
+        assert str(err.value).splitlines()[0].startswith(f"{path}: wrong network: ")  # the first line says it
+    assert ckpt.check("p25-tiny", base_file) and not ckpt.check("p25-tiny", p2_file)
 
 
 def _write_tiny(path, cfg_name="tiny", drop=None, prefix="", dtype=None):
