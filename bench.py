@@ -217,11 +217,11 @@ def fsdp_traffic(net, world, compute_dtype, link_gb_s):
     the trainable grads in fp32. A ring collective of S bytes sends and receives (N-1)/N x S per rank. Not
     overlappable: the root's and block 0's first gathers (nothing to compute yet) and their reduce-scatters
     (the optimizer waits for them)."""
-    size = torch.tensor([], dtype=compute_dtype).element_size()
+    size = torch.tensor([], dtype=compute_dtype).element_size() * (world > 1)  # one rank: FSDP2 calls no collective
     ag = rs = edge = 0
     for name, params, gathers in fsdp_units(net):
         unit_ag = sum(shard_numel(p, world) for p in params) * world * size
-        unit_rs = sum(shard_numel(p, world) for p in params if p.requires_grad) * world * 4
+        unit_rs = sum(shard_numel(p, world) for p in params if p.requires_grad) * world * 4 * (world > 1)
         ag, rs = ag + gathers * unit_ag, rs + unit_rs
         edge += (unit_ag + unit_rs) if name in ("root", "blocks.0") else 0
     ring = (world - 1) / world

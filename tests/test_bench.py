@@ -1,0 +1,130 @@
+"""bench.py --world N (the planner) against reality on CPU: W = 1 equals a run with no process group, a real gloo
+2-rank run holds exactly the per-rank bytes the planner predicts, and the FSDP traffic formula equals the bytes the
+collectives are handed (counted at dispatch). docs/memory.md, "Before you queue a job", has the model.
+"""
+import json
+
+import pytest
+import torch
+
+import bench
+import train
+from dist_utils import run_dist
+from model import DiT, add_lora, get_config
+
+SMALL = ["--device", "cpu", "--dtype", "float32", "--config", "tiny", "--frames", "5", "--height", "64", "--width",
+         "64", "--text-len", "8", "--steps", "1", "--warmup", "0"]
+
+
+def plan(*flags, shard=True):
+    return bench.plan(bench.parse_args(SMALL + list(flags)), shard=shard)
+
+
+def meta_model(lora):
+    with torch.device("meta"):
+        net = DiT(get_config("tiny"))
+    if lora:
+        add_lora(net, lora)
+    return net
+
+
+def test_world_1_equals_a_run_without_process_group():
+    one, plain = plan("--world", "1", "--sac", "block"), plan("--world", "1", "--sac", "block", shard=False)
+    assert one["sharded"] and not plain["sharded"]
+    assert one["state_measured_rank0"] == plain["state_measured_rank0"] == one["state_formula_rank0"]
+    assert one["flops_counted"] == plain["flops_counted"] > 0
+    assert one["observed_allgather_bytes"] == one["allgather_bytes"] == 0  # one rank: FSDP2 calls no collective
+    assert one["observed_reduce_scatter_bytes"] == one["reduce_scatter_bytes"] == 0
+    assert one["link_bytes_per_rank"] == 0 and one["projected_step_s"] == one["compute_s"]
+    st = one["state_measured_rank0"]  # full fine-tune in fp32: params, grads, 2 AdamW moments + a step per tensor
+    n, tensors = one["params"], len(list(meta_model(0).parameters()))
+    assert st == dict(params=4 * n, grads=4 * n, optimizer=8 * n + 4 * tensors)
+
+
+@pytest.mark.parametrize("world,sac,lora", [(4, "block", 0), (3, "selective", 3), (2, "none", 0)])
+def test_traffic_formula_equals_counted_collectives(world, sac, lora):
+    res = plan("--world", str(world), "--sac", sac, "--lora", str(lora))
+    assert res["observed_allgather_bytes"] == res["allgather_bytes"] > 0
+    assert res["observed_reduce_scatter_bytes"] == res["reduce_scatter_bytes"] > 0
+    assert res["state_measured_rank0"] == res["state_formula_rank0"]
+    assert res["link_bytes_per_rank"] == round((world - 1) / world * (res["allgather_bytes"]
+                                                                       + res["reduce_scatter_bytes"]))
+    assert res["projected_bounds_s"][0] <= res["projected_step_s"] <= res["projected_bounds_s"][1]
+    if lora:  # frozen bases are gathered, not reduce-scattered: the grads moved are the adapters' only
+        assert res["reduce_scatter_bytes"] < res["allgather_bytes"] / 10
+
+
+def test_traffic_by_hand():
+    """2 blocks: the first gathered twice (resharded after forward), the last, final layer and root once; fp32 on CPU."""
+    net, world = meta_model(0), 2
+    size = lambda m: sum(p.numel() for p in m.parameters()) * 4  # noqa: E731 (tiny: every dim 0 splits evenly)
+    blocks = size(net.blocks[0]) + size(net.blocks[1])
+    t = bench.fsdp_traffic(net, world, torch.float32, 100.0)
+    assert t["allgather_bytes"] == size(net) + size(net.blocks[0])
+    assert t["reduce_scatter_bytes"] == size(net)
+    edge = 2 * (size(net) - blocks - size(net.final_layer) + size(net.blocks[0]))  # root and block 0, AG + RS
+    assert t["exposed_s"] == pytest.approx(edge / 2 / 100e9)
+
+
+def _gloo_step(rank, world):
+    """A real 2-rank train.py step (shard_model, AdamW) per LoRA setting: local-shard bytes and collectives."""
+    args = bench.parse_args(SMALL)
+    out = {}
+    for lora in (0, 3):  # r = 3: adapters with 3 rows split 2 + 1, so the ranks differ
+        torch.manual_seed(0)
+        net = meta_model(lora)
+        train.shard_model(net, torch.device("cpu"))
+        net.to_empty(device="cpu")
+        net.init_weights()
+        trainable = [p for p in net.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=1e-5)
+        batch = bench.make_batch(args, net.cfg, torch.device("cpu"), torch.float32)
+        with bench.CollectiveBytes() as counted:
+            bench.train_step(net, batch, trainable)
+            optimizer.step()
+        out[lora] = dict(state=bench.state_measured(net, optimizer), allgather=counted.allgather,
+                         reduce_scatter=counted.reduce_scatter)
+    return out
+
+
+def test_gloo_two_ranks_hold_what_the_planner_predicts():
+    ranks = run_dist(_gloo_step, 2, 240)
+    for lora in (0, 3):
+        planned = plan("--world", "2", "--lora", str(lora))
+        for r in range(2):
+            assert ranks[r][lora]["state"] == bench.state_formula(meta_model(lora), 2, r)
+            assert ranks[r][lora]["allgather"] == planned["allgather_bytes"]
+            assert ranks[r][lora]["reduce_scatter"] == planned["reduce_scatter_bytes"]
+        assert ranks[0][lora]["state"] == planned["state_measured_rank0"]
+    assert ranks[0][3]["state"] != ranks[1][3]["state"]  # the uneven split is really exercised
+
+
+def test_main_prints_a_table_then_one_json_line(capsys):
+    bench.main(SMALL + ["--world", "2", "--sac", "attn"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    res = json.loads(lines[-1])
+    assert lines[0].startswith("plan: tiny on 2 rank(s)") and any("projected" in ln for ln in lines[:-1])
+    assert res["status"] == "ok" and res["sac"] == {"attn": 2} and res["compute_s"] > 0
+
+
+def test_auto_runs_and_applies_its_choice(capsys):
+    res = plan("--world", "2", "--sac", "auto", "--mem-budget", "1")
+    fastest = min(res["auto_costs"], key=lambda m: res["auto_costs"][m]["seconds"])
+    assert res["sac"] == {fastest: 2}  # 1 GiB is plenty for the tiny model: every mix fits, the fastest wins
+    assert f"sac auto: {fastest} x2" in capsys.readouterr().out
+    assert res["auto_predicted_peak_gib"] < 1 and set(res["auto_costs"]) == {"none", "selective", "mm", "attn", "block"}
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--sac", "auto"], "add --world N"),
+    (["--world", "2", "--sac", "auto"], "--sac auto needs --mem-budget"),
+    (["--world", "2", "--mem-budget", "10"], "--mem-budget needs --sac auto"),
+    (["--world", "2", "--sac", "auto", "--mem-budget", "10", "--every", "2"], "--every 2 does nothing"),
+    (["--world", "2", "--parity"], "--parity does nothing with --world"),
+    (["--world", "2", "--sac", "blockwise"], "valid: none, block"),
+    (["--world", "2", "--dtype", "bfloat16"], "pass --dtype float32"),
+    (["--world", "2", "--link-gb-s", "0"], "--link-gb-s 0.0"),
+])
+def test_planner_flags_checked(flags, match):
+    with pytest.raises(ValueError, match=match):
+        bench.check_plan(bench.parse_args(SMALL + flags))
