@@ -31,8 +31,8 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 import ckpt  # noqa: E402
 import cli  # noqa: E402
 import sac  # noqa: E402
-from model import (Block, DiT, add_lora, condition_mask, denoise, get_config, matmul_peak, model_flops,  # noqa: E402
-                   num_params)
+from lora import add_lora  # noqa: E402
+from model import Block, DiT, condition_mask, denoise, get_config, matmul_peak, model_flops, num_params  # noqa: E402
 
 
 @dataclass

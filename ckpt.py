@@ -32,7 +32,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 import cli
 from formats import (CheckpointError, bitsum, check_sums, crc_range, crc_shift, denied, identity, open_source,
                      read_rows, tensor_crc, verify_bytes, weight_map)
-from model import DiT, DiTConfig, add_lora, denoise, get_config
+from lora import add_lora
+from model import DiT, DiTConfig, denoise, get_config
 
 # Released checkpoints (cosmos_dit.md §7.1: flat dicts, `net.` keys, bf16), pinned to the revisions upstream's own
 # downloader pins (nvidia-cosmos/cosmos-predict2 scripts/download_checkpoints.py, REPO_ID_MAPPING, commit 877dc68),

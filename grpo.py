@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from model import denoise, set_lora_enabled
+from lora import set_lora_enabled
+from model import denoise
 from sample import karras_sigmas
 
 # -----------------------------------------------------------------------------

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 import cli
-from model import DiT, add_lora, condition_mask, denoise, get_config
+from lora import add_lora
+from model import DiT, condition_mask, denoise, get_config
 
 SIGMA_MIN, SIGMA_MAX, RHO = 0.002, 80.0, 7.0
 

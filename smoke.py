@@ -21,7 +21,8 @@ import cli
 import grpo
 import reward
 from grpo import GRPOConfig
-from model import DiT, add_lora, condition_mask, get_config, matmul_peak, model_flops
+from lora import add_lora
+from model import DiT, condition_mask, get_config, matmul_peak, model_flops
 
 
 @dataclass(frozen=True)

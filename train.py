@@ -37,7 +37,8 @@ import sac
 import stitch
 import vae as vae_lib
 from grpo import GRPOConfig
-from model import DiT, add_lora, condition_mask, denoise, get_config, matmul_peak, model_flops, num_params
+from lora import add_lora
+from model import DiT, condition_mask, denoise, get_config, matmul_peak, model_flops, num_params
 
 # -----------------------------------------------------------------------------
 # Config: every field is a --flag (cli.py: the comment is its --help); unknown flags are an error. 0 / "" / -1 mean

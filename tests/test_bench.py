@@ -10,7 +10,8 @@ import torch
 import bench
 import train
 from dist_utils import run_dist
-from model import DiT, add_lora, get_config
+from lora import add_lora
+from model import DiT, get_config
 
 SMALL = ["--device", "cpu", "--dtype", "float32", "--config", "tiny", "--frames", "5", "--height", "64", "--width",
          "64", "--text-len", "8", "--steps", "1", "--warmup", "0"]

@@ -26,7 +26,8 @@ import bench
 import ckpt
 import resume
 from dist_utils import run_dist
-from model import DiT, add_lora, denoise, get_config
+from lora import add_lora
+from model import DiT, denoise, get_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # tiny, with an odd dim 0 (crossattn_proj.0: 33 rows -> 17 + 16 on 2 ranks)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import grpo
-from model import add_lora, build_model, condition_mask, get_config, set_lora_enabled
+from lora import add_lora, set_lora_enabled
+from model import build_model, condition_mask, get_config
 from sample import karras_sigmas
 
 LATENT = (16, 3, 4, 4)  # C, T, H, W: 3 latent frames, the first one conditioning

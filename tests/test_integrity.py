@@ -22,7 +22,8 @@ import ckpt
 import formats
 import resume
 from formats import CheckpointError
-from model import DiT, add_lora, get_config
+from lora import add_lora
+from model import DiT, get_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = get_config("tiny")

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import check_reference
-from model import (DiT, LoRALinear, add_lora, build_model, condition_mask, denoise, get_config, num_params,
-                   set_lora_enabled)
+from lora import LoRALinear, add_lora, set_lora_enabled
+from model import DiT, build_model, condition_mask, denoise, get_config, num_params
 
 REF = os.path.join(os.path.dirname(__file__), "data", "reference")
 DIT_CASES = sorted(p for p in glob.glob(os.path.join(REF, "*.json"))

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 import check_reference
 import ckpt
 from camera import fallback_cameras, plucker_map
+from lora import add_lora
 from model import DiT, build_model, condition_mask, config_from_upstream, get_config, is_p25, model_flops, num_params
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -172,7 +173,6 @@ def test_camera_is_required_exactly_when_the_config_has_a_cam_encoder():
 
 
 def test_every_parameter_gets_gradient_and_lora_keeps_the_camera_frozen():
-    from model import add_lora
     torch.manual_seed(0)
     net = build_model(get_config("p25-tiny-agibot"))
     x, t, text, cam = tiny_batch(net.cfg)

@@ -14,7 +14,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import bench
 import sac
-from model import add_lora, build_model, condition_mask, denoise, get_config, model_flops
+from lora import add_lora
+from model import build_model, condition_mask, denoise, get_config, model_flops
 
 
 class OpCounter(TorchDispatchMode):

@@ -1,0 +1,73 @@
+"""LoRA for the DiT: low-rank adapters on the block Linears, with the base keys unchanged.
+
+`add_lora(net, rank, alpha, targets)` turns the target `nn.Linear`s of every block into `LoRALinear` (a subclass:
+`weight` keeps its key, the adapters add `lora_a` / `lora_b`) and freezes everything else; the 14B preset (r=32 on
+self/cross q,k,v,o and both MLP layers) trains exactly 143,917,056 parameters. `set_lora_enabled(net, False)` gives
+the frozen reference policy (GRPO's KL).
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class LoRALinear(nn.Linear):
+    """nn.Linear plus a low-rank update; `weight`/`bias` keep their keys, the adapters add `lora_a`/`lora_b`."""
+
+    def add_adapter(self, rank, alpha):
+        self.rank, self.scale, self.lora_enabled = rank, alpha / rank, True
+        w = self.weight
+        self.lora_a = nn.Linear(self.in_features, rank, bias=False, device=w.device, dtype=torch.float32)
+        self.lora_b = nn.Linear(rank, self.out_features, bias=False, device=w.device, dtype=torch.float32)
+        if not w.is_meta:
+            self.reset_lora()
+
+    @torch.no_grad()
+    def reset_lora(self, generator=None):
+        nn.init.kaiming_uniform_(self.lora_a.weight, a=math.sqrt(5), generator=generator)
+        nn.init.zeros_(self.lora_b.weight)  # the adapted model starts exactly at the base model
+
+    def forward(self, x):
+        out = super().forward(x)
+        if not self.lora_enabled:
+            return out
+        # fp32 master adapters, computed in the activation dtype (as under FSDP2's bf16 param_dtype or autocast): an
+        # fp32 copy of x would be saved for backward by every adapter (2x x's bytes) and run as slow fp32 GEMMs
+        a, b = self.lora_a.weight.to(x.dtype), self.lora_b.weight.to(x.dtype)
+        return out + F.linear(F.linear(x, a), b) * self.scale
+
+
+LORA_TARGETS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.output_proj",
+                "cross_attn.q_proj", "cross_attn.k_proj", "cross_attn.v_proj", "cross_attn.output_proj",
+                "mlp.layer1", "mlp.layer2")
+
+
+def add_lora(model, rank, alpha=None, targets=LORA_TARGETS):
+    """Turn the target Linears of every block into LoRALinear in place, freeze everything else.
+
+    Returns the adapter parameters (the only ones left trainable). alpha defaults to rank (scale 1).
+    """
+    if rank <= 0:
+        raise ValueError(f"LoRA rank must be positive, got {rank}")
+    alpha = float(rank if alpha is None else alpha)
+    model.requires_grad_(False)
+    adapted = []
+    for name, module in model.named_modules():
+        if type(module) is nn.Linear and name.startswith("blocks.") and name.split(".", 2)[2] in targets:
+            module.__class__ = LoRALinear  # keeps the same weight Parameter object and its key
+            module.add_adapter(rank, alpha)
+            adapted.append(name)
+    if not adapted:
+        raise ValueError(f"no Linear matched the LoRA targets {targets}")
+    params = [p for m in model.modules() if isinstance(m, LoRALinear) for p in (m.lora_a.weight, m.lora_b.weight)]
+    for p in params:
+        p.requires_grad_(True)
+    return params
+
+
+def set_lora_enabled(model, enabled):
+    """Switch every adapter on/off: the LoRA-disabled model is the frozen reference policy (GRPO KL)."""
+    for m in model.modules():
+        if isinstance(m, LoRALinear):
+            m.lora_enabled = enabled
