@@ -1,6 +1,8 @@
-"""Training clips from a stitched grid folder (stitch.py's output, or any upstream-style videos/ + t5_xxl/ folder).
+"""Training clips from a stitched grid folder (stitch.py's output, or any upstream-style videos/ + t5_xxl/ folder),
+or from a `stitch.py --layout views` folder for the Predict2.5 multi-view model (ViewClips, docs/multiview.md).
 
     ds = GridClips("data/droid_grid", frames=93, height=432, width=768)       # real T5 embeddings required
+    ds = GridClips(..., text_dim=100352, text_encoder="reason1")               # Predict2.5: reason1/<sha1(prompt)>
     sampler = ClipSampler(len(ds), rank=rank, world_size=world_size, seed=0)
     loader = DataLoader(ds, batch_size=1, sampler=sampler, num_workers=8)
     ...
@@ -23,8 +25,13 @@ What is checked when, so that bad data stops a run at start-up and not in a Data
     probed whole at start-up: 70k videos x ~30 ms); a truncated or too-short decode; a decode that logs errors even
     though ffmpeg exits 0.
 
+Text embeddings: text_encoder="t5" reads t5_xxl/<stem>.pickle (upstream) or .safetensors, float32 as returned;
+"reason1" reads t5.py --encoder reason1's reason1/<sha1(prompt)>.safetensors (bf16, returned as bf16: ~98 MiB a
+sample at 512 x 100352, twice that in float32), its rows all unmasked (Reason1's pad tokens are real tokens).
+
 Contents, top to bottom: Video and the folder listing (manifest or upstream layout, negative_prompt_path) -> text
-embeddings (safe unpickling, shape checks, the start-up check) -> read_clip -> GridClips -> ClipSampler.
+embeddings (safe unpickling, shape checks, Reason1 files, the start-up check) -> read_clip -> GridClips -> ViewClips
+-> ClipSampler.
 """
 import hashlib
 import io
