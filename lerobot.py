@@ -261,14 +261,16 @@ def camera_summary(source: Source, camera_params) -> str:
                 "fallback rig (docs/multiview.md)")
     if not conventions:
         if camera_params != "auto":
-            raise ValueError(f"--camera-params {source.root} has no camera extrinsics to go with these intrinsics")
+            raise ValueError(f"--camera-params: {source.root} has no camera extrinsics for these intrinsics to go "
+                             "with; pass auto (the fallback rig at training) or none")
         return (f"camera parameters: NONE in {source.root} (no camera_extrinsics.* / sensors.*.extrinsic_cv "
                 "columns): data.ViewClips will use the fallback rig (docs/multiview.md)")
     if "droid" in conventions and camera_params == "auto":
         raise ValueError(f"{source.root}: camera_extrinsics.* columns (lerobot's DROID port) hold no intrinsics: "
                          "pass --camera-params fx,fy,cx,cy@HxW (docs/multiview.md has DROID's), or none")
     if "droid" not in conventions and camera_params != "auto":
-        raise ValueError(f"--camera-params: {source.root} has its own intrinsics (sensors.*.intrinsic_cv)")
+        raise ValueError(f"--camera-params: {source.root} has its own intrinsics (sensors.*.intrinsic_cv); pass "
+                         "auto to use them, or none")
     cols = {s: c[1] for s, c in source.cam_params.items()}
     given = "" if camera_params == "auto" else f" with intrinsics {camera_params[0]} at {camera_params[1]} (HxW)"
     return f"camera parameters: REAL, per output frame, from {cols}{given}"
