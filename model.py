@@ -5,6 +5,14 @@ docs/predict2.md has the conventions (and where we deliberately differ from upst
 checked against tensors produced by the upstream code (tests/check_reference.py). Layout names: B batch,
 C channels, T/H/W latent frames/rows/cols, L tokens, D model width, d head width.
 
+Cosmos-Predict2.5 (configs p25-*) is the same network plus the Reason1 text projection (crossattn_proj), and for
+robot/multiview-agibot a per-block cam_encoder fed by camera.plucker_map. The net always takes t in (0,1); upstream
+2.5 feeds 1000 t and scales it by 0.001 inside (DiTConfig.timestep_scale records that; flow.py converts).
+fp32_time_modulation is upstream's "Wan fp32 strategy" written as explicit fp32 GEMMs (linear_fp32) instead of a CUDA
+fp32 autocast: the time embedding, the adaLN modulations and the whole final layer run in fp32 in a bf16 model (its
+output is then fp32), shift/scale/gate are cast to the activation dtype; on any device (upstream cannot run a bf16
+model on CPU at all), a no-op in an fp32 model. Its other part, q/k in fp32 for RoPE, is what apply_rope always does.
+
 Contents, top to bottom: config -> building blocks -> DiT -> rectified-flow denoiser -> FLOPs. LoRA: lora.py.
 """
 import math
