@@ -272,19 +272,15 @@ class AutoPlan:
 
 
 def _mix_peak(counts, costs, fixed_bytes):
-    """Predicted peak of a mix, its blocks ordered as `_order`: when block i runs its backward, every block before
+    """Predicted peak of a mix ({mode: blocks}, in forward order): when block i runs its backward, every block before
     it still holds its saved bytes, so peak = fixed + max_i(sum_{j<i} saved_j + peak_i)."""
     held, worst = 0, 0
-    for mode in _order(counts, costs):
-        n, c = counts[mode], costs[mode]
-        worst = max(worst, held + (n - 1) * c.saved_bytes + c.peak_bytes)
-        held += n * c.saved_bytes
+    for mode, n in counts.items():
+        if n:
+            c = costs[mode]
+            worst = max(worst, held + (n - 1) * c.saved_bytes + c.peak_bytes)
+            held += n * c.saved_bytes
     return fixed_bytes + worst
-
-
-def _order(counts, costs):
-    """Modes in forward order: largest (peak - saved) first minimises the max above (swap two neighbours to see)."""
-    return sorted((m for m in counts if counts[m]), key=lambda m: (costs[m].saved_bytes - costs[m].peak_bytes, m))
 
 
 def _compositions(total, parts):
@@ -303,7 +299,8 @@ def plan_auto(costs, budget_bytes, fixed_bytes, num_blocks):
     the mix (sharded params, grads and optimizer states, FSDP's gathered blocks: bench.py's planner). Every mix of
     counts is tried (5 modes x 36 blocks: 92k), ties go to the smaller peak. An impossible budget is a ValueError.
     """
-    modes = [m for m in AUTO_MODES if m in costs]
+    # forward order: largest (peak - saved) first minimises that max (swap two neighbours to see)
+    modes = sorted((m for m in AUTO_MODES if m in costs), key=lambda m: costs[m].saved_bytes - costs[m].peak_bytes)
     if not modes or set(costs) - set(modes) or num_blocks < 1:
         raise ValueError(f"plan_auto needs costs for modes among {AUTO_MODES} and num_blocks >= 1, got "
                          f"{sorted(costs)} and {num_blocks}")
@@ -315,7 +312,7 @@ def plan_auto(costs, budget_bytes, fixed_bytes, num_blocks):
         seconds = sum(n * costs[m].seconds for m, n in counts.items())
         if peak <= budget_bytes and (best is None or (seconds, peak) < best[:2]):
             best = (seconds, peak, counts)
-    uniform = {m: _mix_peak({m: num_blocks}, costs, fixed_bytes) for m in modes}
+    uniform = {m: _mix_peak({m: num_blocks}, costs, fixed_bytes) for m in AUTO_MODES if m in costs}
     needs = ", ".join(f"{m} {gib(p)}" for m, p in uniform.items())
     if best is None:
         least = min(_mix_peak(dict(zip(modes, s)), costs, fixed_bytes) for s in _compositions(num_blocks, len(modes)))
@@ -324,7 +321,7 @@ def plan_auto(costs, budget_bytes, fixed_bytes, num_blocks):
                          "budget, use more ranks, LoRA, or --offload")
     seconds, peak, counts = best
     plan, spans = [], []
-    for mode in _order(counts, costs):
+    for mode in (m for m in modes if counts[m]):
         spans.append(f"{mode} x{counts[mode]}" + (f" (blocks {len(plan)}-{len(plan) + counts[mode] - 1})"
                                                   if counts[mode] > 1 else f" (block {len(plan)})"))
         plan += [mode] * counts[mode]

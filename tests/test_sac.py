@@ -206,3 +206,95 @@ def test_bench_cpu_smoke(tmp_path):
     assert (tmp_path / "prof.txt").read_text().startswith("# kernel time")
     with pytest.raises(SystemExit):
         bench.parse_args(["--no_such_key", "1"])
+
+
+# -----------------------------------------------------------------------------
+# auto: plan_auto on synthetic costs against brute force, apply_per_block, measure_block_costs on CPU
+
+GB = 2**30
+# per block: saved, peak (saved + recompute + backward workspace), seconds; the shape of the H200 measurements
+SYNTHETIC = {"none": sac.BlockCost(8 * GB, 10 * GB, 1.00), "selective": sac.BlockCost(4 * GB, 7 * GB, 1.05),
+             "mm": sac.BlockCost(4 * GB, 7 * GB, 1.20), "attn": sac.BlockCost(1 * GB, 5 * GB, 1.12),
+             "block": sac.BlockCost(GB // 4, 11 * GB, 1.30)}
+
+
+def true_peak(modes, costs, fixed):
+    """The peak of one concrete block sequence: block i's backward runs while blocks < i still hold their saves."""
+    return fixed + max(sum(costs[m].saved_bytes for m in modes[:i]) + costs[modes[i]].peak_bytes
+                       for i in range(len(modes)))
+
+
+def test_plan_auto_is_the_fastest_feasible_sequence():
+    """Against every one of the 5^4 sequences of 4 blocks, in every order: plan_auto's mix is as fast as the fastest
+    sequence that fits, and its own order fits (the ordering rule is checked, not assumed)."""
+    import itertools
+    fixed, n = 3 * GB, 4
+    seqs = list(itertools.product(sac.AUTO_MODES, repeat=n))
+    for budget in [x * GB for x in (14, 15, 16, 18, 20, 24, 28, 40, 60)]:
+        feasible = [s for s in seqs if true_peak(s, SYNTHETIC, fixed) <= budget]
+        best = min(sum(SYNTHETIC[m].seconds for m in s) for s in feasible)
+        plan = sac.plan_auto(SYNTHETIC, budget, fixed, n)
+        assert len(plan.modes) == n and plan.seconds == pytest.approx(best)
+        assert plan.peak_bytes == true_peak(plan.modes, SYNTHETIC, fixed) <= budget
+        assert f"of the {budget / GB:.4g} GiB budget" in plan.why
+
+
+def test_plan_auto_budget_monotone_and_mixes():
+    fixed, n = 10 * GB, 12
+    times, mixed = [], False
+    for budget in (25, 30, 40, 60, 80, 100, 120):
+        plan = sac.plan_auto(SYNTHETIC, budget * GB, fixed, n)
+        assert plan.peak_bytes <= budget * GB and len(plan.modes) == n
+        times.append(plan.seconds)
+        mixed |= len(set(plan.modes)) > 1
+    assert times == sorted(times, reverse=True) and times[-1] == pytest.approx(n * 1.00)  # all `none` at the end
+    assert mixed  # between the uniform modes' needs the plan really mixes
+
+
+def test_plan_auto_refuses_an_impossible_budget():
+    import itertools
+    least = min(true_peak(s, SYNTHETIC, 3 * GB) for s in itertools.product(sac.AUTO_MODES, repeat=4))
+    assert least < true_peak(["block"] * 4, SYNTHETIC, 3 * GB)  # the leanest is a mix, not all-`block`
+    sac.plan_auto(SYNTHETIC, least, 3 * GB, 4)
+    with pytest.raises(ValueError, match=r"--mem-budget 10 GiB: no checkpointing mix fits; the smallest needs "
+                                         f"{least / GB:.4g} GiB per rank"):
+        sac.plan_auto(SYNTHETIC, 10 * GB, 3 * GB, 4)
+    with pytest.raises(ValueError, match="plan_auto needs costs"):
+        sac.plan_auto({"blockwise": SYNTHETIC["block"]}, 40 * GB, 0, 36)
+
+
+def test_apply_per_block_equals_uniform_modes():
+    model = tiny_model(num_blocks=3)
+    out0, grads0, _ = step(model, "none")
+    modes = ["block", "selective", "none"]
+    assert sac.apply_per_block(model, modes) == [0, 1]
+    model.zero_grad(set_to_none=True)
+    x0, eps, text, mask = batch()
+    sigma = torch.tensor([0.8])
+    _, velocity = denoise(model, x0 + sigma * eps, sigma, text, gt_frames=x0, condition_mask_B_1_T_H_W=mask)
+    ((velocity - (eps - x0)) ** 2 * (1 - mask)).mean().backward()
+    assert torch.equal(velocity.detach(), out0)
+    assert all(torch.equal(p.grad, grads0[n]) for n, p in model.named_parameters())
+    assert sac.check_first_step(modes) == {"mm": 16, "attn": 2}  # only the selective block saves
+    with pytest.raises(ValueError, match="2 activation-checkpointing modes for 3 blocks"):
+        sac.apply_per_block(model, ["block", "none"])
+    with pytest.raises(ValueError, match="valid"):
+        sac.apply_per_block(model, ["block", "none", "auto"])
+
+
+def test_measure_block_costs_on_cpu():
+    """CPU memory is LiveBytes: deterministic, and `block` keeps exactly the block's output (the next one's input)."""
+    model = tiny_model(num_blocks=1)
+    captured = {}
+    model.blocks[0].register_forward_pre_hook(lambda m, args: captured.setdefault("args", args))
+    x0, _, text, mask = batch()
+    with torch.no_grad():
+        denoise(model, x0, torch.tensor([0.5]), text, gt_frames=x0, condition_mask_B_1_T_H_W=mask)
+    costs = sac.measure_block_costs(model.blocks[0], captured["args"], reps=1)
+    again = sac.measure_block_costs(model.blocks[0], captured["args"], reps=1)
+    assert [c.saved_bytes for c in costs.values()] == [c.saved_bytes for c in again.values()]
+    saved = {m: c.saved_bytes for m, c in costs.items()}
+    assert saved["block"] == captured["args"][0].nbytes
+    assert saved["none"] > saved["selective"] > saved["attn"] > saved["block"] and saved["mm"] < saved["selective"]
+    assert all(c.peak_bytes >= c.saved_bytes and c.seconds > 0 for c in costs.values())
+    assert model.blocks[0].checkpoint_fn is None  # left as it was
