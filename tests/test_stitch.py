@@ -525,3 +525,18 @@ def test_droid_port_wrist_camera_moves_with_the_gripper(tmp_path):
         want = np.linalg.inv(as_matrix(ee[f:f + 1])[0] @ offset)
         np.testing.assert_allclose(found["wrist"][0][j], want[:3], atol=2e-5)  # float32 storage
         np.testing.assert_allclose(found["ext_1"][0][j], np.linalg.inv(wrist0)[:3], atol=2e-5)  # fixed cameras stay
+
+
+def test_views_of_a_lerobot_written_v30_dataset_are_aligned(tmp_path, capsys):
+    """v3.0: every camera's episodes share one AV1 file; each view is cut by timestamp as the grid is."""
+    out = str(tmp_path / "views")
+    summary = stitch.stitch(V30, out, size="96x160", workers=2, layout="views")
+    assert summary["written"] == 3 and "camera parameters: NONE" in capsys.readouterr().out
+    for stem, rec in manifest(out).items():
+        assert rec["cameras"] == "absent" and rec["n_out"] == (rec["src_len"] - 1) // 4 + 1
+        for camera, slot in enumerate(lerobot.SLOTS, 1):
+            frames = decode_rgb(os.path.join(out, "videos", f"{stem}.{slot}.mp4"), 96, 160)
+            codes = [read_code(f) for f in frames]
+            assert len(frames) == rec["n_out"] and {c["camera"] for c in codes} == {camera}
+            assert [c["frame"] for c in codes] == [4 * j for j in range(rec["n_out"])], (stem, slot)
+            assert {c["episode"] for c in codes} == {rec["episode_index"]}
