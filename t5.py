@@ -33,7 +33,6 @@ Contents, top to bottom: constants -> what to write (pending) -> writing (write_
 models -> command line.
 """
 import dataclasses
-import hashlib
 import os
 import pickle
 import re
@@ -45,7 +44,7 @@ import safetensors.torch
 import torch
 
 import cli
-from data import NEGATIVE_STEM, list_videos
+from data import NEGATIVE_STEM, REASON1_FORMAT, list_videos, reason1_path
 
 ENCODERS = ("t5", "reason1")
 FOLDERS = {"t5": "t5_xxl", "reason1": "reason1"}  # under ROOT
@@ -70,7 +69,6 @@ NEGATIVE_PROMPT = (
 # (_get_prompt_embeds, read at 0313e3c1fa5afd5c3d9074e73f7cf4f76f45a964) sends the same string.
 SYSTEM_INSTRUCTION = "You are a helpful assistant who will provide prompts to an image generator."
 REASON1_TOKENS = 512  # NUM_EMBEDDING_PADDING_TOKENS upstream: every prompt is padded or truncated to this
-REASON1_FORMAT = "reason1-full-concat-v1"  # metadata "format" of the files: all layers normalised, concatenated
 # The text encoder upstream registers (uuid cb3e3ffa-7b08-4c34-822d-61c7aa31a14f, "nvidia/Cosmos-Reason1.1-7B", and
 # its tokenizer 7219c6c7-...): packages/cosmos-oss/cosmos_oss/checkpoints.py of kechenliuuu3469/cosmos-predict2.5 at
 # 7e5ffc83fefb2ae1c105c1185cdeb239efb1325c, hub repository nvidia/Cosmos-Reason1-7B pinned to this revision.
@@ -80,11 +78,8 @@ DEFAULT_MODELS = {"t5": ("google-t5/t5-11b", "main"), "reason1": (REASON1_MODEL,
 MODEL_TYPES = {"t5": "t5", "reason1": "qwen2_5_vl"}  # config.model_type each encoder's loader builds
 
 
-def reason1_path(root: str, prompt: str) -> str:
-    """Where the Reason1 embedding of `prompt` lives: ROOT/reason1/<sha1(prompt.encode()).hexdigest()>.safetensors."""
-    return os.path.join(root, FOLDERS["reason1"], hashlib.sha1(prompt.encode()).hexdigest() + ".safetensors")
-
-
+# data.reason1_path(root, prompt): ROOT/reason1/<sha1(prompt.encode()).hexdigest()>.safetensors, where training reads
+# them; data.REASON1_FORMAT = "reason1-full-concat-v1" (all layers normalised, concatenated) in their metadata.
 def negative_path(root: str, encoder: str) -> str:
     return os.path.join(root, FOLDERS[encoder], NEGATIVE_STEM + (".pickle" if encoder == "t5" else ".safetensors"))
 

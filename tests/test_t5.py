@@ -201,6 +201,11 @@ def test_reason1_end_to_end_from_a_saved_checkpoint(tmp_path, capsys):
         pads = emb[real:].float()  # pad positions: real hidden states (no attention mask), not zeros...
         assert real < 512 and pads.abs().amax(-1).min().item() > 0.1
         assert not torch.equal(pads[0], pads[-1])  # ...that depend on the position (RoPE) and what came before
+    # what training reads (data.py, the agreed interface): the same tensors, every row unmasked
+    for prompt in set(prompts):
+        data.check_reason1_embedding(data.reason1_path(root, prompt), prompt, 512, LAYERS * WIDTH)
+    neg, where = data.negative_embedding(root, 512, LAYERS * WIDTH, text_encoder="reason1")
+    assert where == t5.negative_path(root, "reason1") and torch.equal(neg, read_reason1(where)[0])
 
 
 def test_reason1_resumes_and_refuses_another_encoders_files(tmp_path, capsys):
