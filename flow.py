@@ -94,6 +94,19 @@ def velocity(net, x_B_C_T_H_W, timesteps_B, crossattn_emb, gt_frames=None, condi
     return v
 
 
+def guided_velocity(net, x, timesteps_B, crossattn_emb, neg_crossattn_emb=None, guidance=7.0, uncond_grad=False,
+                    **cond):
+    """CFG in velocity space, v_c + g (v_c - v_u) (video2world/agibot convention; g = 7 is classic scale 8), as two
+    separate calls; the uncond branch uses the negative prompt and the same conditional frames, without autograd
+    unless uncond_grad (same value). No negative embedding or g = 0: one call. cond: velocity's keywords."""
+    v_cond = velocity(net, x, timesteps_B, crossattn_emb, **cond)
+    if neg_crossattn_emb is None or guidance == 0:
+        return v_cond
+    with torch.set_grad_enabled(uncond_grad and torch.is_grad_enabled()):
+        v_uncond = velocity(net, x, timesteps_B, neg_crossattn_emb, **cond)
+    return v_cond + guidance * (v_cond - v_uncond)
+
+
 # -----------------------------------------------------------------------------
 # Training loss (upstream Text2WorldModelRectifiedFlow.forward, uniform weight)
 
@@ -245,12 +258,8 @@ def sample(net, noise, crossattn_emb, neg_crossattn_emb=None, guidance=7.0, gt_f
                 padding_mask=padding_mask)
 
     def velocity_fn(x, i):
-        t = timesteps[i].expand(batch).to(x.device)
-        v_cond = velocity(net, x, t, crossattn_emb, **cond)
-        if neg_crossattn_emb is None or guidance == 0:
-            return v_cond
-        v_uncond = velocity(net, x, t, neg_crossattn_emb, **cond)
-        return v_cond + guidance * (v_cond - v_uncond)
+        return guided_velocity(net, x, timesteps[i].expand(batch).to(x.device), crossattn_emb, neg_crossattn_emb,
+                               guidance, **cond)
 
     x0 = unipc(velocity_fn, noise, sigmas, callback)
     if condition_mask_B_1_T_H_W is not None:
@@ -293,3 +302,17 @@ def step_mean(x, x0, sigma, sigma_next, alpha):
     (fp32; the same op order in rollout and training)."""
     c = alpha / sigma
     return c * x + (1.0 - sigma_next - c * (1.0 - sigma)) * x0
+
+
+# -----------------------------------------------------------------------------
+# Upstream's per-checkpoint sampler settings (spec §4.2): 2B post-trained samples on the Karras grid with its
+# conditional frames at timestep 0.1, agibot (frame-init sampler: shift grid) at 0.1, every other 2.5 file on the
+# shift grid with one timestep for all frames. A release file is recognised by its name or its uuid.
+P25_2B_POST_UUID = "81edfebe-bd6a-4039-8c1d-737df1a790bf"
+
+
+def checkpoint_defaults(init, config):
+    """(grid, conditional_frame_timestep) upstream uses for the checkpoint `init` in the DiT config `config`."""
+    post_2b = init == "p25-2b-post" or P25_2B_POST_UUID in init
+    agibot = "agibot" in config or "agibot" in init
+    return ("karras" if post_2b else "shift"), (0.1 if post_2b or agibot else -1.0)

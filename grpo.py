@@ -1,4 +1,5 @@
-"""GRPO post-training of the video DiT with LoRA: Flow-GRPO's objective on Cosmos-Predict2's sampler.
+"""GRPO post-training of the video DiT with LoRA: Flow-GRPO's objective on Cosmos-Predict2's sampler (and on
+Predict2.5's rectified-flow shift-5 grid: docs/grpo.md §10; the RF step math is flow.step_mean / flow.edm_sigma).
 
 docs/grpo.md has the derivation. In short: Predict2 is a rectified-flow net behind an EDM-sigma interface
 (state x = x0 + sigma * eps). A rollout walks N Karras sigmas with a stochastic first-order x0 step ("DDIM-eta"):
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+import flow
 from lora import set_lora_enabled
 from model import denoise
 from sample import karras_sigmas
@@ -38,6 +40,7 @@ from sample import karras_sigmas
 class GRPOConfig:
     group_size: int = 2  # K samples per group (one conditioning frame + instruction)
     num_steps: int = 8  # N stochastic steps over Karras sigmas 80 -> 0.002, then one clean pass at sigma_min
+    # (Predict2.5: N steps of the shift-5 grid 0.9998 -> 0, the last one lands on x0)
     sde_type: str = "ddim_eta"  # "ddim_eta" or "cps" (Flow-GRPO-Fast's step); both keep alpha^2 + beta^2 = sigma'^2
     eta: float = 0.5  # ddim_eta: eta in [0, 1] (= a / sqrt 2 for Flow-GRPO's noise_level a); cps: a in [0, 1]
     window_size: int = 0  # > 0: Flow-GRPO-Fast, noise (and training) only on this many consecutive steps
@@ -124,6 +127,8 @@ class Condition:
     padding_mask: torch.Tensor = None
     fps: float = None
     key: tuple = ()  # group key for the advantages: (episode id, instruction), never the text alone
+    conditional_frame_timestep: float = None  # set (-1 or 0.1) for a Predict2.5 net: RF rollouts (docs/grpo.md §10)
+    camera: torch.Tensor = None  # Predict2.5 camera nets: [1, T, H/2, W/2, 1536] Pluecker map
 
 
 def generated_mask(cond: Condition, latent_shape, device):
@@ -160,16 +165,19 @@ def guided_x0(net, x, sigma, cond: Condition, guidance, uncond_grad=False):
 # The stochastic step and its exact log-density
 
 
-def step_coefficients(sde_type, sigma, sigma_next, eta):
+def step_coefficients(sde_type, sigma, sigma_next, eta, rectified=False):
     """(alpha, beta) in float64 for x' = x0_hat + alpha * eps_hat + beta * z, with alpha^2 + beta^2 = sigma'^2.
 
     ddim_eta: beta = eta * sigma' * sqrt(1 - sigma'^2 / sigma^2); eta = 1 is the exact posterior q(x_sigma' | x,
     x0), eta = 0 is Predict2's Euler x0 step. cps: beta = sigma' * sin(eta * pi / 2), Flow-GRPO's "cps" step.
+    rectified (Predict2.5, sigma in [0, 1), x' = (1 - sigma') x0_hat + alpha eps_hat + beta z): the same posterior
+    with the ratio taken in EDM units s = sigma / (1 - sigma); the step onto sigma' = 0 is deterministic (x' = x0_hat).
     """
-    if not sigma > sigma_next > 0:
-        raise ValueError(f"need sigma > sigma_next > 0, got {sigma}, {sigma_next}")
+    if not (1 > sigma > sigma_next >= 0 if rectified else sigma > sigma_next > 0):
+        raise ValueError(f"need sigma > sigma_next {'>= 0, sigma < 1' if rectified else '> 0'}, got {sigma}, {sigma_next}")
+    ratio = flow.edm_sigma(sigma_next) / flow.edm_sigma(sigma) if rectified else sigma_next / sigma  # 0 at sigma' = 0
     if sde_type == "ddim_eta":
-        beta = eta * sigma_next * math.sqrt(1.0 - sigma_next ** 2 / sigma ** 2)
+        beta = eta * sigma_next * math.sqrt(1.0 - ratio ** 2)
     elif sde_type == "cps":
         beta = sigma_next * math.sin(eta * math.pi / 2)
     else:
@@ -209,9 +217,27 @@ class Rollout:
     alphas: list  # N
     betas: list  # N; 0.0 marks a deterministic step
     train_steps: list  # steps trained for this group
-    states: torch.Tensor  # [K, N + 1, C, T, H, W] fp32: x_0 = sigma_0 * noise, ..., x_N
+    states: torch.Tensor  # [K, N + 1, C, T, H, W] fp32: x_0 = sigma_0 * noise (RF: the noise), ..., x_N
     log_probs: torch.Tensor  # [K, N] fp32 log pi_old(x_{i+1} | x_i); NaN on deterministic steps
-    x0_final: torch.Tensor  # [K, C, T, H, W] fp32: the clean pass at sigma_N, the sample to decode and reward
+    x0_final: torch.Tensor  # [K, C, T, H, W] fp32: the clean pass at sigma_N (RF: x_N), the sample to reward
+    timesteps: list = None  # Predict2.5 (RF): the net's int timesteps floor(1000 sigma_i); None: Predict2's EDM sigmas
+
+
+def transition_mean(net, x, step, rollout_grid, cond: Condition, cfg: GRPOConfig, noise, uncond_grad=False):
+    """The Gaussian mean of step `step` from state x: one function for rollout and training (ratio == 1).
+    rollout_grid = (sigmas, alphas, timesteps); noise = the trajectory's initial state (RF frame replacement)."""
+    sigmas, alphas, timesteps = rollout_grid
+    sigma = sigmas[step]
+    if timesteps is None:  # Predict2: EDM sigmas, CFG on x0
+        return step_mean(x, guided_x0(net, x, sigma, cond, cfg.guidance, uncond_grad), sigma, alphas[step])
+    if cfg.guidance != 0 and cond.neg_crossattn_emb is None:
+        raise ValueError(f"guidance={cfg.guidance} needs cond.neg_crossattn_emb (see guided_x0)")
+    v = flow.guided_velocity(  # Predict2.5: CFG on the velocity; conditional frames' velocity = noise - gt
+        net, x, torch.full((x.shape[0],), timesteps[step], dtype=torch.int64, device=x.device), cond.crossattn_emb,
+        cond.neg_crossattn_emb, cfg.guidance, uncond_grad, gt_frames=cond.gt_frames, noise=noise,
+        condition_mask_B_1_T_H_W=cond.condition_mask, conditional_frame_timestep=cond.conditional_frame_timestep,
+        camera=cond.camera, fps=cond.fps, padding_mask=cond.padding_mask)
+    return flow.step_mean(x, x - sigma * v, sigma, sigmas[step + 1], alphas[step])
 
 
 def draw_window_start(cfg: GRPOConfig, generator):
@@ -263,9 +289,16 @@ def rollout_group(net, cond: Condition, latent_shape, cfg: GRPOConfig, generator
     """
     N, K = cfg.num_steps, cfg.group_size
     device = generator.device
-    sigmas = [float(s) for s in karras_sigmas(N)]
+    rectified, timesteps = cond.conditional_frame_timestep is not None, None
+    if rectified:  # Predict2.5: the shift-5 grid of its sampler, N network calls, the last step lands on x0
+        sigmas_fp32, timesteps = flow.time_grid("shift", N)
+        sigmas, timesteps = [float(s) for s in sigmas_fp32], timesteps.tolist()
+    else:
+        sigmas = [float(s) for s in karras_sigmas(N)]
     etas = step_noise_levels(cfg, generator, window_start)
-    alphas, betas = zip(*(step_coefficients(cfg.sde_type, sigmas[i], sigmas[i + 1], etas[i]) for i in range(N)))
+    alphas, betas = zip(*(step_coefficients(cfg.sde_type, sigmas[i], sigmas[i + 1], etas[i], rectified)
+                          for i in range(N)))
+    grid = (sigmas, alphas, timesteps)
     gen_mask = generated_mask(cond, latent_shape, device)
     states = torch.empty(K, N + 1, *latent_shape, device=device)
     log_probs = torch.full((K, N), float("nan"), device=device)
@@ -281,20 +314,25 @@ def rollout_group(net, cond: Condition, latent_shape, cfg: GRPOConfig, generator
         else:
             noise = shared_noise if shared_noise is not None else torch.randn(
                 1, *latent_shape, generator=generator, device=device)
-            states[k, 0] = sigmas[0] * noise[0]
+            states[k, 0] = noise[0] if rectified else sigmas[0] * noise[0]  # RF: unit-variance noise at sigma_0
         for i in range(start, N):
             x = states[k, i: i + 1]
-            mean = step_mean(x, guided_x0(net, x, sigmas[i], cond, cfg.guidance), sigmas[i], alphas[i])
+            mean = transition_mean(net, x, i, grid, cond, cfg, noise=states[k, :1])
             if betas[i] > 0:
                 z = torch.randn(mean.shape, generator=generator, device=device)
                 states[k, i + 1] = (mean + betas[i] * z * gen_mask)[0]
                 log_probs[k, i] = gaussian_log_prob(states[k, i + 1: i + 2], mean, betas[i], gen_mask)[0]
             else:
                 states[k, i + 1] = mean[0]
-        x0_final[k] = guided_x0(net, states[k, N: N + 1], sigmas[N], cond, cfg.guidance)[0]
+        if rectified:  # x_N is x0_hat already; the conditional frames get their clean latent back (flow.sample)
+            x0_final[k] = states[k, N] if cond.condition_mask is None else \
+                (cond.gt_frames * cond.condition_mask + states[k, N: N + 1] * (1 - cond.condition_mask))[0]
+        else:
+            x0_final[k] = guided_x0(net, states[k, N: N + 1], sigmas[N], cond, cfg.guidance)[0]
 
     return Rollout(cond=cond, sigmas=sigmas, alphas=list(alphas), betas=list(betas),
-                   train_steps=steps_to_train(cfg, betas), states=states, log_probs=log_probs, x0_final=x0_final)
+                   train_steps=steps_to_train(cfg, betas), states=states, log_probs=log_probs, x0_final=x0_final,
+                   timesteps=timesteps)
 
 
 # -----------------------------------------------------------------------------
@@ -342,9 +380,9 @@ def step_log_prob(net, rollout: Rollout, sample, step, cfg: GRPOConfig):
     """Recompute log pi_theta(x_{i+1} | x_i) of a stored transition (with grad if enabled); returns (logp [1], mean)."""
     x = rollout.states[sample, step: step + 1]
     x_next = rollout.states[sample, step + 1: step + 2]
-    sigma, alpha, beta = rollout.sigmas[step], rollout.alphas[step], rollout.betas[step]
-    x0 = guided_x0(net, x, sigma, rollout.cond, cfg.guidance, cfg.uncond_grad)
-    mean = step_mean(x, x0, sigma, alpha)
+    mean = transition_mean(net, x, step, (rollout.sigmas, rollout.alphas, rollout.timesteps), rollout.cond, cfg,
+                           noise=rollout.states[sample, :1], uncond_grad=cfg.uncond_grad)
+    beta = rollout.betas[step]
     gen_mask = generated_mask(rollout.cond, tuple(x.shape[1:]), x.device)
     return gaussian_log_prob(x_next, mean, beta, gen_mask), mean
 

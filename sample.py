@@ -1,10 +1,14 @@
 """Sampling: the default Cosmos-Predict2 sampler (35 Karras steps, Euler then 2-step Adams-Bashforth) with
-classifier-free guidance in upstream's convention, and a video2world CLI that writes an mp4.
+classifier-free guidance in upstream's convention, and a video2world CLI that writes an mp4. Predict2.5 configs
+(p25-*) sample with flow.py's UniPC instead (35 steps, shift-5 or Karras grid per checkpoint, v_c + g (v_c - v_u)).
 
     python sample.py                       # tiny default: the checkpoint python train.py wrote to out/, on CPU
     python sample.py --ckpt runs/droid14b --prompt-emb prompt.safetensors --image first.png   # a run, as trained
     python sample.py --config v2w-14b --ckpt droid --vae real --vae-ckpt tokenizer.pth
                      --image first_frame.png --prompt-emb prompt.safetensors --out video.mp4   # (one line)
+
+    python sample.py --config p25-2b --ckpt p25-2b-post --vae real --vae-ckpt tokenizer.pth --image first.png
+                     --prompt-emb reason1/<sha1>.safetensors   # Predict2.5: UniPC, Karras grid for 2B post-trained
 
 The network and its x0 prediction live in model.py (`denoise`); this file walks the noise schedule.
 """
@@ -19,10 +23,12 @@ import torch
 import torch.nn.functional as F
 
 import cli
+import flow
 from lora import add_lora
-from model import DiT, condition_mask, denoise, get_config
+from model import DiT, condition_mask, denoise, get_config, is_p25
 
 SIGMA_MIN, SIGMA_MAX, RHO = 0.002, 80.0, 7.0
+TINY_CONFIGS = ("tiny", "p25-tiny")  # CPU-fast configs: tiny VAE, 9x64x112, the stand-in prompt
 
 
 def karras_sigmas(num_steps, sigma_min=SIGMA_MIN, sigma_max=SIGMA_MAX, rho=RHO):
@@ -107,15 +113,44 @@ def write_mp4(path, video_3_T_H_W, fps=16):
     return path
 
 
+def views_side_by_side(video_V_3_T_H_W):
+    """Decoded views [V,3,T,H,W] -> one [3,T,H,V*W] video, view 0 on the left (write_mp4 takes it)."""
+    if video_V_3_T_H_W.ndim != 5 or video_V_3_T_H_W.shape[1] != 3:
+        raise ValueError(f"views {tuple(video_V_3_T_H_W.shape)}: need [V, 3, T, H, W]")
+    return torch.cat(list(video_V_3_T_H_W), dim=-1)
+
+
+def split_views(latent_B_C_VT_H_W, num_views):
+    """A multi-view latent (views stacked on latent time, flow.py's layout) -> [B*V, C, T, H, W], view-major per sample,
+    so the VAE decodes every view on its own (it is causal in time)."""
+    B, C, VT, H, W = latent_B_C_VT_H_W.shape
+    if VT % num_views:
+        raise ValueError(f"{VT} latent frames are not {num_views} views stacked on time")
+    return latent_B_C_VT_H_W.reshape(B, C, num_views, VT // num_views, H, W).transpose(1, 2).reshape(
+        B * num_views, C, VT // num_views, H, W)
+
+
 @torch.no_grad()
 def generate(net, vae, video_B_3_T_H_W, crossattn_emb, neg_crossattn_emb=None, num_steps=35, guidance=7.0, seed=0,
-             num_conditional_frames=1):
+             num_conditional_frames=1, grid=None, conditional_frame_timestep=None):
     """Video2world: keep the first latent frame(s) of `video` (the VAE is causal: latent frame 0 is pixel frame 0
-    alone), generate the rest from noise, decode. Returns the generated video in the VAE's dtype."""
+    alone), generate the rest from noise, decode. Returns the generated video in the VAE's dtype.
+    Predict2.5 nets need grid (shift | karras) and conditional_frame_timestep (-1 or 0.1; flow.checkpoint_defaults);
+    Predict2 nets refuse them."""
     device = video_B_3_T_H_W.device
     latent = vae.encode(video_B_3_T_H_W).float()
-    cond = dict(gt_frames=latent, condition_mask_B_1_T_H_W=condition_mask(latent, num_conditional_frames))
-    x0_fn = guided_x0_fn(net, crossattn_emb, neg_crossattn_emb, guidance=guidance, **cond)
+    mask = condition_mask(latent, num_conditional_frames)
+    if is_p25(net.cfg):
+        if grid is None or conditional_frame_timestep is None:
+            raise ValueError("a Predict2.5 net samples with UniPC: pass grid and conditional_frame_timestep")
+        noise = flow.initial_noise(tuple(latent.shape), seed).to(device)
+        x0 = flow.sample(net, noise, crossattn_emb, neg_crossattn_emb, guidance, latent, mask, grid, num_steps,
+                         conditional_frame_timestep)
+        return vae.decode(x0.to(video_B_3_T_H_W.dtype))
+    if grid is not None or conditional_frame_timestep is not None:
+        raise ValueError("grid / conditional_frame_timestep are Predict2.5 sampler settings; this is a Predict2 net")
+    x0_fn = guided_x0_fn(net, crossattn_emb, neg_crossattn_emb, guidance=guidance, gt_frames=latent,
+                         condition_mask_B_1_T_H_W=mask)
     noise = initial_noise(tuple(latent.shape), seed=seed).to(device)
     return vae.decode(sample(x0_fn, noise, num_steps=num_steps).to(video_B_3_T_H_W.dtype))
 
@@ -139,8 +174,11 @@ class SampleConfig:
     frames: int = 0  # pixel frames, 4k+1 (default: the run's, or 9 for tiny, 93)
     height: int = 0  # pixels, a multiple of 16 (default: the run's, or 64 for tiny, 432)
     width: int = 0  # pixels, a multiple of 16 (default: the run's, or 112 for tiny, 768)
-    steps: int = 35  # sampler steps
-    guidance: float = 7.0  # CFG, upstream convention x0_c + g (x0_c - x0_u)
+    steps: int = 35  # sampler steps (Predict2.5 Karras grid: steps + 1 network evaluations)
+    guidance: float = 7.0  # CFG, upstream convention x0_c + g (x0_c - x0_u) (Predict2.5: v_c + g (v_c - v_u))
+    grid: str = ""  # Predict2.5 only: shift | karras (default: upstream's for --ckpt: karras for p25-2b-post, else shift)
+    conditional_frame_timestep: float = -1.0  # Predict2.5 only: -1 = the noisy frames' time, 0.1 -> t = 1e-4 (default:
+    # upstream's for --ckpt: 0.1 for p25-2b-post and agibot)
     seed: int = 0  # initial noise (numpy, as upstream)
     fps: int = 16  # frame rate written into the mp4
     device: str = ""  # cuda | cpu (default: cuda when available)
@@ -154,17 +192,18 @@ def is_run(path):
 def parse_config(argv):
     """Flags, then the run's own settings (config, size, VAE, data) for what was not given, then the defaults."""
     given = cli.parse_flags(SampleConfig, argv, description=__doc__)
-    run = {}
+    run, run_p25 = {}, {}
     if is_run(given.get("ckpt", SampleConfig.ckpt)):
         with open(os.path.join(given.get("ckpt", SampleConfig.ckpt), "config.json")) as f:
             saved = json.load(f)
         run = {k: saved[k] for k in ("config", "vae", "vae_ckpt", "data", "frames", "height", "width") if k in saved}
+        run_p25 = {k: saved[k] for k in ("init", "conditional_frame_timestep") if k in saved}  # sampler defaults
         if "config" in given and given["config"] != run["config"]:
             raise ValueError(f"--config {given['config']}: the run in {given['ckpt']} trained {run['config']}")
     cfg = cli.build(SampleConfig, run, given)
     cfg.config = cfg.config or "tiny"
-    tiny = cfg.config == "tiny"
-    get_config(cfg.config)
+    tiny = cfg.config in TINY_CONFIGS
+    mcfg = get_config(cfg.config)
     cfg.ema = cfg.ema if "ema" in given else None  # None: the only copy a file holds (both: an error)
     cfg.data = cfg.data or "data/tiny_grid"
     cfg.vae = cfg.vae or ("tiny" if tiny else "real")
@@ -172,8 +211,26 @@ def parse_config(argv):
     cfg.height, cfg.width = cfg.height or (64 if tiny else 432), cfg.width or (112 if tiny else 768)
     if (cfg.frames - 1) % 4 or cfg.height % 16 or cfg.width % 16:
         raise ValueError(f"{cfg.frames}x{cfg.height}x{cfg.width}: frames must be 4k+1, height/width multiples of 16")
+    if mcfg.camera_channels:
+        raise ValueError(f"--config {cfg.config}: camera (multi-view) sampling needs camera maps, which this CLI does "
+                         "not read yet; flow.sample takes camera= and sample.split_views/views_side_by_side write it")
+    if is_p25(mcfg):
+        grid, timestep = flow.checkpoint_defaults(run_p25.get("init", cfg.ckpt), cfg.config)  # a run: as trained
+        cfg.grid = cfg.grid or grid
+        if "conditional_frame_timestep" not in given:
+            cfg.conditional_frame_timestep = run_p25.get("conditional_frame_timestep", timestep)
+        if cfg.grid not in flow.GRIDS:
+            raise ValueError(f"--grid {cfg.grid!r}: valid are {', '.join(flow.GRIDS)}")
+        if cfg.conditional_frame_timestep != -1 and not 0 <= cfg.conditional_frame_timestep < 1000:
+            raise ValueError(f"--conditional-frame-timestep {cfg.conditional_frame_timestep}: -1 or in [0, 1000)")
+    else:
+        for name in ("grid", "conditional_frame_timestep"):
+            if name in given:
+                raise ValueError(f"{cli.flag(name)} is a Predict2.5 (UniPC) setting: --config {cfg.config} samples "
+                                 "with Predict2's own sampler; drop it")
     if not tiny and not cfg.prompt_emb:
-        raise ValueError(f"--config {cfg.config} needs --prompt-emb (a T5-XXL embedding file; see t5.py)")
+        raise ValueError(f"--config {cfg.config} needs --prompt-emb (a T5-XXL embedding file; see t5.py; Predict2.5: "
+                         "a Reason1 embedding, docs/text.md)")
     if cfg.vae == "real" and not cfg.vae_ckpt:
         raise ValueError("--vae real needs --vae-ckpt (tokenizer/tokenizer.pth of a Cosmos-Predict2 repo)")
     for name in ("image", "prompt_emb", "neg_prompt_emb", "vae_ckpt"):
@@ -263,18 +320,20 @@ def main(argv=None):
 
     first = load_first_frame(cfg).to(device)
     video = torch.cat([first, torch.full_like(first, -1).expand(-1, -1, cfg.frames - 1, -1, -1)], dim=2)
-    dim = mcfg.crossattn_emb_channels
+    dim = mcfg.crossattn_proj_in_channels  # the embedding as stored (Predict2.5: before the net's crossattn_proj)
     if cfg.prompt_emb:
         text, _ = data.load_text_embedding(cfg.prompt_emb, 512, dim)
     else:  # tiny only (parse_config refuses otherwise): train.py's stand-in, 16 tokens
         text, _ = data.standin_text_embedding(cfg.prompt or "Put the marker in the cup.", 16, dim)
-    neg, neg_source = data.negative_embedding(cfg.data, text.shape[0], dim, standin=cfg.config == "tiny",
+    neg, neg_source = data.negative_embedding(cfg.data, text.shape[0], dim, standin=cfg.config in TINY_CONFIGS,
                                               path=cfg.neg_prompt_emb)
     print(f"sample: negative prompt: {neg_source}", flush=True)
+    p25 = dict(grid=cfg.grid, conditional_frame_timestep=cfg.conditional_frame_timestep) if is_p25(mcfg) else {}
     generated = generate(net, vae, video.to(dtype), text[None].to(device), neg[None].to(device), cfg.steps,
-                         cfg.guidance, cfg.seed)
+                         cfg.guidance, cfg.seed, **p25)
     write_mp4(cfg.out, generated[0], fps=cfg.fps)
-    print(f"sample: wrote {cfg.out} ({cfg.frames} frames, {cfg.height}x{cfg.width}, {cfg.steps} steps, "
+    sampler = f"UniPC {cfg.grid} grid, conditional-frame timestep {cfg.conditional_frame_timestep}, " if p25 else ""
+    print(f"sample: wrote {cfg.out} ({cfg.frames} frames, {cfg.height}x{cfg.width}, {cfg.steps} steps, {sampler}"
           f"guidance {cfg.guidance}, seed {cfg.seed}, weights {source})", flush=True)
 
 

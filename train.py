@@ -4,9 +4,10 @@
     torchrun --nproc_per_node=8 train.py --config v2w-14b --init droid --data DIR
     torchrun --nproc_per_node=8 train.py --config v2w-2b --init 2b-480p-16fps --data DIR --sac block
     python train.py --objective grpo --lora 4 --steps 20       # GRPO on the tiny default (--grpo-* knobs below)
+    python train.py --config p25-tiny                          # Predict2.5's rectified-flow loss (flow.py), tiny
 
-Flags not given take the preset of --config: tiny (data/tiny_grid, 9x64x112, 200 steps at lr 2e-3, warm-up 20, the
-tiny VAE) or every other config (93x432x768, 20k steps at lr 2^-14.5, warm-up 1000, the real VAE). GRPO has its own
+Flags not given take the preset of --config: tiny and p25-tiny (data/tiny_grid, 9x64x112, 200 steps at lr 2e-3,
+warm-up 20, the tiny VAE) or every other config (93x432x768, 20k steps at lr 2^-14.5, warm-up 1000, the real VAE). GRPO has its own
 optimizer flags (--grpo-lr, ...): the SFT ones are refused with --objective grpo.
 One script, top to bottom: config -> setup -> data -> run directory -> model -> optimizer -> resume -> loop.
 """
@@ -28,8 +29,9 @@ from tqdm import tqdm
 
 import ckpt
 import cli
-import formats
 import data
+import flow
+import formats
 import grpo
 import resume
 import reward
@@ -38,7 +40,8 @@ import stitch
 import vae as vae_lib
 from grpo import GRPOConfig
 from lora import add_lora
-from model import DiT, condition_mask, denoise, get_config, matmul_peak, model_flops, num_params
+from model import DiT, condition_mask, denoise, get_config, is_p25, matmul_peak, model_flops, num_params
+from sample import TINY_CONFIGS  # the CPU-fast configs: the TINY preset, synthetic data and stand-in text
 
 # -----------------------------------------------------------------------------
 # Config: every field is a --flag (cli.py: the comment is its --help); unknown flags are an error. 0 / "" / -1 mean
@@ -47,7 +50,7 @@ from model import DiT, condition_mask, denoise, get_config, matmul_peak, model_f
 
 @dataclass
 class TrainConfig:
-    config: str = "tiny"  # DiT config (model.CONFIGS): tiny, v2w-2b, v2w-14b, ...
+    config: str = "tiny"  # DiT config (model.CONFIGS): tiny, v2w-2b, v2w-14b, p25-tiny, p25-2b, p25-14b, ...
     init: str = ""  # droid | 2b-480p-16fps | 14b-720p-10fps | PATH | hf://org/repo/file@rev | random ("" = random for tiny)
     ema_weights: str = ""  # net | net_ema: which copy of a release file that holds both ("" = the only one); net_ema on a step dir: its saved EMA
     guard_max_ratio: float = 0.75  # init guard: iteration-0 loss / zero-velocity loss must stay below (random ~1.6)
@@ -69,8 +72,10 @@ class TrainConfig:
     beta1: float = 0.9  # SFT AdamW beta1 (GRPO: --grpo-betas)
     beta2: float = 0.99  # SFT AdamW beta2 (GRPO: --grpo-betas)
     grad_clip: float = 1.0  # SFT gradient clipping (GRPO: --grpo-max-grad-norm)
-    loss_scale: float = 10.0  # upstream's loss_scale; only matters against grad_clip
-    high_sigma_ratio: float = 0.05  # upstream's predict2_video2world_fsdp_* value
+    loss_scale: float = 10.0  # Predict2: upstream's loss_scale; only matters against grad_clip (2.5 has none)
+    high_sigma_ratio: float = 0.05  # Predict2: upstream's predict2_video2world_fsdp_* value
+    conditional_frame_timestep: float = -1.0  # Predict2.5: -1 = conditional frames share the noisy frames' time (pre-
+    # training); 0.1 = they get timestep 0.1, t = 1e-4; default: upstream's for --init (0.1 for p25-2b-post, agibot)
     text_dropout: float = 0.2  # SFT: probability of training a sample without its prompt (for CFG)
     sac: str = "none"  # activation checkpointing: none | block | mm | attn | selective (docs/memory.md)
     sac_every: int = 1  # checkpoint every N-th block only
@@ -98,6 +103,8 @@ TINY = dict(data="data/tiny_grid", vae="tiny", frames=9, height=64, width=112, s
             save_every=100, sample_every=100, text_len=16, workers=0, cache_latents=True, holdout=0)
 REAL = dict(vae="real", frames=93, height=432, width=768, steps=20000, lr=2 ** -14.5, warmup=1000, save_every=200,
             sample_every=1000)
+# Loss knobs of one model family (True: Predict2.5's flow.py loss only; False: Predict2's EDM loss only)
+FAMILY_ONLY = {"loss_scale": False, "high_sigma_ratio": False, "conditional_frame_timestep": True}
 # Flags that only shape the SFT optimizer or batch: with --objective grpo they would be silently unused
 SFT_ONLY = {"lr": "--grpo-lr", "warmup": "--grpo-warmup", "lr_min_ratio": "(constant after the warm-up)",
             "weight_decay": "--grpo-weight-decay", "beta1": "--grpo-betas", "beta2": "--grpo-betas",
@@ -112,14 +119,17 @@ GRPO_RESUME = ("group_size", "num_steps", "sde_type", "eta", "window_size", "win
 def parse_config(argv):
     """Dataclass defaults, then the TINY or REAL preset, then the flags given on the command line."""
     given = cli.parse_flags(TrainConfig, argv, description=__doc__)  # argparse rejects unknown flags
-    preset = TINY if given.get("config", TrainConfig.config) == "tiny" else REAL
+    preset = TINY if given.get("config", TrainConfig.config) in TINY_CONFIGS else REAL
     return validate(cli.build(TrainConfig, preset, given), given)
 
 
 def validate(cfg, given=None):
     """Fail fast, before anything is built or written: every setting is used, validated or refused."""
     given = cli.flatten(given or {})
-    get_config(cfg.config)  # raises with the valid names
+    mcfg = get_config(cfg.config)  # raises with the valid names
+    if mcfg.camera_channels:
+        raise ValueError(f"--config {cfg.config}: multi-view camera training is not wired into train.py yet "
+                         "(flow.training_loss takes camera= and multiview_condition_mask; use p25-tiny or p25-2b)")
     if cfg.objective not in ("sft", "grpo"):
         raise ValueError(f"--objective {cfg.objective!r}: valid are sft, grpo")
     unused = {}
@@ -144,6 +154,8 @@ def validate(cfg, given=None):
         unused.update({k: "without --vae real" for k in ("vae_ckpt",) if k in given})
     if cfg.sample_every == 0:
         unused.update({k: "with --sample-every 0" for k in ("sample_steps", "guidance") if k in given})
+    unused.update({k: f"with --config {cfg.config} (a {'Predict2.5' if p25_only else 'Predict2'} loss setting)"
+                   for k, p25_only in FAMILY_ONLY.items() if k in given and p25_only != is_p25(mcfg)})
     if unused:
         raise ValueError("; ".join(f"{cli.flag(k)} does nothing {why}" for k, why in unused.items())
                          + ": drop it (nothing is silently ignored)")
@@ -153,8 +165,13 @@ def validate(cfg, given=None):
         raise ValueError(f"--ema-weights {cfg.ema_weights!r}: net or net_ema")
     if cfg.save_every < 0:
         raise ValueError(f"--save-every {cfg.save_every}: >= 0 (0 = only at the end and on a signal)")
+    if is_p25(mcfg) and "conditional_frame_timestep" not in given:  # upstream's value for the checkpoint
+        cfg.conditional_frame_timestep = flow.checkpoint_defaults(cfg.init, cfg.config)[1]
+    if cfg.conditional_frame_timestep != -1 and not 0 <= cfg.conditional_frame_timestep < 1000:
+        raise ValueError(f"--conditional-frame-timestep {cfg.conditional_frame_timestep}: -1 (the noisy frames' "
+                         "time) or a timestep in [0, 1000) (0.1: t = 1e-4)")
     if not cfg.init:
-        if cfg.config != "tiny":
+        if cfg.config not in TINY_CONFIGS:
             raise ValueError(f"--config {cfg.config} needs an explicit --init (droid, 2b-480p-16fps, a path, ... "
                              "or 'random' to really train from scratch)")
         cfg.init = "random"
@@ -195,7 +212,7 @@ def validate(cfg, given=None):
 
 def synthetic_data(cfg):
     """Only the tiny default's own folder is ever written by train.py; any other --data is read, never written."""
-    return cfg.config == "tiny" and os.path.normpath(cfg.data) == os.path.normpath(TINY["data"])
+    return cfg.config in TINY_CONFIGS and os.path.normpath(cfg.data) == os.path.normpath(TINY["data"])
 
 
 # -----------------------------------------------------------------------------
@@ -248,8 +265,11 @@ def draw_sample_noise(cfg, latent_C_T_H_W, seed):
 
 
 def training_loss(net, cfg, latent, text_emb, seeds):
-    """Rectified-flow loss: (1+s)^2/s^2 |x0_hat - x0|^2 equals |v_hat - (eps - x0)|^2 exactly; we use the velocity
-    form (no 1e8 weights at small sigma). Conditioning frames are replaced by the clean latent, so they add 0."""
+    """Predict2.5 configs: flow.py's loss (shift-5 logit-normal sigma, 0-2 conditional frames, uniform weight).
+    Predict2: (1+s)^2/s^2 |x0_hat - x0|^2 equals |v_hat - (eps - x0)|^2 exactly; we use the velocity form (no 1e8
+    weights at small sigma). Conditioning frames are replaced by the clean latent, so they add 0."""
+    if is_p25(get_config(cfg.config)):
+        return flow.training_loss(net, latent, text_emb, seeds, cfg.text_dropout, cfg.conditional_frame_timestep)
     draws = [draw_sample_noise(cfg, latent[b], s) for b, s in enumerate(seeds)]
     sigma = torch.tensor([d[0] for d in draws], device=latent.device)
     eps = torch.stack([d[1] for d in draws]).to(latent.device)
@@ -385,9 +405,10 @@ def grpo_step(net, vae, optimizer, params, cfg, batch, neg_text, terms, step, ra
     """One GRPO update (grpo.train_step): per clip of this rank's batch, K rollouts from its first latent frame and
     prompt, decoded only if a reward needs pixels, scored; advantages over all ranks' groups; the LoRA update."""
     latent, text = batch
+    p25 = dict(conditional_frame_timestep=cfg.conditional_frame_timestep) if is_p25(get_config(cfg.config)) else {}
     conds = [grpo.Condition(crossattn_emb=text[b: b + 1], neg_crossattn_emb=neg_text.to(text.device),
                             gt_frames=latent[b: b + 1], condition_mask=condition_mask(latent[b: b + 1], 1),
-                            key=(rank, b)) for b in range(latent.shape[0])]
+                            key=(rank, b), **p25) for b in range(latent.shape[0])]
     vae_dtype = next(vae.parameters()).dtype
 
     @torch.no_grad()
@@ -420,9 +441,10 @@ def main(argv=None):
             make_tiny_dataset(cfg.data)
         if distributed:
             dist.barrier()
-    dataset = data.GridClips(cfg.data, cfg.frames, cfg.height, cfg.width, text_len=cfg.text_len,
-                             text_dim=mcfg.crossattn_emb_channels, text="standin" if cfg.config == "tiny" else "t5",
-                             seed=cfg.seed)
+    tiny = cfg.config in TINY_CONFIGS
+    text_dim = mcfg.crossattn_proj_in_channels  # the embedding on disk (Predict2.5: before the net's crossattn_proj)
+    dataset = data.GridClips(cfg.data, cfg.frames, cfg.height, cfg.width, text_len=cfg.text_len, text_dim=text_dim,
+                             text="standin" if tiny else "t5", seed=cfg.seed)
     holdout = cfg.holdout if cfg.holdout >= 0 else max(1, len(dataset) // 50)
     n_train = len(dataset) - holdout
     if n_train < 1:
@@ -447,8 +469,7 @@ def main(argv=None):
     sampler = data.ClipSampler(n_train, rank=rank, world_size=world, seed=cfg.seed)
     neg_text = None  # the uncond branch of CFG in GRPO rollouts and samples
     if cfg.objective == "grpo" or cfg.sample_every:
-        neg_text, source = data.negative_embedding(cfg.data, cfg.text_len, mcfg.crossattn_emb_channels,
-                                                   standin=cfg.config == "tiny")
+        neg_text, source = data.negative_embedding(cfg.data, cfg.text_len, text_dim, standin=tiny)
         neg_text = neg_text[None]
         say(f"negative prompt: {source}")
     vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, device, compute_dtype)
@@ -620,7 +641,10 @@ def write_sample(net, vae, dataset, index, cfg, neg_text, path, master):
     device = next(net.parameters()).device
     video = item["video"][None].to(device, next(vae.parameters()).dtype)
     text = item["text_emb"][None].to(device)
-    generated = sampling.generate(net, vae, video, text, neg_text.to(device), cfg.sample_steps, cfg.guidance, cfg.seed)
+    p25 = dict(grid=flow.checkpoint_defaults(cfg.init, cfg.config)[0],
+               conditional_frame_timestep=cfg.conditional_frame_timestep) if is_p25(get_config(cfg.config)) else {}
+    generated = sampling.generate(net, vae, video, text, neg_text.to(device), cfg.sample_steps, cfg.guidance, cfg.seed,
+                                  **p25)
     if master:
         sampling.write_mp4(path, torch.cat([video, generated.to(video.dtype)], dim=-1)[0])
         print(f"sample: {path} (left: data, right: generated from its first frame)", flush=True)

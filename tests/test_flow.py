@@ -1,7 +1,7 @@
 """flow.py: Predict2.5's rectified-flow draws, loss, UniPC grids and steps, and the CFG sampling loop, against the
 upstream reference vectors (tests/data/flow_ref.safetensors: a subset of the Predict2.5 reference tensors made by the
 upstream code at cosmos-predict2.5 7e5ffc83 on CPU in fp32: p25_unipc_ref, p25_training_ref, p25_sampler_ref) and
-the p25_v2w_proj network they were made with (tests/data/p25_v2w_proj.weights.safetensors), plus properties."""
+the p25_v2w_proj network they were made with (tests/data/flow_p25_v2w_proj.weights.safetensors), plus properties."""
 import math
 import os
 
@@ -16,11 +16,12 @@ from model import DiT, DiTConfig, condition_mask
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 REF = load_file(os.path.join(DATA, "flow_ref.safetensors"))
-WEIGHTS = os.path.join(DATA, "p25_v2w_proj.weights.safetensors")
+WEIGHTS = os.path.join(DATA, "flow_p25_v2w_proj.weights.safetensors")  # the whole net (1.5 MB)
 # the p25_v2w_proj network: upstream MinimalV1LVGDiT with the 2.5 options at D=96, crossattn_proj 120 -> 64
 P25_V2W_PROJ = DiTConfig(model_channels=96, num_blocks=2, num_heads=2, adaln_lora_dim=16, crossattn_emb_channels=64,
                          crossattn_proj_in_channels=120, rope_h_extrapolation_ratio=3.0,
-                         rope_w_extrapolation_ratio=3.0, max_img_h=240, max_img_w=240, max_frames=128)
+                         rope_w_extrapolation_ratio=3.0, max_img_h=240, max_img_w=240, max_frames=128,
+                         timestep_scale=0.001, fp32_time_modulation=True)
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +143,14 @@ def test_unipc_is_exact_for_a_constant_velocity():
     for i, x in states.items():
         torch.testing.assert_close(x, (1 - sigmas[i + 1]) * x0 + sigmas[i + 1] * eps, rtol=0, atol=1e-6)
     torch.testing.assert_close(out, x0, rtol=0, atol=1e-6)  # fp32 rounding only
+
+
+def test_checkpoint_defaults_follow_the_spec_table():
+    assert flow.checkpoint_defaults("p25-2b-post", "p25-2b") == ("karras", 0.1)
+    assert flow.checkpoint_defaults("/ckpt/81edfebe-bd6a-4039-8c1d-737df1a790bf_ema_bf16.pt", "p25-2b") == ("karras", 0.1)
+    for init in ("p25-2b-pre", "p25-14b-pre", "p25-14b-post", "random"):
+        assert flow.checkpoint_defaults(init, "p25-2b") == ("shift", -1.0)
+    assert flow.checkpoint_defaults("p25-2b-agibot", "p25-2b-agibot") == ("shift", 0.1)  # frame-init sampler
 
 
 def test_initial_noise_is_numpy_unit_variance():

@@ -83,3 +83,64 @@ def test_no_ema_picks_the_raw_copy_of_a_file_holding_both(tmp_path):
     proc = subprocess.run([sys.executable, "sample.py", "--ckpt", "random", "--data", str(tmp_path / "nowhere")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "pass --image" in proc.stderr
+
+
+def test_p25_cli_samples_with_unipc_and_refuses_unipc_flags_for_predict2(tmp_path):
+    out = str(tmp_path / "p25.mp4")
+    proc = subprocess.run([sys.executable, "sample.py", "--config", "p25-tiny", "--ckpt", "random", "--steps", "2",
+                           "--grid", "karras", "--image", os.path.join(ROOT, "tests", "data", "nope.png"), "--out", out],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "nope.png" in proc.stderr  # checked before any model is built
+    image = str(tmp_path / "first.png")
+    imageio.imwrite(image, np.full((64, 112, 3), 90, np.uint8))
+    proc = subprocess.run([sys.executable, "sample.py", "--config", "p25-tiny", "--ckpt", "random", "--steps", "2",
+                           "--grid", "karras", "--image", image, "--out", out], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "UniPC karras grid, conditional-frame timestep -1.0" in proc.stdout and len(imageio.mimread(out)) == 9
+    sys.path.insert(0, ROOT)
+    import sample
+    with pytest.raises(ValueError, match="--grid is a Predict2.5"):
+        sample.parse_config(["--grid", "shift"])
+    with pytest.raises(ValueError, match="--grid 'euler'"):
+        sample.parse_config(["--config", "p25-tiny", "--grid", "euler"])
+    cfg = sample.parse_config(["--config", "p25-2b", "--ckpt", "p25-2b-post", "--prompt-emb", image, "--vae-ckpt",
+                               image])
+    assert (cfg.grid, cfg.conditional_frame_timestep) == ("karras", 0.1)  # upstream's 2B post-trained sampler
+
+
+def test_generate_p25_is_flow_sample_decoded():
+    sys.path.insert(0, ROOT)
+    import torch
+
+    import flow
+    import sample
+    import vae as vae_lib
+    from model import build_model, condition_mask, get_config
+    torch.manual_seed(0)
+    net, vae = build_model(get_config("p25-tiny")).eval(), vae_lib.build_vae("tiny", "", torch.device("cpu"),
+                                                                               torch.float32)
+    video = torch.rand(1, 3, 9, 32, 32) * 2 - 1
+    text, neg = torch.randn(1, 4, 96), torch.randn(1, 4, 96)
+    got = sample.generate(net, vae, video, text, neg, 2, 7.0, 3, grid="shift", conditional_frame_timestep=0.1)
+    latent = vae.encode(video).float()
+    x0 = flow.sample(net, flow.initial_noise(tuple(latent.shape), 3), text, neg, 7.0, latent, condition_mask(latent, 1),
+                     "shift", 2, 0.1)
+    assert torch.equal(got, vae.decode(x0))
+    with pytest.raises(ValueError, match="pass grid"):
+        sample.generate(net, vae, video, text, neg, 2)
+
+
+def test_views_side_by_side_and_split_views():
+    sys.path.insert(0, ROOT)
+    import torch
+
+    import sample
+    views = torch.arange(3.0)[:, None, None, None, None].expand(3, 3, 2, 4, 5)
+    video = sample.views_side_by_side(views)
+    assert video.shape == (3, 2, 4, 15) and video[0, 0, 0].tolist() == [0] * 5 + [1] * 5 + [2] * 5
+    latent = torch.arange(6.0)[None, None, :, None, None].expand(2, 16, 6, 2, 2)  # 3 views x 2 latents, stacked on T
+    split = sample.split_views(latent, 3)
+    assert split.shape == (6, 16, 2, 2, 2) and split[:3, 0, :, 0, 0].tolist() == [[0, 1], [2, 3], [4, 5]]
+    with pytest.raises(ValueError, match="not 4 views"):
+        sample.split_views(latent, 4)

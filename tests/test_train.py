@@ -366,3 +366,42 @@ def test_partial_eval_marker_is_evaluated_again(grid, tmp_path):
     proc = run(args + ["--steps", "2"])
     assert "is partial" in proc.stdout and "evaluated the resumed checkpoint step 2" in proc.stdout
     assert resume.eval_marker_valid(os.path.dirname(marker))
+
+
+def test_p25_tiny_trains_with_the_rf_loss_samples_with_unipc_and_resumes_bitwise(grid, tmp_path):
+    """--config p25-tiny: flow.py's loss through train.py; a run stopped at step 2 and resumed ends like an
+    uninterrupted one; the sample video comes from flow.sample (UniPC); GRPO's first ratio is exactly 1."""
+    args = ["--config", "p25-tiny", "--data", grid, "--save-every", "2", "--warmup", "2", "--sample-every", "4",
+            "--sample-steps", "2"]
+    ref, out = str(tmp_path / "ref"), str(tmp_path / "out")
+    run(args + ["--out", ref, "--steps", "4"])
+    run(args + ["--out", out, "--steps", "2"])
+    run(args + ["--out", out, "--steps", "4"])
+    got, want = metrics(out), metrics(ref)
+    assert sorted(got) == sorted(want) == [1, 2, 3, 4]
+    for step in want:
+        for key in ("loss", "grad_norm", "lr"):
+            assert got[step][key] == want[step][key], (step, key, got[step][key], want[step][key])
+    assert got[4]["eval_loss"] == want[4]["eval_loss"]
+    assert os.path.getsize(os.path.join(ref, "sample_00000004.mp4")) > 0
+    assert json.load(open(os.path.join(ref, "config.json")))["conditional_frame_timestep"] == -1.0
+    grpo_out = str(tmp_path / "grpo")
+    run(["--config", "p25-tiny", "--data", grid, "--out", grpo_out, "--objective", "grpo", "--lora", "4", "--steps",
+         "1", "--grpo-num-steps", "3", "--conditional-frame-timestep", "0.1"])
+    row = metrics(grpo_out)[1]
+    assert row["first_ratio"] == 1.0 and row["micro_steps"] == 2 * 2 and 0 < row["grad_norm"] < float("inf")
+
+
+def test_p25_loss_settings_are_refused_where_they_do_nothing():
+    assert train.parse_config(["--config", "p25-tiny"]).conditional_frame_timestep == -1.0
+    assert train.parse_config(["--config", "p25-tiny", "--conditional-frame-timestep", "0.1"]) \
+        .conditional_frame_timestep == 0.1
+    for flag in ("--loss-scale", "--high-sigma-ratio"):
+        with pytest.raises(ValueError, match="a Predict2 loss setting"):
+            train.parse_config(["--config", "p25-tiny", flag, "1"])
+    with pytest.raises(ValueError, match="a Predict2.5 loss setting"):
+        train.parse_config(["--conditional-frame-timestep", "0.1"])  # the tiny default is a Predict2 net
+    with pytest.raises(ValueError, match="in \\[0, 1000\\)"):
+        train.parse_config(["--config", "p25-tiny", "--conditional-frame-timestep", "-0.5"])
+    with pytest.raises(ValueError, match="multi-view camera training"):
+        train.parse_config(["--config", "p25-tiny-agibot"])
