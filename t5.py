@@ -1,8 +1,8 @@
 """The text-embedding step: prompt embeddings for a stitched folder, from T5 (Predict2) or Cosmos-Reason1 (Predict2.5).
 
     pip install transformers sentencepiece      # optional dependencies, only for this script
-    python t5.py ROOT [--device cuda] [--batch 8]                  # Predict2: T5-XXL, ROOT/t5_xxl/<stem>.pickle
-    python t5.py ROOT --encoder reason1 [--device cuda]            # Predict2.5: Reason1, ROOT/reason1/<sha1>.safetensors
+    python t5.py ROOT [--device cuda] [--batch 8]         # Predict2: T5-XXL, ROOT/t5_xxl/<stem>.pickle
+    python t5.py ROOT --encoder reason1 [--device cuda]   # Predict2.5: Reason1, ROOT/reason1/<sha1>.safetensors
 
 Each unique prompt is encoded once (many episodes share a task), and so is the negative prompt of classifier-free
 guidance (NEGATIVE_PROMPT: upstream's default, the same string in Predict2 and Predict2.5). Existing files are kept,

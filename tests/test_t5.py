@@ -44,8 +44,8 @@ def tiny_t5(decoder: bool = False):
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% for c in m['content'] %}{{ c['text'] }}"
                  "{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]  # <|endoftext|>: Qwen's pad token
-QWEN_WORDS = sorted(set(t5.SYSTEM_INSTRUCTION.lower().replace(".", " . ").split() + ["system", "user", "assistant", "put"]
-                        + WORDS + t5.NEGATIVE_PROMPT.lower().replace(".", " . ").replace(",", " , ").split()))
+QWEN_WORDS = sorted(set(t5.SYSTEM_INSTRUCTION.lower().replace(".", " . ").split() + WORDS + ["system", "user", "put"]
+                        + t5.NEGATIVE_PROMPT.lower().replace(".", " . ").replace(",", " , ").split()))
 LAYERS, WIDTH = 3, 32
 
 
