@@ -159,7 +159,7 @@ def train_step(model, batch, trainable, measure=None):
 
 
 # -----------------------------------------------------------------------------
-# Planner (--world N): one train.py step as rank 0 of N ranks, on this one device
+# Planner (--world N): one train.py step as rank 0 of N ranks, on this one device (docs/memory.md)
 
 
 class CollectiveBytes(TorchDispatchMode):
@@ -171,33 +171,30 @@ class CollectiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__  # c10d._allgather_base_(out, in) / c10d._reduce_scatter_base_(out, in)
-        if name == "_allgather_base_":
-            self.allgather += args[0].nbytes
-        elif name == "_reduce_scatter_base_":
-            self.reduce_scatter += args[1].nbytes
+        self.allgather += args[0].nbytes if name == "_allgather_base_" else 0
+        self.reduce_scatter += args[1].nbytes if name == "_reduce_scatter_base_" else 0
         return func(*args, **(kwargs or {}))
 
 
 def fsdp_units(net):
     """(name, parameters, all-gathers per step) per FSDP2 unit, as train.shard_model wraps them: blocks 0..n-2 are
     resharded after forward, so gathered again in backward; the last block, final_layer and the root are kept."""
-    blocks = list(net.blocks)
-    inner = {id(p) for m in [*blocks, net.final_layer] for p in m.parameters()}
-    units = [("root", [p for p in net.parameters() if id(p) not in inner], 1)]
-    units += [(f"blocks.{i}", list(b.parameters()), 1 if i == len(blocks) - 1 else 2) for i, b in enumerate(blocks)]
-    return units + [("final_layer", list(net.final_layer.parameters()), 1)]
+    inner = {id(p) for m in [*net.blocks, net.final_layer] for p in m.parameters()}
+    last = len(net.blocks) - 1
+    return ([("root", [p for p in net.parameters() if id(p) not in inner], 1)]
+            + [(f"blocks.{i}", list(b.parameters()), 1 if i == last else 2) for i, b in enumerate(net.blocks)]
+            + [("final_layer", list(net.final_layer.parameters()), 1)])
 
 
 def shard_numel(p, world, rank=None):
     """Elements of `p` on `rank` under FSDP2's dim-0 sharding (chunks of ceil(rows / world)); rank None: padded."""
     rows, chunk = p.shape[0], -(-p.shape[0] // world)
-    kept = chunk if rank is None else max(0, min(chunk, rows - rank * chunk))
-    return kept * (p.numel() // rows)
+    return (chunk if rank is None else max(0, min(chunk, rows - rank * chunk))) * (p.numel() // rows)
 
 
 def state_formula(net, world, rank):
-    """Bytes of rank `rank`'s sharded params, grads (trainable only) and AdamW states (2 x trainable + a 4-byte
-    step per trainable tensor), from the unsharded (meta) model and train.py's dtypes."""
+    """Bytes of `rank`'s shards of the params, grads (trainable only) and AdamW states (2 per trainable element plus
+    a 4-byte step per trainable tensor), from the unsharded (meta) model in train.py's dtypes."""
     params = [(p, shard_numel(p, world, rank) * p.element_size()) for p in net.parameters()]
     grads = sum(n for p, n in params if p.requires_grad)
     return dict(params=sum(n for _, n in params), grads=grads,
@@ -214,107 +211,99 @@ def state_measured(net, optimizer):
 
 def fsdp_traffic(net, world, compute_dtype, link_gb_s):
     """Bytes FSDP2 moves per step: all-gathers in the compute dtype (frozen LoRA bases included), reduce-scatters of
-    the trainable grads in fp32. A ring collective of S bytes sends and receives (N-1)/N x S per rank. Not
-    overlappable: the root's and block 0's first gathers (nothing to compute yet) and their reduce-scatters
-    (the optimizer waits for them)."""
-    size = torch.tensor([], dtype=compute_dtype).element_size() * (world > 1)  # one rank: FSDP2 calls no collective
+    the trainable grads in fp32; none on one rank. A ring collective of S bytes sends and receives (N-1)/N x S per
+    rank. Not overlappable: the root's and block 0's gathers before the first compute and their reduce-scatters after
+    the last (the optimizer waits for them)."""
+    size = compute_dtype.itemsize * (world > 1)
     ag = rs = edge = 0
     for name, params, gathers in fsdp_units(net):
         unit_ag = sum(shard_numel(p, world) for p in params) * world * size
         unit_rs = sum(shard_numel(p, world) for p in params if p.requires_grad) * world * 4 * (world > 1)
         ag, rs = ag + gathers * unit_ag, rs + unit_rs
         edge += (unit_ag + unit_rs) if name in ("root", "blocks.0") else 0
-    ring = (world - 1) / world
+    ring, link = (world - 1) / world, link_gb_s * 1e9
     return dict(allgather_bytes=ag, reduce_scatter_bytes=rs, link_bytes_per_rank=round(ring * (ag + rs)),
-                comm_s=ring * (ag + rs) / (link_gb_s * 1e9), exposed_s=ring * edge / (link_gb_s * 1e9))
+                comm_s=ring * (ag + rs) / link, exposed_s=ring * edge / link)
 
 
-def block_inputs(net_meta, b, cfg, device, dtype):
-    """A block's real input shapes, from a forward of the whole model on `meta`; random values on `device`."""
-    captured = {}
-    hook = net_meta.blocks[0].register_forward_pre_hook(lambda m, args: captured.setdefault("args", args))
+def auto_modes(b, net, device, dtype, fixed_bytes):
+    """--sac auto: one block (unsharded, compute dtype, as FSDP runs it) measured under every mode at the input shapes
+    a meta forward of the whole model gives it, then sac.plan_auto against the budget."""
+    cfg, captured = net.cfg, {}
+    with torch.device("meta"):
+        net_meta, block = DiT(cfg).to(dtype), Block(cfg).to(dtype)
+    net_meta.blocks[0].register_forward_pre_hook(lambda m, args: captured.setdefault("args", args))
     x0 = torch.empty(latent_shape(b), device="meta")
     with torch.no_grad():
         denoise(net_meta, x0, torch.ones(1, device="meta"), torch.empty(1, b.text_len, cfg.crossattn_proj_in_channels,
                 device="meta"), gt_frames=x0, condition_mask_B_1_T_H_W=condition_mask(x0, b.cond_frames))
-    hook.remove()
-    real = lambda t: torch.randn(t.shape, device=device).to(t.dtype) if torch.is_tensor(t) else t  # noqa: E731
-    return [tuple(real(t) for t in a) if isinstance(a, tuple) else real(a) for a in captured["args"]]
-
-
-def auto_modes(b, cfg, device, dtype, fixed_bytes):
-    """--sac auto: measure one block under every mode at the real shapes, then sac.plan_auto against the budget."""
-    with torch.device("meta"):
-        net_meta = DiT(cfg).to(dtype)
-    block = Block(cfg).to(dtype)  # one block as FSDP computes it: unsharded, in the compute dtype
     if b.lora:
-        holder = torch.nn.Module()
-        holder.blocks = torch.nn.ModuleList([block])
-        add_lora(holder, b.lora)
+        add_lora(torch.nn.ModuleDict({"blocks": torch.nn.ModuleList([block])}), b.lora)
     block.to_empty(device=device)
     with torch.no_grad():
         for p in block.parameters():
             p.normal_(std=0.02)
-    costs = sac.measure_block_costs(block, block_inputs(net_meta, b, cfg, device, dtype))
+    real = lambda t: torch.randn(t.shape, device=device).to(t.dtype) if torch.is_tensor(t) else t  # noqa: E731
+    costs = sac.measure_block_costs(block, [tuple(map(real, a)) if isinstance(a, tuple) else real(a)
+                                            for a in captured["args"]])
     del block
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the step's reserved memory is then its own
     return costs, sac.plan_auto(costs, int(b.mem_budget * 2**30), fixed_bytes, cfg.num_blocks)
 
 
 def plan(b: BenchConfig, shard=True):
-    """Forward, backward and AdamW step of train.py's model as rank 0 of `b.world` ranks (docs/memory.md, "Before you
-    queue a job"). W > 1: a fake process group (collectives are no-ops of the right shapes, so this device holds
-    exactly rank 0's shards and runs the real kernels); W = 1: a real one-rank group, as train.py on one GPU.
-    shard=False: no process group at all (train.py on a CPU without torchrun), for comparison."""
+    """Forward, backward and AdamW step of train.py's model as rank 0 of `b.world` ranks. W > 1: a fake process group
+    (collectives are no-ops of the right shapes, so this device holds exactly rank 0's shards and runs the real
+    kernels); W = 1: a real one-rank group, as train.py on one GPU. shard=False: no process group (train.py on a CPU
+    without torchrun), for comparison."""
     import torch.distributed as dist
     import train  # here, not at the top: train.py imports data, VAE and GRPO code the benchmark does not need
     device, cuda = torch.device(b.device), b.device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32  # train.py's compute dtype (fp32 master weights)
     torch.manual_seed(b.seed)
     torch.backends.cuda.matmul.allow_tf32 = b.tf32
-    cfg, shape = get_config(b.config), latent_shape(b)
+    cfg, shape, world = get_config(b.config), latent_shape(b), b.world if shard else 1
     with torch.device("meta"):
         net = DiT(cfg)  # fp32 master weights, as train.py
     if b.lora:
         add_lora(net, b.lora)
-    world = b.world if shard else 1
     formula = [state_formula(net, world, r) for r in range(world)]
-    traffic = fsdp_traffic(net, world, dtype, b.link_gb_s) if shard else None
-    _, step_3x, step_needed = model_flops(cfg, shape, b.text_len, b.lora)
+    traffic = fsdp_traffic(net, world, dtype, b.link_gb_s)
     res = dict(plan=True, config=b.config, world=world, sharded=shard, lora=b.lora, compile=b.compile,
                offload=b.offload, latent=list(shape), text_len=b.text_len, device=b.device, torch=torch.__version__,
                gpu=torch.cuda.get_device_name() if cuda else "cpu", params=num_params(net),
-               trainable=sum(p.numel() for p in net.parameters() if p.requires_grad), flops_step_3x=step_3x,
-               state_formula_rank0=formula[0], state_formula_max_over_ranks=sum(formula[0].values()),
-               state_formula_min_over_ranks=min(sum(f.values()) for f in formula))
-    if b.sac == "auto":  # fixed: sharded state + gathered units (root, final layer, last block, current + next block)
-        units = fsdp_units(net)
-        gathered = sum(p.numel() for n, ps, _ in units for p in ps if n in ("root", "final_layer", units[-2][0]))
-        gathered += 2 * sum(p.numel() for p in net.blocks[0].parameters())
-        fixed = sum(formula[0].values()) + gathered * dtype.itemsize
-        costs, auto = auto_modes(b, cfg, device, dtype, fixed)
+               trainable=sum(p.numel() for p in net.parameters() if p.requires_grad),
+               flops_step_3x=model_flops(cfg, shape, b.text_len, b.lora)[1],
+               state_formula_rank0=formula[0], state_formula_min_over_ranks=min(sum(f.values()) for f in formula),
+               **traffic, link_gb_s=b.link_gb_s)
+    modes = [b.sac if i % b.every == 0 else "none" for i in range(cfg.num_blocks)]
+    if b.sac == "auto":  # fixed: the state + FSDP's gathered units (root, final layer, last block, current + next)
+        gathered = [*fsdp_units(net)[0][1], *net.final_layer.parameters(), *net.blocks[-1].parameters(),
+                    *net.blocks[0].parameters(), *net.blocks[0].parameters()]
+        fixed = sum(formula[0].values()) + sum(p.numel() for p in gathered) * dtype.itemsize
+        costs, auto = auto_modes(b, net, device, dtype, fixed)
         print(auto.why, flush=True)
         modes = auto.modes
-        res.update(auto_fixed_bytes=fixed, auto_predicted_peak_gib=round(auto.peak_bytes / 2**30, 2),
-                   auto_costs={m: dataclasses.asdict(c) for m, c in costs.items()}, mem_budget_gib=b.mem_budget)
-    else:
-        modes = [b.sac if i % b.every == 0 else "none" for i in range(cfg.num_blocks)]
+        res.update(mem_budget_gib=b.mem_budget, auto_fixed_gib=round(fixed / 2**30, 2),
+                   auto_costs={m: dataclasses.asdict(c) for m, c in costs.items()},
+                   auto_predicted_peak_gib=round(auto.peak_bytes / 2**30, 2))
     sac.apply_per_block(net, modes)
     res["sac"] = {m: modes.count(m) for m in dict.fromkeys(modes)}
     if b.compile:
         for block in net.blocks:
             block.compile()
-    if shard:  # the same function train.py shards with
-        if world == 1:
-            dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
-        else:
-            from torch.testing._internal.distributed.fake_pg import FakeStore
-            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    if shard and world == 1:
+        dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    elif shard:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
         if shard:
-            train.shard_model(net, device)
+            train.shard_model(net, device)  # the function train.py shards with
         net.to_empty(device=device)
         net.init_weights()
-        trainable = [p for p in net.parameters() if p.requires_grad]
+        trainable = [p for p in net.parameters() if p.requires_grad]  # after fully_shard: the DTensor parameters
         optimizer = torch.optim.AdamW(trainable, lr=1e-5, betas=(0.9, 0.99), weight_decay=0.1, eps=1e-8,
                                       fused=cuda)  # as train.py builds it
         batch = make_batch(b, cfg, device, torch.float32)  # train.py feeds fp32 latents and text; the net casts
@@ -323,10 +312,8 @@ def plan(b: BenchConfig, shard=True):
             loss = train_step(net, batch, trainable)
             optimizer.step()
             return loss
-        counted = CollectiveBytes()
-        flops = FlopCounterMode(display=False)
-        if not b.compile:  # first step: count collectives and executed FLOPs (dispatch modes and dynamo do not mix)
-            with counted, flops:
+        if not b.compile:  # the first step: collectives and executed FLOPs counted (dynamo and dispatch modes clash)
+            with CollectiveBytes() as counted, FlopCounterMode(display=False) as flops:
                 step()
             res.update(observed_allgather_bytes=counted.allgather, observed_reduce_scatter_bytes=counted.reduce_scatter,
                        flops_counted=flops.get_total_flops())
@@ -340,48 +327,43 @@ def plan(b: BenchConfig, shard=True):
             t = _timer(device)
             loss = step()
             times.append(t())
-        if b.sac != "none":
+        if set(modes) != {"none"}:
             sac.check_first_step(modes)
-        res.update(state_measured_rank0=state_measured(net, optimizer), loss=round(loss.item(), 5))
+        res.update(status="ok", state_measured_rank0=state_measured(net, optimizer), loss=round(loss.item(), 5))
+    except torch.OutOfMemoryError as e:
+        res.update(status="OOM", error=str(e).split("\n")[0][:300])
     finally:
         if shard:
             dist.destroy_process_group()
-    compute_s = statistics.median(times)
-    res.update(status="ok", compute_s=round(compute_s, 4), step_times=[round(x, 4) for x in times],
-               peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
-               reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 2) if cuda else None,
-               cpu_memory="params + grads + AdamW states of the local shards only (no allocator statistics on "
-                          "CPU)" if not cuda else None)
-    if traffic:
+    res.update(peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+               reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 2) if cuda else None)
+    if res["status"] == "ok":
+        compute_s = statistics.median(times)
         projected = traffic["exposed_s"] + max(compute_s, traffic["comm_s"] - traffic["exposed_s"])
-        res.update(traffic, link_gb_s=b.link_gb_s, projected_step_s=round(projected, 4),
-                   projected_bounds_s=[round(max(compute_s, traffic["comm_s"]), 4),
-                                       round(compute_s + traffic["comm_s"], 4)])
-    if cuda:
-        peak = matmul_peak(device, dtype)
-        res["mfu_projected"] = round(step_3x / res.get("projected_step_s", compute_s) / peak, 4)
+        res.update(compute_s=round(compute_s, 4), step_times=[round(x, 4) for x in times],
+                   projected_step_s=round(projected, 4), projected_bounds_s=[
+                       round(max(compute_s, traffic["comm_s"]), 4), round(compute_s + traffic["comm_s"], 4)])
+        res["mfu_projected"] = round(res["flops_step_3x"] / projected / matmul_peak(device, dtype), 4) if cuda else None
     return res
 
 
 def plan_table(res):
     """The JSON line's main numbers as a few lines for a person."""
-    gib = lambda n: f"{n / 2**30:.2f}"  # noqa: E731
-    st = res["state_measured_rank0"]
-    rows = [f"plan: {res['config']} on {res['world']} rank(s), rank 0 measured on {res['gpu']}; sac {res['sac']}"
-            f"{', LoRA r=' + str(res['lora']) if res['lora'] else ', full fine-tune'}"
-            f"{', compiled' if res['compile'] else ''}",
-            f"  state per rank     params {gib(st['params'])} + grads {gib(st['grads'])} + AdamW "
-            f"{gib(st['optimizer'])} = {gib(sum(st.values()))} GiB (local shards)",
-            f"  memory per rank    peak allocated {res['peak_gib']} GiB, reserved {res['reserved_gib']} GiB"
-            if res["peak_gib"] is not None else "  memory per rank    (CPU: only the state above is measured)",
-            f"  compute            {res['compute_s']:.3f} s/step (median of {len(res['step_times'])})"]
-    if "projected_step_s" in res:
-        rows += [f"  FSDP traffic       all-gather {res['allgather_bytes'] / 1e9:.2f} GB + reduce-scatter "
-                 f"{res['reduce_scatter_bytes'] / 1e9:.2f} GB -> {res['link_bytes_per_rank'] / 1e9:.2f} GB per rank",
-                 f"  step at {res['link_gb_s']:g} GB/s  comm {res['comm_s']:.3f} s ({res['exposed_s']:.3f} s exposed)"
-                 f" -> projected {res['projected_step_s']:.3f} s/step (bounds {res['projected_bounds_s'][0]:.3f} .. "
-                 f"{res['projected_bounds_s'][1]:.3f})"]
-    return "\n".join(rows)
+    gib, st = (lambda n: f"{n / 2**30:.3g}"), res.get("state_measured_rank0", res["state_formula_rank0"])
+    return "\n".join([
+        f"plan: {res['config']} on {res['world']} rank(s), rank 0 on {res['gpu']}: sac {res['sac']}, "
+        f"{'LoRA r=' + str(res['lora']) if res['lora'] else 'full fine-tune'}{', compiled' * res['compile']}",
+        f"  state per rank   params {gib(st['params'])} + grads {gib(st['grads'])} + AdamW {gib(st['optimizer'])} "
+        f"= {gib(sum(st.values()))} GiB",
+        f"  memory per rank  {res['status']}: peak allocated {res['peak_gib']} GiB, reserved {res['reserved_gib']} GiB"
+        if res["peak_gib"] is not None else "  memory per rank  (CPU: no allocator statistics, only the state above)",
+        f"  FSDP traffic     all-gather {res['allgather_bytes'] / 1e9:.3g} GB + reduce-scatter "
+        f"{res['reduce_scatter_bytes'] / 1e9:.3g} GB -> {res['link_bytes_per_rank'] / 1e9:.3g} GB per rank, "
+        f"{res['comm_s']:.3f} s at {res['link_gb_s']:g} GB/s ({res['exposed_s']:.3f} s not overlappable)",
+        f"  step             compute {res['compute_s']:.3f} s (median of {len(res['step_times'])}) -> projected "
+        f"{res['projected_step_s']:.3f} s (bounds {res['projected_bounds_s'][0]:.3f} .. "
+        f"{res['projected_bounds_s'][1]:.3f})"
+        if res["status"] == "ok" else f"  step             {res['status']}: {res.get('error', '')}"])
 
 
 # -----------------------------------------------------------------------------

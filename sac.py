@@ -317,8 +317,8 @@ def plan_auto(costs, budget_bytes, fixed_bytes, num_blocks):
     if best is None:
         least = min(_mix_peak(dict(zip(modes, s)), costs, fixed_bytes) for s in _compositions(num_blocks, len(modes)))
         raise ValueError(f"--mem-budget {gib(budget_bytes)}: no checkpointing mix fits; the smallest needs "
-                         f"{gib(least)} per rank ({gib(fixed_bytes)} fixed; one mode on every block: {needs}). Raise the "
-                         "budget, use more ranks, LoRA, or --offload")
+                         f"{gib(least)} per rank ({gib(fixed_bytes)} fixed; one mode on every block: {needs}). "
+                         "Raise the budget, use more ranks, LoRA, or --offload")
     seconds, peak, counts = best
     plan, spans = [], []
     for mode in (m for m in modes if counts[m]):

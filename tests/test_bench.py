@@ -56,7 +56,7 @@ def test_traffic_formula_equals_counted_collectives(world, sac, lora):
 
 
 def test_traffic_by_hand():
-    """2 blocks: the first gathered twice (resharded after forward), the last, final layer and root once; fp32 on CPU."""
+    """2 blocks: the first gathered twice (resharded after forward), the last, final layer and root once (fp32)."""
     net, world = meta_model(0), 2
     size = lambda m: sum(p.numel() for p in m.parameters()) * 4  # noqa: E731 (tiny: every dim 0 splits evenly)
     blocks = size(net.blocks[0]) + size(net.blocks[1])
