@@ -114,12 +114,13 @@ def guided_velocity(net, x, timesteps_B, crossattn_emb, neg_crossattn_emb=None, 
 def loss_given_draws(net, x0, crossattn_emb, eps, timesteps_B, condition_mask_B_1_T_H_W,
                      conditional_frame_timestep=-1.0, camera=None, fps=None, padding_mask=None):
     """Per-sample loss [B]: mean over (C, T, H, W) of (v_hat - (eps - x0))^2 at x_sigma = eps sigma + x0 (1 - sigma).
-    crossattn_emb is the embedding after text dropout; conditional frames contribute exact zeros but stay in the mean."""
+    crossattn_emb is the embedding after text dropout; conditional frames add exact zeros but stay in the mean."""
     sigma = (timesteps_B.float() / 1000).view(-1, 1, 1, 1, 1)
     x0, eps = x0.float(), eps.float()
     x_sigma = eps * sigma + x0 * (1 - sigma)
-    v_hat = velocity(net, x_sigma, timesteps_B, crossattn_emb, gt_frames=x0, condition_mask_B_1_T_H_W=condition_mask_B_1_T_H_W,
-                     noise=eps, conditional_frame_timestep=conditional_frame_timestep, camera=camera, fps=fps,
+    v_hat = velocity(net, x_sigma, timesteps_B, crossattn_emb, gt_frames=x0, noise=eps,
+                     condition_mask_B_1_T_H_W=condition_mask_B_1_T_H_W,
+                     conditional_frame_timestep=conditional_frame_timestep, camera=camera, fps=fps,
                      padding_mask=padding_mask)
     return (v_hat - (eps - x0)).square().mean(dim=(1, 2, 3, 4))
 

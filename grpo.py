@@ -174,7 +174,8 @@ def step_coefficients(sde_type, sigma, sigma_next, eta, rectified=False):
     with the ratio taken in EDM units s = sigma / (1 - sigma); the step onto sigma' = 0 is deterministic (x' = x0_hat).
     """
     if not (1 > sigma > sigma_next >= 0 if rectified else sigma > sigma_next > 0):
-        raise ValueError(f"need sigma > sigma_next {'>= 0, sigma < 1' if rectified else '> 0'}, got {sigma}, {sigma_next}")
+        raise ValueError(f"need sigma > sigma_next {'>= 0, sigma < 1' if rectified else '> 0'}, got {sigma}, "
+                         f"{sigma_next}")
     ratio = flow.edm_sigma(sigma_next) / flow.edm_sigma(sigma) if rectified else sigma_next / sigma  # 0 at sigma' = 0
     if sde_type == "ddim_eta":
         beta = eta * sigma_next * math.sqrt(1.0 - ratio ** 2)

@@ -169,14 +169,17 @@ class SampleConfig:
     image: str = ""  # first frame (png/jpg); default: the first frame of the first video in --data
     data: str = ""  # where the default first frame, the tiny stand-in prompt and the negative prompt come from (default: the run's, or data/tiny_grid)
     prompt_emb: str = ""  # T5 embedding file (.safetensors "text_emb" or upstream .pickle); tiny: stand-in of --prompt
+    # (Predict2.5: a Reason1 file, DATA/reason1/<sha1 of the prompt>.safetensors from t5.py --encoder reason1)
     prompt: str = ""  # the tiny stand-in's prompt text
     neg_prompt_emb: str = ""  # negative-prompt embedding (default: DATA/t5_xxl/negative_prompt.pickle from t5.py, else zeros, said)
+    # (Predict2.5: DATA/reason1/negative_prompt.safetensors)
     frames: int = 0  # pixel frames, 4k+1 (default: the run's, or 9 for tiny, 93)
     height: int = 0  # pixels, a multiple of 16 (default: the run's, or 64 for tiny, 432)
     width: int = 0  # pixels, a multiple of 16 (default: the run's, or 112 for tiny, 768)
     steps: int = 35  # sampler steps (Predict2.5 Karras grid: steps + 1 network evaluations)
     guidance: float = 7.0  # CFG, upstream convention x0_c + g (x0_c - x0_u) (Predict2.5: v_c + g (v_c - v_u))
-    grid: str = ""  # Predict2.5 only: shift | karras (default: upstream's for --ckpt: karras for p25-2b-post, else shift)
+    grid: str = ""  # Predict2.5 only: shift | karras (default: upstream's for --ckpt: karras for p25-2b-post,
+    # else shift)
     conditional_frame_timestep: float = -1.0  # Predict2.5 only: -1 = the noisy frames' time, 0.1 -> t = 1e-4 (default:
     # upstream's for --ckpt: 0.1 for p25-2b-post and agibot)
     seed: int = 0  # initial noise (numpy, as upstream)
@@ -321,12 +324,14 @@ def main(argv=None):
     first = load_first_frame(cfg).to(device)
     video = torch.cat([first, torch.full_like(first, -1).expand(-1, -1, cfg.frames - 1, -1, -1)], dim=2)
     dim = mcfg.crossattn_proj_in_channels  # the embedding as stored (Predict2.5: before the net's crossattn_proj)
+    text_encoder = "reason1" if is_p25(mcfg) else "t5"
     if cfg.prompt_emb:
-        text, _ = data.load_text_embedding(cfg.prompt_emb, 512, dim)
+        load = data.load_reason1_embedding if is_p25(mcfg) else data.load_text_embedding
+        text, _ = load(cfg.prompt_emb, 512, dim)
     else:  # tiny only (parse_config refuses otherwise): train.py's stand-in, 16 tokens
         text, _ = data.standin_text_embedding(cfg.prompt or "Put the marker in the cup.", 16, dim)
     neg, neg_source = data.negative_embedding(cfg.data, text.shape[0], dim, standin=cfg.config in TINY_CONFIGS,
-                                              path=cfg.neg_prompt_emb)
+                                              path=cfg.neg_prompt_emb, text_encoder=text_encoder)
     print(f"sample: negative prompt: {neg_source}", flush=True)
     p25 = dict(grid=cfg.grid, conditional_frame_timestep=cfg.conditional_frame_timestep) if is_p25(mcfg) else {}
     generated = generate(net, vae, video.to(dtype), text[None].to(device), neg[None].to(device), cfg.steps,

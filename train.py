@@ -1,14 +1,14 @@
-"""Fine-tune Cosmos-Predict2 video2world on stitched 2x2 robot-grid videos.
+"""Fine-tune Cosmos-Predict2 (and Predict2.5: its rectified-flow loss, flow.py) video2world on robot-grid videos.
 
     python train.py                                            # tiny built-in default, CPU, a few minutes
     torchrun --nproc_per_node=8 train.py --config v2w-14b --init droid --data DIR
     torchrun --nproc_per_node=8 train.py --config v2w-2b --init 2b-480p-16fps --data DIR --sac block
     python train.py --objective grpo --lora 4 --steps 20       # GRPO on the tiny default (--grpo-* knobs below)
-    python train.py --config p25-tiny                          # Predict2.5's rectified-flow loss (flow.py), tiny
+    python train.py --config p25-tiny                          # the Predict2.5 tiny default
 
-Flags not given take the preset of --config: tiny and p25-tiny (data/tiny_grid, 9x64x112, 200 steps at lr 2e-3,
-warm-up 20, the tiny VAE) or every other config (93x432x768, 20k steps at lr 2^-14.5, warm-up 1000, the real VAE). GRPO has its own
-optimizer flags (--grpo-lr, ...): the SFT ones are refused with --objective grpo.
+Flags not given take the preset of --config: tiny, p25-tiny (data/tiny_grid, 9x64x112, 200 steps at lr 2e-3, warm-up
+20, the tiny VAE) or every other config (93x432x768, 20k steps at lr 2^-14.5, warm-up 1000, the real VAE). GRPO has
+its own optimizer flags (--grpo-lr, ...): the SFT ones are refused with --objective grpo.
 One script, top to bottom: config -> setup -> data -> run directory -> model -> optimizer -> resume -> loop.
 """
 import dataclasses
@@ -127,9 +127,8 @@ def validate(cfg, given=None):
     """Fail fast, before anything is built or written: every setting is used, validated or refused."""
     given = cli.flatten(given or {})
     mcfg = get_config(cfg.config)  # raises with the valid names
-    if mcfg.camera_channels:
-        raise ValueError(f"--config {cfg.config}: multi-view camera training is not wired into train.py yet "
-                         "(flow.training_loss takes camera= and multiview_condition_mask; use p25-tiny or p25-2b)")
+    if mcfg.camera_channels:  # flow.training_loss takes camera= and a multiview_condition_mask: the lead wires it
+        raise ValueError(f"--config {cfg.config}: multi-view camera training is not in train.py yet (p25-2b works)")
     if cfg.objective not in ("sft", "grpo"):
         raise ValueError(f"--objective {cfg.objective!r}: valid are sft, grpo")
     unused = {}
@@ -265,9 +264,8 @@ def draw_sample_noise(cfg, latent_C_T_H_W, seed):
 
 
 def training_loss(net, cfg, latent, text_emb, seeds):
-    """Predict2.5 configs: flow.py's loss (shift-5 logit-normal sigma, 0-2 conditional frames, uniform weight).
-    Predict2: (1+s)^2/s^2 |x0_hat - x0|^2 equals |v_hat - (eps - x0)|^2 exactly; we use the velocity form (no 1e8
-    weights at small sigma). Conditioning frames are replaced by the clean latent, so they add 0."""
+    """Predict2.5 configs: flow.training_loss. Predict2: (1+s)^2/s^2 |x0_hat - x0|^2 equals |v_hat - (eps - x0)|^2
+    exactly; we use the velocity form (no 1e8 weights at small sigma). Conditioning frames add 0 (replaced)."""
     if is_p25(get_config(cfg.config)):
         return flow.training_loss(net, latent, text_emb, seeds, cfg.text_dropout, cfg.conditional_frame_timestep)
     draws = [draw_sample_noise(cfg, latent[b], s) for b, s in enumerate(seeds)]
@@ -443,8 +441,9 @@ def main(argv=None):
             dist.barrier()
     tiny = cfg.config in TINY_CONFIGS
     text_dim = mcfg.crossattn_proj_in_channels  # the embedding on disk (Predict2.5: before the net's crossattn_proj)
+    text_encoder = "reason1" if is_p25(mcfg) and not tiny else "t5"  # Predict2.5 reads <data>/reason1/<sha1>
     dataset = data.GridClips(cfg.data, cfg.frames, cfg.height, cfg.width, text_len=cfg.text_len, text_dim=text_dim,
-                             text="standin" if tiny else "t5", seed=cfg.seed)
+                             text="standin" if tiny else "t5", seed=cfg.seed, text_encoder=text_encoder)
     holdout = cfg.holdout if cfg.holdout >= 0 else max(1, len(dataset) // 50)
     n_train = len(dataset) - holdout
     if n_train < 1:
@@ -469,7 +468,8 @@ def main(argv=None):
     sampler = data.ClipSampler(n_train, rank=rank, world_size=world, seed=cfg.seed)
     neg_text = None  # the uncond branch of CFG in GRPO rollouts and samples
     if cfg.objective == "grpo" or cfg.sample_every:
-        neg_text, source = data.negative_embedding(cfg.data, cfg.text_len, text_dim, standin=tiny)
+        neg_text, source = data.negative_embedding(cfg.data, cfg.text_len, text_dim, standin=tiny,
+                                                   text_encoder=text_encoder)
         neg_text = neg_text[None]
         say(f"negative prompt: {source}")
     vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, device, compute_dtype)

@@ -147,7 +147,8 @@ def test_unipc_is_exact_for_a_constant_velocity():
 
 def test_checkpoint_defaults_follow_the_spec_table():
     assert flow.checkpoint_defaults("p25-2b-post", "p25-2b") == ("karras", 0.1)
-    assert flow.checkpoint_defaults("/ckpt/81edfebe-bd6a-4039-8c1d-737df1a790bf_ema_bf16.pt", "p25-2b") == ("karras", 0.1)
+    post = "/ckpt/81edfebe-bd6a-4039-8c1d-737df1a790bf_ema_bf16.pt"  # a local copy of the 2B post-trained file
+    assert flow.checkpoint_defaults(post, "p25-2b") == ("karras", 0.1)
     for init in ("p25-2b-pre", "p25-14b-pre", "p25-14b-post", "random"):
         assert flow.checkpoint_defaults(init, "p25-2b") == ("shift", -1.0)
     assert flow.checkpoint_defaults("p25-2b-agibot", "p25-2b-agibot") == ("shift", 0.1)  # frame-init sampler
@@ -211,6 +212,30 @@ def test_camera_reaches_the_net():
     seen.clear()
     flow.velocity(fake_net, torch.zeros(1, 16, 2, 2, 2), torch.tensor([500]), None)
     assert seen == {}
+
+
+def test_multiview_camera_loss_and_sampler_run_on_a_camera_net():
+    """p25-tiny-agibot: views stacked on time, the frame-init mask, a camera map per latent frame; the camera moves
+    the loss (it reaches every block), and a missing camera is refused by the net."""
+    from model import build_model, get_config
+    torch.manual_seed(0)
+    cam_net = build_model(get_config("p25-tiny-agibot"))
+    with torch.no_grad():
+        for block in cam_net.blocks:
+            block.cam_encoder.weight.normal_(0, 0.02)
+    latent = torch.randn(1, 16, 6, 4, 6)  # 3 views x 2 latents
+    text = torch.randn(1, 8, 96)
+    camera = torch.randn(1, 6, 2, 3, 1536)
+    mask_fn = lambda x, n: flow.multiview_condition_mask(x, 3, n)  # noqa: E731
+    with torch.no_grad():
+        a = flow.training_loss(cam_net, latent, text, [5], 0.0, 0.1, camera=camera, condition_mask_fn=mask_fn)
+        b = flow.training_loss(cam_net, latent, text, [5], 0.0, 0.1, camera=camera * 2, condition_mask_fn=mask_fn)
+        assert torch.isfinite(a) and a != b
+        out = flow.sample(cam_net, flow.initial_noise((1, 16, 6, 4, 6), 0), text, torch.zeros_like(text), 7.0,
+                          latent, mask_fn(latent, 1), "shift", 2, 0.1, camera=camera)
+    assert torch.equal(out[:, :, [0, 2, 4]], latent[:, :, [0, 2, 4]])  # the views' first latents are kept
+    with pytest.raises(ValueError, match="camera"):
+        flow.velocity(cam_net, latent, torch.tensor([500]), text)
 
 
 # ---------------------------------------------------------------------------------------------- GRPO step

@@ -88,7 +88,8 @@ def test_no_ema_picks_the_raw_copy_of_a_file_holding_both(tmp_path):
 def test_p25_cli_samples_with_unipc_and_refuses_unipc_flags_for_predict2(tmp_path):
     out = str(tmp_path / "p25.mp4")
     proc = subprocess.run([sys.executable, "sample.py", "--config", "p25-tiny", "--ckpt", "random", "--steps", "2",
-                           "--grid", "karras", "--image", os.path.join(ROOT, "tests", "data", "nope.png"), "--out", out],
+                           "--grid", "karras", "--image", os.path.join(ROOT, "tests", "data", "nope.png"), "--out",
+                           out],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "nope.png" in proc.stderr  # checked before any model is built
     image = str(tmp_path / "first.png")
