@@ -16,7 +16,8 @@ compute it exactly as upstream does, `timesteps.float() * 0.001`). What is new h
 * multi-view (robot/multiview-agibot): views stacked on the latent time axis; the frame-init condition mask.
 
 Contents, top to bottom: training draws -> the RF velocity (upstream's denoise) -> loss -> sampler grids ->
-UniPC -> sampling loop -> multi-view mask -> the RF GRPO step (docs/grpo.md §10).
+UniPC -> sampling loop -> multi-view mask and noise -> the RF GRPO step (docs/grpo.md §10)
+-> per-checkpoint sampler defaults.
 """
 import math
 
@@ -286,6 +287,15 @@ def multiview_condition_mask(latent_B_C_VT_H_W, num_views, num_conditional_frame
     views = [(frame < 1).expand(B, T)] + [frame < n for _ in range(num_views - 1)]
     mask_B_VT = torch.cat(views, dim=1).to(latent_B_C_VT_H_W.dtype)
     return mask_B_VT[:, None, :, None, None].expand(B, 1, VT, H, W).contiguous()
+
+
+def multiview_initial_noise(shape_B_C_VT_H_W, num_views, seed):
+    """agibot's frame-init sampler starts every view from the SAME noise: one initial_noise draw of one view's shape,
+    repeated over the views on the time axis (spec §1.1)."""
+    B, C, VT, H, W = shape_B_C_VT_H_W
+    if num_views < 1 or VT % num_views:
+        raise ValueError(f"{VT} latent frames are not {num_views} views stacked on time (need a multiple)")
+    return initial_noise((B, C, VT // num_views, H, W), seed).repeat(1, 1, num_views, 1, 1)
 
 
 # -----------------------------------------------------------------------------

@@ -48,6 +48,7 @@ class GRPOConfig:
     train_steps: tuple = ()  # steps to train; () = every stochastic step except the last one (never N - 1)
     same_latent: bool = False  # one initial noise draw per group (with a window, the deterministic prefix is shared)
     guidance: float = 7.0  # Predict2 CFG x0 = c + g (c - u), i.e. classic scale g + 1; 0 = one forward per step
+    # (Predict2.5: the same convention on the velocity, v = v_c + g (v_c - v_u))
     uncond_grad: bool = False  # False: the uncond branch is a separate no-grad forward (same value, half the memory)
     adv_eps: float = 1e-4  # added to the std, outside the sqrt
     adv_clip: float = 5.0  # advantages are clipped to +-adv_clip

@@ -200,6 +200,14 @@ def test_multiview_condition_mask():
         flow.multiview_condition_mask(torch.zeros(1, 16, 7, 2, 2), 3, 1)
 
 
+def test_multiview_initial_noise_is_one_draw_per_view():
+    noise = flow.multiview_initial_noise((1, 16, 6, 2, 3), 3, 4)
+    one = flow.initial_noise((1, 16, 2, 2, 3), 4)
+    assert all(torch.equal(noise[:, :, 2 * v: 2 * v + 2], one) for v in range(3))
+    with pytest.raises(ValueError, match="not 4 views"):
+        flow.multiview_initial_noise((1, 16, 6, 2, 3), 4, 0)
+
+
 def test_camera_reaches_the_net():
     seen = {}
 
