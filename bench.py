@@ -1,15 +1,20 @@
-"""Memory and speed of one DiT training step (forward + backward, no optimizer step) at the DROID shape.
+"""Memory and speed of one DiT training step at the DROID shape, and "will my job fit?" for N ranks.
 
     python bench.py --config v2w-2b --sac selective                  # one JSON line
     python bench.py --config v2w-14b --lora 32 --sac block --steps 3
     python bench.py --sweep --out bench.jsonl                        # the BENCHMARKS.md table, one subprocess each
     python bench.py --device cpu --dtype float32 --config tiny --frames 9 --height 64 --width 64 --text-len 16
     python bench.py --ckpt-load --size-gb 28 --dir /tmp/x --format pt  # ckpt.load vs `cat file > /dev/null`
+    python bench.py --world 8 --config v2w-14b --sac block           # the planner: a table, then one JSON line
+    python bench.py --world 8 --config v2w-14b --sac auto --mem-budget 75   # fastest checkpointing mix in 75 GiB
 
-The model is built on `meta`, materialised in bf16 on the GPU with random weights (no download), and trained on
-random latents [1, 16, T, H/8, W/8] (T = 1 + (frames-1)/4, the Wan VAE's compression) with a 512 x 1024 text
-embedding and the video2world condition mask. Model FLOPs come from the explicit formula in `model.model_flops`; MFU is
-against a bf16 matmul peak measured in the same process. An out-of-memory is reported as status "OOM", not a crash.
+Without --world: forward + backward, no optimizer step. The model is built on `meta`, materialised in bf16 on the
+GPU with random weights (no download), and trained on random latents [1, 16, T, H/8, W/8] (T = 1 + (frames-1)/4, the
+Wan VAE's compression) with a 512 x 1024 text embedding and the video2world condition mask. Model FLOPs come from the
+explicit formula in `model.model_flops`; MFU is against a bf16 matmul peak measured in the same process.
+With --world N: train.py's step (fp32 master weights, train.shard_model's FSDP2, bf16 compute, AdamW) as rank 0 of N
+ranks under a fake process group: per-rank memory, compute s/step, FSDP bytes moved and a projected step time
+(docs/memory.md, "Before you queue a job"). An out-of-memory is reported as status "OOM", not a crash.
 """
 import contextlib
 import dataclasses
@@ -25,14 +30,14 @@ from dataclasses import dataclass
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import ckpt  # noqa: E402
 import cli  # noqa: E402
+import plan  # noqa: E402
 import sac  # noqa: E402
 from lora import add_lora  # noqa: E402
-from model import Block, DiT, condition_mask, denoise, get_config, matmul_peak, model_flops, num_params  # noqa: E402
+from model import DiT, condition_mask, denoise, get_config, matmul_peak, model_flops, num_params  # noqa: E402
 
 
 @dataclass
@@ -159,100 +164,10 @@ def train_step(model, batch, trainable, measure=None):
 
 
 # -----------------------------------------------------------------------------
-# Planner (--world N): one train.py step as rank 0 of N ranks, on this one device (docs/memory.md)
+# Planner (--world N): one train.py step as rank 0 of N ranks, on this one device; the formulas are in plan.py
 
 
-class CollectiveBytes(TorchDispatchMode):
-    """Counts what FSDP2 hands to the process group: all-gather outputs and reduce-scatter inputs, in bytes."""
-
-    def __init__(self):
-        super().__init__()
-        self.allgather = self.reduce_scatter = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__  # c10d._allgather_base_(out, in) / c10d._reduce_scatter_base_(out, in)
-        self.allgather += args[0].nbytes if name == "_allgather_base_" else 0
-        self.reduce_scatter += args[1].nbytes if name == "_reduce_scatter_base_" else 0
-        return func(*args, **(kwargs or {}))
-
-
-def fsdp_units(net):
-    """(name, parameters, all-gathers per step) per FSDP2 unit, as train.shard_model wraps them: blocks 0..n-2 are
-    resharded after forward, so gathered again in backward; the last block, final_layer and the root are kept."""
-    inner = {id(p) for m in [*net.blocks, net.final_layer] for p in m.parameters()}
-    last = len(net.blocks) - 1
-    return ([("root", [p for p in net.parameters() if id(p) not in inner], 1)]
-            + [(f"blocks.{i}", list(b.parameters()), 1 if i == last else 2) for i, b in enumerate(net.blocks)]
-            + [("final_layer", list(net.final_layer.parameters()), 1)])
-
-
-def shard_numel(p, world, rank=None):
-    """Elements of `p` on `rank` under FSDP2's dim-0 sharding (chunks of ceil(rows / world)); rank None: padded."""
-    rows, chunk = p.shape[0], -(-p.shape[0] // world)
-    return (chunk if rank is None else max(0, min(chunk, rows - rank * chunk))) * (p.numel() // rows)
-
-
-def state_formula(net, world, rank):
-    """Bytes of `rank`'s shards of the params, grads (trainable only) and AdamW states (2 per trainable element plus
-    a 4-byte step per trainable tensor), from the unsharded (meta) model in train.py's dtypes."""
-    params = [(p, shard_numel(p, world, rank) * p.element_size()) for p in net.parameters()]
-    grads = sum(n for p, n in params if p.requires_grad)
-    return dict(params=sum(n for _, n in params), grads=grads,
-                optimizer=2 * grads + 4 * sum(p.requires_grad for p, _ in params))
-
-
-def state_measured(net, optimizer):
-    """The same three numbers from the live tensors' local shards (DTensor.to_local) on this rank."""
-    local = lambda t: (t.to_local() if hasattr(t, "to_local") else t).nbytes  # noqa: E731
-    return dict(params=sum(local(p) for p in net.parameters()),
-                grads=sum(local(p.grad) for p in net.parameters() if p.grad is not None),
-                optimizer=sum(local(t) for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t)))
-
-
-def fsdp_traffic(net, world, compute_dtype, link_gb_s):
-    """Bytes FSDP2 moves per step: all-gathers in the compute dtype (frozen LoRA bases included), reduce-scatters of
-    the trainable grads in fp32; none on one rank. A ring collective of S bytes sends and receives (N-1)/N x S per
-    rank. Not overlappable: the root's and block 0's gathers before the first compute and their reduce-scatters after
-    the last (the optimizer waits for them)."""
-    size = compute_dtype.itemsize * (world > 1)
-    ag = rs = edge = 0
-    for name, params, gathers in fsdp_units(net):
-        unit_ag = sum(shard_numel(p, world) for p in params) * world * size
-        unit_rs = sum(shard_numel(p, world) for p in params if p.requires_grad) * world * 4 * (world > 1)
-        ag, rs = ag + gathers * unit_ag, rs + unit_rs
-        edge += (unit_ag + unit_rs) if name in ("root", "blocks.0") else 0
-    ring, link = (world - 1) / world, link_gb_s * 1e9
-    return dict(allgather_bytes=ag, reduce_scatter_bytes=rs, link_bytes_per_rank=round(ring * (ag + rs)),
-                comm_s=ring * (ag + rs) / link, exposed_s=ring * edge / link)
-
-
-def auto_modes(b, net, device, dtype, fixed_bytes):
-    """--sac auto: one block (unsharded, compute dtype, as FSDP runs it) measured under every mode at the input shapes
-    a meta forward of the whole model gives it, then sac.plan_auto against the budget."""
-    cfg, captured = net.cfg, {}
-    with torch.device("meta"):
-        net_meta, block = DiT(cfg).to(dtype), Block(cfg).to(dtype)
-    net_meta.blocks[0].register_forward_pre_hook(lambda m, args: captured.setdefault("args", args))
-    x0 = torch.empty(latent_shape(b), device="meta")
-    with torch.no_grad():
-        denoise(net_meta, x0, torch.ones(1, device="meta"), torch.empty(1, b.text_len, cfg.crossattn_proj_in_channels,
-                device="meta"), gt_frames=x0, condition_mask_B_1_T_H_W=condition_mask(x0, b.cond_frames))
-    if b.lora:
-        add_lora(torch.nn.ModuleDict({"blocks": torch.nn.ModuleList([block])}), b.lora)
-    block.to_empty(device=device)
-    with torch.no_grad():
-        for p in block.parameters():
-            p.normal_(std=0.02)
-    real = lambda t: torch.randn(t.shape, device=device).to(t.dtype) if torch.is_tensor(t) else t  # noqa: E731
-    costs = sac.measure_block_costs(block, [tuple(map(real, a)) if isinstance(a, tuple) else real(a)
-                                            for a in captured["args"]])
-    del block
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # the step's reserved memory is then its own
-    return costs, sac.plan_auto(costs, int(b.mem_budget * 2**30), fixed_bytes, cfg.num_blocks)
-
-
-def plan(b: BenchConfig, shard=True):
+def run_plan(b: BenchConfig, shard=True):
     """Forward, backward and AdamW step of train.py's model as rank 0 of `b.world` ranks. W > 1: a fake process group
     (collectives are no-ops of the right shapes, so this device holds exactly rank 0's shards and runs the real
     kernels); W = 1: a real one-rank group, as train.py on one GPU. shard=False: no process group (train.py on a CPU
@@ -268,8 +183,8 @@ def plan(b: BenchConfig, shard=True):
         net = DiT(cfg)  # fp32 master weights, as train.py
     if b.lora:
         add_lora(net, b.lora)
-    formula = [state_formula(net, world, r) for r in range(world)]
-    traffic = fsdp_traffic(net, world, dtype, b.link_gb_s)
+    formula = [plan.state_formula(net, world, r) for r in range(world)]
+    traffic = plan.fsdp_traffic(net, world, dtype, b.link_gb_s)
     res = dict(plan=True, config=b.config, world=world, sharded=shard, lora=b.lora, compile=b.compile,
                offload=b.offload, latent=list(shape), text_len=b.text_len, device=b.device, torch=torch.__version__,
                gpu=torch.cuda.get_device_name() if cuda else "cpu", params=num_params(net),
@@ -278,11 +193,8 @@ def plan(b: BenchConfig, shard=True):
                state_formula_rank0=formula[0], state_formula_min_over_ranks=min(sum(f.values()) for f in formula),
                **traffic, link_gb_s=b.link_gb_s)
     modes = [b.sac if i % b.every == 0 else "none" for i in range(cfg.num_blocks)]
-    if b.sac == "auto":  # fixed: the state + FSDP's gathered units (root, final layer, last block, current + next)
-        gathered = [*fsdp_units(net)[0][1], *net.final_layer.parameters(), *net.blocks[-1].parameters(),
-                    *net.blocks[0].parameters(), *net.blocks[0].parameters()]
-        fixed = sum(formula[0].values()) + sum(p.numel() for p in gathered) * dtype.itemsize
-        costs, auto = auto_modes(b, net, device, dtype, fixed)
+    if b.sac == "auto":
+        costs, auto, fixed = plan.auto_plan(net, world, device, dtype, shape, b.text_len, b.lora, b.mem_budget)
         print(auto.why, flush=True)
         modes = auto.modes
         res.update(mem_budget_gib=b.mem_budget, auto_fixed_gib=round(fixed / 2**30, 2),
@@ -313,7 +225,7 @@ def plan(b: BenchConfig, shard=True):
             optimizer.step()
             return loss
         if not b.compile:  # the first step: collectives and executed FLOPs counted (dynamo and dispatch modes clash)
-            with CollectiveBytes() as counted, FlopCounterMode(display=False) as flops:
+            with plan.CollectiveBytes() as counted, FlopCounterMode(display=False) as flops:
                 step()
             res.update(observed_allgather_bytes=counted.allgather, observed_reduce_scatter_bytes=counted.reduce_scatter,
                        flops_counted=flops.get_total_flops())
@@ -329,7 +241,7 @@ def plan(b: BenchConfig, shard=True):
             times.append(t())
         if set(modes) != {"none"}:
             sac.check_first_step(modes)
-        res.update(status="ok", state_measured_rank0=state_measured(net, optimizer), loss=round(loss.item(), 5))
+        res.update(status="ok", state_measured_rank0=plan.state_measured(net, optimizer), loss=round(loss.item(), 5))
     except torch.OutOfMemoryError as e:
         res.update(status="OOM", error=str(e).split("\n")[0][:300])
     finally:
@@ -621,7 +533,7 @@ def main(argv=None):
     b = parse_args(argv)
     if b.world or b.sac == "auto" or b.mem_budget:
         check_plan(b)
-        res = plan(b)
+        res = run_plan(b)
         print(plan_table(res), flush=True)
         return emit(res, b.out)
     sac.validate(b.sac, b.every)

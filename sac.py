@@ -9,12 +9,17 @@ block: module names, `named_parameters()` and state_dict keys never change, FSDP
     ... first training step ...
     sac.check_first_step("selective")        # raises if the save list never matched a real kernel
 
+    costs = sac.measure_block_costs(block, inputs)                # one block, every mode, the real device and shapes
+    plan = sac.plan_auto(costs, budget_bytes, fixed_bytes, len(model.blocks))   # fastest mix that fits, or ValueError
+    sac.apply_per_block(model, plan.modes); print(plan.why)       # bench.py --world N --sac auto --mem-budget GiB
+
 Modes (docs/memory.md has the measured memory and time per mode, and how to choose):
     none       no checkpointing: every activation is kept
     block      full recompute: only the block inputs are kept
     mm         keep matmul outputs, recompute attention and elementwise work
     attn       keep attention (SDPA) outputs, recompute matmuls and elementwise work
     selective  keep matmul and attention outputs, recompute only the cheap elementwise work
+    auto       (bench.py) a mode per block: the fastest mix whose predicted peak fits --mem-budget
 
 Upstream's full-recompute mode handed `context_fn=None` to the checkpoint wrapper and crashed at the first
 forward; here every mode has a callable context function and `make_checkpoint_fn` runs a tiny checkpointed

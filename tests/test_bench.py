@@ -1,6 +1,6 @@
-"""bench.py --world N (the planner) against reality on CPU: W = 1 equals a run with no process group, a real gloo
-2-rank run holds exactly the per-rank bytes the planner predicts, and the FSDP traffic formula equals the bytes the
-collectives are handed (counted at dispatch). docs/memory.md, "Before you queue a job", has the model.
+"""bench.py --world N (the planner) and plan.py against reality on CPU: W = 1 equals a run without process group,
+a real gloo 2-rank run holds exactly the per-rank bytes the planner predicts, and the FSDP traffic formula equals
+the bytes the collectives are handed (counted at dispatch). docs/memory.md, "Before you queue a job", has the model.
 """
 import json
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import bench
+import plan
 import train
 from dist_utils import run_dist
 from lora import add_lora
@@ -17,8 +18,8 @@ SMALL = ["--device", "cpu", "--dtype", "float32", "--config", "tiny", "--frames"
          "64", "--text-len", "8", "--steps", "1", "--warmup", "0"]
 
 
-def plan(*flags, shard=True):
-    return bench.plan(bench.parse_args(SMALL + list(flags)), shard=shard)
+def run(*flags, shard=True):
+    return bench.run_plan(bench.parse_args(SMALL + list(flags)), shard=shard)
 
 
 def meta_model(lora):
@@ -30,7 +31,7 @@ def meta_model(lora):
 
 
 def test_world_1_equals_a_run_without_process_group():
-    one, plain = plan("--world", "1", "--sac", "block"), plan("--world", "1", "--sac", "block", shard=False)
+    one, plain = run("--world", "1", "--sac", "block"), run("--world", "1", "--sac", "block", shard=False)
     assert one["sharded"] and not plain["sharded"]
     assert one["state_measured_rank0"] == plain["state_measured_rank0"] == one["state_formula_rank0"]
     assert one["flops_counted"] == plain["flops_counted"] > 0
@@ -44,7 +45,7 @@ def test_world_1_equals_a_run_without_process_group():
 
 @pytest.mark.parametrize("world,sac,lora", [(4, "block", 0), (3, "selective", 3), (2, "none", 0)])
 def test_traffic_formula_equals_counted_collectives(world, sac, lora):
-    res = plan("--world", str(world), "--sac", sac, "--lora", str(lora))
+    res = run("--world", str(world), "--sac", sac, "--lora", str(lora))
     assert res["observed_allgather_bytes"] == res["allgather_bytes"] > 0
     assert res["observed_reduce_scatter_bytes"] == res["reduce_scatter_bytes"] > 0
     assert res["state_measured_rank0"] == res["state_formula_rank0"]
@@ -60,7 +61,7 @@ def test_traffic_by_hand():
     net, world = meta_model(0), 2
     size = lambda m: sum(p.numel() for p in m.parameters()) * 4  # noqa: E731 (tiny: every dim 0 splits evenly)
     blocks = size(net.blocks[0]) + size(net.blocks[1])
-    t = bench.fsdp_traffic(net, world, torch.float32, 100.0)
+    t = plan.fsdp_traffic(net, world, torch.float32, 100.0)
     assert t["allgather_bytes"] == size(net) + size(net.blocks[0])
     assert t["reduce_scatter_bytes"] == size(net)
     edge = 2 * (size(net) - blocks - size(net.final_layer) + size(net.blocks[0]))  # root and block 0, AG + RS
@@ -80,10 +81,10 @@ def _gloo_step(rank, world):
         trainable = [p for p in net.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=1e-5)
         batch = bench.make_batch(args, net.cfg, torch.device("cpu"), torch.float32)
-        with bench.CollectiveBytes() as counted:
+        with plan.CollectiveBytes() as counted:
             bench.train_step(net, batch, trainable)
             optimizer.step()
-        out[lora] = dict(state=bench.state_measured(net, optimizer), allgather=counted.allgather,
+        out[lora] = dict(state=plan.state_measured(net, optimizer), allgather=counted.allgather,
                          reduce_scatter=counted.reduce_scatter)
     return out
 
@@ -91,9 +92,9 @@ def _gloo_step(rank, world):
 def test_gloo_two_ranks_hold_what_the_planner_predicts():
     ranks = run_dist(_gloo_step, 2, 240)
     for lora in (0, 3):
-        planned = plan("--world", "2", "--lora", str(lora))
+        planned = run("--world", "2", "--lora", str(lora))
         for r in range(2):
-            assert ranks[r][lora]["state"] == bench.state_formula(meta_model(lora), 2, r)
+            assert ranks[r][lora]["state"] == plan.state_formula(meta_model(lora), 2, r)
             assert ranks[r][lora]["allgather"] == planned["allgather_bytes"]
             assert ranks[r][lora]["reduce_scatter"] == planned["reduce_scatter_bytes"]
         assert ranks[0][lora]["state"] == planned["state_measured_rank0"]
@@ -109,7 +110,7 @@ def test_main_prints_a_table_then_one_json_line(capsys):
 
 
 def test_auto_runs_and_applies_its_choice(capsys):
-    res = plan("--world", "2", "--sac", "auto", "--mem-budget", "1")
+    res = run("--world", "2", "--sac", "auto", "--mem-budget", "1")
     fastest = min(res["auto_costs"], key=lambda m: res["auto_costs"][m]["seconds"])
     assert res["sac"] == {fastest: 2}  # 1 GiB is plenty for the tiny model: every mix fits, the fastest wins
     assert f"sac auto: {fastest} x2" in capsys.readouterr().out
