@@ -135,7 +135,8 @@ def training_loss(net, latent, text_emb, seeds, text_dropout, conditional_frame_
     timesteps, _ = shifted_timesteps(torch.stack([d[0] for d in draws]))
     eps = torch.stack([d[1] for d in draws]).to(latent.device)
     n_cond = torch.tensor([d[2] for d in draws], device=latent.device)
-    keep_text = torch.tensor([0.0 if d[3] else 1.0 for d in draws], device=latent.device).view(-1, 1, 1)
+    keep_text = torch.tensor([0.0 if d[3] else 1.0 for d in draws], device=latent.device,  # 0/1: exact in bf16,
+                             dtype=text_emb.dtype).view(-1, 1, 1)  # so a bf16 Reason1 batch stays bf16 (98 MiB each)
     mask = (condition_mask_fn or condition_mask)(latent, n_cond)
     per_sample = loss_given_draws(net, latent, text_emb * keep_text, eps, timesteps.to(latent.device), mask,
                                   conditional_frame_timestep, camera)
