@@ -302,7 +302,7 @@ def plan_auto(costs, budget_bytes, fixed_bytes, num_blocks):
 
     costs: {mode: BlockCost} (measure_block_costs, or synthetic); fixed_bytes: what the rank holds regardless of
     the mix (sharded params, grads and optimizer states, FSDP's gathered blocks: bench.py's planner). Every mix of
-    counts is tried (5 modes x 36 blocks: 92k), ties go to the smaller peak. An impossible budget is a ValueError.
+    counts is tried (5 modes x 36 blocks: 91k), ties go to the smaller peak. An impossible budget is a ValueError.
     """
     # forward order: largest (peak - saved) first minimises that max (swap two neighbours to see)
     modes = sorted((m for m in AUTO_MODES if m in costs), key=lambda m: costs[m].saved_bytes - costs[m].peak_bytes)
