@@ -520,6 +520,9 @@ def check_plan(b: BenchConfig):
                      ("--profile", b.profile)):
         if on:
             raise ValueError(f"{flag} does nothing with --world (the planner): drop it")
+    if get_config(b.config).camera_channels:
+        raise ValueError(f"--config {b.config}: the planner's step feeds no camera maps yet; plan the same network "
+                         "without cameras (e.g. p25-2b: the blocks' cam_encoder is a small Linear) instead")
     want = "bfloat16" if b.device == "cuda" else "float32"
     if b.dtype != want:
         raise ValueError(f"--dtype {b.dtype}: with --world the step computes as train.py does on {b.device} "

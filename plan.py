@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import sac
 from lora import add_lora
-from model import Block, DiT, condition_mask, denoise
+from model import Block, DiT, condition_mask
 
 
 class CollectiveBytes(TorchDispatchMode):
@@ -94,10 +94,12 @@ def auto_plan(net, world, device, dtype, latent, text_len, lora, mem_budget_gib)
         net_meta, block = DiT(cfg).to(dtype), Block(cfg).to(dtype)
     net_meta.blocks[0].register_forward_pre_hook(lambda m, args: captured.setdefault("args", args))
     x0 = torch.empty(latent, device="meta")
-    with torch.no_grad():
-        denoise(net_meta, x0, torch.ones(latent[0], device="meta"), torch.empty(
-            latent[0], text_len, cfg.crossattn_proj_in_channels, device="meta"), gt_frames=x0,
-            condition_mask_B_1_T_H_W=condition_mask(x0, 1))
+    B, _, T, H, W = latent
+    grid = (B, T // cfg.patch_temporal, H // cfg.patch_spatial, W // cfg.patch_spatial)
+    with torch.no_grad():  # the net itself, not a loss: only the shapes matter (camera maps for agibot configs)
+        net_meta(x0, torch.ones(B, device="meta"), torch.empty(B, text_len, cfg.crossattn_proj_in_channels,
+                 device="meta"), condition_mask_B_1_T_H_W=condition_mask(x0, 1), camera_B_T_Hp_Wp_C=torch.empty(
+                 *grid, cfg.camera_channels, device="meta") if cfg.camera_channels else None)
     if lora:
         add_lora(torch.nn.ModuleDict({"blocks": torch.nn.ModuleList([block])}), lora)
     block.to_empty(device=device)

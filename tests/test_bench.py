@@ -109,6 +109,15 @@ def test_main_prints_a_table_then_one_json_line(capsys):
     assert res["status"] == "ok" and res["sac"] == {"attn": 2} and res["compute_s"] > 0
 
 
+def test_auto_plan_takes_camera_configs():
+    """train.py may plan an agibot (camera) net: the meta forward gets camera maps, cam_encoder is in the block."""
+    with torch.device("meta"):
+        net = DiT(get_config("p25-tiny-agibot"))
+    costs, auto, fixed = plan.auto_plan(net, 2, torch.device("cpu"), torch.float32, (1, 16, 6, 8, 8), 8, 0, 1.0)
+    assert len(auto.modes) == 2 and fixed > sum(plan.state_formula(net, 2, 0).values())
+    assert costs["none"].saved_bytes > costs["block"].saved_bytes > 0
+
+
 def test_auto_runs_and_applies_its_choice(capsys):
     res = run("--world", "2", "--sac", "auto", "--mem-budget", "1")
     fastest = min(res["auto_costs"], key=lambda m: res["auto_costs"][m]["seconds"])
@@ -126,6 +135,7 @@ def test_auto_runs_and_applies_its_choice(capsys):
     (["--world", "2", "--sac", "blockwise"], "valid: none, block"),
     (["--world", "2", "--dtype", "bfloat16"], "pass --dtype float32"),
     (["--world", "2", "--link-gb-s", "0"], "--link-gb-s 0.0"),
+    (["--world", "2", "--config", "p25-tiny-agibot"], "feeds no camera maps yet"),
 ])
 def test_planner_flags_checked(flags, match):
     with pytest.raises(ValueError, match=match):
