@@ -177,9 +177,9 @@ def step_coefficients(sde_type, sigma, sigma_next, eta, rectified=False):
     if not (1 > sigma > sigma_next >= 0 if rectified else sigma > sigma_next > 0):
         raise ValueError(f"need sigma > sigma_next {'>= 0, sigma < 1' if rectified else '> 0'}, got {sigma}, "
                          f"{sigma_next}")
-    ratio = flow.edm_sigma(sigma_next) / flow.edm_sigma(sigma) if rectified else sigma_next / sigma  # 0 at sigma' = 0
-    if sde_type == "ddim_eta":
-        beta = eta * sigma_next * math.sqrt(1.0 - ratio ** 2)
+    s, s_next = (flow.edm_sigma(sigma), flow.edm_sigma(sigma_next)) if rectified else (sigma, sigma_next)
+    if sde_type == "ddim_eta":  # RF: the ratio in EDM units (0 at sigma' = 0: the last step is deterministic)
+        beta = eta * sigma_next * math.sqrt(1.0 - s_next ** 2 / s ** 2)
     elif sde_type == "cps":
         beta = sigma_next * math.sin(eta * math.pi / 2)
     else:
