@@ -74,6 +74,14 @@ def net_time(timesteps_B, mask_B_1_T_H_W=None, conditional_frame_timestep=-1.0):
     return timesteps * TIMESTEP_SCALE
 
 
+def with_conditional_frames(x, gt_frames, condition_mask_B_1_T_H_W):
+    """x with its conditional frames replaced by the clean latent (fp32); x itself without a mask."""
+    if condition_mask_B_1_T_H_W is None:
+        return x.float()
+    mask = condition_mask_B_1_T_H_W.float()
+    return gt_frames.float() * mask + x.float() * (1 - mask)
+
+
 def velocity(net, x_B_C_T_H_W, timesteps_B, crossattn_emb, gt_frames=None, condition_mask_B_1_T_H_W=None,
              noise=None, conditional_frame_timestep=-1.0, camera=None, fps=None, padding_mask=None):
     """The velocity prediction at upstream timesteps [B] (1000 sigma), fp32.
@@ -81,12 +89,10 @@ def velocity(net, x_B_C_T_H_W, timesteps_B, crossattn_emb, gt_frames=None, condi
     With a condition mask: the net sees the clean gt_frames on the conditional frames (and the mask channel), and its
     output there is replaced by the exact velocity noise - gt, `noise` being the training eps or the sampling run's
     initial noise. camera: [B, T, H/2, W/2, 1536] Pluecker map of a camera net, else None."""
-    x = x_B_C_T_H_W.float()
     mask = None if condition_mask_B_1_T_H_W is None else condition_mask_B_1_T_H_W.float()
-    if mask is not None:
-        if gt_frames is None or noise is None:
-            raise ValueError("flow.velocity: a condition mask needs gt_frames (clean latent) and noise (its eps)")
-        x = gt_frames.float() * mask + x * (1 - mask)
+    if mask is not None and (gt_frames is None or noise is None):
+        raise ValueError("flow.velocity: a condition mask needs gt_frames (clean latent) and noise (its eps)")
+    x = with_conditional_frames(x_B_C_T_H_W, gt_frames, mask)
     kwargs = {} if camera is None else {"camera_B_T_Hp_Wp_C": camera}  # only camera nets take the keyword
     v = net(x, net_time(timesteps_B, mask, conditional_frame_timestep), crossattn_emb, condition_mask_B_1_T_H_W=mask,
             fps=fps, padding_mask_B_1_H_W=padding_mask, **kwargs).float()
@@ -264,11 +270,7 @@ def sample(net, noise, crossattn_emb, neg_crossattn_emb=None, guidance=7.0, gt_f
         return guided_velocity(net, x, timesteps[i].expand(batch).to(x.device), crossattn_emb, neg_crossattn_emb,
                                guidance, **cond)
 
-    x0 = unipc(velocity_fn, noise, sigmas, callback)
-    if condition_mask_B_1_T_H_W is not None:
-        mask = condition_mask_B_1_T_H_W.float()
-        x0 = gt_frames.float() * mask + x0 * (1 - mask)
-    return x0
+    return with_conditional_frames(unipc(velocity_fn, noise, sigmas, callback), gt_frames, condition_mask_B_1_T_H_W)
 
 
 # -----------------------------------------------------------------------------

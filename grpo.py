@@ -1,8 +1,8 @@
-"""GRPO post-training of the video DiT with LoRA: Flow-GRPO's objective on Cosmos-Predict2's sampler (and on
-Predict2.5's rectified-flow shift-5 grid: docs/grpo.md §10; the RF step math is flow.step_mean / flow.edm_sigma).
+"""GRPO post-training of the video DiT with LoRA: Flow-GRPO's objective on Cosmos-Predict2's (and 2.5's) sampler.
 
-docs/grpo.md has the derivation. In short: Predict2 is a rectified-flow net behind an EDM-sigma interface
-(state x = x0 + sigma * eps). A rollout walks N Karras sigmas with a stochastic first-order x0 step ("DDIM-eta"):
+docs/grpo.md has the derivation (§10: Predict2.5, whose RF step math is flow.step_mean / flow.edm_sigma). In short:
+Predict2 is a rectified-flow net behind an EDM-sigma interface (state x = x0 + sigma * eps). A rollout walks N
+Karras sigmas with a stochastic first-order x0 step ("DDIM-eta"):
 
     x' = mean + beta * z,  mean = c * x + (1 - c) * x0_hat(x, sigma),  c = alpha / sigma,  alpha^2 + beta^2 = sigma'^2
 
@@ -40,7 +40,7 @@ from sample import karras_sigmas
 class GRPOConfig:
     group_size: int = 2  # K samples per group (one conditioning frame + instruction)
     num_steps: int = 8  # N stochastic steps over Karras sigmas 80 -> 0.002, then one clean pass at sigma_min
-    # (Predict2.5: N steps of the shift-5 grid 0.9998 -> 0, the last one lands on x0)
+    # (Predict2.5: N steps of the shift-5 grid 0.9998 -> 0)
     sde_type: str = "ddim_eta"  # "ddim_eta" or "cps" (Flow-GRPO-Fast's step); both keep alpha^2 + beta^2 = sigma'^2
     eta: float = 0.5  # ddim_eta: eta in [0, 1] (= a / sqrt 2 for Flow-GRPO's noise_level a); cps: a in [0, 1]
     window_size: int = 0  # > 0: Flow-GRPO-Fast, noise (and training) only on this many consecutive steps
@@ -171,8 +171,8 @@ def step_coefficients(sde_type, sigma, sigma_next, eta, rectified=False):
 
     ddim_eta: beta = eta * sigma' * sqrt(1 - sigma'^2 / sigma^2); eta = 1 is the exact posterior q(x_sigma' | x,
     x0), eta = 0 is Predict2's Euler x0 step. cps: beta = sigma' * sin(eta * pi / 2), Flow-GRPO's "cps" step.
-    rectified (Predict2.5, sigma in [0, 1), x' = (1 - sigma') x0_hat + alpha eps_hat + beta z): the same posterior
-    with the ratio taken in EDM units s = sigma / (1 - sigma); the step onto sigma' = 0 is deterministic (x' = x0_hat).
+    rectified (Predict2.5, sigma in [0, 1), x' = (1 - sigma') x0_hat + alpha eps_hat + beta z): the same, the ratio
+    in EDM units s = sigma / (1 - sigma); the step onto sigma' = 0 is deterministic (x' = x0_hat). docs/grpo.md §10.
     """
     if not (1 > sigma > sigma_next >= 0 if rectified else sigma > sigma_next > 0):
         raise ValueError(f"need sigma > sigma_next {'>= 0, sigma < 1' if rectified else '> 0'}, got {sigma}, "
@@ -291,12 +291,9 @@ def rollout_group(net, cond: Condition, latent_shape, cfg: GRPOConfig, generator
     """
     N, K = cfg.num_steps, cfg.group_size
     device = generator.device
-    rectified, timesteps = cond.conditional_frame_timestep is not None, None
-    if rectified:  # Predict2.5: the shift-5 grid of its sampler, N network calls, the last step lands on x0
-        sigmas_fp32, timesteps = flow.time_grid("shift", N)
-        sigmas, timesteps = [float(s) for s in sigmas_fp32], timesteps.tolist()
-    else:
-        sigmas = [float(s) for s in karras_sigmas(N)]
+    rectified = cond.conditional_frame_timestep is not None  # Predict2.5: its sampler's shift-5 grid, N net calls
+    sigmas, timesteps = flow.time_grid("shift", N) if rectified else (karras_sigmas(N), None)
+    sigmas, timesteps = [float(s) for s in sigmas], (timesteps.tolist() if rectified else None)
     etas = step_noise_levels(cfg, generator, window_start)
     alphas, betas = zip(*(step_coefficients(cfg.sde_type, sigmas[i], sigmas[i + 1], etas[i], rectified)
                           for i in range(N)))
@@ -327,8 +324,7 @@ def rollout_group(net, cond: Condition, latent_shape, cfg: GRPOConfig, generator
             else:
                 states[k, i + 1] = mean[0]
         if rectified:  # x_N is x0_hat already; the conditional frames get their clean latent back (flow.sample)
-            x0_final[k] = states[k, N] if cond.condition_mask is None else \
-                (cond.gt_frames * cond.condition_mask + states[k, N: N + 1] * (1 - cond.condition_mask))[0]
+            x0_final[k] = flow.with_conditional_frames(states[k, N: N + 1], cond.gt_frames, cond.condition_mask)[0]
         else:
             x0_final[k] = guided_x0(net, states[k, N: N + 1], sigmas[N], cond, cfg.guidance)[0]
 
