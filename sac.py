@@ -251,6 +251,7 @@ def measure_block_costs(block, inputs, modes=AUTO_MODES, reps=2):
     Use the real device, dtype and shapes (bench.py captures a block's inputs from a meta forward of the whole
     model). CUDA: memory_allocated / max_memory_allocated deltas, time the median of `reps`. CPU: LiveBytes (the
     tensors' bytes, deterministic) and wall-clock time (noisy: a CPU plan is a code-path check, not a forecast).
+    A mode under which one block alone runs out of memory is left out of the result.
     """
     cuda = any(t.is_cuda for t in block.parameters())
     inputs = [t.detach().requires_grad_(t.is_floating_point()) if torch.is_tensor(t) else t for t in inputs]
@@ -258,7 +259,11 @@ def measure_block_costs(block, inputs, modes=AUTO_MODES, reps=2):
     costs = {}
     for mode in modes:
         block.checkpoint_fn = make_checkpoint_fn(mode)
-        runs = [_block_step(block, inputs, cuda) for _ in range(reps + 1)][1:]
+        try:
+            runs = [_block_step(block, inputs, cuda) for _ in range(reps + 1)][1:]
+        except torch.OutOfMemoryError:  # one block alone does not fit this way: left out, and plan_auto says so
+            torch.cuda.empty_cache()
+            continue
         costs[mode] = BlockCost(runs[-1][0], max(r[1] for r in runs), statistics.median(r[2] for r in runs))
     block.checkpoint_fn = before
     for t in [*block.parameters(), *inputs]:
@@ -301,7 +306,7 @@ def plan_auto(costs, budget_bytes, fixed_bytes, num_blocks):
     """The fastest per-block mix of the measured modes whose predicted per-rank peak fits `budget_bytes`.
 
     costs: {mode: BlockCost} (measure_block_costs, or synthetic); fixed_bytes: what the rank holds regardless of
-    the mix (sharded params, grads and optimizer states, FSDP's gathered blocks: bench.py's planner). Every mix of
+    the mix (sharded params, grads and optimizer states, FSDP's gathered blocks: plan.auto_plan). Every mix of
     counts is tried (5 modes x 36 blocks: 91k), ties go to the smaller peak. An impossible budget is a ValueError.
     """
     # forward order: largest (peak - saved) first minimises that max (swap two neighbours to see)
@@ -333,5 +338,7 @@ def plan_auto(costs, budget_bytes, fixed_bytes, num_blocks):
     fastest = min(uniform, key=lambda m: num_blocks * costs[m].seconds)
     why = (f"sac auto: {', '.join(spans)}: predicted peak {gib(peak)} of the {gib(budget_bytes)} budget "
            f"({gib(fixed_bytes)} fixed), blocks {seconds:.3f} s vs {num_blocks * costs[fastest].seconds:.3f} s "
-           f"for the fastest ({fastest}).\nsac auto: per-rank peak with one mode everywhere: {needs}")
+           f"for the fastest ({fastest}).\nsac auto: per-rank peak with one mode everywhere: {needs}"
+           + "".join(f"; no cost for {m} (measured: one block alone ran out of memory)" for m in AUTO_MODES
+                     if m not in costs))
     return AutoPlan(plan, peak, seconds, why)
