@@ -261,6 +261,9 @@ def test_plan_auto_refuses_an_impossible_budget():
         sac.plan_auto(SYNTHETIC, 10 * GB, 3 * GB, 4)
     with pytest.raises(ValueError, match="plan_auto needs costs"):
         sac.plan_auto({"blockwise": SYNTHETIC["block"]}, 40 * GB, 0, 36)
+    partial = {m: c for m, c in SYNTHETIC.items() if m != "none"}  # `none` ran out of memory while measured
+    plan = sac.plan_auto(partial, 60 * GB, 3 * GB, 4)
+    assert "none" not in plan.modes and "no cost for none" in plan.why
 
 
 def test_apply_per_block_equals_uniform_modes():
