@@ -37,7 +37,11 @@ import cli  # noqa: E402
 import plan  # noqa: E402
 import sac  # noqa: E402
 from lora import add_lora  # noqa: E402
-from model import DiT, condition_mask, denoise, get_config, matmul_peak, model_flops, num_params  # noqa: E402
+import flow  # noqa: E402
+from flow import multiview_condition_mask  # noqa: E402
+from camera import fallback_cameras, plucker_map  # noqa: E402
+from model import (DiT, condition_mask, denoise, get_config, is_p25, matmul_peak, model_flops,  # noqa: E402
+                   num_params)
 
 
 @dataclass
@@ -50,7 +54,8 @@ class BenchConfig:
     height: int = 432  # pixels
     width: int = 768  # pixels
     text_len: int = 512  # text-embedding tokens
-    cond_frames: int = 1  # latent conditioning frames (video2world)
+    cond_frames: int = 1  # latent conditioning frames (video2world; with --views: of views 2.., frame-init mask)
+    views: int = 1  # camera views stacked on the latent time axis (p25-2b-agibot: 3, with a fallback-rig camera map)
     steps: int = 5  # timed steps; the median is reported
     warmup: int = 2  # untimed steps first (allocator growth, cuDNN plans, compile)
     compile: bool = False  # torch.compile each block in place (state_dict keys unchanged)
@@ -98,7 +103,9 @@ def parse_args(argv=None):
 def latent_shape(b: BenchConfig):
     if (b.frames - 1) % 4 or b.height % 8 or b.width % 8:
         raise ValueError(f"frames-1 must be divisible by 4 and height/width by 8, got {b.frames}x{b.height}x{b.width}")
-    return (1, 16, 1 + (b.frames - 1) // 4, b.height // 8, b.width // 8)
+    if b.views < 1:
+        raise ValueError(f"--views must be >= 1, got {b.views}")
+    return (1, 16, b.views * (1 + (b.frames - 1) // 4), b.height // 8, b.width // 8)
 
 
 def _timer(device):
@@ -143,7 +150,18 @@ def make_batch(b: BenchConfig, cfg, device, dtype):
     eps = torch.randn(shape, device=device, generator=g)
     text = torch.randn(1, b.text_len, cfg.crossattn_proj_in_channels, device=device, generator=g).to(dtype)
     sigma = torch.ones(1, device=device)
-    return dict(x0=x0, eps=eps, text=text, sigma=sigma, mask=condition_mask(x0, b.cond_frames), offload=b.offload)
+    if b.views > 1:  # agibot's frame-init mask; a camera map of the fallback rig (its cost is the shape's, not the values')
+        mask = multiview_condition_mask(x0, b.views, b.cond_frames)
+    else:
+        mask = condition_mask(x0, b.cond_frames)
+    batch = dict(x0=x0, eps=eps, text=text, sigma=sigma, mask=mask, offload=b.offload)
+    if is_p25(cfg):
+        batch["timesteps"] = torch.full((1,), 500.0, device=device)  # 1000 sigma, sigma = 0.5
+    if cfg.camera_channels:
+        w2c, intrinsics = fallback_cameras(b.views, shape[2] // b.views, b.height, b.width)
+        camera = plucker_map(w2c.flatten(0, 1)[None], intrinsics.flatten(0, 1)[None], b.height, b.width)
+        batch["camera"] = camera.to(device, dtype)
+    return batch
 
 
 def train_step(model, batch, trainable, measure=None):
@@ -151,12 +169,16 @@ def train_step(model, batch, trainable, measure=None):
     for p in trainable:
         p.grad = None
     x0, eps, mask = batch["x0"], batch["eps"], batch["mask"]
-    x_sigma = x0 + batch["sigma"].view(-1, 1, 1, 1, 1) * eps
     offload = torch.autograd.graph.save_on_cpu(pin_memory=True) if batch.get("offload") else contextlib.nullcontext()
     with offload:
-        _, velocity = denoise(model, x_sigma, batch["sigma"], batch["text"], gt_frames=x0,
-                              condition_mask_B_1_T_H_W=mask)
-    loss = ((velocity - (eps - x0)) ** 2 * (1 - mask)).mean()
+        if "timesteps" in batch:  # Predict2.5: the rectified-flow loss of flow.py (the same net calls)
+            loss = flow.loss_given_draws(model, x0, batch["text"], eps, batch["timesteps"], mask,
+                                         camera=batch.get("camera")).mean()
+        else:
+            x_sigma = x0 + batch["sigma"].view(-1, 1, 1, 1, 1) * eps
+            _, velocity = denoise(model, x_sigma, batch["sigma"], batch["text"], gt_frames=x0,
+                                  condition_mask_B_1_T_H_W=mask)
+            loss = ((velocity - (eps - x0)) ** 2 * (1 - mask)).mean()
     if measure is not None:  # bytes held between forward and backward: the saved activations (+ loss graph)
         measure["act_bytes"] = torch.cuda.memory_allocated() - measure["before"]
     loss.backward()
@@ -520,8 +542,8 @@ def check_plan(b: BenchConfig):
                      ("--profile", b.profile)):
         if on:
             raise ValueError(f"{flag} does nothing with --world (the planner): drop it")
-    if get_config(b.config).camera_channels:
-        raise ValueError(f"--config {b.config}: the planner's step feeds no camera maps yet; plan the same network "
+    if get_config(b.config).camera_channels or b.views != 1:
+        raise ValueError(f"--config {b.config} --views {b.views}: the planner's step feeds no camera maps yet; plan the same network "
                          "without cameras (e.g. p25-2b: the blocks' cam_encoder is a small Linear) instead")
     want = "bfloat16" if b.device == "cuda" else "float32"
     if b.dtype != want:
@@ -540,6 +562,9 @@ def main(argv=None):
         print(plan_table(res), flush=True)
         return emit(res, b.out)
     sac.validate(b.sac, b.every)
+    if (b.views > 1) != bool(get_config(b.config).camera_channels):
+        raise ValueError(f"--views {b.views} with --config {b.config}: views stack on time only in a camera net "
+                         "(p25-2b-agibot: --views 3); a camera net needs --views >= 2")
     if b.ckpt_load:
         if not b.dir or b.format not in ("pt", "safetensors"):
             raise ValueError(f"--ckpt-load needs --dir DIR and --format pt|safetensors, got {b.dir!r} {b.format!r}")

@@ -140,3 +140,16 @@ def test_auto_runs_and_applies_its_choice(capsys):
 def test_planner_flags_checked(flags, match):
     with pytest.raises(ValueError, match=match):
         bench.check_plan(bench.parse_args(SMALL + flags))
+
+
+def test_views_step_feeds_the_camera_net_its_stacked_latent_and_map(capsys):
+    """--views 3: agibot's latent has 3x the frames, its camera map goes in (a camera net refuses a missing one)."""
+    args = ["--device", "cpu", "--dtype", "float32", "--config", "p25-tiny-agibot", "--views", "3", "--frames", "9",
+            "--height", "64", "--width", "64", "--text-len", "16", "--steps", "1", "--warmup", "0", "--sac", "block"]
+    bench.main(args)
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["status"] == "ok" and res["latent"] == [1, 16, 9, 8, 8] and res["tokens"] == 3 * 3 * 4 * 4
+    with pytest.raises(ValueError, match="--views"):
+        bench.main(args[:5] + ["p25-tiny", "--views", "3"])
+    with pytest.raises(ValueError, match="--views"):
+        bench.main(args[:5] + ["p25-tiny-agibot"])
