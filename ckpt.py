@@ -601,7 +601,7 @@ GUARD_MAX_RATIO = 0.75
 
 
 @torch.no_grad()
-def guard_loss(net, x0, crossattn_emb, condition_mask=None, fps=None, sigmas=GUARD_SIGMAS, seed=0):
+def guard_loss(net, x0, crossattn_emb, condition_mask=None, fps=None, sigmas=GUARD_SIGMAS, seed=0, camera=None):
     """(loss, zero_loss): rectified-flow velocity MSE mean((v - (eps - x0))^2) at fixed sigmas with seeded noise,
     and the same MSE for v = 0. Conditioning frames (target unpredictable there) are left out. Collective under
     FSDP: every rank passes its own batch; the sums are all-reduced so every rank gets the same numbers."""
@@ -612,7 +612,7 @@ def guard_loss(net, x0, crossattn_emb, condition_mask=None, fps=None, sigmas=GUA
         eps = torch.randn(x0.shape, generator=g, device=x0.device, dtype=torch.float32)
         sigma = torch.full((x0.shape[0],), float(s), device=x0.device)
         _, velocity = denoise(net, x0.float() + s * eps, sigma, crossattn_emb, gt_frames=x0,
-                              condition_mask_B_1_T_H_W=condition_mask, fps=fps)
+                              condition_mask_B_1_T_H_W=condition_mask, fps=fps, camera=camera)
         target = eps - x0.float()
         sums += torch.stack([((velocity - target) ** 2 * weight).sum(), (target ** 2 * weight).sum(),
                              weight.sum() * x0.shape[1]]).double()

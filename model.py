@@ -583,7 +583,7 @@ SIGMA_CONDITIONAL = 1e-4  # the "noise level" the net is told for clean conditio
 
 
 def denoise(net, x_sigma, sigma, crossattn_emb, gt_frames=None, condition_mask_B_1_T_H_W=None, fps=None,
-            padding_mask=None):
+            padding_mask=None, camera=None):
     """x0 prediction for video2world (conditioning frames replaced by the clean `gt_frames`). fp32 throughout.
 
     sigma: [B] (or [B,T] per latent frame). condition_mask: 1 on the conditioning latent frames, or None.
@@ -608,7 +608,7 @@ def denoise(net, x_sigma, sigma, crossattn_emb, gt_frames=None, condition_mask_B
         mask_t = mask.mean(dim=(1, 3, 4))  # [B, T]: 1 on conditioning frames
         t_B_T = t_cond * mask_t + t.view(t.shape[0], -1) * (1 - mask_t)
     velocity = net(net_in, t_B_T, crossattn_emb, condition_mask_B_1_T_H_W=mask, fps=fps,
-                   padding_mask_B_1_H_W=padding_mask).float()
+                   padding_mask_B_1_H_W=padding_mask, camera_B_T_Hp_Wp_C=camera).float()
     x0 = c_skip * x_sigma + c_out * velocity
     if mask is not None:
         x0 = gt_frames * mask + x0 * (1 - mask)

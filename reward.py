@@ -339,6 +339,18 @@ def wrist_motion(d, quadrant_h, cfg: RewardConfig):
     return ratio(S, cfg.motion_ref), {"wrist_speed": S}
 
 
+def grid_from_views(video_V_3_F_H_W, order):
+    """Separate views (a multi-view net's decoded sample, named by `order`: ext_1, ext_2, wrist) -> [1, 3, F, 2H, 2W],
+    Path B's 2x2 grid with a black bottom-right, so Path A's rollouts are scored by the same rewards as Path B's."""
+    if video_V_3_F_H_W.ndim != 5 or len(video_V_3_F_H_W) != len(order) or sorted(order) != ["ext_1", "ext_2", "wrist"]:
+        raise ValueError(f"views {tuple(video_V_3_F_H_W.shape)} named {order}: need [3, 3, F, H, W] for ext_1, ext_2, "
+                         "wrist")
+    view = dict(zip(order, video_V_3_F_H_W))
+    black = torch.full_like(view["wrist"], -1.0)
+    top, bottom = torch.cat([view["ext_1"], view["ext_2"]], dim=-1), torch.cat([view["wrist"], black], dim=-1)
+    return torch.cat([top, bottom], dim=-2)[None]
+
+
 @torch.no_grad()
 def grid_rewards(video_B_3_F_H_W, cfg: RewardConfig = RewardConfig(), extra=None):
     """All rewards of a batch of 2x2 grid videos in [-1, 1]. Needs >= 3 frames and >= 64x64 pixels.

@@ -28,7 +28,7 @@ from lora import add_lora
 from model import DiT, condition_mask, denoise, get_config, is_p25
 
 SIGMA_MIN, SIGMA_MAX, RHO = 0.002, 80.0, 7.0
-TINY_CONFIGS = ("tiny", "p25-tiny")  # CPU-fast configs: tiny VAE, 9x64x112, the stand-in prompt
+TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot")  # CPU-fast configs: tiny VAE, 9x64x112, the stand-in prompt
 
 
 def karras_sigmas(num_steps, sigma_min=SIGMA_MIN, sigma_max=SIGMA_MAX, rho=RHO):
@@ -130,23 +130,40 @@ def split_views(latent_B_C_VT_H_W, num_views):
         B * num_views, C, VT // num_views, H, W)
 
 
+def stack_views(latent_BV_C_T_H_W, num_views):
+    """The inverse of split_views: per-view latents [B*V, C, T, H, W] (view-major per sample) -> [B, C, V*T, H, W]."""
+    BV, C, T, H, W = latent_BV_C_T_H_W.shape
+    if BV % num_views:
+        raise ValueError(f"{BV} latents are not whole samples of {num_views} views")
+    return latent_BV_C_T_H_W.reshape(BV // num_views, num_views, C, T, H, W).transpose(1, 2).reshape(
+        BV // num_views, C, num_views * T, H, W)
+
+
 @torch.no_grad()
 def generate(net, vae, video_B_3_T_H_W, crossattn_emb, neg_crossattn_emb=None, num_steps=35, guidance=7.0, seed=0,
-             num_conditional_frames=1, grid=None, conditional_frame_timestep=None):
+             num_conditional_frames=1, grid=None, conditional_frame_timestep=None, camera=None):
     """Video2world: keep the first latent frame(s) of `video` (the VAE is causal: latent frame 0 is pixel frame 0
     alone), generate the rest from noise, decode. Returns the generated video in the VAE's dtype.
     Predict2.5 nets need grid (shift | karras) and conditional_frame_timestep (-1 or 0.1; flow.checkpoint_defaults);
-    Predict2 nets refuse them."""
+    Predict2 nets refuse them. A camera net (agibot) takes one sample's views as the batch, video [V,3,T,H,W], and its
+    Pluecker map camera [1, V*T_latent, H/16, W/16, 1536]: the views are stacked on latent time, sampled jointly
+    (frame-init mask, one noise draw for every view) and returned decoded per view, [V,3,T,H,W]."""
     device = video_B_3_T_H_W.device
     latent = vae.encode(video_B_3_T_H_W).float()
-    mask = condition_mask(latent, num_conditional_frames)
+    views = len(video_B_3_T_H_W) if net.cfg.camera_channels else 0
+    if views:
+        latent = stack_views(latent, views)
+        mask = flow.multiview_condition_mask(latent, views, num_conditional_frames)
+    else:
+        mask = condition_mask(latent, num_conditional_frames)
     if is_p25(net.cfg):
         if grid is None or conditional_frame_timestep is None:
             raise ValueError("a Predict2.5 net samples with UniPC: pass grid and conditional_frame_timestep")
-        noise = flow.initial_noise(tuple(latent.shape), seed).to(device)
+        noise = (flow.multiview_initial_noise(tuple(latent.shape), views, seed) if views else
+                 flow.initial_noise(tuple(latent.shape), seed)).to(device)
         x0 = flow.sample(net, noise, crossattn_emb, neg_crossattn_emb, guidance, latent, mask, grid, num_steps,
-                         conditional_frame_timestep)
-        return vae.decode(x0.to(video_B_3_T_H_W.dtype))
+                         conditional_frame_timestep, camera=camera)
+        return vae.decode((split_views(x0, views) if views else x0).to(video_B_3_T_H_W.dtype))
     if grid is not None or conditional_frame_timestep is not None:
         raise ValueError("grid / conditional_frame_timestep are Predict2.5 sampler settings; this is a Predict2 net")
     x0_fn = guided_x0_fn(net, crossattn_emb, neg_crossattn_emb, guidance=guidance, gt_frames=latent,
@@ -167,7 +184,7 @@ class SampleConfig:
     vae: str = ""  # tiny | real (default: the run's, or tiny for the tiny config, else real)
     vae_ckpt: str = ""  # tokenizer.pth for --vae real (default: the run's)
     image: str = ""  # first frame (png/jpg); default: the first frame of the first video in --data
-    data: str = ""  # where the default first frame, the tiny stand-in prompt and the negative prompt come from (default: the run's, or data/tiny_grid)
+    data: str = ""  # where the default first frame, the tiny stand-in prompt and the negative prompt come from (default: the run's, or data/tiny_grid; multi-view: data/tiny_views)
     prompt_emb: str = ""  # T5 embedding file (.safetensors "text_emb" or upstream .pickle); tiny: stand-in of --prompt
     # (Predict2.5: a Reason1 file, DATA/reason1/<sha1 of the prompt>.safetensors from t5.py --encoder reason1)
     prompt: str = ""  # the tiny stand-in's prompt text
@@ -208,15 +225,15 @@ def parse_config(argv):
     tiny = cfg.config in TINY_CONFIGS
     mcfg = get_config(cfg.config)
     cfg.ema = cfg.ema if "ema" in given else None  # None: the only copy a file holds (both: an error)
-    cfg.data = cfg.data or "data/tiny_grid"
+    cfg.data = cfg.data or ("data/tiny_views" if mcfg.camera_channels else "data/tiny_grid")
     cfg.vae = cfg.vae or ("tiny" if tiny else "real")
     cfg.frames = cfg.frames or (9 if tiny else 93)
     cfg.height, cfg.width = cfg.height or (64 if tiny else 432), cfg.width or (112 if tiny else 768)
     if (cfg.frames - 1) % 4 or cfg.height % 16 or cfg.width % 16:
         raise ValueError(f"{cfg.frames}x{cfg.height}x{cfg.width}: frames must be 4k+1, height/width multiples of 16")
-    if mcfg.camera_channels:
-        raise ValueError(f"--config {cfg.config}: camera (multi-view) sampling needs camera maps, which this CLI does "
-                         "not read yet; flow.sample takes camera= and sample.split_views/views_side_by_side write it")
+    if mcfg.camera_channels and cfg.image:
+        raise ValueError(f"--image does nothing with --config {cfg.config}: a multi-view net starts from the first "
+                         "frame and cameras of every view of the first episode in --data (stitch.py --layout views)")
     if is_p25(mcfg):
         grid, timestep = flow.checkpoint_defaults(run_p25.get("init", cfg.ckpt), cfg.config)  # a run: as trained
         cfg.grid = cfg.grid or grid
@@ -321,10 +338,19 @@ def main(argv=None):
     net = net.to(dtype).eval()
     vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, device, dtype)
 
-    first = load_first_frame(cfg).to(device)
-    video = torch.cat([first, torch.full_like(first, -1).expand(-1, -1, cfg.frames - 1, -1, -1)], dim=2)
     dim = mcfg.crossattn_proj_in_channels  # the embedding as stored (Predict2.5: before the net's crossattn_proj)
-    text_encoder = "reason1" if is_p25(mcfg) else "t5"
+    text_encoder = "reason1" if is_p25(mcfg) and cfg.config not in TINY_CONFIGS else "t5"
+    camera = None
+    if mcfg.camera_channels:  # the first episode of a views folder: each view's first frame and its cameras
+        from camera import plucker_map
+        views = data.ViewClips(cfg.data, cfg.frames, cfg.height, cfg.width, text="standin", text_len=16,
+                               text_dim=dim)[(0, 0)]
+        first = views["video"][:, :, :1].to(device)
+        camera = plucker_map(views["w2c"].flatten(0, 1)[None], views["intrinsics"].flatten(0, 1)[None], cfg.height,
+                             cfg.width).to(device, dtype)
+    else:
+        first = load_first_frame(cfg).to(device)
+    video = torch.cat([first, torch.full_like(first, -1).expand(-1, -1, cfg.frames - 1, -1, -1)], dim=2)
     if cfg.prompt_emb:
         load = data.load_reason1_embedding if is_p25(mcfg) else data.load_text_embedding
         text, _ = load(cfg.prompt_emb, 512, dim)
@@ -335,8 +361,8 @@ def main(argv=None):
     print(f"sample: negative prompt: {neg_source}", flush=True)
     p25 = dict(grid=cfg.grid, conditional_frame_timestep=cfg.conditional_frame_timestep) if is_p25(mcfg) else {}
     generated = generate(net, vae, video.to(dtype), text[None].to(device), neg[None].to(device), cfg.steps,
-                         cfg.guidance, cfg.seed, **p25)
-    write_mp4(cfg.out, generated[0], fps=cfg.fps)
+                         cfg.guidance, cfg.seed, camera=camera, **p25)
+    write_mp4(cfg.out, views_side_by_side(generated) if camera is not None else generated[0], fps=cfg.fps)
     sampler = f"UniPC {cfg.grid} grid, conditional-frame timestep {cfg.conditional_frame_timestep}, " if p25 else ""
     print(f"sample: wrote {cfg.out} ({cfg.frames} frames, {cfg.height}x{cfg.width}, {cfg.steps} steps, {sampler}"
           f"guidance {cfg.guidance}, seed {cfg.seed}, weights {source})", flush=True)

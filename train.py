@@ -41,7 +41,8 @@ import vae as vae_lib
 from grpo import GRPOConfig
 from lora import add_lora
 from model import DiT, condition_mask, denoise, get_config, is_p25, matmul_peak, model_flops, num_params
-from sample import TINY_CONFIGS  # the CPU-fast configs: the TINY preset, synthetic data and stand-in text
+from camera import plucker_map
+from sample import TINY_CONFIGS, split_views, stack_views  # CPU-fast configs (TINY preset, stand-in text); views
 
 # -----------------------------------------------------------------------------
 # Config: every field is a --flag (cli.py: the comment is its --help); unknown flags are an error. 0 / "" / -1 mean
@@ -119,7 +120,8 @@ GRPO_RESUME = ("group_size", "num_steps", "sde_type", "eta", "window_size", "win
 def parse_config(argv):
     """Dataclass defaults, then the TINY or REAL preset, then the flags given on the command line."""
     given = cli.parse_flags(TrainConfig, argv, description=__doc__)  # argparse rejects unknown flags
-    preset = TINY if given.get("config", TrainConfig.config) in TINY_CONFIGS else REAL
+    name = given.get("config", TrainConfig.config)
+    preset = dict(TINY, data=tiny_data(name)) if name in TINY_CONFIGS else REAL
     return validate(cli.build(TrainConfig, preset, given), given)
 
 
@@ -127,8 +129,6 @@ def validate(cfg, given=None):
     """Fail fast, before anything is built or written: every setting is used, validated or refused."""
     given = cli.flatten(given or {})
     mcfg = get_config(cfg.config)  # raises with the valid names
-    if mcfg.camera_channels:  # flow.training_loss takes camera= and a multiview_condition_mask: the lead wires it
-        raise ValueError(f"--config {cfg.config}: multi-view camera training is not in train.py yet (p25-2b works)")
     if cfg.objective not in ("sft", "grpo"):
         raise ValueError(f"--objective {cfg.objective!r}: valid are sft, grpo")
     unused = {}
@@ -211,7 +211,12 @@ def validate(cfg, given=None):
 
 def synthetic_data(cfg):
     """Only the tiny default's own folder is ever written by train.py; any other --data is read, never written."""
-    return cfg.config in TINY_CONFIGS and os.path.normpath(cfg.data) == os.path.normpath(TINY["data"])
+    return cfg.config in TINY_CONFIGS and os.path.normpath(cfg.data) == os.path.normpath(tiny_data(cfg.config))
+
+
+def tiny_data(config):
+    """The tiny default's folder: 2x2 grids, or separate views (stitch.py --layout views) for a camera net."""
+    return "data/tiny_views" if get_config(config).camera_channels else TINY["data"]
 
 
 # -----------------------------------------------------------------------------
@@ -263,11 +268,13 @@ def draw_sample_noise(cfg, latent_C_T_H_W, seed):
     return float(sigma), eps, n_cond, drop_text
 
 
-def training_loss(net, cfg, latent, text_emb, seeds):
+def training_loss(net, cfg, latent, text_emb, seeds, camera=None):
     """Predict2.5 configs: flow.training_loss. Predict2: (1+s)^2/s^2 |x0_hat - x0|^2 equals |v_hat - (eps - x0)|^2
     exactly; we use the velocity form (no 1e8 weights at small sigma). Conditioning frames add 0 (replaced)."""
-    if is_p25(get_config(cfg.config)):
-        return flow.training_loss(net, latent, text_emb, seeds, cfg.text_dropout, cfg.conditional_frame_timestep)
+    if is_p25(get_config(cfg.config)):  # a camera net: views stacked on time, agibot's frame-init mask
+        mask_fn = None if camera is None else lambda x, n: flow.multiview_condition_mask(x, len(data.VIEW_ORDER), n)
+        return flow.training_loss(net, latent, text_emb, seeds, cfg.text_dropout, cfg.conditional_frame_timestep,
+                                  camera, mask_fn)
     draws = [draw_sample_noise(cfg, latent[b], s) for b, s in enumerate(seeds)]
     sigma = torch.tensor([d[0] for d in draws], device=latent.device)
     eps = torch.stack([d[1] for d in draws]).to(latent.device)
@@ -321,12 +328,13 @@ def ema_beta(step, rate):
 # (the run directory's lock, metrics log, loss.png and evaluation markers live in resume.py)
 
 
-def make_tiny_dataset(root):
-    """Synthetic LeRobot episodes (stitch.make_synthetic) stitched into a small grid folder."""
+def make_tiny_dataset(root, views=False):
+    """Synthetic LeRobot episodes (stitch.make_synthetic, with camera poses) stitched into a small grid or views folder."""
     raw = root + "_lerobot"
     if not os.path.exists(raw):  # 4 usable episodes (shards evenly over 1, 2 or 4 ranks) and 1 too short to use
-        stitch.make_synthetic(raw, lengths=(48, 40, 8, 56, 44))
-    stitch.stitch(raw, root, stride=4, frames=TINY["frames"], size=f"{TINY['height']}x{TINY['width']}", workers=1)
+        stitch.make_synthetic(raw, lengths=(48, 40, 8, 56, 44), cameras=views)
+    stitch.stitch(raw, root, stride=4, frames=TINY["frames"], size=f"{TINY['height']}x{TINY['width']}", workers=1,
+                  layout="views" if views else "grid")
 
 
 def all_mean(value, device):
@@ -378,8 +386,8 @@ def check_resume_settings(out, cfg):
 @torch.no_grad()
 def evaluate(net, cfg, batches):
     """Held-out loss on fixed clips with fixed noise: comparable across checkpoints and runs."""
-    losses = [training_loss(net, cfg, latent, text, [sample_seed(cfg.seed, "eval", i, b) for b in range(len(latent))])
-              for i, (latent, text) in enumerate(batches)]
+    losses = [training_loss(net, cfg, latent, text, [sample_seed(cfg.seed, "eval", i, b) for b in range(len(latent))],
+                            camera) for i, (latent, text, camera) in enumerate(batches)]
     return {"eval_loss": all_mean(torch.stack(losses).mean().item(), batches[0][0].device)}
 
 
@@ -387,9 +395,9 @@ def sft_step(net, optimizer, trainable, cfg, next_batch, step, rank, world):
     """One SFT optimizer step over grad_accum micro-batches; returns (mean loss on this rank, grad norm)."""
     loss_sum = 0.0
     for micro in range(cfg.grad_accum):
-        latent, text = next_batch()
+        latent, text, camera = next_batch()
         seeds = [sample_seed(cfg.seed, step, (micro * world + rank) * cfg.batch_size + b) for b in range(len(latent))]
-        loss = training_loss(net, cfg, latent, text, seeds) / cfg.grad_accum
+        loss = training_loss(net, cfg, latent, text, seeds, camera) / cfg.grad_accum
         loss.backward()
         loss_sum += loss.item()
     grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
@@ -402,17 +410,24 @@ def sft_step(net, optimizer, trainable, cfg, next_batch, step, rank, world):
 def grpo_step(net, vae, optimizer, params, cfg, batch, neg_text, terms, step, rank):
     """One GRPO update (grpo.train_step): per clip of this rank's batch, K rollouts from its first latent frame and
     prompt, decoded only if a reward needs pixels, scored; advantages over all ranks' groups; the LoRA update."""
-    latent, text = batch
+    latent, text, camera = batch
     p25 = dict(conditional_frame_timestep=cfg.conditional_frame_timestep) if is_p25(get_config(cfg.config)) else {}
+    views = len(data.VIEW_ORDER) if camera is not None else 0
     conds = [grpo.Condition(crossattn_emb=text[b: b + 1], neg_crossattn_emb=neg_text.to(text.device),
-                            gt_frames=latent[b: b + 1], condition_mask=condition_mask(latent[b: b + 1], 1),
-                            key=(rank, b), **p25) for b in range(latent.shape[0])]
+                            gt_frames=latent[b: b + 1], key=(rank, b), **p25,
+                            **(dict(condition_mask=flow.multiview_condition_mask(latent[b: b + 1], views, 1),
+                                    camera=camera[b: b + 1]) if views else
+                               dict(condition_mask=condition_mask(latent[b: b + 1], 1))))
+             for b in range(latent.shape[0])]
     vae_dtype = next(vae.parameters()).dtype
 
     @torch.no_grad()
-    def decode(x0):  # one sample at a time: memory does not grow with K
+    def decode(x0):  # one sample at a time: memory does not grow with K; views are scored as Path B's 2x2 grid
         if not reward.needs_pixels(terms):
             return None
+        if views:
+            return torch.cat([reward.grid_from_views(vae.decode(split_views(x0[k: k + 1], views).to(vae_dtype)),
+                                                     data.VIEW_ORDER) for k in range(len(x0))]).float()
         return torch.cat([vae.decode(x0[k: k + 1].to(vae_dtype)) for k in range(len(x0))]).float()
     _, metrics = grpo.train_step(net, optimizer, params, conds, tuple(latent.shape[1:]), cfg.grpo,
                                  lambda video, x0: reward.score(terms, video=video, latent=x0), decode,
@@ -436,14 +451,16 @@ def main(argv=None):
     # data: read (and checked) before anything is written; clips of cfg.frames frames, encoded online by the VAE
     if synthetic_data(cfg):  # (re)stitching a finished folder only re-reads its manifest; a killed one resumes
         if master:
-            make_tiny_dataset(cfg.data)
+            make_tiny_dataset(cfg.data, views=bool(mcfg.camera_channels))
         if distributed:
             dist.barrier()
     tiny = cfg.config in TINY_CONFIGS
     text_dim = mcfg.crossattn_proj_in_channels  # the embedding on disk (Predict2.5: before the net's crossattn_proj)
     text_encoder = "reason1" if is_p25(mcfg) and not tiny else "t5"  # Predict2.5 reads <data>/reason1/<sha1>
-    dataset = data.GridClips(cfg.data, cfg.frames, cfg.height, cfg.width, text_len=cfg.text_len, text_dim=text_dim,
-                             text="standin" if tiny else "t5", seed=cfg.seed, text_encoder=text_encoder)
+    views = len(data.VIEW_ORDER) if mcfg.camera_channels else 0  # a camera net trains on separate views (agibot)
+    dataset = (data.ViewClips if views else data.GridClips)(
+        cfg.data, cfg.frames, cfg.height, cfg.width, text_len=cfg.text_len, text_dim=text_dim,
+        text="standin" if tiny else "t5", seed=cfg.seed, text_encoder=text_encoder)
     holdout = cfg.holdout if cfg.holdout >= 0 else max(1, len(dataset) // 50)
     n_train = len(dataset) - holdout
     if n_train < 1:
@@ -476,14 +493,21 @@ def main(argv=None):
     latent_cache = {}
 
     def to_latent(batch):
+        """(latent, text, camera): views are encoded one by one and stacked on latent time, with their Pluecker map
+        built here on the device (~570 MB fp32 per 93x432x768 sample: too big for the DataLoader); camera None else."""
         keys = list(zip(batch["stem"], batch["start"].tolist()))
+        camera = None if not views else plucker_map(
+            batch["w2c"].flatten(1, 2).to(device), batch["intrinsics"].flatten(1, 2).to(device), cfg.height,
+            cfg.width).to(compute_dtype)
         if not (cfg.cache_latents and all(k in latent_cache for k in keys)):
             with torch.no_grad():
-                latent = vae.encode(batch["video"].to(device, compute_dtype)).float()
+                video = batch["video"].to(device, compute_dtype)
+                latent = vae.encode(video.flatten(0, 1) if views else video).float()
+            latent = stack_views(latent, views) if views else latent
             if not cfg.cache_latents:
-                return latent, batch["text_emb"].to(device)
+                return latent, batch["text_emb"].to(device), camera
             latent_cache.update(zip(keys, latent))
-        return torch.stack([latent_cache[k] for k in keys]), batch["text_emb"].to(device)
+        return torch.stack([latent_cache[k] for k in keys]), batch["text_emb"].to(device), camera
 
     # model: meta build -> LoRA/freeze -> activation checkpointing -> compile -> FSDP -> materialise -> load
     with torch.device("meta"):
@@ -547,8 +571,9 @@ def main(argv=None):
         say(f"evaluated the resumed checkpoint step {start_step}: {result}")
 
     if start_step == 0 and cfg.init != "random":  # prove that the pretrained weights went in before training
-        latent, text = held_batches[0]
-        loss, zero_loss = ckpt.guard_loss(net, latent, text, condition_mask(latent, 1))
+        latent, text, camera = held_batches[0]
+        mask = flow.multiview_condition_mask(latent, views, 1) if views else condition_mask(latent, 1)
+        loss, zero_loss = ckpt.guard_loss(net, latent, text, mask, camera=camera)
         ckpt.init_guard(loss, zero_loss, max_ratio=cfg.guard_max_ratio, source=cfg.init)
 
     stop = {"signal": None}  # SIGTERM / SIGUSR1 (schedulers' pre-emption notice): finish the step, save, exit 0
@@ -556,7 +581,7 @@ def main(argv=None):
         signal.signal(sig, lambda signum, frame: stop.__setitem__("signal", signum))
 
     peak = matmul_peak(device, torch.bfloat16) / 1e12 if device.type == "cuda" else None  # TFLOP/s
-    latent_shape = (1, 16, 1 + (cfg.frames - 1) // 4, cfg.height // 8, cfg.width // 8)
+    latent_shape = (1, 16, max(views, 1) * (1 + (cfg.frames - 1) // 4), cfg.height // 8, cfg.width // 8)
     tokens = latent_shape[2] * (cfg.height // 16) * (cfg.width // 16)
     flops_per_step = model_flops(mcfg, latent_shape, cfg.text_len, cfg.lora)[2] * cfg.batch_size * cfg.grad_accum
     metrics_path = os.path.join(cfg.out, "metrics.jsonl")
@@ -639,14 +664,18 @@ def write_sample(net, vae, dataset, index, cfg, neg_text, path, master):
     import sample as sampling
     item = dataset[(index, 0)]
     device = next(net.parameters()).device
-    video = item["video"][None].to(device, next(vae.parameters()).dtype)
+    video = item["video"].to(device, next(vae.parameters()).dtype)  # [3,T,H,W], or [V,3,T,H,W] for a camera net
     text = item["text_emb"][None].to(device)
     p25 = dict(grid=flow.checkpoint_defaults(cfg.init, cfg.config)[0],
                conditional_frame_timestep=cfg.conditional_frame_timestep) if is_p25(get_config(cfg.config)) else {}
+    camera = None if "w2c" not in item else plucker_map(item["w2c"].flatten(0, 1)[None].to(device),
+                                                        item["intrinsics"].flatten(0, 1)[None].to(device),
+                                                        cfg.height, cfg.width).to(video.dtype)
+    video = video if camera is not None else video[None]
     generated = sampling.generate(net, vae, video, text, neg_text.to(device), cfg.sample_steps, cfg.guidance, cfg.seed,
-                                  **p25)
-    if master:
-        sampling.write_mp4(path, torch.cat([video, generated.to(video.dtype)], dim=-1)[0])
+                                  camera=camera, **p25).to(video.dtype)
+    if master:  # left: data, right: generated; views one above the other
+        sampling.write_mp4(path, torch.cat(list(torch.cat([video, generated], dim=-1)), dim=-2))
         print(f"sample: {path} (left: data, right: generated from its first frame)", flush=True)
 
 

@@ -6,6 +6,7 @@ import sys
 import imageio.v2 as imageio
 import numpy as np
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -145,3 +146,13 @@ def test_views_side_by_side_and_split_views():
     assert split.shape == (6, 16, 2, 2, 2) and split[:3, 0, :, 0, 0].tolist() == [[0, 1], [2, 3], [4, 5]]
     with pytest.raises(ValueError, match="not 4 views"):
         sample.split_views(latent, 4)
+
+
+def test_stack_views_inverts_split_views():
+    import sample
+    latent = torch.randn(2, 4, 3 * 5, 2, 3)
+    per_view = sample.split_views(latent, 3)
+    assert per_view.shape == (6, 4, 5, 2, 3) and torch.equal(per_view[4], latent[1, :, 5:10])  # sample 1, view 1
+    assert torch.equal(sample.stack_views(per_view, 3), latent)
+    with pytest.raises(ValueError, match="whole samples"):
+        sample.stack_views(per_view[:5], 3)
