@@ -35,6 +35,7 @@ import formats
 import grpo
 import resume
 import reward
+import plan
 import sac
 import stitch
 import vae as vae_lib
@@ -78,7 +79,8 @@ class TrainConfig:
     conditional_frame_timestep: float = -1.0  # Predict2.5: -1 = conditional frames share the noisy frames' time (pre-
     # training); 0.1 = they get timestep 0.1, t = 1e-4; default: upstream's for --init (0.1 for p25-2b-post, agibot)
     text_dropout: float = 0.2  # SFT: probability of training a sample without its prompt (for CFG)
-    sac: str = "none"  # activation checkpointing: none | block | mm | attn | selective (docs/memory.md)
+    sac: str = "none"  # activation checkpointing: none | block | mm | attn | selective | auto (docs/memory.md)
+    mem_budget: float = 0.0  # --sac auto: per-rank memory budget in GiB; the fastest per-block mix that fits
     sac_every: int = 1  # checkpoint every N-th block only
     compile: bool = False  # torch.compile each block in place (keys unchanged)
     lora: int = 0  # LoRA rank; 0 = full fine-tune
@@ -147,8 +149,10 @@ def validate(cfg, given=None):
         unused.update({k: "with --objective sft" for k in given if k.startswith("grpo.") or k == "reward"})
     if cfg.lora == 0:
         unused.update({k: "without --lora" for k in ("lora_alpha",) if k in given})
-    if cfg.sac == "none":
-        unused.update({k: "with --sac none" for k in ("sac_every",) if k in given})
+    if cfg.sac in ("none", "auto"):
+        unused.update({k: f"with --sac {cfg.sac}" for k in ("sac_every",) if k in given})
+    if (cfg.sac == "auto") != (cfg.mem_budget > 0):
+        raise ValueError("--sac auto needs --mem-budget GiB (> 0, per rank), and --mem-budget needs --sac auto")
     if cfg.vae != "real":
         unused.update({k: "without --vae real" for k in ("vae_ckpt",) if k in given})
     if cfg.sample_every == 0:
@@ -180,7 +184,7 @@ def validate(cfg, given=None):
                 raise ValueError(f"{cli.flag(k)} does nothing with --init random (no checkpoint is loaded)")
     elif not (cfg.init in ckpt.NAMED_INITS or cfg.init.startswith("hf://")):
         ckpt.resolve_source(cfg.init)  # a local path: it exists and has a checkpoint format (hub names: in main)
-    sac.make_checkpoint_fn(cfg.sac)  # raises with the valid modes
+    sac.make_checkpoint_fn("block" if cfg.sac == "auto" else cfg.sac)  # raises with the valid modes
     if cfg.sac_every < 1 or cfg.grad_accum < 1 or cfg.batch_size < 1 or cfg.steps < 1:
         raise ValueError("--sac-every, --grad-accum, --batch-size and --steps must be >= 1")
     if cfg.keep < 2:
@@ -514,7 +518,15 @@ def main(argv=None):
         net = DiT(mcfg)
     if cfg.lora:
         add_lora(net, cfg.lora, cfg.lora_alpha or None)
-    sac.apply(net, cfg.sac, cfg.sac_every)
+    sac_modes = [cfg.sac if i % cfg.sac_every == 0 else "none" for i in range(mcfg.num_blocks)]
+    if cfg.sac == "auto":  # one block measured under every mode at this run's shape; rank 0's choice for all ranks
+        latent = (cfg.batch_size, mcfg.in_channels, max(views, 1) * (1 + (cfg.frames - 1) // 4), cfg.height // 8,
+                  cfg.width // 8)
+        auto = ckpt.agree("--sac auto", lambda: plan.auto_plan(net, world, device, compute_dtype, latent, cfg.text_len,
+                                                               cfg.lora, cfg.mem_budget)[1], share=True)
+        say(auto.why)
+        sac_modes = auto.modes
+    sac.apply_per_block(net, sac_modes)
     if cfg.compile:
         for block in net.blocks:
             block.compile()  # in place: no _orig_mod. in any key
@@ -611,8 +623,8 @@ def main(argv=None):
         if ema is not None:
             with torch.no_grad():
                 torch._foreach_lerp_(ema, [p.detach() for p in trainable], 1 - ema_beta(step, cfg.ema))
-        if step == start_step and cfg.sac != "none":
-            sac.check_first_step(cfg.sac)  # the save lists matched the kernels that really ran
+        if step == start_step and set(sac_modes) != {"none"}:
+            sac.check_first_step(sac_modes)  # the save lists matched the kernels that really ran
         if device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0

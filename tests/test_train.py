@@ -430,3 +430,17 @@ def test_p25_agibot_trains_on_views_with_cameras_samples_three_views_and_runs_gr
          "--steps", "1", "--grpo-num-steps", "3", "--grpo-group-size", "2"])
     row = metrics(grpo_out)[1]
     assert row["first_ratio"] == 1.0 and 0 < row["reward_mean"] <= 1 and 0 < row["grad_norm"] < float("inf")
+
+
+def test_sac_auto_picks_a_mix_within_the_budget_and_refuses_none_fitting(grid, tmp_path):
+    """--sac auto --mem-budget: the choice is printed and checked at the first step; a budget nothing fits is one
+    line before training; the flags come as a pair."""
+    proc = run(["--data", grid, "--out", str(tmp_path / "a"), "--steps", "1", "--sac", "auto", "--mem-budget", "2"])
+    assert "sac auto: " in proc.stdout and "of the 2 GiB budget" in proc.stdout
+    proc = run(["--data", grid, "--out", str(tmp_path / "b"), "--steps", "1", "--sac", "auto", "--mem-budget",
+                "1e-6"], check=False)
+    assert proc.returncode != 0 and "no checkpointing mix fits" in proc.stderr
+    assert not os.path.exists(os.path.join(tmp_path / "b", "step_00000001"))
+    for flags in (["--sac", "auto"], ["--mem-budget", "4"]):
+        with pytest.raises(ValueError, match="--sac auto needs --mem-budget"):
+            train.parse_config(flags)
