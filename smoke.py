@@ -1,6 +1,7 @@
 r"""The 1-step GRPO smoke test: one rollout group, rewards, advantages, one LoRA update, and PASS criteria.
 
     python smoke.py                       # tiny DiT + tiny VAE on CPU, well under a minute
+    python smoke.py --config p25-tiny-agibot   # Predict2.5's rectified-flow rollouts, 3 views + camera map
     python smoke.py --config v2w-14b --device cuda --frames 93 --height 432 --width 768 \
         --grpo-group-size 2 --grpo-num-steps 8 --sac block
 
@@ -22,12 +23,18 @@ import grpo
 import reward
 from grpo import GRPOConfig
 from lora import add_lora
-from model import DiT, condition_mask, get_config, matmul_peak, model_flops
+import flow
+from camera import fallback_cameras, plucker_map
+from data import VIEW_ORDER
+from model import DiT, condition_mask, get_config, is_p25, matmul_peak, model_flops
+from sample import TINY_CONFIGS, split_views
+
+VIEWS = len(VIEW_ORDER)  # a camera net's views (robot/multiview-agibot: 3)
 
 
 @dataclass(frozen=True)
 class SmokeConfig:
-    config: str = "tiny"  # model.py config name
+    config: str = "tiny"  # model.py config name (p25-*: rectified-flow rollouts; a camera net: 3 views stacked on time)
     device: str = "cpu"  # cpu | cuda
     dtype: str = "auto"  # base weights: auto = bf16 on cuda, fp32 on cpu; fp32 | bf16. LoRA is always fp32
     frames: int = 9  # pixel frames, 4k + 1 (93 -> 24 latent frames)
@@ -39,7 +46,7 @@ class SmokeConfig:
     lora_alpha: float = 32.0  # LoRA alpha (scale alpha / rank)
     sac: str = "none"  # activation checkpointing mode passed to sac.apply (none | block | mm | attn | selective)
     init: str = "random"  # base weights: random, or anything ckpt.load accepts (named init, path, hf://...)
-    vae: str = "auto"  # tiny | real (architecture; random weights); auto = tiny for the tiny DiT, else real
+    vae: str = "auto"  # tiny | real (architecture; random weights); auto = tiny for the tiny DiTs, else real
     seed: int = 0  # weights, condition and rollout noise
     count_flops: str = "false"  # also run FlopCounterMode (true | false | auto = cuda): it defeats activation
     # checkpointing's memory savings (the 14B update went out of memory at 137 GiB under it); MFU uses model.model_flops
@@ -129,20 +136,31 @@ def build_policy(cfg: SmokeConfig, device, dtype):
 
 def build_vae(cfg: SmokeConfig, device, dtype):
     from vae import WanVAE, get_vae_config
-    name = cfg.vae if cfg.vae != "auto" else ("tiny" if cfg.config == "tiny" else "real")
+    name = cfg.vae if cfg.vae != "auto" else ("tiny" if cfg.config in TINY_CONFIGS else "real")
     torch.manual_seed(cfg.seed + 2)
     with torch.device(device):
         vae = WanVAE(get_vae_config(name))
     return vae.to(dtype).eval(), name
 
 
-def make_condition(cfg: SmokeConfig, latent_shape, device):
-    """Random stand-ins for the cached T5 embeddings and the encoded first frame of one group."""
+def make_condition(cfg: SmokeConfig, mcfg, latent_shape, device):
+    """Random stand-ins for the cached text embeddings (T5, or Reason1's width for Predict2.5) and the encoded first
+    frame of one group; a camera net gets its views' frame-init mask and the fallback rig's Pluecker map."""
     g = torch.Generator(device=device).manual_seed(cfg.seed + 3)
-    emb = torch.randn(2, cfg.text_tokens, 1024, generator=g, device=device)
+    emb = torch.randn(2, cfg.text_tokens, mcfg.crossattn_proj_in_channels, generator=g, device=device)
     gt = torch.randn(1, *latent_shape, generator=g, device=device)
-    return grpo.Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt,
-                          condition_mask=condition_mask(gt, cfg.cond_frames), key=("smoke-episode", "smoke task"))
+    extra = {}
+    if is_p25(mcfg):
+        extra["conditional_frame_timestep"] = flow.checkpoint_defaults(cfg.init, cfg.config)[1]
+    if mcfg.camera_channels:
+        w2c, intrinsics = fallback_cameras(VIEWS, latent_shape[1] // VIEWS, cfg.height, cfg.width)
+        extra["camera"] = plucker_map(w2c.flatten(0, 1)[None], intrinsics.flatten(0, 1)[None], cfg.height,
+                                      cfg.width).to(device)
+        mask = flow.multiview_condition_mask(gt, VIEWS, cfg.cond_frames)
+    else:
+        mask = condition_mask(gt, cfg.cond_frames)
+    return grpo.Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt, condition_mask=mask,
+                          key=("smoke-episode", "smoke task"), **extra)
 
 
 # -----------------------------------------------------------------------------
@@ -155,7 +173,8 @@ def main(argv=None):
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "fp32": torch.float32,
              "bf16": torch.bfloat16}[cfg.dtype]
     count_flops = {"auto": device.type == "cuda", "true": True, "false": False}[cfg.count_flops]
-    latent_shape = (16, 1 + (cfg.frames - 1) // 4, cfg.height // 8, cfg.width // 8)
+    views = VIEWS if get_config(cfg.config).camera_channels else 1  # a camera net: the views stacked on latent time
+    latent_shape = (16, views * (1 + (cfg.frames - 1) // 4), cfg.height // 8, cfg.width // 8)
     gcfg = cfg.grpo
     K, N = gcfg.group_size, gcfg.num_steps
     print(f"smoke config: {asdict(cfg)}")
@@ -176,7 +195,7 @@ def main(argv=None):
             peak_flops = matmul_peak(device, torch.bfloat16)
         print(f"measured matmul peak: {peak_flops / 1e12:.1f} TFLOP/s (bf16 8192^3 matmul, model.matmul_peak)")
 
-    cond = make_condition(cfg, latent_shape, device)
+    cond = make_condition(cfg, mcfg, latent_shape, device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     with phases("rollout"), flop_count(count_flops) as counter:
         rollout = grpo.rollout_group(net, cond, latent_shape, gcfg, generator)
@@ -184,7 +203,11 @@ def main(argv=None):
     rollout_seconds = phases.rows[-1][1]
 
     with phases("decode"):  # one sample at a time: decoding memory does not grow with K
-        video = torch.cat([vae.decode(rollout.x0_final[k: k + 1]) for k in range(K)]).float()
+        if views > 1:  # each view decoded on its own, then scored as Path B's 2x2 grid
+            video = torch.cat([reward.grid_from_views(vae.decode(split_views(rollout.x0_final[k: k + 1], views)),
+                                                      VIEW_ORDER) for k in range(K)]).float()
+        else:
+            video = torch.cat([vae.decode(rollout.x0_final[k: k + 1]) for k in range(K)]).float()
     with phases("reward"):
         scores = reward.grid_rewards(video)
     rewards = scores["reward"]
