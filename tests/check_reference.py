@@ -11,7 +11,9 @@ cases (tests/ref_vae.py).
 Predict2.5 cases (`p25_*`, the format of the predict25 reference folder): the networks are fed our time
 t = timesteps.float() * timestep_scale (upstream's net input is 1000 t, scaled by 0.001 inside: bit-exact); also the
 extra calls, the RF velocity around them (flow.velocity), the Reason1 normalise+concat of fake hidden states
-(t5.reason1_normalize_concat), the Pluecker camera map (camera.plucker_map) and the released 2.5 key tables.
+(t5.reason1_normalize_concat), the Pluecker camera map (camera.plucker_map) and the released 2.5 key tables; the
+training draws and RF loss, UniPC grids and steps and the full CFG sampler (p25_training_ref, p25_unipc_ref,
+p25_sampler_ref) in full through flow.py, in tests/check_reference_p25.py.
 Exit status 1 if any error exceeds its bound (2e-5 for the DiT and sampler) or a checked piece of our code is
 MISSING (never counted as passing).
 """
@@ -377,8 +379,11 @@ def run_dir(ref_dir):
             results += [(name, *r) for r in check_components(json_path)]
         elif name in ("released_configs_keys", "p25_released_configs_keys"):
             results += [(name, *r) for r in check_released_keys(json_path)]
+        elif name in ("p25_unipc_ref", "p25_training_ref", "p25_sampler_ref"):
+            import check_reference_p25  # flow.py's draws, loss, UniPC and sampler, every tensor of the file
+            results += [(name, *r) for r in check_reference_p25.check_file(json_path)]
         elif name.startswith("p25_"):  # said, so a folder never looks fully checked when it is not
-            print(f"    {name}.json: not checked by this script (tests/test_flow.py checks a subset of it)")
+            print(f"    {name}.json: not a Predict2.5 reference file this script knows")
         elif name != "MANIFEST":
             print(f"    {name}.json: not a reference case this script knows")
     step_path = os.path.join(ref_dir, "sampler_step_ref.safetensors")
