@@ -10,8 +10,9 @@ So here: every source is resolved or rejected, every rank must be reading the sa
 before any tensor is copied, all ranks agree on the outcome and raise together, the bytes read are checked against
 what the file records about itself (a .pt's zip CRCs, a step directory's save-time checksums), and after loading
 every local shard is checked against the file's bytes.
-Contents: sources (named inits, resolve, same file on every rank) -> strict report -> loading -> init guard -> CLI.
-Reading and checking the files themselves (formats, CRCs, checksums) is formats.py.
+Contents: ranks agree (and read the same file) -> strict report -> loading -> init guard -> CLI.
+Where a source comes from (named inits, hub downloads, a path resolved or rejected) is inits.py; reading and checking
+the files themselves (formats, CRCs, checksums) is formats.py.
 """
 import functools
 import inspect
@@ -21,7 +22,7 @@ import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -30,41 +31,15 @@ from torch.distributed.checkpoint.api import CheckpointException  # a BaseExcept
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import cli
-from formats import (CheckpointError, bitsum, check_sums, crc_range, crc_shift, denied, identity, open_source,
-                     read_rows, tensor_crc, verify_bytes, weight_map)
+import inits
+from formats import (CheckpointError, bitsum, check_sums, crc_range, crc_shift, identity, open_source, read_rows,
+                     tensor_crc, verify_bytes)
+from inits import check_init_config, resolve_source
 from lora import add_lora
-from model import DiT, DiTConfig, denoise, get_config
+from model import DiT, denoise, get_config
 
-# Released checkpoints (cosmos_dit.md §7.1: flat dicts, `net.` keys, bf16), pinned to the revisions upstream's own
-# downloader pins (nvidia-cosmos/cosmos-predict2 scripts/download_checkpoints.py, REPO_ID_MAPPING, commit 877dc68),
-# so that every rank and every run reads the same bytes.
-_REVISIONS = {"2B": "f50c09f5d8ab133a90cac3f4886a6471e9ba3f18", "14B": "03b03a377fede782647afac998f674d9f358e319"}
-_V2W = "hf://nvidia/Cosmos-Predict2-{size}-Video2World/model-{res}p-{fps}fps.pt@{rev}"
-NAMED_INITS = {f"{size.lower()}-{res}p-{fps}fps": _V2W.format(size=size, res=res, fps=fps, rev=rev)
-               for size, rev in _REVISIONS.items() for res in (480, 720) for fps in (16, 10)}
-NAMED_INITS["droid"] = ("hf://nvidia/Cosmos-Predict2-14B-Sample-GR00T-Dreams-DROID/model-480p-16fps.pt"
-                        "@ebc29d30a3fab504bcc779a85bca073d14ad39f9")
-# Cosmos-Predict2.5 (EMA weights, bf16, `net.` keys), pinned to the revisions of upstream's own registry
-# (nvidia-cosmos/cosmos-predict2.5 packages/cosmos-oss/cosmos_oss/checkpoints_predict2.py, release 1.5.0).
-# 2B post-trained is the default of upstream's inference; the pre-trained files are what its recipes fine-tune.
-_P25_2B, _P25_14B = "hf://nvidia/Cosmos-Predict2.5-2B/", "hf://nvidia/Cosmos-Predict2.5-14B/"
-NAMED_INITS.update({
-    "p25-2b-pre": _P25_2B + "base/pre-trained/d20b7120-df3e-4911-919d-db6e08bad31c_ema_bf16.pt"
-                            "@15a82a2ec231bc318692aa0456a36537c806e7d4",
-    "p25-2b-post": _P25_2B + "base/post-trained/81edfebe-bd6a-4039-8c1d-737df1a790bf_ema_bf16.pt"
-                             "@15a82a2ec231bc318692aa0456a36537c806e7d4",
-    "p25-14b-pre": _P25_14B + "base/pre-trained/54937b8c-29de-4f04-862c-e67b04ec41e8_ema_bf16.pt"
-                              "@03eb354f35eae0d6e0c1be3c9f94d8551e125570",
-    "p25-14b-post": _P25_14B + "base/post-trained/e21d2a49-4747-44c8-ba44-9f6f9243715f_ema_bf16.pt"
-                               "@2bc4ca5ba5a20b9858a7ddb856bc82d70b030fbe",
-    "p25-2b-agibot": _P25_2B + "robot/multiview-agibot/f740321e-2cd6-4370-bbfe-545f4eca2065_ema_bf16.pt"
-                               "@fbe72c18d152053029a19db3b211cf78671ad422",
-})
-# The model config each named init loads into (load() refuses any other); all Predict2 video2world files of one size
-# share one config (docs/predict2.md).
-INIT_CONFIGS = {**{name: f"v2w-{name.split('-')[0]}" for name in NAMED_INITS if name[:3] in ("2b-", "14b")},
-                "droid": "v2w-14b", "p25-2b-pre": "p25-2b", "p25-2b-post": "p25-2b", "p25-14b-pre": "p25-14b",
-                "p25-14b-post": "p25-14b", "p25-2b-agibot": "p25-2b-agibot"}
+NAMED_INITS, INIT_CONFIGS = inits.NAMED_INITS, inits.INIT_CONFIGS  # read as ckpt.* by train.py and the tests
+
 # Keys that released files carry but that hold no weights of our network: TransformerEngine metadata and the trainer's
 # counters. They are counted in the report, never silently dropped.
 IGNORABLE_SUFFIXES = ("._extra_state",)
@@ -73,10 +48,9 @@ IGNORABLE_KEYS = ("accum_video_sample_counter", "accum_image_sample_counter", "a
 WRAPPER_SEGMENTS = ("module", "_orig_mod", "_checkpoint_wrapped_module")  # removed wherever they appear
 RELEASE_PREFIXES = ("net", "net_ema")
 LORA_KEYS = r"\.lora_[ab]\.weight$"  # allow_missing pattern for loading a base checkpoint into a LoRA model
-STEP_RE = re.compile(r"^step_(\d{8})$")  # a training step directory (resume.py writes them)
 
 # -----------------------------------------------------------------------------
-# Ranks agree on every outcome (resume.py's collectives use these too)
+# Ranks agree on every outcome (resume.py's collectives use these too), and read the same file
 
 
 def rank():
@@ -126,78 +100,6 @@ def gather(value):
     out = [None] * world_size()
     dist.all_gather_object(out, value)
     return out
-
-
-# -----------------------------------------------------------------------------
-# Sources: a name -> a local path (formats.py reads it), and the same file on every rank
-
-
-def resolve_source(init, offline=None):
-    """Named init, hf://org/repo/path[@rev], a file or a directory -> a local path. Anything else is an error."""
-    init = os.fspath(init)
-    if init == "random":
-        raise CheckpointError("'random' is not a checkpoint: the caller keeps init_weights() and must not call load")
-    init = NAMED_INITS.get(init, init)
-    if init.startswith("hf://"):
-        return _hf_download(init, offline)
-    if not os.path.exists(init):
-        hint = "" if os.sep in init or "." in init else f" (not a named init either: {sorted(NAMED_INITS)})"
-        raise CheckpointError(f"checkpoint not found: {init}{hint}; use --init random to train from scratch")
-    if not os.access(init, os.R_OK | (os.X_OK if os.path.isdir(init) else 0)):
-        raise CheckpointError(denied(init))
-    if os.path.isdir(init):
-        names = os.listdir(init)
-        if ".metadata" in names:
-            return init
-        index = [n for n in names if n.endswith(".safetensors.index.json")]
-        if len(index) == 1:
-            return os.path.join(init, index[0])
-        if any(n.endswith(".distcp") for n in names):
-            raise CheckpointError(f"{init}: DCP shards but no .metadata: an incomplete (crashed) save")
-        if any(STEP_RE.match(n) for n in names):
-            raise CheckpointError(f"{init} is a training out_dir: pass one of its step_XXXXXXXX directories")
-        raise CheckpointError(f"{init}: directory holds no checkpoint (no .metadata, no *.safetensors.index.json;"
-                              f" {len(names)} entries)")
-    if not init.endswith((".pt", ".pth", ".safetensors", ".safetensors.index.json")):
-        raise CheckpointError(f"{init}: unsupported checkpoint format (.pt/.pth, .safetensors, an index json, a DCP"
-                              " dir)")
-    return init
-
-
-def check_init_config(init, cfg):
-    """A named init loads only into the config it was released for (INIT_CONFIGS). cfg: the model's DiTConfig."""
-    need = INIT_CONFIGS.get(os.fspath(init))
-    if need is None or not isinstance(cfg, DiTConfig):
-        return
-    expected = get_config(need)
-    differ = [f.name for f in fields(expected) if getattr(cfg, f.name) != getattr(expected, f.name)]
-    if differ:
-        raise CheckpointError(f"--init {init} is a {need} checkpoint but the model's config differs in {differ}:"
-                              f" build the model with --config {need}")
-
-
-def _hf_download(url, offline):
-    from huggingface_hub import constants, hf_hub_download
-    spec, _, revision = url[len("hf://"):].partition("@")
-    parts = spec.split("/")
-    if len(parts) < 3 or not all(parts):
-        raise CheckpointError(f"{url}: expected hf://ORG/REPO/PATH[@REVISION]")
-    repo, filename = "/".join(parts[:2]), "/".join(parts[2:])
-    offline = constants.HF_HUB_OFFLINE if offline is None else offline
-
-    def fetch(name, what):
-        try:
-            return hf_hub_download(repo, name, revision=revision or None, local_files_only=offline)
-        except Exception as e:  # re-raised with the url and what to do; the original stays chained
-            mode = f"offline (HF_HUB_OFFLINE=1): {what} missing from the local cache" if offline else \
-                "download failed"
-            raise CheckpointError(f"{url}: {mode}: {type(e).__name__}: {e}. Gated Cosmos repos need an accepted"
-                                  " license and HF_TOKEN; pre-download with `python ckpt.py check`.") from e
-    path = fetch(filename, filename)
-    if filename.endswith(".index.json"):  # sharded safetensors: fetch every shard next to the index
-        for shard in dict.fromkeys(weight_map(path).values()):
-            fetch(os.path.join(os.path.dirname(filename), shard), f"shard {shard} (listed in the index)")
-    return path
 
 
 def _same_file_everywhere(source, path, ident):

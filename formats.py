@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import re
 import stat
 import struct
 import zipfile
@@ -32,6 +33,7 @@ class CheckpointError(RuntimeError):
 
 
 META_KEYS = ("step", "world_size", "lora_only", "extra")  # what resume.save always writes into meta.json
+STEP_RE = re.compile(r"^step_(\d{8})$")  # a training step directory (resume.py writes them)
 
 # -----------------------------------------------------------------------------
 # Errors that name the real cause: permissions, empty files, error pages, legacy formats

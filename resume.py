@@ -39,9 +39,9 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.tensor import DTensor
 
 import cli
-from ckpt import (STEP_RE, CheckpointError, agree, build_report, gather, local_rows, model_entries, open_source,
-                  rank, say, world_size)
-from formats import bitsum, check_sums, denied, read_meta
+from ckpt import (CheckpointError, agree, build_report, gather, local_rows, model_entries, open_source, rank, say,
+                  world_size)
+from formats import STEP_RE, bitsum, check_sums, denied, read_meta
 
 # Top-level DCP keys of a training checkpoint; extra_state groups take any other plain name
 TRAINING_KEYS = ("model", "optim", "rng")
