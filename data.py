@@ -50,7 +50,7 @@ import safetensors.torch
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from stitch import ffmpeg_exe, probe_video, sha1_file
+from video import ffmpeg_exe, probe_video, sha1_file
 
 NEGATIVE_STEM = "negative_prompt"  # t5.py writes the negative prompt's embedding as t5_xxl/negative_prompt.pickle
 MANIFEST_KEYS = ("stem", "prompt", "n_out", "height", "width")  # what GridClips needs of a manifest.jsonl line

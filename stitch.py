@@ -16,8 +16,8 @@ dataset has camera parameters, cameras/<stem>.npz (per output frame and view: w2
 
 Per episode one ffmpeg command cuts each camera out of its mp4 by timestamp, keeps every stride-th frame, logs the
 source timestamp of each kept frame (checked here), resizes it into its cell, stacks the grid and encodes it with
-libx264; Python checks everything (the LeRobot metadata is read by lerobot.py), verifies the output and keeps the
-books.
+libx264; Python checks everything (the LeRobot metadata is read by lerobot.py), verifies the output (video.py probes
+it) and keeps the books.
 
 Exit status: 0 when the folder is usable; 1 when it holds no video, or when more than --max-skip-fraction of the
 episodes long enough to keep were skipped for another reason than length or a missing task (what was written stays:
@@ -51,6 +51,7 @@ import cli
 from lerobot import (SLOTS, Episode, Source, camera_summary, check_frames_table, open_source, read_cameras,
                      select_episodes)
 from synthetic import make_synthetic  # --synthetic; train.py's tiny default calls stitch.make_synthetic
+from video import check_ffmpeg, ffmpeg_exe, probe_video, sha1_file
 
 RECIPE_VERSION = 1  # bump when the code changes the bytes written for the same recipe
 DROID_TEMPLATE = (
@@ -154,10 +155,6 @@ def normalize_task(task: str) -> str:
     return " ".join(task.replace('"', " ").split()).rstrip(".!? ").lower()
 
 
-def ffmpeg_exe() -> str:
-    return imageio_ffmpeg.get_ffmpeg_exe()  # honours IMAGEIO_FFMPEG_EXE
-
-
 # ------------------------------------------------------------------------------------------------------ ffmpeg
 
 def cell_filter(src_hw: tuple, cell_hw: tuple, fit: str) -> str:
@@ -226,32 +223,10 @@ def episode_command(ep: Episode, source: Source, cfg: StitchConfig, fits: dict, 
             "-filter_complex", ";".join(chains), *maps]
 
 
-def probe_video(path: str, decode: bool = True) -> dict:
-    """Frame count, codec and size of a video's first stream; decode=False counts packets without decoding."""
-    args = [ffmpeg_exe(), "-hide_banner", "-nostdin", "-nostats", "-progress", "pipe:1", "-threads", "1",
-            "-i", path, "-map", "0:v:0", *([] if decode else ["-c", "copy"]), "-f", "null", "-"]
-    proc = subprocess.run(args, capture_output=True, text=True, errors="replace")
-    stream = re.search(r"Stream #0:\d+.*?: Video: (\w+).*?, (\d+)x(\d+)", proc.stderr)
-    frames = re.findall(r"^frame=(\d+)", proc.stdout, re.M)
-    errors = [line for line in proc.stderr.splitlines() if "rror" in line or "nvalid" in line]
-    if proc.returncode != 0 or not stream or not frames or errors:
-        raise RuntimeError(f"{path}: unreadable (ffmpeg rc {proc.returncode}): "
-                           f"{(errors or proc.stderr.strip().splitlines() or ['no output'])[-1]}")
-    return {"frames": int(frames[-1]), "codec": stream[1], "height": int(stream[3]), "width": int(stream[2])}
-
-
 def log_tail(f, lines: int = 3) -> str:
     f.flush()
     f.seek(0)
     return " | ".join(f.read().strip().splitlines()[-lines:])
-
-
-def sha1_file(path: str) -> str:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------ one episode
@@ -430,15 +405,6 @@ def fit_policy(cfg: StitchConfig, src_hw: tuple, cell_hw: tuple) -> str:
     if cfg.fit != "auto":
         return cfg.fit
     return "stretch" if abs(src_hw[1] / src_hw[0] / (cell_hw[1] / cell_hw[0]) - 1) <= 0.05 else "pad"
-
-
-def check_ffmpeg():
-    """Sources need a software AV1 decoder (LeRobot writes AV1; ffmpeg's native av1 is hwaccel-only), output libx264."""
-    run = lambda what: subprocess.run([ffmpeg_exe(), "-hide_banner", what], capture_output=True, text=True).stdout  # noqa
-    if not re.search(r"\b(libdav1d|libaom-av1)\b", run("-decoders")):
-        raise RuntimeError(f"{ffmpeg_exe()} has no libdav1d / libaom-av1 decoder; upgrade imageio-ffmpeg")
-    if not re.search(r"\blibx264\b", run("-encoders")):
-        raise RuntimeError(f"{ffmpeg_exe()} has no libx264 encoder; point IMAGEIO_FFMPEG_EXE to one that has")
 
 
 def stitch(src: str, out: str, **overrides) -> dict:
