@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 import ckpt
 import cli
+import cp
 import data
 import flow
 import formats
@@ -83,6 +84,7 @@ class TrainConfig:
     mem_budget: float = 0.0  # --sac auto: per-rank memory budget in GiB; the fastest per-block mix that fits
     sac_every: int = 1  # checkpoint every N-th block only
     compile: bool = False  # torch.compile each block in place (keys unchanged)
+    cp: int = 1  # context parallelism: ranks that split each sample's latent frames (Ulysses, cp.py, docs/memory.md)
     lora: int = 0  # LoRA rank; 0 = full fine-tune
     lora_alpha: float = 0.0  # LoRA alpha; 0 = rank (scale 1)
     ema: float = 0.0  # power-EMA rate s (upstream 0.1); 0 = off
@@ -134,6 +136,23 @@ def validate(cfg, given=None):
     if cfg.objective not in ("sft", "grpo"):
         raise ValueError(f"--objective {cfg.objective!r}: valid are sft, grpo")
     unused = {}
+    if cfg.cp < 1:
+        raise ValueError(f"--cp {cfg.cp}: >= 1 (1 = no context parallelism)")
+    if cfg.cp > 1 and cfg.objective == "grpo":
+        raise ValueError(f"--cp {cfg.cp} with --objective grpo: GRPO's rollout keys, advantages and micro-step padding"
+                         " count global ranks, not cp groups (not done yet); use --cp 1")
+    if cfg.cp > 1 and cfg.sac == "auto":
+        raise ValueError(f"--cp {cfg.cp} with --sac auto: the auto plan measures a block without CP; pick a --sac mode"
+                         f" with `bench.py --world N --cp {cfg.cp}` (docs/memory.md)")
+    if cfg.cp > 1:  # the latent frames split over the cp ranks (views stacked on latent time)
+        frames = (1 + (cfg.frames - 1) // 4) * max(len(data.VIEW_ORDER) if get_config(cfg.config).camera_channels
+                                                    else 1, 1)
+        if frames % cfg.cp:
+            raise ValueError(f"--cp {cfg.cp}: {frames} latent frames (--frames {cfg.frames}) do not split evenly over"
+                             f" {cfg.cp} ranks; use --frames with (frames - 1) / 4 + 1 a multiple of --cp")
+        if get_config(cfg.config).num_heads % cfg.cp:
+            raise ValueError(f"--cp {cfg.cp}: {cfg.config} has {get_config(cfg.config).num_heads} heads; use a --cp "
+                             "that divides them")
     if cfg.objective == "grpo":
         if not cfg.lora:
             raise ValueError("--objective grpo trains LoRA adapters only: pass --lora RANK (e.g. 32)")
@@ -296,10 +315,13 @@ def training_loss(net, cfg, latent, text_emb, seeds, camera=None):
 # Distributed model: FSDP2 per block, then the final layer, then the root (torchtitan's order)
 
 
-def shard_model(net, device):
+def shard_model(net, device, cp=1):
+    """FSDP2 over all ranks. With --cp C the mesh is the flattened dp x cp (torchtitan's dp_shard_cp: memory per rank
+    falls with C too), and gradients are summed over the C ranks of a sample and averaged over the dp samples only."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
+    world = dist.get_world_size()
+    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",) if cp == 1 else ("dp_cp",))
     # fp32 master weights, bf16 compute on GPUs, fp32 gradient reduction. cast_forward_inputs=False: the fp32 diffusion
     # time must not be rounded to bf16 on its way into a block (t = 0.9995 would arrive as 1.0).
     compute = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -309,6 +331,10 @@ def shard_model(net, device):
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < last)  # backward starts at the last
     fully_shard(net.final_layer, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     fully_shard(net, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    if cp > 1:  # each cp rank holds its frames' part of a sample's gradient: sum those, mean over the dp samples
+        for unit in [*net.blocks, net.final_layer, net]:  # a SUM reduce-scatter, then / dp (gloo has no PREMUL_SUM)
+            unit.set_gradient_divide_factor(world // cp)
+            unit.set_force_sum_reduction_for_comms(True)
     return net
 
 
@@ -448,6 +474,8 @@ def main(argv=None):
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
     distributed, rank, world, device = setup_distributed(cfg)
     master = rank == 0
+    # --cp C: the C ranks of a cp group train on the same clips with the same noise; data and seeds go by dp rank
+    dp_rank, dp_world, cp_group = cp.make_mesh(device.type, world, cfg.cp)
     say = (lambda *a: print(*a, flush=True)) if master else (lambda *a: None)
     compute_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     mcfg = get_config(cfg.config)
@@ -486,7 +514,7 @@ def main(argv=None):
         say(f"grpo: {cfg.grpo}; reward {cfg.reward}" + (" (decoded videos)" if reward.needs_pixels(terms)
                                                           else " (latents only: no decoding)"))
 
-    sampler = data.ClipSampler(n_train, rank=rank, world_size=world, seed=cfg.seed)
+    sampler = data.ClipSampler(n_train, rank=dp_rank, world_size=dp_world, seed=cfg.seed)
     neg_text = None  # the uncond branch of CFG in GRPO rollouts and samples
     if cfg.objective == "grpo" or cfg.sample_every:
         neg_text, source = data.negative_embedding(cfg.data, cfg.text_len, text_dim, standin=tiny,
@@ -527,11 +555,12 @@ def main(argv=None):
         say(auto.why)
         sac_modes = auto.modes
     sac.apply_per_block(net, sac_modes)
+    cp.enable(net, cp_group)  # before compile: the blocks' guards see their final attributes
     if cfg.compile:
         for block in net.blocks:
             block.compile()  # in place: no _orig_mod. in any key
     if distributed:
-        shard_model(net, device)
+        shard_model(net, device, cfg.cp)
     net.to_empty(device=device)
     torch.manual_seed(cfg.seed)  # same on every rank, so the DTensor init is one consistent model
     net.init_weights()
@@ -542,7 +571,8 @@ def main(argv=None):
                   allow_missing=(ckpt.LORA_KEYS,) if cfg.lora else ())
     trainable = [p for p in net.parameters() if p.requires_grad]
     say(f"model: {cfg.config}, {num_params(net):,} parameters, {sum(p.numel() for p in trainable):,} trainable"
-        f"{f' (LoRA r={cfg.lora})' if cfg.lora else ''}, sac={cfg.sac}/{cfg.sac_every}, {world} rank(s) on {device.type}")
+        f"{f' (LoRA r={cfg.lora})' if cfg.lora else ''}, sac={cfg.sac}/{cfg.sac_every}, {world} rank(s) on {device.type}"
+        + (f" (dp {dp_world} x cp {cfg.cp})" if cfg.cp > 1 else ""))
 
     # optimizer: AdamW with the objective's own settings (SFT: warm-up + cosine; GRPO: docs/grpo.md's recipe)
     gcfg = cfg.grpo
@@ -562,6 +592,10 @@ def main(argv=None):
     state = resume.resume(cfg.out, net, optimizer, extra_state=ema_state)
     start_step = state["step"] if state else 0
     if state:
+        if state["sampler"]["world_size"] != dp_world:
+            raise ValueError(f"{cfg.out}: its data position is for {state['sampler']['world_size']} data-parallel "
+                             f"groups, this run has {dp_world} (ranks / --cp); resume with ranks / --cp = "
+                             f"{state['sampler']['world_size']} (--cp may change), or use a new --out")
         sampler.load_state_dict(state["sampler"])
         for group in optimizer.param_groups:  # the checkpoint restored its own; this run's flags win (said above)
             group.update(betas=betas, weight_decay=weight_decay)
@@ -572,8 +606,8 @@ def main(argv=None):
     # clips of training videos; fixed windows and noise, and the same number of batches on every rank (collectives)
     eval_ids = list(range(n_train, len(dataset))) or list(range(n_train))
     held_batches = [to_latent(torch.utils.data.default_collate(
-        [dataset[(eval_ids[(i * world + rank) % len(eval_ids)], data.seed_of(cfg.seed, 1, i * world + rank))]]))
-        for i in range(2)]
+        [dataset[(eval_ids[slot % len(eval_ids)], data.seed_of(cfg.seed, 1, slot))]]))
+        for slot in (i * dp_world + dp_rank for i in range(2))]
     say(f"evaluation: {'held-out videos ' + str(eval_ids) if holdout else 'fixed clips of training videos'}")
     if state and not resume.eval_marker_valid(os.path.join(cfg.out, f"step_{start_step:08d}")):
         # killed between the save and its evaluation: a missing or partial result is re-run, never assumed done
@@ -585,7 +619,8 @@ def main(argv=None):
     if start_step == 0 and cfg.init != "random":  # prove that the pretrained weights went in before training
         latent, text, camera = held_batches[0]
         mask = flow.multiview_condition_mask(latent, views, 1) if views else condition_mask(latent, 1)
-        loss, zero_loss = ckpt.guard_loss(net, latent, text, mask, camera=camera)
+        with cp.disabled(net):  # its noise is drawn per global rank: each rank runs its own whole sample (no grad)
+            loss, zero_loss = ckpt.guard_loss(net, latent, text, mask, camera=camera)
         ckpt.init_guard(loss, zero_loss, max_ratio=cfg.guard_max_ratio, source=cfg.init)
 
     stop = {"signal": None}  # SIGTERM / SIGUSR1 (schedulers' pre-emption notice): finish the step, save, exit 0
@@ -614,8 +649,8 @@ def main(argv=None):
         for group in optimizer.param_groups:
             group["lr"] = lr
         if cfg.objective == "sft":
-            loss, grad_norm = sft_step(net, optimizer, trainable, cfg, lambda: to_latent(next(loader)), step, rank,
-                                       world)
+            loss, grad_norm = sft_step(net, optimizer, trainable, cfg, lambda: to_latent(next(loader)), step,
+                                       dp_rank, dp_world)
             row = {"loss": all_mean(loss, device), "lr": lr, "grad_norm": grad_norm}
         else:
             row = {"lr": lr, **grpo_step(net, vae, optimizer, trainable, cfg, to_latent(next(loader)), neg_text,
@@ -629,7 +664,7 @@ def main(argv=None):
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         row = {"step": step + 1, **row, "s_per_step": dt,
-               "tokens_per_s": tokens * cfg.batch_size * cfg.grad_accum * world / dt,
+               "tokens_per_s": tokens * cfg.batch_size * cfg.grad_accum * dp_world / dt,
                "mfu": flops_per_step / dt / 1e12 / peak if peak and cfg.objective == "sft" else None,  # GRPO: smoke.py
                "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == "cuda" else None}
         done = step + 1

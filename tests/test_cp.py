@@ -2,6 +2,11 @@
 rounding (2 and 4 ranks, a camera net included), train.py's loss curves equal over 3 steps, checkpoints resume under
 another (dp, cp) layout, and the refusals. docs/memory.md, "Context parallelism", has the design and its promises.
 """
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -74,3 +79,66 @@ def test_refusals():
     assert heads.startswith("--cp 4: the 2 attention heads of this config do not split evenly"), heads
     assert frames.startswith("--cp 2: 3 latent frames do not split evenly over 2 ranks"), frames
     assert "the ranks of a cp group were given different inputs" in inputs, inputs
+
+
+# -----------------------------------------------------------------------------
+# train.py --cp: the loss curve of a cp group is the one-process curve; checkpoints move between layouts
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A grid folder whose clips have 13 frames (4 latent frames: splits over 2 and 4 ranks), and one random init
+    file, so that a plain and an FSDP2 model start from the same weights (their random inits differ)."""
+    import stitch
+    from safetensors.torch import save_file
+    root = tmp_path_factory.mktemp("cp")
+    stitch.make_synthetic(str(root / "raw"), lengths=(80, 72, 88, 64))
+    stitch.stitch(str(root / "raw"), str(root / "grid"), stride=4, frames=13, size="64x112", workers=1)
+    net = DiT(get_config("tiny"))
+    torch.manual_seed(0)
+    net.init_weights()
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(root / "init.safetensors"))
+    return root
+
+
+def train(run_dir, out, steps, ranks=0, *flags):
+    """train.py on the 13-frame grid, at a constant lr (the schedule depends on --steps, which resuming changes) of
+    1e-5 (Adam turns fp32 rounding noise in near-zero gradients into +-lr updates: kept far below the tolerance)."""
+    args = ["--data", str(run_dir / "grid"), "--frames", "13", "--steps", str(steps), "--save-every", "1",
+            "--warmup", "0", "--lr", "1e-5", "--lr-min-ratio", "1", "--init", str(run_dir / "init.safetensors"),
+            "--guard-max-ratio", "10", "--sample-every", "0", "--out", str(run_dir / out), *flags]
+    cmd = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"] if ranks
+                              else []) + [os.path.join(ROOT, "train.py")] + args
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return proc, {r["step"]: r for r in map(json.loads, open(run_dir / out / "metrics.jsonl"))} \
+        if os.path.exists(run_dir / out / "metrics.jsonl") else {}
+
+
+def close(a, b):
+    return a == pytest.approx(b, rel=1e-5, abs=1e-7)
+
+
+def test_loss_curve_and_layout_changes(run_dir):
+    """One process (dp 1, cp 1) vs 2 ranks --cp 2 (dp 1): the same clips and noise, so the same losses, gradient
+    norms and evaluation to fp32 rounding; a checkpoint of either resumes under the other; dp may not change."""
+    _, ref = train(run_dir, "ref", 3)
+    proc, cp2 = train(run_dir, "cp2", 2, 2, "--cp", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(dp 1 x cp 2)" in proc.stdout
+    for step in (1, 2):
+        assert ref[step]["loss"] > 0 and close(cp2[step]["loss"], ref[step]["loss"]), (step, cp2[step], ref[step])
+        assert close(cp2[step]["grad_norm"], ref[step]["grad_norm"]) and close(cp2[step]["eval_loss"],
+                                                                               ref[step]["eval_loss"])
+    proc, resumed = train(run_dir, "cp2", 3)  # cp 2 -> one process
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert close(resumed[3]["loss"], ref[3]["loss"]) and close(resumed[3]["grad_norm"], ref[3]["grad_norm"])
+    proc, _ = train(run_dir, "one", 2)
+    proc, resumed = train(run_dir, "one", 3, 2, "--cp", "2")  # one process -> cp 2
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert close(resumed[3]["loss"], ref[3]["loss"]) and close(resumed[3]["grad_norm"], ref[3]["grad_norm"])
+    proc, _ = train(run_dir, "one", 4, 2)  # 2 ranks, --cp 1: 2 dp groups, the data position is for 1
+    assert proc.returncode != 0
+    assert "its data position is for 1 data-parallel groups, this run has 2" in proc.stdout + proc.stderr
