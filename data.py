@@ -30,18 +30,15 @@ Text embeddings: text_encoder="t5" reads t5_xxl/<stem>.pickle (upstream) or .saf
 sample at 512 x 100352, twice that in float32), its rows all unmasked (Reason1's pad tokens are real tokens).
 
 Contents, top to bottom: Video and the folder listing (manifest or upstream layout, negative_prompt_path) -> text
-embeddings (safe unpickling, shape checks, Reason1 files, the start-up check) -> read_clip -> GridClips -> ViewClips
--> ClipSampler.
+embeddings (safe unpickling, shape checks, Reason1 files, the start-up check) -> GridClips -> ViewClips ->
+ClipSampler. Decoding a clip (read_clip, ClipError) and probing a file are video.py.
 """
 import hashlib
 import io
 import json
 import os
 import pickle
-import re
-import subprocess
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 
@@ -50,7 +47,7 @@ import safetensors.torch
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from video import ffmpeg_exe, probe_video, sha1_file
+from video import ClipError, probe_video, read_clip, sha1_file
 
 NEGATIVE_STEM = "negative_prompt"  # t5.py writes the negative prompt's embedding as t5_xxl/negative_prompt.pickle
 MANIFEST_KEYS = ("stem", "prompt", "n_out", "height", "width")  # what GridClips needs of a manifest.jsonl line
@@ -75,10 +72,6 @@ class Video:
 def seed_of(*parts: int) -> int:
     """A well-mixed 63-bit seed from integers (numpy's SeedSequence hashing)."""
     return int(np.random.SeedSequence(list(parts)).generate_state(1, np.uint64)[0] >> np.uint64(1))
-
-
-class ClipError(Exception):
-    """A video that cannot give a clip: the sample moves on to the next video. The message starts with the reason."""
 
 
 def read_manifest(path: str) -> list:
@@ -323,49 +316,6 @@ def negative_embedding(root: str, text_len: int, text_dim: int, standin: bool = 
     return torch.zeros(text_len, text_dim), ("zeros (the tiny stand-in text)" if standin else
                                              f"NONE in {root}/{folder} (run `python t5.py {root}{flag}` to embed the "
                                              "default negative prompt): zeros")
-
-
-# ---------------------------------------------------------------------------------------------------- videos
-
-def read_clip(path: str, start: int, frames: int, height: int, width: int, fit: str = "exact") -> np.ndarray:
-    """Frames start .. start+frames-1 as uint8 [frames, height, width, 3] RGB. ClipError (the message starts with the
-    reason) when they aren't all there (truncated), when the decoder logs an error although ffmpeg exits 0
-    (decode_error), or with fit="exact" when the video is not height x width (wrong_size).
-
-    fit="exact" (GridClips) gives the video's own pixels, never resized. "stretch" (like the upstream loader) and
-    "crop" (keeps the aspect, centre-crops) resize on purpose, for callers that ask for it. Selecting by frame number
-    (not time) makes the window exact; our videos are short, so decoding from frame 0 costs little."""
-    if fit not in ("exact", "stretch", "crop"):
-        raise ValueError(f"fit={fit!r}: expected exact, stretch or crop")
-    scale = {"exact": "", "stretch": f",scale={width}:{height}:flags=bilinear",
-             "crop": f",scale={width}:{height}:force_original_aspect_ratio=increase:flags=bilinear,"
-                     f"crop={width}:{height}"}[fit]
-    # level+info: every log line carries its level, so decode errors are told apart from the stream description
-    args = [ffmpeg_exe(), "-hide_banner", "-nostdin", "-nostats", "-loglevel", "level+info", "-threads", "2",
-            "-i", path, "-map", "0:v:0", "-vf", f"select='gte(n,{start})'{scale}", "-frames:v", str(frames),
-            "-fps_mode", "passthrough", "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"]
-    clip = np.empty((frames, height, width, 3), np.uint8)
-    with tempfile.TemporaryFile() as log:  # a file, not a pipe: a flood of decode errors can't block ffmpeg
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log)
-        view, got = memoryview(clip).cast("B"), 0
-        with proc.stdout:
-            while got < len(view) and (n := proc.stdout.readinto(view[got:])):
-                got += n
-            extra = proc.stdout.read(1)  # ffmpeg stops after `frames`; anything more would be a bug
-        rc = proc.wait()
-        log.seek(0)
-        text = log.read().decode(errors="replace")
-    stream = re.search(r"Stream #0:\d+.*?: Video: .*?, (\d+)x(\d+)", text)  # the input's, listed before the output's
-    if fit == "exact" and stream and (int(stream[2]), int(stream[1])) != (height, width):
-        raise ClipError(f"wrong_size: {path} is {stream[2]}x{stream[1]}, expected {height}x{width}")
-    errors = [line for line in text.splitlines() if re.search(r"\[(error|fatal|panic)\]", line)]
-    if rc != 0 or got != len(view) or extra:
-        raise ClipError(f"truncated: decoded {got // (height * width * 3)} of {frames} frames from frame {start} "
-                        f"(ffmpeg rc {rc}{': ' + errors[-1] if errors else ''})")
-    if errors:
-        raise ClipError(f"decode_error: {len(errors)} error line(s) decoding frames {start}..{start + frames - 1} "
-                        f"(ffmpeg rc 0): {errors[0]}")
-    return clip
 
 
 def list_folder(root: str, height: int, width: int, views: bool) -> list:
