@@ -15,9 +15,9 @@ uncond as separate calls), so before the first optimizer step logp_new == logp_o
 exactly 1 (docs/grpo.md, "ratio == 1"). Keep it that way: no batching of CFG branches, no compile,
 no merged LoRA in the rollout; if you add any of these, set recompute_old_logp.
 
-Contents, top to bottom: config -> conditions -> step coefficients and log-prob -> rollout -> advantages ->
-loss -> update -> one update of a training run (train_step: rollouts, decode, rewards, advantages over all
-ranks, update), which train.py calls; there is no trainer class.
+Contents, top to bottom: config -> conditions -> step coefficients and log-prob -> rollout -> loss -> update ->
+one update of a training run (train_step: rollouts, decode, rewards, advantages over all ranks
+(reward.group_advantages), update), which train.py calls; there is no trainer class.
 """
 import math
 import time
@@ -30,6 +30,7 @@ import torch.distributed as dist
 import flow
 from lora import set_lora_enabled
 from model import denoise
+from reward import group_advantages
 from sample import karras_sigmas
 
 # -----------------------------------------------------------------------------
@@ -331,36 +332,6 @@ def rollout_group(net, cond: Condition, latent_shape, cfg: GRPOConfig, generator
     return Rollout(cond=cond, sigmas=sigmas, alphas=list(alphas), betas=list(betas),
                    train_steps=steps_to_train(cfg, betas), states=states, log_probs=log_probs, x0_final=x0_final,
                    timesteps=timesteps)
-
-
-# -----------------------------------------------------------------------------
-# Advantages
-
-
-def group_advantages(rewards, keys, eps=1e-4, clip=5.0, global_std=True, ddof=0):
-    """(r - mean_group) / (std + eps), clipped to +-clip: [n] float64 advantages for [n] rewards.
-
-    keys: one hashable group key per reward, (episode id, instruction); interleaved keys are fine. std is the
-    population std (ddof 0, Flow-GRPO) or unbiased (ddof 1), of the group or, with global_std, of all valid
-    rewards. A non-finite reward (failed scoring) gets advantage 0; a group whose valid rewards are all equal
-    (or has fewer than 2) gets exactly 0, so the zero-advantage filter drops it.
-    """
-    r = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1).cpu()
-    if len(keys) != r.numel():
-        raise ValueError(f"{r.numel()} rewards but {len(keys)} group keys")
-    valid = torch.isfinite(r)
-    advantages = torch.zeros_like(r)
-    if global_std:
-        pooled = r[valid]
-        global_sd = pooled.std(correction=ddof) if pooled.numel() > ddof else torch.tensor(0.0, dtype=r.dtype)
-    for key in dict.fromkeys(keys):
-        idx = torch.tensor([j for j, k in enumerate(keys) if k == key and valid[j]], dtype=torch.long)
-        group = r[idx]
-        if group.numel() < 2 or bool((group == group[0]).all()):
-            continue
-        sd = global_sd if global_std else group.std(correction=ddof)
-        advantages[idx] = (group - group.mean()) / (sd + eps)
-    return advantages.clamp(-clip, clip)
 
 
 # -----------------------------------------------------------------------------

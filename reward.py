@@ -49,7 +49,8 @@ sampler's clean x0 [B, 16, T, H/8, W/8]); `needs_pixels(terms)` says whether to 
 latent=)` returns the weighted sum, every term and every component. Example plug-ins: tests/reward_plugins.py.
 
 Contents, top to bottom: config; pixels -> views; tiled phase correlation; coherent motion; the components;
-grid_rewards and calibrated; plug-ins (RewardTerm, parse_rewards, needs_pixels, score).
+grid_rewards and calibrated; plug-ins (RewardTerm, parse_rewards, needs_pixels, score); group_advantages (GRPO's
+group-normalised rewards).
 """
 import importlib
 import inspect
@@ -579,3 +580,33 @@ def checked(term, label, value, B):
         raise ValueError(f"reward term {term!r}: {what} is not finite: {value.tolist()}; a NaN/Inf reward would "
                          f"poison the advantages: guard divisions and logs")
     return value
+
+
+# -----------------------------------------------------------------------------
+# Advantages: a group's rewards -> GRPO's group-relative advantages (grpo.train_step)
+
+
+def group_advantages(rewards, keys, eps=1e-4, clip=5.0, global_std=True, ddof=0):
+    """(r - mean_group) / (std + eps), clipped to +-clip: [n] float64 advantages for [n] rewards.
+
+    keys: one hashable group key per reward, (episode id, instruction); interleaved keys are fine. std is the
+    population std (ddof 0, Flow-GRPO) or unbiased (ddof 1), of the group or, with global_std, of all valid
+    rewards. A non-finite reward (failed scoring) gets advantage 0; a group whose valid rewards are all equal
+    (or has fewer than 2) gets exactly 0, so the zero-advantage filter drops it.
+    """
+    r = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1).cpu()
+    if len(keys) != r.numel():
+        raise ValueError(f"{r.numel()} rewards but {len(keys)} group keys")
+    valid = torch.isfinite(r)
+    advantages = torch.zeros_like(r)
+    if global_std:
+        pooled = r[valid]
+        global_sd = pooled.std(correction=ddof) if pooled.numel() > ddof else torch.tensor(0.0, dtype=r.dtype)
+    for key in dict.fromkeys(keys):
+        idx = torch.tensor([j for j, k in enumerate(keys) if k == key and valid[j]], dtype=torch.long)
+        group = r[idx]
+        if group.numel() < 2 or bool((group == group[0]).all()):
+            continue
+        sd = global_sd if global_std else group.std(correction=ddof)
+        advantages[idx] = (group - group.mean()) / (sd + eps)
+    return advantages.clamp(-clip, clip)
