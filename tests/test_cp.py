@@ -12,7 +12,9 @@ import torch
 import torch.distributed as dist
 
 import cp
+import sac
 from dist_utils import run_dist
+from lora import add_lora
 from model import DiT, condition_mask, get_config
 
 
@@ -26,21 +28,34 @@ def _inputs(cfg, T=4, H=8, W=8, text_len=8):
     return x, t, text, condition_mask(x, 1), camera, weight
 
 
-def _forward_backward(rank, world, config, cp_size):
-    """(max |out_cp - out|, max |grad_cp - grad| relative to max |grad|) on this rank; grads summed over the cp group."""
+def _forward_backward(rank, world, config, cp_size, mode="plain"):
+    """(max |out_cp - out|, max |grad_cp - grad| relative to max |grad|, max |out|) on this rank, grads summed over
+    the cp group. mode: plain, a sac mode (the all-to-all is replayed in the recompute), lora, or compile (each block
+    compiled with aot_eager, as --compile does with inductor: the exchange is a graph break)."""
     torch.manual_seed(0)
     net = DiT(get_config(config))
+    if mode == "lora":
+        add_lora(net, 4)
+        for name, p in net.named_parameters():  # B starts at zero: give the adapters a non-trivial value
+            if "lora" in name:
+                torch.nn.init.normal_(p, std=0.1)
+    elif mode in sac.MODES:
+        sac.apply(net, mode)
     x, t, text, mask, camera, weight = _inputs(net.cfg)
 
     def run():
         net.zero_grad(set_to_none=True)
         out = net(x, t, text, condition_mask_B_1_T_H_W=mask, camera_B_T_Hp_Wp_C=camera)
         (out * weight).sum().backward()
-        return out.detach(), {n: p.grad.clone() for n, p in net.named_parameters()}
+        return out.detach(), {n: p.grad.clone() for n, p in net.named_parameters() if p.requires_grad}
     out_ref, grads_ref = run()
     _, _, group = cp.make_mesh("cpu", world, cp_size)
     cp.enable(net, group)
+    if mode == "compile":
+        for block in net.blocks:
+            block.compile(backend="aot_eager")
     out, grads = run()
+    assert grads.keys() == grads_ref.keys() and grads
     for g in grads.values():  # each rank holds its frames' part of the sample's gradient
         dist.all_reduce(g, group=group)
     out_err = (out - out_ref).abs().max().item()
@@ -48,10 +63,11 @@ def _forward_backward(rank, world, config, cp_size):
     return out_err, grad_err, out_ref.abs().max().item()
 
 
-@pytest.mark.parametrize("world,cp_size,config", [(2, 2, "tiny"), (2, 2, "p25-tiny-agibot"), (4, 4, "tiny-h4"),
-                                                  (4, 2, "tiny-h4")])
-def test_forward_and_gradients_equal_the_no_cp_run(world, cp_size, config):
-    for out_err, grad_err, scale in run_dist(_forward_backward, world, 120, config, cp_size):
+@pytest.mark.parametrize("world,cp_size,config,mode", [
+    (2, 2, "tiny", "plain"), (2, 2, "p25-tiny-agibot", "plain"), (4, 4, "tiny-h4", "plain"), (4, 2, "tiny-h4", "plain"),
+    (2, 2, "tiny", "block"), (2, 2, "tiny", "selective"), (2, 2, "tiny", "lora"), (2, 2, "tiny", "compile")])
+def test_forward_and_gradients_equal_the_no_cp_run(world, cp_size, config, mode):
+    for out_err, grad_err, scale in run_dist(_forward_backward, world, 300, config, cp_size, mode):
         assert out_err <= 1e-5 * scale, (out_err, scale)
         assert grad_err <= 1e-5, grad_err
 
