@@ -7,6 +7,7 @@
     python bench.py --ckpt-load --size-gb 28 --dir /tmp/x --format pt  # ckpt.load vs `cat file > /dev/null`
     python bench.py --world 8 --config v2w-14b --sac block           # the planner: a table, then one JSON line
     python bench.py --world 8 --config v2w-14b --sac auto --mem-budget 75   # fastest checkpointing mix in 75 GiB
+    python bench.py --world 8 --cp 8 --config v2w-14b --height 704 --width 1280 --sac block   # 720p, one sample on 8
 
 Without --world: forward + backward, no optimizer step. The model is built on `meta`, materialised in bf16 on the
 GPU with random weights (no download), and trained on random latents [1, 16, T, H/8, W/8] (T = 1 + (frames-1)/4, the
@@ -14,7 +15,9 @@ Wan VAE's compression) with a 512 x 1024 text embedding and the video2world cond
 explicit formula in `model.model_flops`; MFU is against a bf16 matmul peak measured in the same process.
 With --world N: train.py's step (fp32 master weights, train.shard_model's FSDP2, bf16 compute, AdamW) as rank 0 of N
 ranks under a fake process group: per-rank memory, compute s/step, FSDP bytes moved and a projected step time
-(docs/memory.md, "Before you queue a job"). An out-of-memory is reported as status "OOM", not a crash.
+(docs/memory.md, "Before you queue a job"). An out-of-memory is reported as status "OOM", not a crash. With --cp C
+rank 0 runs its 1/C of the frames through cp.py's all-to-alls (the fake group hands its input back), so memory and
+compute are its share; the exchange's bytes come from plan.cp_traffic and are added to the projected step.
 """
 import contextlib
 import dataclasses
@@ -75,6 +78,7 @@ class BenchConfig:
     format: str = "pt"  # --ckpt-load: pt (release-style, net. keys) | safetensors (our keys)
     threads: int = 8  # --ckpt-load: ckpt.load reader threads
     world: int = 0  # N >= 1: plan one train.py step (FSDP2 + AdamW) as rank 0 of N ranks on this device; 0: no plan
+    cp: int = 1  # --world: train.py --cp C, ranks splitting each sample's latent frames (C divides N): rank 0's frames
     link_gb_s: float = 450.0  # --world: link bandwidth per rank and direction, GB/s (NVLink 4: 450; IB NDR 400G: 50)
     mem_budget: float = 0.0  # --sac auto: per-rank memory budget in GiB; picks the fastest per-block mix that fits
 
@@ -201,6 +205,7 @@ def run_plan(b: BenchConfig, shard=True):
     torch.manual_seed(b.seed)
     torch.backends.cuda.matmul.allow_tf32 = b.tf32
     cfg, shape, world = get_config(b.config), latent_shape(b), b.world if shard else 1
+    cp_size = b.cp if shard else 1
     with torch.device("meta"):
         net = DiT(cfg)  # fp32 master weights, as train.py
     if b.lora:
@@ -213,7 +218,7 @@ def run_plan(b: BenchConfig, shard=True):
                trainable=sum(p.numel() for p in net.parameters() if p.requires_grad),
                flops_step_3x=model_flops(cfg, shape, b.text_len, b.lora)[1],
                state_formula_rank0=formula[0], state_formula_min_over_ranks=min(sum(f.values()) for f in formula),
-               **traffic, link_gb_s=b.link_gb_s)
+               **traffic, link_gb_s=b.link_gb_s, cp=cp_size)
     modes = [b.sac if i % b.every == 0 else "none" for i in range(cfg.num_blocks)]
     if b.sac == "auto":
         costs, auto, fixed = plan.auto_plan(net, world, device, dtype, shape, b.text_len, b.lora, b.mem_budget)
@@ -224,6 +229,7 @@ def run_plan(b: BenchConfig, shard=True):
                    auto_predicted_peak_gib=round(auto.peak_bytes / 2**30, 2))
     sac.apply_per_block(net, modes)
     res["sac"] = {m: modes.count(m) for m in dict.fromkeys(modes)}
+    res.update(plan.cp_traffic(cfg, shape, cp_size, dtype, sum(m != "none" for m in modes), b.link_gb_s))
     if b.compile:
         for block in net.blocks:
             block.compile()
@@ -234,7 +240,9 @@ def run_plan(b: BenchConfig, shard=True):
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
         if shard:
-            train.shard_model(net, device)  # the function train.py shards with
+            import cp
+            cp.enable(net, cp.make_mesh(device.type, world, cp_size)[2])  # as train.py: before compile and FSDP
+            train.shard_model(net, device, cp_size)  # the function train.py shards with
         net.to_empty(device=device)
         net.init_weights()
         trainable = [p for p in net.parameters() if p.requires_grad]  # after fully_shard: the DTensor parameters
@@ -252,7 +260,8 @@ def run_plan(b: BenchConfig, shard=True):
             count_flops = FlopCounterMode(display=False) if world == 1 else contextlib.nullcontext()
             with plan.CollectiveBytes() as counted, count_flops as flops:
                 step()
-            res.update(observed_allgather_bytes=counted.allgather, observed_reduce_scatter_bytes=counted.reduce_scatter)
+            res.update(observed_allgather_bytes=counted.allgather, observed_reduce_scatter_bytes=counted.reduce_scatter,
+                       observed_alltoall_bytes=counted.alltoall)
             if flops is not None:
                 res["flops_counted"] = flops.get_total_flops()
         for _ in range(b.warmup):
@@ -277,11 +286,15 @@ def run_plan(b: BenchConfig, shard=True):
                reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 2) if cuda else None)
     if res["status"] == "ok":
         compute_s = statistics.median(times)
-        projected = traffic["exposed_s"] + max(compute_s, traffic["comm_s"] - traffic["exposed_s"])
+        cp_s = res["cp_comm_s"]  # the all-to-alls block their attention: on the critical path, not overlapped
+        projected = traffic["exposed_s"] + max(compute_s, traffic["comm_s"] - traffic["exposed_s"]) + cp_s
         res.update(compute_s=round(compute_s, 4), step_times=[round(x, 4) for x in times],
                    projected_step_s=round(projected, 4), projected_bounds_s=[
-                       round(max(compute_s, traffic["comm_s"]), 4), round(compute_s + traffic["comm_s"], 4)])
-        res["mfu_projected"] = round(res["flops_step_3x"] / projected / matmul_peak(device, dtype), 4) if cuda else None
+                       round(max(compute_s, traffic["comm_s"]) + cp_s, 4),
+                       round(compute_s + traffic["comm_s"] + cp_s, 4)])
+        # each rank of a cp group does 1/C of the sample's FLOPs (attention too: all tokens, 1/C of the heads)
+        res["mfu_projected"] = round(res["flops_step_3x"] / cp_size / projected / matmul_peak(device, dtype), 4) \
+            if cuda else None
     return res
 
 
@@ -298,6 +311,9 @@ def plan_table(res):
         f"  FSDP traffic     all-gather {res['allgather_bytes'] / 1e9:.3g} GB + reduce-scatter "
         f"{res['reduce_scatter_bytes'] / 1e9:.3g} GB -> {res['link_bytes_per_rank'] / 1e9:.3g} GB per rank, "
         f"{res['comm_s']:.3f} s at {res['link_gb_s']:g} GB/s ({res['exposed_s']:.3f} s not overlappable)",
+        *([f"  CP all-to-all    --cp {res['cp']}: {res['alltoall_bytes'] / 1e9:.3g} GB handed -> "
+           f"{res['cp_link_bytes_per_rank'] / 1e9:.3g} GB per rank, {res['cp_comm_s']:.3f} s (on the critical path)"]
+          if res["cp"] > 1 else []),
         f"  step             compute {res['compute_s']:.3f} s (median of {len(res['step_times'])}) -> projected "
         f"{res['projected_step_s']:.3f} s (bounds {res['projected_bounds_s'][0]:.3f} .. "
         f"{res['projected_bounds_s'][1]:.3f})"
@@ -546,6 +562,13 @@ def check_plan(b: BenchConfig):
                      ("--profile", b.profile)):
         if on:
             raise ValueError(f"{flag} does nothing with --world (the planner): drop it")
+    cfg = get_config(b.config)
+    if b.cp < 1 or b.world % b.cp or cfg.num_heads % b.cp or latent_shape(b)[2] % b.cp:
+        raise ValueError(f"--cp {b.cp}: must divide --world {b.world}, the {cfg.num_heads} heads of {b.config} and the"
+                         f" {latent_shape(b)[2]} latent frames (1 + (frames - 1) / 4)")
+    if b.cp > 1 and b.sac == "auto":
+        raise ValueError("--cp with --sac auto: the auto plan measures a block without CP (as train.py refuses it); "
+                         "compare --sac modes with --cp instead")
     if get_config(b.config).camera_channels or b.views != 1:
         raise ValueError(f"--config {b.config} --views {b.views}: the planner's step feeds no camera maps yet; plan the same network "
                          "without cameras (e.g. p25-2b: the blocks' cam_encoder is a small Linear) instead")
@@ -566,6 +589,8 @@ def main(argv=None):
         print(plan_table(res), flush=True)
         return emit(res, b.out)
     sac.validate(b.sac, b.every)
+    if b.cp != 1:
+        raise ValueError(f"--cp {b.cp} needs --world N (the planner runs train.py's CP step as rank 0 of N)")
     if (b.views > 1) != bool(get_config(b.config).camera_channels):
         raise ValueError(f"--views {b.views} with --config {b.config}: views stack on time only in a camera net "
                          "(p25-2b-agibot: --views 3); a camera net needs --views >= 2")

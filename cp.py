@@ -150,14 +150,3 @@ def check_replicated(tensors, group, what):
 def _comm_device(group):
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
 
-
-def a2a_bytes(cfg, latent, cp, dtype_bytes, recompute_blocks=0):
-    """Bytes one rank sends (= receives) through the Ulysses all-to-alls per training step of one sample: 4 tensors
-    (q, k, v, out) of [L/N, D] per self-attention forward, the same 4 again in backward, 4 more per block whose
-    forward is recomputed (activation checkpointing replays the exchange), each sending (N-1)/N of itself."""
-    if cp == 1:
-        return 0
-    _, _, T, H, W = latent
-    L = (T // cfg.patch_temporal) * (H // cfg.patch_spatial) * (W // cfg.patch_spatial)
-    per_layer = 4 * (L // cp) * cfg.model_channels * dtype_bytes * (cp - 1) // cp
-    return per_layer * (2 * cfg.num_blocks + recompute_blocks)

@@ -1,4 +1,4 @@
-"""Will my job fit? Per-rank memory and FSDP2 traffic of a train.py step, and the --sac auto checkpointing plan.
+"""Will my job fit? Per-rank memory, FSDP2 and --cp traffic of a train.py step, and the --sac auto checkpointing plan.
 
 The formulas follow train.shard_model exactly (dim-0 shards of ceil(rows / N) rows; blocks 0..n-2 resharded after
 forward, the last block, final_layer and the root kept; bf16 all-gathers on the GPU, fp32 reduce-scatters of the
@@ -19,12 +19,13 @@ class CollectiveBytes(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.allgather = self.reduce_scatter = 0
+        self.allgather = self.reduce_scatter = self.alltoall = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__  # c10d._allgather_base_(out, in) / c10d._reduce_scatter_base_(out, in)
         self.allgather += args[0].nbytes if name == "_allgather_base_" else 0
         self.reduce_scatter += args[1].nbytes if name == "_reduce_scatter_base_" else 0
+        self.alltoall += args[1].nbytes if name == "alltoall_base_" else 0  # --cp: cp.py's exchanges (out, in)
         return func(*args, **(kwargs or {}))
 
 
@@ -76,6 +77,22 @@ def fsdp_traffic(net, world, compute_dtype, link_gb_s):
     ring, link = (world - 1) / world, link_gb_s * 1e9
     return dict(allgather_bytes=ag, reduce_scatter_bytes=rs, link_bytes_per_rank=round(ring * (ag + rs)),
                 comm_s=ring * (ag + rs) / link, exposed_s=ring * edge / link)
+
+
+def cp_traffic(cfg, latent, cp, compute_dtype, recompute_blocks, link_gb_s):
+    """Bytes the Ulysses all-to-alls (cp.py) are handed per step on one rank: per self-attention, q, k, v and the
+    output, 4 tensors of [B, L/N, D] in the compute dtype, in forward, again in backward, and again per block whose
+    forward is recomputed (any --sac mode but none replays the exchange). Each sends (N-1)/N of itself over the link.
+    Not overlapped: the attention waits for its inputs. Left out: the output all-gather along time ([B, L, p*p*C]: the
+    final layer's 64 features per token) and cp.check_replicated's fingerprints, both < 1% of one exchange."""
+    if cp == 1:
+        return dict(alltoall_bytes=0, cp_link_bytes_per_rank=0, cp_comm_s=0.0)
+    B, _, T, H, W = latent
+    L = (T // cfg.patch_temporal) * (H // cfg.patch_spatial) * (W // cfg.patch_spatial)
+    per_layer = 4 * B * (L // cp) * cfg.model_channels * compute_dtype.itemsize
+    handed = per_layer * (2 * cfg.num_blocks + recompute_blocks)
+    link = round(handed * (cp - 1) / cp)
+    return dict(alltoall_bytes=handed, cp_link_bytes_per_rank=link, cp_comm_s=link / (link_gb_s * 1e9))
 
 
 def auto_plan(net, world, device, dtype, latent, text_len, lora, mem_budget_gib):

@@ -153,3 +153,41 @@ def test_views_step_feeds_the_camera_net_its_stacked_latent_and_map(capsys):
         bench.main(args[:5] + ["p25-tiny", "--views", "3"])
     with pytest.raises(ValueError, match="--views"):
         bench.main(args[:5] + ["p25-tiny-agibot"])
+
+
+@pytest.mark.parametrize("world,cp,sac", [(8, 4, "block"), (4, 2, "none"), (4, 2, "selective")])
+def test_cp_plan_alltoall_formula_equals_counted(world, cp, sac):
+    """--cp C: rank 0 runs 1/C of the frames; the all-to-all bytes it hands the cp group equal plan.cp_traffic (a
+    block recomputed under SAC replays its exchange), and the FSDP formulas still hold over the dp x cp ranks."""
+    res = run("--world", str(world), "--cp", str(cp), "--sac", sac, "--config", "tiny-h4", "--frames", "13",
+              "--link-gb-s", "0.001")  # a slow link: the exchange's seconds show in the rounded projection
+    assert res["status"] == "ok" and res["cp"] == cp
+    assert res["observed_alltoall_bytes"] == res["alltoall_bytes"] > 0
+    assert res["observed_allgather_bytes"] == res["allgather_bytes"]
+    assert res["observed_reduce_scatter_bytes"] == res["reduce_scatter_bytes"]
+    assert res["state_measured_rank0"] == res["state_formula_rank0"]
+    assert res["cp_link_bytes_per_rank"] == round(res["alltoall_bytes"] * (cp - 1) / cp)
+    assert res["cp_comm_s"] == res["cp_link_bytes_per_rank"] / 1e6  # 0.001 GB/s
+    bounds = res["projected_bounds_s"]
+    assert round(res["compute_s"] + res["cp_comm_s"], 4) <= bounds[0] <= res["projected_step_s"] <= bounds[1]
+
+
+def test_cp_traffic_by_hand():
+    """tiny-h4 at latent [1, 16, 4, 8, 8]: L = 4 x 4 x 4 = 64 tokens of width 64; per self-attention 4 tensors of
+    L/C x D fp32 in forward and 4 in backward, 2 blocks, plus 4 per recomputed block."""
+    cfg = get_config("tiny-h4")
+    one = plan.cp_traffic(cfg, (1, 16, 4, 8, 8), 1, torch.float32, 0, 100.0)
+    assert one == dict(alltoall_bytes=0, cp_link_bytes_per_rank=0, cp_comm_s=0.0)
+    t = plan.cp_traffic(cfg, (1, 16, 4, 8, 8), 2, torch.float32, 1, 100.0)
+    handed = 4 * (64 // 2) * 64 * 4 * (2 * 2 + 1)
+    assert t["alltoall_bytes"] == handed and t["cp_link_bytes_per_rank"] == handed // 2
+    assert t["cp_comm_s"] == pytest.approx(handed / 2 / 100e9)
+
+
+def test_cp_refusals():
+    with pytest.raises(ValueError, match="--cp 3: must divide --world 4"):
+        bench.main(SMALL + ["--world", "4", "--cp", "3"])
+    with pytest.raises(ValueError, match="the 2 heads of tiny"):
+        bench.main(SMALL + ["--world", "4", "--cp", "4", "--frames", "13"])
+    with pytest.raises(ValueError, match="--cp 2 needs --world N"):
+        bench.main(SMALL + ["--cp", "2"])
