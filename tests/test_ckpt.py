@@ -196,7 +196,8 @@ LOAD_FAULTS = [
     ("index: wrong shard", "index_wrong_map", "not in the shard the index names"),
     ("unknown named init", "2b-480p", "not a named init"), ("'random' passed to load", "random", "'random' is not"),
     ("malformed hf://", "hf://nvidia/only-repo", "hf://ORG/REPO/PATH"),
-    ("named init while offline", "2b-480p-16fps", "offline"),
+    # a named init is checked against the model's config before any download (offline: test_named_inits_and_offline_error)
+    ("named init for another config", "2b-480p-16fps", "build the model with --config v2w-2b"),
 ]
 
 
