@@ -408,7 +408,7 @@ def lora_optimizer(net, params, cfg: GRPOConfig):
     trainable = {id(p) for p in net.parameters() if p.requires_grad}
     if trainable != {id(p) for p in params}:
         raise ValueError(f"{len(trainable)} trainable tensors in the net but {len(params)} given: GRPO trains the "
-                         "LoRA adapters only (model.add_lora freezes the rest)")
+                         "LoRA adapters only (lora.add_lora freezes the rest)")
     return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, weight_decay=cfg.weight_decay)
 
 
