@@ -124,7 +124,7 @@ def train(run_dir, out, steps, ranks=0, *flags):
     1e-5 (Adam turns fp32 rounding noise in near-zero gradients into +-lr updates: kept far below the tolerance)."""
     args = ["--data", str(run_dir / "grid"), "--frames", "13", "--steps", str(steps), "--save-every", "1",
             "--warmup", "0", "--lr", "1e-5", "--lr-min-ratio", "1", "--init", str(run_dir / "init.safetensors"),
-            "--guard-max-ratio", "10", "--sample-every", "0", "--out", str(run_dir / out), *flags]
+            "--guard-max-ratio", "10", "--out", str(run_dir / out), *flags]  # the tiny preset samples every 100
     cmd = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"] if ranks
                               else []) + [os.path.join(ROOT, "train.py")] + args
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
@@ -141,9 +141,9 @@ def test_loss_curve_and_layout_changes(run_dir):
     """One process (dp 1, cp 1) vs 2 ranks --cp 2 (dp 1): the same clips and noise, so the same losses, gradient
     norms and evaluation to fp32 rounding; a checkpoint of either resumes under the other; dp may not change."""
     _, ref = train(run_dir, "ref", 3)
-    proc, cp2 = train(run_dir, "cp2", 2, 2, "--cp", "2")
+    proc, cp2 = train(run_dir, "cp2", 2, 2, "--cp", "2", "--sample-every", "2", "--sample-steps", "2")  # sampling too
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "(dp 1 x cp 2)" in proc.stdout
+    assert "(dp 1 x cp 2)" in proc.stdout and os.path.getsize(run_dir / "cp2" / "sample_00000002.mp4") > 0
     for step in (1, 2):
         assert ref[step]["loss"] > 0 and close(cp2[step]["loss"], ref[step]["loss"]), (step, cp2[step], ref[step])
         assert close(cp2[step]["grad_norm"], ref[step]["grad_norm"]) and close(cp2[step]["eval_loss"],
