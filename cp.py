@@ -33,7 +33,8 @@ def make_mesh(device_type, world, cp):
     Ranks r = dp_index * cp + cp_index: a cp group is cp consecutive ranks (one node's NVLink domain when cp <= 8).
     """
     if cp < 1 or world % cp:
-        raise ValueError(f"--cp {cp} must divide the number of ranks {world} (world = dp x cp)")
+        raise ValueError(f"--cp {cp} must divide the number of ranks {world} (world = dp x cp; start N ranks with "
+                         "torchrun --nproc_per_node=N)")
     rank = dist.get_rank() if dist.is_initialized() else 0
     if cp == 1:
         return rank, world, None

@@ -158,3 +158,15 @@ def test_loss_curve_and_layout_changes(run_dir):
     proc, _ = train(run_dir, "one", 4, 2)  # 2 ranks, --cp 1: 2 dp groups, the data position is for 1
     assert proc.returncode != 0
     assert "its data position is for 1 data-parallel groups, this run has 2" in proc.stdout + proc.stderr
+
+
+def test_four_ranks_dp2_cp2_continues_a_dp2_run(run_dir):
+    """(dp 2, cp 1) on 2 ranks for 2 steps, resumed as (dp 2, cp 2) on 4 ranks: step 3 equals the uninterrupted
+    2-rank run's (same two clips per step, same noise; CP reorders fp32 sums only)."""
+    _, ref = train(run_dir, "dp2", 3, 2)
+    proc, _ = train(run_dir, "dp2cp2", 2, 2)
+    proc, resumed = train(run_dir, "dp2cp2", 3, 4, "--cp", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(dp 2 x cp 2)" in proc.stdout
+    assert ref[3]["loss"] > 0 and close(resumed[3]["loss"], ref[3]["loss"]), (resumed[3], ref[3])
+    assert close(resumed[3]["grad_norm"], ref[3]["grad_norm"]) and close(resumed[3]["eval_loss"], ref[3]["eval_loss"])
