@@ -170,3 +170,17 @@ def test_four_ranks_dp2_cp2_continues_a_dp2_run(run_dir):
     assert "(dp 2 x cp 2)" in proc.stdout
     assert ref[3]["loss"] > 0 and close(resumed[3]["loss"], ref[3]["loss"]), (resumed[3], ref[3])
     assert close(resumed[3]["grad_norm"], ref[3]["grad_norm"]) and close(resumed[3]["eval_loss"], ref[3]["eval_loss"])
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--cp", "0"], "--cp 0: >= 1"),
+    (["--cp", "2", "--objective", "grpo", "--lora", "4"], "--cp 2 with --objective grpo"),
+    (["--cp", "2", "--frames", "13", "--sac", "auto", "--mem-budget", "10"], "--cp 2 with --sac auto"),
+    (["--cp", "2"], "--cp 2: 3 latent frames (--frames 9) do not split evenly over 2 ranks"),
+    (["--cp", "4", "--frames", "13"], "--cp 4: tiny has 2 heads"),
+    (["--cp", "2", "--config", "p25-tiny-agibot"], "--cp 2: 9 latent frames (--frames 9)"),  # 3 views x 3
+])
+def test_train_refuses(flags, message):
+    import train as train_py
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        train_py.parse_config(flags)
