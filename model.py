@@ -13,6 +13,9 @@ fp32 autocast: the time embedding, the adaLN modulations and the whole final lay
 output is then fp32), shift/scale/gate are cast to the activation dtype; on any device (upstream cannot run a bf16
 model on CPU at all), a no-op in an fp32 model. Its other part, q/k in fp32 for RoPE, is what apply_rope always does.
 
+Context parallelism (--cp, cp.py): under cp.enable a DiT computes its rank's share of the latent frames, and each
+self-attention exchanges q, k, v and its output with the other ranks of the cp group (Ulysses all-to-all).
+
 Contents, top to bottom: config -> building blocks -> DiT -> rectified-flow denoiser -> FLOPs. LoRA: lora.py.
 """
 import math
@@ -72,7 +75,7 @@ _RELEASE = dict(max_img_h=240, max_img_w=240, max_frames=128, use_adaln_lora=Tru
 CONFIGS = {
     # CPU-fast: tests and the built-in tiny default of train.py / smoke.py
     "tiny": DiTConfig(model_channels=64, num_blocks=2, num_heads=2, adaln_lora_dim=16),
-    "tiny-h4": DiTConfig(model_channels=64, num_blocks=2, num_heads=4, adaln_lora_dim=16),  # --cp 4 tests
+    "tiny-h4": DiTConfig(model_channels=64, num_blocks=2, num_heads=4, adaln_lora_dim=16),  # 4 heads: --cp 4 tests
     "t2i-0.6b": DiTConfig(model_channels=1280, num_blocks=20, num_heads=20, video2world=False, **_RELEASE,
                           rope_h_extrapolation_ratio=4.0, rope_w_extrapolation_ratio=4.0),
     "t2i-2b": DiTConfig(model_channels=2048, num_blocks=28, num_heads=16, video2world=False, **_RELEASE,
