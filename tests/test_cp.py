@@ -184,3 +184,13 @@ def test_train_refuses(flags, message):
     import train as train_py
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         train_py.parse_config(flags)
+
+
+def test_compiled_blocks_with_selective_checkpointing(run_dir):
+    """--compile (inductor, each block) --sac selective --cp 2: the exchange is a graph break and is replayed in the
+    recompute; the losses still equal one eager process's."""
+    _, ref = train(run_dir, "ref_compile", 2)
+    proc, got = train(run_dir, "cp2_compile", 2, 2, "--cp", "2", "--compile", "--sac", "selective")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for step in (1, 2):
+        assert close(got[step]["loss"], ref[step]["loss"]) and close(got[step]["grad_norm"], ref[step]["grad_norm"])
