@@ -630,7 +630,9 @@ def main(argv=None):
     peak = matmul_peak(device, torch.bfloat16) / 1e12 if device.type == "cuda" else None  # TFLOP/s
     latent_shape = (1, 16, max(views, 1) * (1 + (cfg.frames - 1) // 4), cfg.height // 8, cfg.width // 8)
     tokens = latent_shape[2] * (cfg.height // 16) * (cfg.width // 16)
-    flops_per_step = model_flops(mcfg, latent_shape, cfg.text_len, cfg.lora)[2] * cfg.batch_size * cfg.grad_accum
+    # per rank: a cp group shares each sample's FLOPs (attention too: all tokens, 1/cp of the heads)
+    flops_per_step = model_flops(mcfg, latent_shape, cfg.text_len, cfg.lora)[2] * cfg.batch_size * cfg.grad_accum \
+        / cfg.cp
     metrics_path = os.path.join(cfg.out, "metrics.jsonl")
     history = resume.load_history(metrics_path, start_step) if master else []
     plots = importlib.util.find_spec("matplotlib") is not None  # optional: the one plot is not worth a dependency
