@@ -549,6 +549,12 @@ def bench(size_gb, directory, fmt="pt", device=None, threads=8):
     return times
 
 
+def check_views(b: BenchConfig):
+    if (b.views > 1) != bool(get_config(b.config).camera_channels):
+        raise ValueError(f"--views {b.views} with --config {b.config}: views stack on time only in a camera net "
+                         "(p25-2b-agibot: --views 3); a camera net needs --views >= 2")
+
+
 def check_plan(b: BenchConfig):
     """--world, --sac auto, --mem-budget: the planner's flags checked, the ones it would not use refused."""
     if b.world < 1:
@@ -569,9 +575,7 @@ def check_plan(b: BenchConfig):
     if b.cp > 1 and b.sac == "auto":
         raise ValueError("--cp with --sac auto: the auto plan measures a block without CP (as train.py refuses it); "
                          "compare --sac modes with --cp instead")
-    if get_config(b.config).camera_channels or b.views != 1:
-        raise ValueError(f"--config {b.config} --views {b.views}: the planner's step feeds no camera maps yet; plan the same network "
-                         "without cameras (e.g. p25-2b: the blocks' cam_encoder is a small Linear) instead")
+    check_views(b)
     want = "bfloat16" if b.device == "cuda" else "float32"
     if b.dtype != want:
         raise ValueError(f"--dtype {b.dtype}: with --world the step computes as train.py does on {b.device} "
@@ -591,9 +595,7 @@ def main(argv=None):
     sac.validate(b.sac, b.every)
     if b.cp != 1:
         raise ValueError(f"--cp {b.cp} needs --world N (the planner runs train.py's CP step as rank 0 of N)")
-    if (b.views > 1) != bool(get_config(b.config).camera_channels):
-        raise ValueError(f"--views {b.views} with --config {b.config}: views stack on time only in a camera net "
-                         "(p25-2b-agibot: --views 3); a camera net needs --views >= 2")
+    check_views(b)
     if b.ckpt_load:
         if not b.dir or b.format not in ("pt", "safetensors"):
             raise ValueError(f"--ckpt-load needs --dir DIR and --format pt|safetensors, got {b.dir!r} {b.format!r}")

@@ -135,7 +135,8 @@ def test_auto_runs_and_applies_its_choice(capsys):
     (["--world", "2", "--sac", "blockwise"], "valid: none, block"),
     (["--world", "2", "--dtype", "bfloat16"], "pass --dtype float32"),
     (["--world", "2", "--link-gb-s", "0"], "--link-gb-s 0.0"),
-    (["--world", "2", "--config", "p25-tiny-agibot"], "feeds no camera maps yet"),
+    (["--world", "2", "--config", "p25-tiny-agibot"], "a camera net needs --views >= 2"),
+    (["--world", "2", "--views", "3"], "--views 3 with --config tiny"),
 ])
 def test_planner_flags_checked(flags, match):
     with pytest.raises(ValueError, match=match):
@@ -155,11 +156,14 @@ def test_views_step_feeds_the_camera_net_its_stacked_latent_and_map(capsys):
         bench.main(args[:5] + ["p25-tiny-agibot"])
 
 
-@pytest.mark.parametrize("world,cp,sac", [(8, 4, "block"), (4, 2, "none"), (4, 2, "selective")])
-def test_cp_plan_alltoall_formula_equals_counted(world, cp, sac):
+@pytest.mark.parametrize("world,cp,sac,net", [(8, 4, "block", "tiny-h4"), (4, 2, "none", "tiny-h4"),
+                                               (4, 2, "selective", "tiny-h4"), (4, 2, "block", "p25-tiny-agibot")])
+def test_cp_plan_alltoall_formula_equals_counted(world, cp, sac, net):
     """--cp C: rank 0 runs 1/C of the frames; the all-to-all bytes it hands the cp group equal plan.cp_traffic (a
-    block recomputed under SAC replays its exchange), and the FSDP formulas still hold over the dp x cp ranks."""
-    res = run("--world", str(world), "--cp", str(cp), "--sac", sac, "--config", "tiny-h4", "--frames", "13",
+    block recomputed under SAC replays its exchange), and the FSDP formulas still hold over the dp x cp ranks. The
+    camera net: 3 views x 2 latent frames stacked on time, its camera map split with them."""
+    shape = ["--frames", "13"] if net == "tiny-h4" else ["--views", "3"]
+    res = run("--world", str(world), "--cp", str(cp), "--sac", sac, "--config", net, *shape,
               "--link-gb-s", "0.001")  # a slow link: the exchange's seconds show in the rounded projection
     assert res["status"] == "ok" and res["cp"] == cp
     assert res["observed_alltoall_bytes"] == res["alltoall_bytes"] > 0
