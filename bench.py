@@ -37,6 +37,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import ckpt  # noqa: E402
 import cli  # noqa: E402
+import cp  # noqa: E402
 import plan  # noqa: E402
 import sac  # noqa: E402
 from lora import add_lora  # noqa: E402
@@ -240,7 +241,6 @@ def run_plan(b: BenchConfig, shard=True):
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
         if shard:
-            import cp
             cp.enable(net, cp.make_mesh(device.type, world, cp_size)[2])  # as train.py: before compile and FSDP
             train.shard_model(net, device, cp_size)  # the function train.py shards with
         net.to_empty(device=device)
@@ -568,10 +568,9 @@ def check_plan(b: BenchConfig):
                      ("--profile", b.profile)):
         if on:
             raise ValueError(f"{flag} does nothing with --world (the planner): drop it")
-    cfg = get_config(b.config)
-    if b.cp < 1 or b.world % b.cp or cfg.num_heads % b.cp or latent_shape(b)[2] % b.cp:
-        raise ValueError(f"--cp {b.cp}: must divide --world {b.world}, the {cfg.num_heads} heads of {b.config} and the"
-                         f" {latent_shape(b)[2]} latent frames (1 + (frames - 1) / 4)")
+    cp.check_split(b.cp, b.config, get_config(b.config).num_heads, latent_shape(b)[2], b.frames)
+    if b.world % b.cp:
+        raise ValueError(f"--cp {b.cp} must divide --world {b.world} (world = dp x cp)")
     if b.cp > 1 and b.sac == "auto":
         raise ValueError("--cp with --sac auto: the auto plan measures a block without CP (as train.py refuses it); "
                          "compare --sac modes with --cp instead")

@@ -43,6 +43,17 @@ def make_mesh(device_type, world, cp):
     return rank // cp, world // cp, mesh.get_group("cp")
 
 
+def check_split(cp, config, num_heads, latent_frames, frames):
+    """--cp must split the heads and the latent frames (views included) evenly: else one line naming the fix."""
+    if cp < 1:
+        raise ValueError(f"--cp {cp}: >= 1 (1 = no context parallelism)")
+    if num_heads % cp:
+        raise ValueError(f"--cp {cp}: {config} has {num_heads} heads; use a --cp that divides them")
+    if latent_frames % cp:
+        raise ValueError(f"--cp {cp}: {latent_frames} latent frames (--frames {frames}) do not split evenly over {cp}"
+                         " ranks; use --frames with (frames - 1) / 4 + 1 (times the views) a multiple of --cp")
+
+
 def enable(net, group):
     """Run `net` (a model.DiT) context-parallel over `group` (None: off). Checks the heads split evenly."""
     n = 1 if group is None else dist.get_world_size(group)

@@ -136,23 +136,14 @@ def validate(cfg, given=None):
     if cfg.objective not in ("sft", "grpo"):
         raise ValueError(f"--objective {cfg.objective!r}: valid are sft, grpo")
     unused = {}
-    if cfg.cp < 1:
-        raise ValueError(f"--cp {cfg.cp}: >= 1 (1 = no context parallelism)")
+    views = len(data.VIEW_ORDER) if mcfg.camera_channels else 1  # stacked on latent time, split with it
+    cp.check_split(cfg.cp, cfg.config, mcfg.num_heads, (1 + (cfg.frames - 1) // 4) * views, cfg.frames)
     if cfg.cp > 1 and cfg.objective == "grpo":
         raise ValueError(f"--cp {cfg.cp} with --objective grpo: GRPO's rollout keys, advantages and micro-step padding"
                          " count global ranks, not cp groups (not done yet); use --cp 1")
     if cfg.cp > 1 and cfg.sac == "auto":
         raise ValueError(f"--cp {cfg.cp} with --sac auto: the auto plan measures a block without CP; pick a --sac mode"
                          f" with `bench.py --world N --cp {cfg.cp}` (docs/memory.md)")
-    if cfg.cp > 1:  # the latent frames split over the cp ranks (views stacked on latent time)
-        frames = (1 + (cfg.frames - 1) // 4) * max(len(data.VIEW_ORDER) if get_config(cfg.config).camera_channels
-                                                    else 1, 1)
-        if frames % cfg.cp:
-            raise ValueError(f"--cp {cfg.cp}: {frames} latent frames (--frames {cfg.frames}) do not split evenly over"
-                             f" {cfg.cp} ranks; use --frames with (frames - 1) / 4 + 1 a multiple of --cp")
-        if get_config(cfg.config).num_heads % cfg.cp:
-            raise ValueError(f"--cp {cfg.cp}: {cfg.config} has {get_config(cfg.config).num_heads} heads; use a --cp "
-                             "that divides them")
     if cfg.objective == "grpo":
         if not cfg.lora:
             raise ValueError("--objective grpo trains LoRA adapters only: pass --lora RANK (e.g. 32)")

@@ -189,9 +189,11 @@ def test_cp_traffic_by_hand():
 
 
 def test_cp_refusals():
-    with pytest.raises(ValueError, match="--cp 3: must divide --world 4"):
-        bench.main(SMALL + ["--world", "4", "--cp", "3"])
-    with pytest.raises(ValueError, match="the 2 heads of tiny"):
+    with pytest.raises(ValueError, match="--cp 2 must divide --world 3"):
+        bench.main(SMALL + ["--world", "3", "--cp", "2"])
+    with pytest.raises(ValueError, match="--cp 4: tiny has 2 heads"):
         bench.main(SMALL + ["--world", "4", "--cp", "4", "--frames", "13"])
+    with pytest.raises(ValueError, match="--cp 2: 3 latent frames"):
+        bench.main(SMALL + ["--world", "4", "--cp", "2", "--frames", "9"])
     with pytest.raises(ValueError, match="--cp 2 needs --world N"):
         bench.main(SMALL + ["--cp", "2"])

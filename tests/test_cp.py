@@ -174,7 +174,7 @@ def test_four_ranks_dp2_cp2_continues_a_dp2_run(run_dir):
 
 @pytest.mark.parametrize("flags,message", [
     (["--cp", "0"], "--cp 0: >= 1"),
-    (["--cp", "2", "--objective", "grpo", "--lora", "4"], "--cp 2 with --objective grpo"),
+    (["--cp", "2", "--frames", "13", "--objective", "grpo", "--lora", "4"], "--cp 2 with --objective grpo"),
     (["--cp", "2", "--frames", "13", "--sac", "auto", "--mem-budget", "10"], "--cp 2 with --sac auto"),
     (["--cp", "2"], "--cp 2: 3 latent frames (--frames 9) do not split evenly over 2 ranks"),
     (["--cp", "4", "--frames", "13"], "--cp 4: tiny has 2 heads"),
