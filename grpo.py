@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-import cp
 import flow
 from lora import set_lora_enabled
 from model import denoise
@@ -434,8 +433,7 @@ def step_weights(rollout: Rollout, cfg: GRPOConfig):
     return {i: rollout.betas[i] ** 2 / mean_sq for i in rollout.train_steps}
 
 
-def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, generator=None, set_grad_sync=None,
-                cp_size=1):
+def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, generator=None, set_grad_sync=None):
     """Train on a batch of rollouts: backward over every (trajectory, trained step), accumulated, then step.
 
     rollouts: list of Rollout (one per group); advantages: per rollout a [K] tensor (advantages[g][k]).
@@ -446,18 +444,16 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
 
     Under torch.distributed (FSDP2: every forward is a collective) every rank runs the same number of micro-steps
     per chunk: a rank with fewer real micro-steps pads with zero-weight ones (they run, and add nothing). Each real
-    micro-step's loss is scaled by dp / (real micro-steps of the chunk in all dp groups), so the mean over dp groups
-    that FSDP reduces (train.shard_model: a sum over the cp_size ranks of a cp group, which hold the same rollouts
-    and advantages, / dp) is the mean over real micro-steps. A chunk with no real micro-step on any rank is skipped
-    on every rank alike: no forward, and no optimizer step (Adam's momentum and weight decay would still move the
-    weights).
+    micro-step's loss is scaled by world / (real micro-steps of the chunk on all ranks), so the mean over ranks that
+    FSDP reduces is the mean over real micro-steps. A chunk with no real micro-step on any rank is skipped on every
+    rank alike: no forward, and no optimizer step (Adam's momentum and weight decay would still move the weights).
 
     Returns a dict of stats, including the health checks of the first chunk (theta == theta_old there):
     first_logp_equal (every logp_new == logp_old bitwise), first_max_abs_dlogp, first_ratio, and per optimizer
     step grad_norm (before clipping) and grads_outside_params (must be 0). A non-finite grad norm skips that
     optimizer step and is counted in nonfinite_steps.
     """
-    dp = (dist.get_world_size() if dist.is_initialized() else 1) // cp_size
+    world = dist.get_world_size() if dist.is_initialized() else 1
     items = [(g, k) for g, adv in enumerate(advantages) for k in range(len(adv))
              if float(adv[k]) != 0.0 or not cfg.drop_zero_advantage]
     stats = {"trajectories": len(items), "micro_steps": 0, "padded_steps": 0, "opt_steps": 0, "skipped_chunks": 0,
@@ -470,9 +466,9 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     micro = [[(g, k, i) for g, k in items[c::n_chunks] for i in rollouts[g].train_steps] for c in range(n_chunks)]
     local = torch.tensor([len(m) for m in micro], dtype=torch.float64, device=rollouts[0].states.device)
     longest, total = local.clone(), local.clone()
-    if dist.is_initialized() and dist.get_world_size() > 1:  # before any forward: every rank decides the same
+    if world > 1:  # one collective each, before any forward: every rank decides the same
         dist.all_reduce(longest, op=dist.ReduceOp.MAX)
-        cp.sum_groups(total, cp_size)
+        dist.all_reduce(total)
     if cfg.recompute_old_logp and total.sum() > 0:
         for g in sorted({g for g, _ in items}):
             recompute_old_log_probs(net, rollouts[g], cfg)
@@ -485,7 +481,7 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
         if total[c] == 0:  # nothing to train in this chunk on any rank
             stats["skipped_chunks"] += 1
             continue
-        n_micro, scale = int(longest[c]), dp / float(total[c])
+        n_micro, scale = int(longest[c]), world / float(total[c])
         padding = [(0, 0, rollouts[0].train_steps[0], 0.0)] * (n_micro - len(chunk)) if rollouts[0].train_steps \
             else []
         if len(chunk) + len(padding) != n_micro:
@@ -542,6 +538,16 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
 # One update of a training run (train.py): rollouts -> decode -> rewards -> advantages over all ranks -> update
 
 
+def gather(local):
+    """[..., n] -> [..., world * n], every rank's tensor in rank order. The buffers are allocated on local's device,
+    which must be the process group's (CUDA under NCCL: an all_gather into host memory is not a supported call)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, local.contiguous())
+    return torch.cat(parts, dim=-1)
+
+
 def window_starts(cfg: GRPOConfig, n_groups, seed):
     """One Flow-GRPO-Fast window start per group, from a CPU generator seeded alike on every rank (None without a
     window): under FSDP every rank must run the same number of forwards, and same_latent makes that count depend
@@ -553,14 +559,12 @@ def window_starts(cfg: GRPOConfig, n_groups, seed):
 
 
 def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, score, decode, seed, window_seed,
-               agree=None, cp_size=1):
+               agree=None):
     """One GRPO update over this rank's groups (collective under torch.distributed: call it on every rank).
 
     conds: one Condition per group (a clip and its prompt). score(video, latent) -> {"reward": [K], name: [K], ...}
     (reward.score: the same names on every rank); decode(latent [K, C, T, H, W]) -> video, or None when no reward
-    needs pixels. seed: this dp group's rollout noise; window_seed: the same on every rank. cp_size: ranks per cp
-    group (--cp: they run the same rollouts, each forward split by cp.py; one copy of their rewards counts, so their
-    advantages and micro-steps agree, or the all-to-alls would deadlock). agree(what, fn): runs the
+    needs pixels. seed: this rank's rollout noise; window_seed: the same on every rank. agree(what, fn): runs the
     scoring so that a failure on one rank raises on every rank (ckpt.agree) instead of leaving the others waiting.
     Returns (stats of grpo_update, metrics: rewards over all ranks, advantages, means over all ranks, s per phase).
     """
@@ -590,23 +594,24 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
     scores = agree("scoring the rollouts", score_all) if agree is not None else score_all()
     names = sorted(scores[0])
     local = torch.stack([torch.cat([s[n].float().reshape(-1) for s in scores]).to(device) for n in names])
-    everyone = cp.gather_groups(local, cp_size).double().cpu()  # [names, dp * groups * K], dp-rank-major
-    rank, world = cp.dp_coords(cp_size)
+    everyone = gather(local).double().cpu()  # [names, world * groups * K], rank-major
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
     keys = [(r, g) for r in range(world) for g in range(len(conds)) for _ in range(cfg.group_size)]
     rewards = everyone[names.index("reward")]
     advantages = group_advantages(rewards, keys, eps=cfg.adv_eps, clip=cfg.adv_clip, global_std=cfg.global_std,
                                   ddof=cfg.std_ddof)
     mine = advantages.view(world, len(conds), cfg.group_size)[rank]
     stats = timed("update", lambda: grpo_update(net, optimizer, params, rollouts, [a.to(device) for a in mine], cfg,
-                                               set_grad_sync=getattr(net, "set_requires_gradient_sync", None),
-                                               cp_size=cp_size))
+                                               set_grad_sync=getattr(net, "set_requires_gradient_sync", None)))
     times["optimizer"] = stats["optimizer_s"]
     times["update"] -= stats["optimizer_s"]
     # means over every rank's real micro-steps (a rank may have none)
     sums = torch.tensor([stats[k] * stats["micro_steps"] for k in ("loss", "clipfrac", "approx_kl", "kl")]
                         + [stats["micro_steps"], stats["trajectories"], stats["padded_steps"]],
                         dtype=torch.float64, device=device)
-    cp.sum_groups(sums, cp_size)
+    if world > 1:
+        dist.all_reduce(sums)
     n = max(1.0, float(sums[4]))
     metrics = {"loss": float(sums[0]) / n, "reward_mean": float(rewards.mean()), "reward_std":
                float(rewards.std(correction=0)), "adv_std": float(advantages.std(correction=0)),

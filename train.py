@@ -138,6 +138,9 @@ def validate(cfg, given=None):
     unused = {}
     views = len(data.VIEW_ORDER) if mcfg.camera_channels else 1  # stacked on latent time, split with it
     cp.check_split(cfg.cp, cfg.config, mcfg.num_heads, (1 + (cfg.frames - 1) // 4) * views, cfg.frames)
+    if cfg.cp > 1 and cfg.objective == "grpo":
+        raise ValueError(f"--cp {cfg.cp} with --objective grpo: GRPO's rollout keys, advantages and micro-step padding"
+                         " count global ranks, not cp groups (not done yet); use --cp 1")
     if cfg.cp > 1 and cfg.sac == "auto":
         raise ValueError(f"--cp {cfg.cp} with --sac auto: the auto plan measures a block without CP; pick a --sac mode"
                          f" with `bench.py --world N --cp {cfg.cp}` (docs/memory.md)")
@@ -425,15 +428,14 @@ def sft_step(net, optimizer, trainable, cfg, next_batch, step, rank, world):
     return loss_sum, grad_norm
 
 
-def grpo_step(net, vae, optimizer, params, cfg, batch, neg_text, terms, step, dp_rank):
+def grpo_step(net, vae, optimizer, params, cfg, batch, neg_text, terms, step, rank):
     """One GRPO update (grpo.train_step): per clip of this rank's batch, K rollouts from its first latent frame and
-    prompt, decoded only if a reward needs pixels, scored; advantages over all dp groups' groups; the LoRA update.
-    --cp: the ranks of a cp group roll out the same groups (seeds by dp rank) and split each forward (cp.py)."""
+    prompt, decoded only if a reward needs pixels, scored; advantages over all ranks' groups; the LoRA update."""
     latent, text, camera = batch
     p25 = dict(conditional_frame_timestep=cfg.conditional_frame_timestep) if is_p25(get_config(cfg.config)) else {}
     views = len(data.VIEW_ORDER) if camera is not None else 0
     conds = [grpo.Condition(crossattn_emb=text[b: b + 1], neg_crossattn_emb=neg_text.to(text.device),
-                            gt_frames=latent[b: b + 1], key=(dp_rank, b), **p25,
+                            gt_frames=latent[b: b + 1], key=(rank, b), **p25,
                             **(dict(condition_mask=flow.multiview_condition_mask(latent[b: b + 1], views, 1),
                                     camera=camera[b: b + 1]) if views else
                                dict(condition_mask=condition_mask(latent[b: b + 1], 1))))
@@ -450,8 +452,8 @@ def grpo_step(net, vae, optimizer, params, cfg, batch, neg_text, terms, step, dp
         return torch.cat([vae.decode(x0[k: k + 1].to(vae_dtype)) for k in range(len(x0))]).float()
     _, metrics = grpo.train_step(net, optimizer, params, conds, tuple(latent.shape[1:]), cfg.grpo,
                                  lambda video, x0: reward.score(terms, video=video, latent=x0), decode,
-                                 seed=sample_seed(cfg.seed, step, "rollout", dp_rank),
-                                 window_seed=sample_seed(cfg.seed, step, "window"), agree=ckpt.agree, cp_size=cfg.cp)
+                                 seed=sample_seed(cfg.seed, step, "rollout", rank),
+                                 window_seed=sample_seed(cfg.seed, step, "window"), agree=ckpt.agree)
     return metrics
 
 
@@ -645,7 +647,7 @@ def main(argv=None):
             row = {"loss": all_mean(loss, device), "lr": lr, "grad_norm": grad_norm}
         else:
             row = {"lr": lr, **grpo_step(net, vae, optimizer, trainable, cfg, to_latent(next(loader)), neg_text,
-                                         terms, step, dp_rank)}
+                                         terms, step, rank)}
         if ema is not None:
             with torch.no_grad():
                 torch._foreach_lerp_(ema, [p.detach() for p in trainable], 1 - ema_beta(step, cfg.ema))
