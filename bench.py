@@ -43,7 +43,7 @@ import sac  # noqa: E402
 from lora import add_lora  # noqa: E402
 import flow  # noqa: E402
 from flow import multiview_condition_mask  # noqa: E402
-from camera import fallback_cameras, plucker_map  # noqa: E402
+from camera import fallback_cameras, views_map  # noqa: E402
 from model import (DiT, condition_mask, denoise, get_config, is_p25, matmul_peak, model_flops,  # noqa: E402
                    num_params)
 
@@ -164,7 +164,7 @@ def make_batch(b: BenchConfig, cfg, device, dtype):
         batch["timesteps"] = torch.full((1,), 500.0, device=device)  # 1000 sigma, sigma = 0.5
     if cfg.camera_channels:
         w2c, intrinsics = fallback_cameras(b.views, shape[2] // b.views, b.height, b.width)
-        camera = plucker_map(w2c.flatten(0, 1)[None], intrinsics.flatten(0, 1)[None], b.height, b.width)
+        camera = views_map(w2c, intrinsics, b.height, b.width)[None]
         batch["camera"] = camera.to(device, dtype)
     return batch
 

@@ -47,6 +47,12 @@ FALLBACK_SPACING = 0.5  # metres between neighbouring fallback cameras
 FALLBACK_HFOV_DEG = 90.0  # horizontal field of view of the fallback pinhole
 
 
+def views_map(w2c_V_T_3_4, intrinsics_V_T_4, height, width):
+    """The Pluecker map of views stacked on latent time, in the latents' layout: w2c [..., V, T, 3, 4] and intrinsics
+    [..., V, T, 4] -> [..., V*T, height/16, width/16, 1536], view-major like the stacked latent."""
+    return plucker_map(w2c_V_T_3_4.flatten(-4, -3), intrinsics_V_T_4.flatten(-3, -2), height, width)
+
+
 def fallback_cameras(num_views, num_frames, height, width):
     """A fixed rig for datasets without camera parameters: (w2c [V, T, 3, 4], intrinsics [V, T, 4]) in fp32.
 

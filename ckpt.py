@@ -603,14 +603,11 @@ class Check:
 
 def main(argv=None):
     """`python ckpt.py check ...` -> exit code (0: would load, 1: would not). User errors raise (cli.main)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] != ["check"]:
-        if argv[:1] in (["-h"], ["--help"]):
-            print(__doc__)
-            return 0
-        raise ValueError(f"expected the command `check`, got {argv[:1] or 'nothing'}: python ckpt.py check SOURCE"
-                         " --config NAME (see python ckpt.py check --help)")
-    a = cli.parse(Check, argv[1:], description=inspect.cleandoc(check.__doc__), positional=("source",),
+    argv = cli.subcommand(sys.argv[1:] if argv is None else list(argv), "check", __doc__,
+                          "python ckpt.py check SOURCE --config NAME (see python ckpt.py check --help)")
+    if argv is None:
+        return 0
+    a = cli.parse(Check, argv, description=inspect.cleandoc(check.__doc__), positional=("source",),
                   prog="ckpt.py check")
     ok = check(a.config, a.source, {"auto": None, "net": False, "net_ema": True}[a.ema], a.lora_rank,
                {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype], a.allow_missing, a.init, a.verify)

@@ -187,6 +187,16 @@ def flatten(values, prefix=""):
     return out
 
 
+def subcommand(argv, name, doc, usage):
+    """`SCRIPT NAME ...` scripts: the arguments after NAME, or None after printing doc for -h/--help."""
+    if argv[:1] == [name]:
+        return argv[1:]
+    if argv[:1] in (["-h"], ["--help"]):
+        print(doc)
+        return None
+    raise ValueError(f"expected the command `{name}`, got {argv[:1] or 'nothing'}: {usage}")
+
+
 def main(fn, user_errors=(ValueError, OSError)):
     """Run fn(); a user error becomes one line on stderr and exit code 2 (NANOCOSMOS_TRACEBACK=1: with traceback)."""
     try:

@@ -532,14 +532,11 @@ class Export:
 
 def main(argv=None):
     """`python resume.py export SRC OUT [--ema] [--dtype bf16]` -> 0. User errors raise (cli.main)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] != ["export"]:
-        if argv[:1] in (["-h"], ["--help"]):
-            print(__doc__)
-            return 0
-        raise ValueError(f"expected the command `export`, got {argv[:1] or 'nothing'}: python resume.py export SRC"
-                         " OUT (see python resume.py export --help)")
-    a = cli.parse(Export, argv[1:], description="A step directory (or a run's newest) -> OUT.safetensors with our"
+    argv = cli.subcommand(sys.argv[1:] if argv is None else list(argv), "export", __doc__,
+                          "python resume.py export SRC OUT (see python resume.py export --help)")
+    if argv is None:
+        return 0
+    a = cli.parse(Export, argv, description="A step directory (or a run's newest) -> OUT.safetensors with our"
                   " keys, or a release-style OUT.pt that upstream Cosmos tools read.", positional=("source", "out"),
                   prog="resume.py export")
     if a.out.endswith(".pt"):

@@ -342,12 +342,11 @@ def main(argv=None):
     text_encoder = "reason1" if is_p25(mcfg) and cfg.config not in TINY_CONFIGS else "t5"
     camera = None
     if mcfg.camera_channels:  # the first episode of a views folder: each view's first frame and its cameras
-        from camera import plucker_map
+        from camera import views_map
         views = data.ViewClips(cfg.data, cfg.frames, cfg.height, cfg.width, text="standin", text_len=16,
                                text_dim=dim)[(0, 0)]
         first = views["video"][:, :, :1].to(device)
-        camera = plucker_map(views["w2c"].flatten(0, 1)[None], views["intrinsics"].flatten(0, 1)[None], cfg.height,
-                             cfg.width).to(device, dtype)
+        camera = views_map(views["w2c"], views["intrinsics"], cfg.height, cfg.width)[None].to(device, dtype)
     else:
         first = load_first_frame(cfg).to(device)
     video = torch.cat([first, torch.full_like(first, -1).expand(-1, -1, cfg.frames - 1, -1, -1)], dim=2)

@@ -24,7 +24,7 @@ import reward
 from grpo import GRPOConfig
 from lora import add_lora
 import flow
-from camera import fallback_cameras, plucker_map
+from camera import fallback_cameras, views_map
 from data import VIEW_ORDER
 from model import DiT, condition_mask, get_config, is_p25, matmul_peak, model_flops
 from sample import TINY_CONFIGS, split_views
@@ -154,8 +154,7 @@ def make_condition(cfg: SmokeConfig, mcfg, latent_shape, device):
         extra["conditional_frame_timestep"] = flow.checkpoint_defaults(cfg.init, cfg.config)[1]
     if mcfg.camera_channels:
         w2c, intrinsics = fallback_cameras(VIEWS, latent_shape[1] // VIEWS, cfg.height, cfg.width)
-        extra["camera"] = plucker_map(w2c.flatten(0, 1)[None], intrinsics.flatten(0, 1)[None], cfg.height,
-                                      cfg.width).to(device)
+        extra["camera"] = views_map(w2c, intrinsics, cfg.height, cfg.width)[None].to(device)
         mask = flow.multiview_condition_mask(gt, VIEWS, cfg.cond_frames)
     else:
         mask = condition_mask(gt, cfg.cond_frames)

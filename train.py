@@ -43,7 +43,7 @@ import vae as vae_lib
 from grpo import GRPOConfig
 from lora import add_lora
 from model import DiT, condition_mask, denoise, get_config, is_p25, matmul_peak, model_flops, num_params
-from camera import plucker_map
+from camera import views_map
 from sample import TINY_CONFIGS, split_views, stack_views  # CPU-fast configs (TINY preset, stand-in text); views
 
 # -----------------------------------------------------------------------------
@@ -519,9 +519,8 @@ def main(argv=None):
         """(latent, text, camera): views are encoded one by one and stacked on latent time, with their Pluecker map
         built here on the device (~570 MB fp32 per 93x432x768 sample: too big for the DataLoader); camera None else."""
         keys = list(zip(batch["stem"], batch["start"].tolist()))
-        camera = None if not views else plucker_map(
-            batch["w2c"].flatten(1, 2).to(device), batch["intrinsics"].flatten(1, 2).to(device), cfg.height,
-            cfg.width).to(compute_dtype)
+        camera = None if not views else views_map(batch["w2c"].to(device), batch["intrinsics"].to(device),
+                                                  cfg.height, cfg.width).to(compute_dtype)
         if not (cfg.cache_latents and all(k in latent_cache for k in keys)):
             with torch.no_grad():
                 video = batch["video"].to(device, compute_dtype)
@@ -708,9 +707,8 @@ def write_sample(net, vae, dataset, index, cfg, neg_text, path, master):
     text = item["text_emb"][None].to(device)
     p25 = dict(grid=flow.checkpoint_defaults(cfg.init, cfg.config)[0],
                conditional_frame_timestep=cfg.conditional_frame_timestep) if is_p25(get_config(cfg.config)) else {}
-    camera = None if "w2c" not in item else plucker_map(item["w2c"].flatten(0, 1)[None].to(device),
-                                                        item["intrinsics"].flatten(0, 1)[None].to(device),
-                                                        cfg.height, cfg.width).to(video.dtype)
+    camera = None if "w2c" not in item else views_map(item["w2c"].to(device), item["intrinsics"].to(device),
+                                                      cfg.height, cfg.width)[None].to(video.dtype)
     video = video if camera is not None else video[None]
     generated = sampling.generate(net, vae, video, text, neg_text.to(device), cfg.sample_steps, cfg.guidance, cfg.seed,
                                   camera=camera, **p25).to(video.dtype)
