@@ -11,25 +11,36 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import fp8
+
 
 class LoRALinear(nn.Linear):
     """nn.Linear plus a low-rank update; `weight`/`bias` keep their keys, the adapters add `lora_a`/`lora_b`."""
 
-    def add_adapter(self, rank, alpha):
+    def add_adapter(self, rank, alpha, seed):
         self.rank, self.scale, self.lora_enabled = rank, alpha / rank, True
         w = self.weight
         self.lora_a = nn.Linear(self.in_features, rank, bias=False, device=w.device, dtype=torch.float32)
         self.lora_b = nn.Linear(rank, self.out_features, bias=False, device=w.device, dtype=torch.float32)
         if not w.is_meta:
-            self.reset_lora()
+            self.reset_lora(seed)
 
     @torch.no_grad()
-    def reset_lora(self, generator=None):
-        nn.init.kaiming_uniform_(self.lora_a.weight, a=math.sqrt(5), generator=generator)
+    def reset_lora(self, seed):
+        """A's values depend on `seed` only, never on how FSDP shards A: drawn whole on the CPU, each rank copies its
+        rows (a draw on the sharded tensor would give every layout, e.g. another --cp, a different model)."""
+        import ckpt  # ckpt -> model -> lora: imported when used
+        full = torch.empty(self.lora_a.weight.shape)
+        nn.init.kaiming_uniform_(full, a=math.sqrt(5), generator=torch.Generator().manual_seed(seed))
+        local, lo, hi, _ = ckpt.local_rows(self.lora_a.weight.data)
+        local.copy_(full[lo:hi])
         nn.init.zeros_(self.lora_b.weight)  # the adapted model starts exactly at the base model
 
     def forward(self, x):
-        out = super().forward(x)
+        if getattr(self, "weight_fp8", None) is not None:  # fp8.quantize_base: the frozen base in fp8 GEMMs
+            out = fp8.linear(x, self.weight_fp8, self.weight_scale, self.bias)
+        else:
+            out = super().forward(x)
         if not self.lora_enabled:
             return out
         # fp32 master adapters, computed in the activation dtype (as under FSDP2's bf16 param_dtype or autocast): an
@@ -53,10 +64,11 @@ def add_lora(model, rank, alpha=None, targets=LORA_TARGETS):
     alpha = float(rank if alpha is None else alpha)
     model.requires_grad_(False)
     adapted = []
+    seed = lora_seed()
     for name, module in model.named_modules():
         if type(module) is nn.Linear and name.startswith("blocks.") and name.split(".", 2)[2] in targets:
             module.__class__ = LoRALinear  # keeps the same weight Parameter object and its key
-            module.add_adapter(rank, alpha)
+            module.add_adapter(rank, alpha, seed + len(adapted))
             adapted.append(name)
     if not adapted:
         raise ValueError(f"no Linear matched the LoRA targets {targets}")
@@ -64,6 +76,18 @@ def add_lora(model, rank, alpha=None, targets=LORA_TARGETS):
     for p in params:
         p.requires_grad_(True)
     return params
+
+
+def lora_seed(generator=None):
+    """The adapters' base seed, one draw from `generator` (default: torch's global CPU generator); adapter i gets
+    seed + i, so the values follow the seed alone."""
+    return int(torch.randint(2 ** 62, (), generator=generator, device=generator.device if generator else "cpu"))
+
+
+def reset_all(model, seed):
+    """Fresh adapters for every LoRALinear: A Kaiming-uniform from seed + i, B = 0."""
+    for i, module in enumerate(m for m in model.modules() if isinstance(m, LoRALinear)):
+        module.reset_lora(seed + i)
 
 
 def set_lora_enabled(model, enabled):

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import cp
-from lora import LoRALinear
+from lora import lora_seed, reset_all
 
 # -----------------------------------------------------------------------------
 # Config
@@ -486,6 +486,7 @@ class DiT(nn.Module):
     @torch.no_grad()
     def init_weights(self, generator=None):
         """Random init (for `--init random` and after `to_empty`); loaded checkpoints overwrite all of it."""
+        adapters = lora_seed(generator)  # drawn first: the draws below consume the generator by each rank's shard size
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=module.in_features ** -0.5, generator=generator)
@@ -502,9 +503,7 @@ class DiT(nn.Module):
             for p in self.extra_pos_embedder.parameters():
                 nn.init.normal_(p, std=0.02, generator=generator)
         self.pos_embedder.reset_buffers()
-        for module in self.modules():  # LoRA adapters, if any were added before materialising
-            if isinstance(module, LoRALinear):
-                module.reset_lora(generator)
+        reset_all(self, adapters)  # LoRA adapters, if any were added before materialising
 
     def forward(self, x_B_C_T_H_W, t_B_T, crossattn_emb, condition_mask_B_1_T_H_W=None, fps=None,
                 padding_mask_B_1_H_W=None, camera_B_T_Hp_Wp_C=None):

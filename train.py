@@ -33,6 +33,7 @@ import cp
 import data
 import flow
 import formats
+import fp8
 import grpo
 import resume
 import reward
@@ -41,7 +42,7 @@ import sac
 import stitch
 import vae as vae_lib
 from grpo import GRPOConfig
-from lora import add_lora
+from lora import LoRALinear, add_lora
 from model import DiT, condition_mask, denoise, get_config, is_p25, matmul_peak, model_flops, num_params
 from camera import views_map
 from sample import TINY_CONFIGS, split_views, stack_views  # CPU-fast configs (TINY preset, stand-in text); views
@@ -87,6 +88,7 @@ class TrainConfig:
     cp: int = 1  # context parallelism: ranks that split each sample's latent frames (Ulysses, cp.py, docs/memory.md)
     lora: int = 0  # LoRA rank; 0 = full fine-tune
     lora_alpha: float = 0.0  # LoRA alpha; 0 = rank (scale 1)
+    fp8: bool = False  # LoRA: hold the adapted Linears' frozen base in fp8 and run fp8 GEMMs (fp8.py; half the memory)
     ema: float = 0.0  # power-EMA rate s (upstream 0.1); 0 = off
     save_every: int = 0  # checkpoint every N steps; 0 = only at the end and on SIGTERM/SIGUSR1
     keep: int = 3  # complete checkpoints kept (>= 2)
@@ -159,6 +161,9 @@ def validate(cfg, given=None):
         unused.update({k: "with --objective sft" for k in given if k.startswith("grpo.") or k == "reward"})
     if cfg.lora == 0:
         unused.update({k: "without --lora" for k in ("lora_alpha",) if k in given})
+        if cfg.fp8:
+            raise ValueError("--fp8 holds the frozen base of a LoRA run in fp8: it needs --lora RANK (a full "
+                             "fine-tune trains every weight)")
     if cfg.sac in ("none", "auto"):
         unused.update({k: f"with --sac {cfg.sac}" for k in ("sac_every",) if k in given})
     if (cfg.sac == "auto") != (cfg.mem_budget > 0):
@@ -306,9 +311,10 @@ def training_loss(net, cfg, latent, text_emb, seeds, camera=None):
 # Distributed model: FSDP2 per block, then the final layer, then the root (torchtitan's order)
 
 
-def shard_model(net, device, cp=1):
+def shard_model(net, device, cp=1, ignored=None):
     """FSDP2 over all ranks. With --cp C the mesh is the flattened dp x cp (torchtitan's dp_shard_cp: memory per rank
-    falls with C too), and gradients are summed over the C ranks of a sample and averaged over the dp samples only."""
+    falls with C too), and gradients are summed over the C ranks of a sample and averaged over the dp samples only.
+    `ignored` parameters stay whole on every rank (--fp8: the frozen base, replaced by fp8 buffers after loading)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     world = dist.get_world_size()
@@ -319,7 +325,8 @@ def shard_model(net, device, cp=1):
     mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32, cast_forward_inputs=False)
     last = len(net.blocks) - 1
     for i, block in enumerate(net.blocks):
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < last)  # backward starts at the last
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < last,  # backward starts at the last
+                    ignored_params=ignored)
     fully_shard(net.final_layer, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     fully_shard(net, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     if cp > 1:  # each cp rank holds its frames' part of a sample's gradient: sum those, mean over the dp samples
@@ -534,8 +541,16 @@ def main(argv=None):
     # model: meta build -> LoRA/freeze -> activation checkpointing -> compile -> FSDP -> materialise -> load
     with torch.device("meta"):
         net = DiT(mcfg)
+    frozen_base = []
     if cfg.lora:
         add_lora(net, cfg.lora, cfg.lora_alpha or None)
+        # the adapted Linears' frozen base in the compute dtype: fp32 would hold 4 B per weight that never trains (14B:
+        # 54 GiB instead of 27) for FSDP to cast to bf16 anyway; the adapters keep fp32 masters
+        frozen_base = [m for m in net.modules() if isinstance(m, LoRALinear)]
+        for m in frozen_base:
+            m.weight = torch.nn.Parameter(m.weight.to(compute_dtype), requires_grad=False)
+        if cfg.fp8:
+            fp8.check_shapes(net)
     sac_modes = [cfg.sac if i % cfg.sac_every == 0 else "none" for i in range(mcfg.num_blocks)]
     if cfg.sac == "auto":  # one block measured under every mode at this run's shape; rank 0's choice for all ranks
         latent = (cfg.batch_size, mcfg.in_channels, max(views, 1) * (1 + (cfg.frames - 1) // 4), cfg.height // 8,
@@ -550,7 +565,7 @@ def main(argv=None):
         for block in net.blocks:
             block.compile()  # in place: no _orig_mod. in any key
     if distributed:
-        shard_model(net, device, cfg.cp)
+        shard_model(net, device, cfg.cp, ignored={m.weight for m in frozen_base} if cfg.fp8 else None)
     net.to_empty(device=device)
     torch.manual_seed(cfg.seed)  # same on every rank, so the DTensor init is one consistent model
     net.init_weights()
@@ -559,9 +574,16 @@ def main(argv=None):
     else:
         ckpt.load(net, cfg.init, ema={"": None, "net": False, "net_ema": True}[cfg.ema_weights],
                   allow_missing=(ckpt.LORA_KEYS,) if cfg.lora else ())
+    n_params = num_params(net)
+    if cfg.fp8:  # after the load: the base went in whole (and was checked), then is quantised in place
+        fp8.quantize_base(net)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     trainable = [p for p in net.parameters() if p.requires_grad]
-    say(f"model: {cfg.config}, {num_params(net):,} parameters, {sum(p.numel() for p in trainable):,} trainable"
-        f"{f' (LoRA r={cfg.lora})' if cfg.lora else ''}, sac={cfg.sac}/{cfg.sac_every}, {world} rank(s) on {device.type}"
+    say(f"model: {cfg.config}, {n_params:,} parameters, {sum(p.numel() for p in trainable):,} trainable"
+        f"{f' (LoRA r={cfg.lora})' if cfg.lora else ''}"
+        + (f", frozen base of {len(frozen_base)} Linears in fp8 ({fp8.fp8_bytes(net) / 2 ** 30:.2f} GiB)"
+           if cfg.fp8 else "") + f", sac={cfg.sac}/{cfg.sac_every}, {world} rank(s) on {device.type}"
         + (f" (dp {dp_world} x cp {cfg.cp})" if cfg.cp > 1 else ""))
 
     # optimizer: AdamW with the objective's own settings (SFT: warm-up + cosine; GRPO: docs/grpo.md's recipe)
