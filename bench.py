@@ -40,8 +40,9 @@ import cli  # noqa: E402
 import cp  # noqa: E402
 import plan  # noqa: E402
 import sac  # noqa: E402
-from lora import add_lora  # noqa: E402
+from lora import LORA_TARGETS, LoRALinear, add_lora  # noqa: E402
 import flow  # noqa: E402
+import fp8  # noqa: E402
 from flow import multiview_condition_mask  # noqa: E402
 from camera import fallback_cameras, views_map  # noqa: E402
 from model import (DiT, condition_mask, denoise, get_config, is_p25, matmul_peak, model_flops,  # noqa: E402
@@ -54,6 +55,7 @@ class BenchConfig:
     sac: str = "selective"  # activation checkpointing: none | block | mm | attn | selective | auto (docs/memory.md)
     every: int = 1  # checkpoint every N-th block only
     lora: int = 0  # LoRA rank; 0 = full fine-tune
+    fp8: bool = False  # fp8 GEMMs in the block Linears, as train.py --fp8 (LoRA: the frozen base stored in fp8)
     frames: int = 93  # pixel frames; latent T = 1 + (frames - 1) // 4
     height: int = 432  # pixels
     width: int = 768  # pixels
@@ -82,6 +84,8 @@ class BenchConfig:
     cp: int = 1  # --world: train.py --cp C, ranks splitting each sample's latent frames (C divides N): rank 0's frames
     link_gb_s: float = 450.0  # --world: link bandwidth per rank and direction, GB/s (NVLink 4: 450; IB NDR 400G: 50)
     mem_budget: float = 0.0  # --sac auto: per-rank memory budget in GiB; picks the fastest per-block mix that fits
+    vs: str = ""  # diffusers: run the same step on diffusers' CosmosTransformer3DModel in this process and print the
+    # ratio table (diffusers-vae: WanVAE vs AutoencoderKLWan; peer.py)
 
 
 # The BENCHMARKS.md table: v2w-2b full fine-tune under every mode, v2w-14b LoRA r=32 under block and attn.
@@ -132,16 +136,21 @@ def _timer(device):
 # Model, batch, step
 
 
-def build(b: BenchConfig, device, dtype):
-    """Meta -> dtype -> (LoRA, adapters in fp32) -> empty on device -> random init. Returns model and trainables."""
+def build(b: BenchConfig, device, dtype, modes):
+    """Meta -> dtype -> (LoRA, adapters in fp32) -> empty on device -> random init -> (fp8 base) -> checkpointing
+    `modes` per block -> compile. Returns model and trainables."""
     cfg = get_config(b.config)
     with torch.device("meta"):
         model = DiT(cfg).to(dtype)
     trainable = add_lora(model, b.lora) if b.lora else list(model.parameters())
+    if b.fp8 and not b.lora:
+        fp8.convert_trainable(model, LORA_TARGETS)
     model.to_empty(device=device)
     g = torch.Generator(device=device).manual_seed(b.seed)
     model.init_weights(generator=g)
-    sac.apply(model, b.sac, b.every)
+    if b.fp8:
+        fp8.quantize_base(model)  # frees the bf16 base; the fp8 copy was allocated beside it
+    sac.apply_per_block(model, modes)
     if b.compile:
         for block in model.blocks:
             block.compile()  # compiles Block._call_impl in place: no _orig_mod segment in any key
@@ -211,6 +220,8 @@ def run_plan(b: BenchConfig, shard=True):
         net = DiT(cfg)  # fp32 master weights, as train.py
     if b.lora:
         add_lora(net, b.lora)
+    elif b.fp8:  # train.py --fp8 of a full fine-tune (LoRA's fp8 base is refused in main: planned in bf16)
+        fp8.convert_trainable(net, LORA_TARGETS)
     formula = [plan.state_formula(net, world, r) for r in range(world)]
     traffic = plan.fsdp_traffic(net, world, dtype, b.link_gb_s)
     res = dict(plan=True, config=b.config, world=world, sharded=shard, lora=b.lora, compile=b.compile,
@@ -222,7 +233,7 @@ def run_plan(b: BenchConfig, shard=True):
                **traffic, link_gb_s=b.link_gb_s, cp=cp_size)
     modes = [b.sac if i % b.every == 0 else "none" for i in range(cfg.num_blocks)]
     if b.sac == "auto":
-        costs, auto, fixed = plan.auto_plan(net, world, device, dtype, shape, b.text_len, b.lora, b.mem_budget)
+        costs, auto, fixed = plan.auto_plan(net, world, device, dtype, shape, b.text_len, b.lora, b.mem_budget, b.fp8)
         print(auto.why, flush=True)
         modes = auto.modes
         res.update(mem_budget_gib=b.mem_budget, auto_fixed_gib=round(fixed / 2**30, 2),
@@ -380,7 +391,7 @@ def run(b: BenchConfig):
     shape = latent_shape(b)
     fwd, step_3x, step_needed = model_flops(cfg, shape, b.text_len, b.lora)
     tokens = (shape[2] // cfg.patch_temporal) * (shape[3] // cfg.patch_spatial) * (shape[4] // cfg.patch_spatial)
-    res = dict(config=b.config, sac=b.sac, every=b.every, lora=b.lora, compile=b.compile, offload=b.offload,
+    res = dict(config=b.config, sac=b.sac, every=b.every, lora=b.lora, fp8=b.fp8, compile=b.compile, offload=b.offload,
                latent=list(shape),
                tokens=tokens, text_len=b.text_len, dtype=b.dtype, device=b.device, torch=torch.__version__,
                gpu=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", tf32=b.tf32,
@@ -388,9 +399,25 @@ def run(b: BenchConfig):
     cuda = device.type == "cuda"
     peak = matmul_peak(device, dtype)  # measured again after the timed steps (clocks up); the larger one is used
     res["matmul_peak_tflops"] = round(peak / 1e12, 1)
+    modes = [b.sac if i % b.every == 0 else "none" for i in range(cfg.num_blocks)]
+    if b.sac == "auto":  # the plan with this step's resident state: weights and gradients in --dtype, no optimizer
+        with torch.device("meta"):
+            net = DiT(cfg).to(dtype)
+        if b.lora:
+            add_lora(net, b.lora)
+        fixed = sum(p.numel() * p.element_size() * (1 + p.requires_grad) for p in net.parameters())
+        if b.fp8 and b.lora:  # the frozen base held in 1-byte e4m3
+            fixed -= sum(m.weight.numel() * (m.weight.element_size() - 1) for m in net.modules()
+                         if isinstance(m, LoRALinear))
+        costs, auto, fixed = plan.auto_plan(net, 1, device, dtype, shape, b.text_len, b.lora, b.mem_budget, b.fp8,
+                                            fixed_bytes=fixed)
+        print(auto.why, flush=True)
+        modes = auto.modes
+        res.update(sac={m: modes.count(m) for m in dict.fromkeys(modes)}, mem_budget_gib=b.mem_budget,
+                   auto_predicted_peak_gib=round(auto.peak_bytes / 2**30, 2))
     try:
         t0 = time.perf_counter()
-        model, trainable = build(b, device, dtype)
+        model, trainable = build(b, device, dtype, modes)
         batch = make_batch(b, cfg, device, dtype)
         res["weights_gib"] = round(torch.cuda.memory_allocated() / 2**30, 2) if cuda else None
         res["trainable_params"] = sum(p.numel() for p in trainable)
@@ -399,8 +426,8 @@ def run(b: BenchConfig):
             t = _timer(device)
             train_step(model, batch, trainable)
             res.setdefault("warmup_s", []).append(round(t(), 3))
-        if b.sac in ("mm", "attn", "selective"):
-            res["saved"] = sac.check_first_step(b.sac)  # raises if the save list missed the kernels that ran
+        if set(modes) & {"mm", "attn", "selective"}:
+            res["saved"] = sac.check_first_step(modes)  # raises if the save list missed the kernels that ran
             res["saved_ops"] = dict(sac.SAVED)
         if cuda:
             torch.cuda.synchronize()
@@ -473,22 +500,26 @@ def sweep(b: BenchConfig, argv):
 
 @torch.no_grad()
 def parity(b: BenchConfig):
-    """The upstream v2w reference case (CPU fp32 outputs) run here in fp32 and in bf16: how close is this device?"""
+    """The upstream v2w reference case (CPU fp32 outputs) run here in fp32, bf16 and bf16 with the fp8 base (--fp8):
+    how close is this device, and what does fp8 add to bf16's error?"""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
     import check_reference
     from safetensors.torch import load_file
     stem = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests", "data", "reference", "v2w_lora_cond")
     case, io = json.load(open(stem + ".json")), load_file(stem + ".io.safetensors")
     res = dict(parity="v2w_lora_cond", device=b.device, torch=torch.__version__)
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype, quantized in ((torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)):
         net = check_reference.build_dit_case(case, stem + ".weights.safetensors").to(b.device, dtype)
+        if quantized:  # as `--lora R --fp8` holds it: fresh adapters (B = 0: the same function), the base in fp8
+            add_lora(net, 4)
+            fp8.quantize_base(net)
         kwargs = check_reference.call_kwargs(case["call"]["forward_kwargs"], io, net.cfg)
         kwargs = {k: v.to(b.device) if torch.is_tensor(v) else v for k, v in kwargs.items()}
         activity = torch.profiler.ProfilerActivity.CUDA if b.device.startswith("cuda") else torch.profiler.ProfilerActivity.CPU
         with torch.profiler.profile(activities=[activity]) as prof:
             out = net(**kwargs).float().cpu()
         ref = io["out.y_B_C_T_H_W"]
-        name = str(dtype).replace("torch.", "")
+        name = str(dtype).replace("torch.", "") + ("_fp8" if quantized else "")
         res[f"{name}_max_abs"] = (out - ref).abs().max().item()
         res[f"{name}_rel_rms"] = ((out - ref).square().mean() / ref.square().mean()).sqrt().item()
         res[f"{name}_attention_kernels"] = sorted({e.name[:80] for e in prof.events() if any(
@@ -555,15 +586,17 @@ def check_views(b: BenchConfig):
                          "(p25-2b-agibot: --views 3); a camera net needs --views >= 2")
 
 
-def check_plan(b: BenchConfig):
-    """--world, --sac auto, --mem-budget: the planner's flags checked, the ones it would not use refused."""
-    if b.world < 1:
-        raise ValueError(f"--world {b.world}: --sac auto and --mem-budget plan a train.py step: add --world N (>= 1)")
+def check_auto(b: BenchConfig):
     if (b.sac == "auto") != (b.mem_budget > 0):
         raise ValueError("--sac auto needs --mem-budget GiB (> 0, per rank), and --mem-budget needs --sac auto")
-    sac.validate("block" if b.sac == "auto" else b.sac, b.every)
     if b.sac == "auto" and b.every != 1:
         raise ValueError(f"--every {b.every} does nothing with --sac auto (it picks a mode per block): drop it")
+    sac.validate("block" if b.sac == "auto" else b.sac, b.every)
+
+
+def check_plan(b: BenchConfig):
+    """--world: the planner's flags checked, the ones it would not use refused."""
+    check_auto(b)
     for flag, on in (("--parity", b.parity), ("--sweep", b.sweep), ("--ckpt-load", b.ckpt_load),
                      ("--profile", b.profile)):
         if on:
@@ -586,12 +619,18 @@ def check_plan(b: BenchConfig):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     b = parse_args(argv)
-    if b.world or b.sac == "auto" or b.mem_budget:
+    if b.vs:  # the same step on diffusers (peer.py: the only importer of diffusers, a benchmark-only dependency)
+        import peer
+        return peer.main(b)
+    if b.fp8 and b.lora and b.world:
+        raise ValueError("--fp8 --lora with --world: the planner holds the frozen base as FSDP shards, train.py --fp8 "
+                         "holds it whole in fp8; plan it without --fp8 (an upper bound) or measure without --world")
+    check_auto(b)
+    if b.world:
         check_plan(b)
         res = run_plan(b)
         print(plan_table(res), flush=True)
         return emit(res, b.out)
-    sac.validate(b.sac, b.every)
     if b.cp != 1:
         raise ValueError(f"--cp {b.cp} needs --world N (the planner runs train.py's CP step as rank 0 of N)")
     check_views(b)

@@ -1,4 +1,5 @@
-"""FP8 frozen base for LoRA: the adapted Linears keep their frozen weight in float8 (e4m3) and run fp8 GEMMs.
+"""FP8 GEMMs for the block Linears: LoRA's frozen base stored in float8 (e4m3), or a full fine-tune's forward and
+input-gradient GEMMs in fp8 (weight gradients stay bf16).
 
 Under LoRA the base weights never train, so they can be stored once in fp8 (half of bf16: 14B's 27 GiB becomes
 13.6 GiB) and both GEMMs that touch them, the forward y = x W^T and the input gradient dx = dy W, run on the fp8
@@ -13,6 +14,11 @@ scale would lose accuracy; a second, differently scaled copy would give back the
 plain torch ops, so under `--compile` inductor fuses the amax and the cast into the op that produces x (or dy): in
 separate eager kernels they cost most of the fp8 gain (measured 0.64-1.01 vs 1.24-1.42 PFLOP/s for the fused GEMM).
 
+Full fine-tuning (`Fp8Linear`, the same kernels): the weight trains, so it stays a bf16/fp32 parameter (FSDP all-gathers
+it as before) and is quantised per output channel inside the forward and again in the backward (one pass over a
+layer's weight, fused under compile); its gradient dW = dy^T x is a bf16 GEMM on the saved bf16 input, as without fp8
+(an fp8 weight gradient would put e4m3's error into the update itself). Two of the three GEMMs per Linear are fp8.
+
 Why hand-written rather than torchao: torchao's float8 training (Float8Linear) keeps a bf16 weight and re-quantises it
 every step (no memory saved, and a weight gradient we do not need), and its inference tensor subclasses are not built
 to give an input gradient; the frozen-LoRA case is this one autograd.Function of ~30 lines over torch._scaled_mm.
@@ -22,6 +28,7 @@ K makes the output error smaller); tests/test_fp8.py bounds it on CPU, and BENCH
 against bf16 on the reference case and over a 50-step tiny LoRA run.
 """
 import torch
+import torch.nn as nn
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max  # 448
@@ -55,6 +62,54 @@ class _Fp8Linear(torch.autograd.Function):
         w_col = w_fp8_N_K.t().contiguous().t()
         ones = torch.ones(1, w_fp8_N_K.shape[1], dtype=torch.float32, device=grad_M_N.device)
         return torch._scaled_mm(gq, w_col, scale_a=g_scale, scale_b=ones, out_dtype=grad_M_N.dtype), None, None
+
+
+class _Fp8LinearTrainable(torch.autograd.Function):
+    """y = x W^T for a trainable W: fp8 forward and input gradient, bf16 weight gradient."""
+
+    @staticmethod
+    def forward(ctx, x_M_K, w_N_K):
+        ctx.save_for_backward(x_M_K, w_N_K)  # as F.linear saves them: no extra memory
+        w_fp8, w_scale = quantize_rows(w_N_K)
+        xq, x_scale = quantize_rows(x_M_K)
+        return torch._scaled_mm(xq, w_fp8.t(), scale_a=x_scale, scale_b=w_scale.view(1, -1), out_dtype=x_M_K.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_M_N):
+        x_M_K, w_N_K = ctx.saved_tensors
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            w_fp8, w_scale = quantize_rows(w_N_K)  # again, rather than keeping every layer's fp8 copy until backward
+            gq, g_scale = quantize_rows(grad_M_N * w_scale.view(1, -1).to(grad_M_N.dtype))
+            ones = torch.ones(1, w_N_K.shape[1], dtype=torch.float32, device=grad_M_N.device)
+            grad_x = torch._scaled_mm(gq, w_fp8.t().contiguous().t(), scale_a=g_scale, scale_b=ones,
+                                      out_dtype=grad_M_N.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_w = (grad_M_N.t() @ x_M_K.to(grad_M_N.dtype)).to(w_N_K.dtype)
+        return grad_x, grad_w
+
+
+class Fp8Linear(nn.Linear):
+    """nn.Linear whose forward and input-gradient GEMMs run in fp8 (full fine-tuning); same parameters and keys."""
+
+    def forward(self, x):
+        out = _Fp8LinearTrainable.apply(x.reshape(-1, x.shape[-1]), self.weight.to(x.dtype))
+        out = out.view(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias.to(out.dtype)
+
+
+def convert_trainable(model, targets):
+    """Swap the block Linears named by `targets` (lora.LORA_TARGETS) to Fp8Linear in place; keys unchanged. Works on
+    meta (before FSDP and compile). Returns how many were swapped."""
+    n = 0
+    for name, module in model.named_modules():
+        if type(module) is nn.Linear and name.startswith("blocks.") and name.split(".", 2)[2] in targets:
+            if module.in_features % 16 or module.out_features % 16:
+                raise ValueError(f"--fp8: fp8 GEMMs need in/out features that are multiples of 16; {name} "
+                                 f"({module.out_features}x{module.in_features}) is not: train without --fp8")
+            module.__class__ = Fp8Linear
+            n += 1
+    return n
 
 
 def linear(x, w_fp8, w_scale, bias=None):

@@ -9,8 +9,9 @@ calls `auto_plan` for --sac auto. docs/memory.md, "Before you queue a job", has 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import fp8 as fp8_lib
 import sac
-from lora import add_lora
+from lora import LORA_TARGETS, add_lora
 from model import Block, DiT, condition_mask
 
 
@@ -95,18 +96,21 @@ def cp_traffic(cfg, latent, cp, compute_dtype, recompute_blocks, link_gb_s):
     return dict(alltoall_bytes=handed, cp_link_bytes_per_rank=link, cp_comm_s=link / (link_gb_s * 1e9))
 
 
-def auto_plan(net, world, device, dtype, latent, text_len, lora, mem_budget_gib):
+def auto_plan(net, world, device, dtype, latent, text_len, lora, mem_budget_gib, fp8=False, fixed_bytes=None):
     """--sac auto for any driver (this planner; train.py): `net` is the meta model (LoRA added, not yet sharded).
 
     Fixed per-rank bytes: rank 0's state (state_formula) and the units FSDP holds gathered in the compute dtype (root,
     final layer, last block, the current and the prefetched block). One block, built unsharded in the compute dtype
     as FSDP runs it, is measured under every mode at the inputs a meta forward of the whole model gives it; then
     sac.plan_auto. Returns (costs, AutoPlan, fixed bytes); an impossible budget is a ValueError.
+    fp8: the block measured with train.py --fp8's GEMMs (LoRA: its base quantised). fixed_bytes: instead of train.py's
+    FSDP state (bench.py without --world: the resident weights and gradients in the compute dtype).
     """
     cfg, captured = net.cfg, {}
     gathered = [*fsdp_units(net)[0][1], *net.final_layer.parameters(), *net.blocks[-1].parameters(),
                 *net.blocks[0].parameters(), *net.blocks[0].parameters()]
-    fixed = sum(state_formula(net, world, 0).values()) + sum(p.numel() for p in gathered) * dtype.itemsize
+    fixed = sum(state_formula(net, world, 0).values()) + sum(p.numel() for p in gathered) * dtype.itemsize \
+        if fixed_bytes is None else fixed_bytes
     with torch.device("meta"):
         net_meta, block = DiT(cfg).to(dtype), Block(cfg).to(dtype)
     net_meta.blocks[0].register_forward_pre_hook(lambda m, args: captured.setdefault("args", args))
@@ -117,12 +121,17 @@ def auto_plan(net, world, device, dtype, latent, text_len, lora, mem_budget_gib)
         net_meta(x0, torch.ones(B, device="meta"), torch.empty(B, text_len, cfg.crossattn_proj_in_channels,
                  device="meta"), condition_mask_B_1_T_H_W=condition_mask(x0, 1), camera_B_T_Hp_Wp_C=torch.empty(
                  *grid, cfg.camera_channels, device="meta") if cfg.camera_channels else None)
+    wrapped = torch.nn.ModuleDict({"blocks": torch.nn.ModuleList([block])})
     if lora:
-        add_lora(torch.nn.ModuleDict({"blocks": torch.nn.ModuleList([block])}), lora)
+        add_lora(wrapped, lora)
+    elif fp8:
+        fp8_lib.convert_trainable(wrapped, LORA_TARGETS)
     block.to_empty(device=device)
     with torch.no_grad():
         for p in block.parameters():
             p.normal_(std=0.02)
+    if lora and fp8:
+        fp8_lib.quantize_base(wrapped)
     real = lambda t: torch.randn(t.shape, device=device).to(t.dtype) if torch.is_tensor(t) else t  # noqa: E731
     costs = sac.measure_block_costs(block, [tuple(map(real, a)) if isinstance(a, tuple) else real(a)
                                             for a in captured["args"]])

@@ -42,7 +42,7 @@ import sac
 import stitch
 import vae as vae_lib
 from grpo import GRPOConfig
-from lora import LoRALinear, add_lora
+from lora import LORA_TARGETS, LoRALinear, add_lora
 from model import DiT, condition_mask, denoise, get_config, is_p25, matmul_peak, model_flops, num_params
 from camera import views_map
 from sample import TINY_CONFIGS, split_views, stack_views  # CPU-fast configs (TINY preset, stand-in text); views
@@ -88,7 +88,8 @@ class TrainConfig:
     cp: int = 1  # context parallelism: ranks that split each sample's latent frames (Ulysses, cp.py, docs/memory.md)
     lora: int = 0  # LoRA rank; 0 = full fine-tune
     lora_alpha: float = 0.0  # LoRA alpha; 0 = rank (scale 1)
-    fp8: bool = False  # LoRA: hold the adapted Linears' frozen base in fp8 and run fp8 GEMMs (fp8.py; half the memory)
+    fp8: bool = False  # fp8 GEMMs in the block Linears (fp8.py): LoRA holds its frozen base in fp8 (half the memory);
+    # a full fine-tune keeps its weights and runs forward and input-gradient GEMMs in fp8, weight gradients in bf16
     ema: float = 0.0  # power-EMA rate s (upstream 0.1); 0 = off
     save_every: int = 0  # checkpoint every N steps; 0 = only at the end and on SIGTERM/SIGUSR1
     keep: int = 3  # complete checkpoints kept (>= 2)
@@ -161,9 +162,6 @@ def validate(cfg, given=None):
         unused.update({k: "with --objective sft" for k in given if k.startswith("grpo.") or k == "reward"})
     if cfg.lora == 0:
         unused.update({k: "without --lora" for k in ("lora_alpha",) if k in given})
-        if cfg.fp8:
-            raise ValueError("--fp8 holds the frozen base of a LoRA run in fp8: it needs --lora RANK (a full "
-                             "fine-tune trains every weight)")
     if cfg.sac in ("none", "auto"):
         unused.update({k: f"with --sac {cfg.sac}" for k in ("sac_every",) if k in given})
     if (cfg.sac == "auto") != (cfg.mem_budget > 0):
@@ -551,12 +549,14 @@ def main(argv=None):
             m.weight = torch.nn.Parameter(m.weight.to(compute_dtype), requires_grad=False)
         if cfg.fp8:
             fp8.check_shapes(net)
+    elif cfg.fp8:
+        fp8.convert_trainable(net, LORA_TARGETS)  # same keys; the GEMMs of the LoRA targets' Linears go fp8
     sac_modes = [cfg.sac if i % cfg.sac_every == 0 else "none" for i in range(mcfg.num_blocks)]
     if cfg.sac == "auto":  # one block measured under every mode at this run's shape; rank 0's choice for all ranks
         latent = (cfg.batch_size, mcfg.in_channels, max(views, 1) * (1 + (cfg.frames - 1) // 4), cfg.height // 8,
                   cfg.width // 8)
         auto = ckpt.agree("--sac auto", lambda: plan.auto_plan(net, world, device, compute_dtype, latent, cfg.text_len,
-                                                               cfg.lora, cfg.mem_budget)[1], share=True)
+                                                               cfg.lora, cfg.mem_budget, cfg.fp8)[1], share=True)
         say(auto.why)
         sac_modes = auto.modes
     sac.apply_per_block(net, sac_modes)
@@ -575,7 +575,7 @@ def main(argv=None):
         ckpt.load(net, cfg.init, ema={"": None, "net": False, "net_ema": True}[cfg.ema_weights],
                   allow_missing=(ckpt.LORA_KEYS,) if cfg.lora else ())
     n_params = num_params(net)
-    if cfg.fp8:  # after the load: the base went in whole (and was checked), then is quantised in place
+    if cfg.fp8 and cfg.lora:  # after the load: the base went in whole (and was checked), then is quantised in place
         fp8.quantize_base(net)
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -583,7 +583,8 @@ def main(argv=None):
     say(f"model: {cfg.config}, {n_params:,} parameters, {sum(p.numel() for p in trainable):,} trainable"
         f"{f' (LoRA r={cfg.lora})' if cfg.lora else ''}"
         + (f", frozen base of {len(frozen_base)} Linears in fp8 ({fp8.fp8_bytes(net) / 2 ** 30:.2f} GiB)"
-           if cfg.fp8 else "") + f", sac={cfg.sac}/{cfg.sac_every}, {world} rank(s) on {device.type}"
+           if cfg.fp8 and cfg.lora else ", fp8 GEMMs (weights and their gradients bf16/fp32)" if cfg.fp8 else "")
+        + f", sac={cfg.sac}/{cfg.sac_every}, {world} rank(s) on {device.type}"
         + (f" (dp {dp_world} x cp {cfg.cp})" if cfg.cp > 1 else ""))
 
     # optimizer: AdamW with the objective's own settings (SFT: warm-up + cosine; GRPO: docs/grpo.md's recipe)

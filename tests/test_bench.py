@@ -127,7 +127,7 @@ def test_auto_runs_and_applies_its_choice(capsys):
 
 
 @pytest.mark.parametrize("flags,match", [
-    (["--sac", "auto"], "add --world N"),
+    (["--sac", "auto"], "--sac auto needs --mem-budget"),
     (["--world", "2", "--sac", "auto"], "--sac auto needs --mem-budget"),
     (["--world", "2", "--mem-budget", "10"], "--mem-budget needs --sac auto"),
     (["--world", "2", "--sac", "auto", "--mem-budget", "10", "--every", "2"], "--every 2 does nothing"),
