@@ -86,8 +86,6 @@ class BenchConfig:
     mem_budget: float = 0.0  # --sac auto: per-rank memory budget in GiB; picks the fastest per-block mix that fits
     vs: str = ""  # diffusers: run the same step on diffusers' CosmosTransformer3DModel in this process and print the
     # ratio table (diffusers-vae: WanVAE vs AutoencoderKLWan; peer.py)
-    vs: str = ""  # diffusers: run the same step on diffusers' CosmosTransformer3DModel in this process and print the
-    # ratio table (diffusers-vae: WanVAE vs AutoencoderKLWan; peer.py)
 
 
 # The BENCHMARKS.md table: v2w-2b full fine-tune under every mode, v2w-14b LoRA r=32 under block and attn.
@@ -621,9 +619,6 @@ def check_plan(b: BenchConfig):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     b = parse_args(argv)
-    if b.vs:  # the same step on diffusers (peer.py: the only importer of diffusers, a benchmark-only dependency)
-        import peer
-        return peer.main(b)
     if b.vs:  # the same step on diffusers (peer.py: the only importer of diffusers, a benchmark-only dependency)
         import peer
         return peer.main(b)
