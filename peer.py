@@ -509,7 +509,7 @@ def check(b):
         raise ValueError(f"--vs {b.vs!r}: valid: {', '.join(CASES)}")
     for flag, on in (("--world", b.world), ("--cp", b.cp != 1), ("--parity", b.parity), ("--ckpt-load", b.ckpt_load),
                      ("--profile", b.profile), ("--offload", b.offload), ("--every", b.every != 1),
-                     ("--views", b.views != 1), ("--mem-budget", b.mem_budget)):
+                     ("--views", b.views != 1), ("--mem-budget", b.mem_budget), ("--fp8", b.fp8)):
         if on:
             raise ValueError(f"{flag} does nothing with --vs {b.vs} (diffusers has no counterpart): drop it")
     if b.sac == "auto":

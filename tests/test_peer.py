@@ -125,6 +125,7 @@ def test_bench_vs_diffusers_vae(capsys):
 @pytest.mark.parametrize("flags,message", [
     (["--vs", "peft"], "--vs 'peft': valid: diffusers, diffusers-vae"),
     (["--vs", "diffusers", "--world", "2"], "--world does nothing with --vs diffusers"),
+    (["--vs", "diffusers", "--lora", "4", "--fp8"], "--fp8 does nothing with --vs diffusers"),
     (["--vs", "diffusers", "--config", "p25-tiny"], "compares the Predict2 network"),
     (["--vs", "diffusers-vae", "--compile"], "--lora and --compile do nothing with --vs diffusers-vae"),
     (["--vs", "diffusers", "--sac", "auto"], "--sac auto does nothing with --vs"),
