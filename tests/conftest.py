@@ -1,7 +1,19 @@
 import os
 import sys
 
+import pytest
+
 # tests import the flat top-level modules (model.py, ckpt.py, ...) and the helpers beside them
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+
+
+@pytest.fixture(scope="session")
+def tiny_grid(tmp_path_factory):
+    """train.py's tiny default data (2x2 grids of synthetic LeRobot episodes), stitched once for the session: read,
+    never written, by the train.py and sample.py runs of several files."""
+    import train
+    root = str(tmp_path_factory.mktemp("data") / "tiny_grid")
+    train.make_tiny_dataset(root)
+    return root

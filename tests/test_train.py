@@ -1,4 +1,7 @@
-"""train.py end to end on the tiny config: runs, resumes bit for bit after kill -9, FSDP2 on 2 gloo ranks, init guard."""
+"""train.py end to end on the tiny config: runs, resumes bit for bit after kill -9, FSDP2 on 2 gloo ranks, init guard.
+
+Runs go through train.main in this process (run_utils.in_process: the same cli.main, one thread, ~4.5 s of imports
+saved per run); what needs a process of its own is one: kill -9, SIGTERM, torchrun, and one real command line."""
 import json
 import os
 import signal
@@ -14,23 +17,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import resume  # noqa: E402
 import train  # noqa: E402
+from run_utils import check as checked, in_process, script  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def grid(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("data") / "tiny_grid")
-    train.make_tiny_dataset(root)
-    return root
+def grid(tiny_grid):
+    return tiny_grid
 
 
-def run(args, env=None, check=True, torchrun=0, script="train.py", **kw):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={torchrun}"] \
-        if torchrun else [sys.executable]
-    proc = subprocess.run(cmd + [os.path.join(ROOT, script)] + args, cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})), timeout=600, **kw)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{script} {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
+def run(args, check=True, module=train):
+    """train.main(args) in this process (module: sample for sample.py), as a CompletedProcess."""
+    proc = in_process(module, args)
+    return checked(proc) if check else proc
 
 
 def metrics(out):
@@ -74,11 +72,21 @@ def dcp_tensors(step_dir, prefix):
     return {k[len(prefix):]: v for k, v in full.items()}
 
 
-def test_resume_after_kill_is_bitwise(grid, tmp_path):
-    """With an EMA (--ema 0.1): it is saved with each checkpoint and restored, so it also ends bit for bit equal."""
-    args = ["--data", grid, "--steps", "8", "--save-every", "3", "--warmup", "2", "--ema", "0.1"]
-    ref = str(tmp_path / "ref")
-    run(args + ["--out", ref])
+@pytest.fixture(scope="module")
+def uninterrupted(grid, tmp_path_factory):
+    """The 8-step run (checkpoints at 3, 6, 8; an EMA) that both runs killed with kill -9 must end equal to."""
+    out = str(tmp_path_factory.mktemp("uninterrupted") / "ref")
+    run(["--data", grid, *KILL_ARGS, "--out", out])
+    return out
+
+
+KILL_ARGS = ["--steps", "8", "--save-every", "3", "--warmup", "2", "--ema", "0.1"]
+
+
+def test_resume_after_kill_is_bitwise(grid, uninterrupted, tmp_path):
+    """With an EMA (--ema 0.1): it is saved with each checkpoint and restored, so it also ends bit for bit equal.
+    The killed run is a subprocess (at 1 thread), the reference and the resumed run are in-process (at 1 thread)."""
+    args, ref = ["--data", grid, *KILL_ARGS], uninterrupted
     out = str(tmp_path / "killed")
     proc = subprocess.Popen([sys.executable, "train.py"] + args + ["--out", out], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -134,7 +142,7 @@ def test_fsdp_two_gloo_ranks_match_one_process(grid, trained_file, tmp_path):
     args = ["--data", grid, "--steps", "3", "--save-every", "3", "--warmup", "0", "--lr", "1e-5", "--init", trained_file]
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     run(args + ["--out", one, "--batch-size", "2"])
-    run(args + ["--out", two, "--batch-size", "1"], torchrun=2)
+    checked(script(args + ["--out", two, "--batch-size", "1"], torchrun=2))
     a, b = metrics(one), metrics(two)
     for step in (1, 2, 3):
         # same global batch and noise; only the order of fp32 reductions differs (gradient all-reduce vs one batch)
@@ -187,11 +195,10 @@ def test_grpo_objective_updates_lora_and_resumes(grid, tmp_path):
     args = ["--data", grid, "--out", out, "--objective", "grpo", "--lora", "4", "--save-every", "2",
             "--grpo-group-size", "3", "--grpo-num-steps", "4", "--grpo-kl-coef", "0.01", "--grpo-window-size", "2",
             "--grpo-window-range", "0,3", "--grpo-same-latent", "--reward", "default,reward_plugins:wrist_brightness=0.5"]
-    env = {"PYTHONPATH": os.path.join(ROOT, "tests")}  # the plug-in module is importable from there
-    first = run(args + ["--steps", "2"], env=env)
+    first = run(args + ["--steps", "2"])  # tests/reward_plugins.py: importable, tests/ is on sys.path
     assert "optimizer: AdamW betas (0.9, 0.999), weight decay 0.0001, lr 0.0001 (warm-up 0, then constant)" \
         in first.stdout  # GRPO's own optimizer, not the SFT preset's (lr 2e-3, wd 0.1, beta2 0.99, warm-up 20)
-    second = run(args + ["--steps", "3", "--grpo-lr", "5e-5"], env=env)  # resumes the LoRA-only checkpoint
+    second = run(args + ["--steps", "3", "--grpo-lr", "5e-5"])  # resumes the LoRA-only checkpoint
     assert "--grpo-lr 0.0001 -> 5e-05" in second.stdout  # an optimizer change is applied and said
     rows = metrics(out)
     assert sorted(rows) == [1, 2, 3] and [r["lr"] for r in rows.values()] == [1e-4, 1e-4, 5e-5]
@@ -208,11 +215,11 @@ def test_grpo_objective_updates_lora_and_resumes(grid, tmp_path):
     config = json.load(open(os.path.join(out, "config.json")))
     assert config["grpo"]["kl_coef"] == 0.01 and config["grpo"]["window_range"] == [0, 3]
     latent_only = run(["--data", grid, "--out", str(tmp_path / "latent"), "--objective", "grpo", "--lora", "4",
-                       "--steps", "1", "--grpo-num-steps", "3", "--reward", "reward_plugins:black_latent"], env=env)
+                       "--steps", "1", "--grpo-num-steps", "3", "--reward", "reward_plugins:black_latent"])
     assert "(latents only: no decoding)" in latent_only.stdout
     row = metrics(str(tmp_path / "latent"))[1]
     assert row["s_decode"] < 0.01 and "reward_black_latent" in row and "reward_default" not in row
-    changed = run(args + ["--steps", "4", "--grpo-kl-coef", "0.02"], env=env, check=False)
+    changed = run(args + ["--steps", "4", "--grpo-kl-coef", "0.02"], check=False)
     assert changed.returncode == 2 and "grpo.kl_coef" in changed.stderr  # an objective change is refused
     assert json.load(open(os.path.join(out, "config.json")))["grpo"]["kl_coef"] == 0.01  # and writes nothing
 
@@ -277,10 +284,8 @@ runpy.run_path("train.py", run_name="__main__")
 """
 
 
-def test_kill_9_during_a_save_resumes_bitwise_from_the_previous_checkpoint(grid, tmp_path):
-    args = ["--data", grid, "--steps", "8", "--save-every", "3", "--warmup", "2"]
-    ref, out = str(tmp_path / "ref"), str(tmp_path / "killed")
-    run(args + ["--out", ref])
+def test_kill_9_during_a_save_resumes_bitwise_from_the_previous_checkpoint(grid, uninterrupted, tmp_path):
+    args, ref, out = ["--data", grid, *KILL_ARGS], uninterrupted, str(tmp_path / "killed")
     proc = subprocess.run([sys.executable, "-c", KILL_IN_SAVE] + args + ["--out", out], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == -signal.SIGKILL
@@ -327,7 +332,7 @@ def test_user_errors_are_one_line_and_nothing_is_written(grid, tmp_path, capsys)
         if message not in ("empty", "user"):
             assert message in lines[0], (message, lines[0])
         assert not out.exists() or not any(out.iterdir()), (args, list(out.iterdir()))
-    proc = run(["--data", grid, "--lora-alpha", "8"], check=False)  # and once as the real script
+    proc = script(["--data", grid, "--lora-alpha", "8"])  # and once as the real script
     assert proc.returncode == 2 and proc.stderr.strip().startswith("train.py: error: --lora-alpha does nothing")
     assert sorted(p.name for p in user.iterdir()) == ["notes.txt"] and not any(empty.iterdir())  # read, never written
 
@@ -423,7 +428,8 @@ def test_p25_agibot_trains_on_views_with_cameras_samples_three_views_and_runs_gr
     assert [metrics(out)[2][k] for k in ("loss", "grad_norm")] == [metrics(ref)[2][k] for k in ("loss", "grad_norm")]
     assert imageio.v3.improps(os.path.join(ref, "sample_00000002.mp4")).shape[1:3] == (3 * 64, 2 * 112)
     mp4 = str(tmp_path / "s.mp4")
-    run(["--ckpt", ref, "--steps", "2", "--out", mp4], script="sample.py")
+    import sample
+    run(["--ckpt", ref, "--steps", "2", "--out", mp4], module=sample)
     assert imageio.v3.improps(mp4).shape[1:3] == (64, 3 * 112)
     grpo_out = str(tmp_path / "grpo")
     run(["--config", "p25-tiny-agibot", "--data", views, "--out", grpo_out, "--objective", "grpo", "--lora", "4",
