@@ -10,9 +10,9 @@ Scaling (why this layout): the weight is quantised once per output channel, W[n,
 quantises x per row (token), y = sx_m s_n (xq Wq^T), which is torch._scaled_mm's row-wise mode as is. The backward
 contracts over n, where a per-n scale cannot go into _scaled_mm's per-column scale; instead it is folded into the
 gradient before its own per-row quantisation, dx = (dy * s) Wq, so ONE fp8 copy serves both GEMMs (a per-tensor weight
-scale would lose accuracy; a second, differently scaled copy would give back the memory saved). The quantisations are
-plain torch ops, so under `--compile` inductor fuses the amax and the cast into the op that produces x (or dy): in
-separate eager kernels they cost most of the fp8 gain (measured 0.64-1.01 vs 1.24-1.42 PFLOP/s for the fused GEMM).
+scale would lose accuracy; a second, differently scaled copy would give back the memory saved). Each quantisation is one
+compiled kernel on the GPU (amax and cast of a row in one pass), and each fp8 GEMM with its quantisation is a custom
+op (torch.library), so activation checkpointing and compile treat it as one op.
 
 Full fine-tuning (`Fp8Linear`, the same kernels): the weight trains, so it stays a bf16/fp32 parameter (FSDP all-gathers
 it as before) and is quantised per output channel inside the forward and again in the backward (one pass over a
@@ -21,7 +21,7 @@ layer's weight, fused under compile); its gradient dW = dy^T x is a bf16 GEMM on
 
 Why hand-written rather than torchao: torchao's float8 training (Float8Linear) keeps a bf16 weight and re-quantises it
 every step (no memory saved, and a weight gradient we do not need), and its inference tensor subclasses are not built
-to give an input gradient; the frozen-LoRA case is this one autograd.Function of ~30 lines over torch._scaled_mm.
+to give an input gradient; the frozen-LoRA case is a few custom ops over torch._scaled_mm.
 
 Numerics: e4m3 keeps 3 mantissa bits, so one GEMM's relative error on random data is ~3-4% per element (averaging over
 K makes the output error smaller); tests/test_fp8.py bounds it on CPU, and BENCHMARKS.md gives the loss difference
@@ -33,67 +33,117 @@ import torch.nn as nn
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max  # 448
 TINY = 1e-12  # amax floor: an all-zero row quantises to zeros with a finite scale
+Tensor = torch.Tensor
 
 
-def quantize_rows(x):
-    """x [M, K] -> (xq [M, K] e4m3, scale [M, 1] fp32) with x ~= scale * xq, the amax of each row at 448."""
-    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=TINY) / E4M3_MAX
-    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
+def quantize_rows(x, col_scale=None):
+    """x [M, K] (times col_scale [K] first) -> (xq [M, K] e4m3, scale [M, 1] fp32), x ~= scale * xq, each row's amax
+    at 448."""
+    x = x.float() if col_scale is None else x.float() * col_scale
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=TINY) / E4M3_MAX
+    return (x / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
 
 
-class _Fp8Linear(torch.autograd.Function):
-    """y = x W^T with W = scale * w_fp8 (per output channel), frozen: gradients flow to x only."""
-
-    @staticmethod
-    def forward(ctx, x_M_K, w_fp8_N_K, w_scale_N):
-        xq, x_scale = quantize_rows(x_M_K)
-        ctx.save_for_backward(w_fp8_N_K, w_scale_N)
-        # b must be column-major: w_fp8 is [N, K] row-major, so its transpose is a free column-major [K, N]
-        return torch._scaled_mm(xq, w_fp8_N_K.t(), scale_a=x_scale, scale_b=w_scale_N.view(1, -1),
-                                out_dtype=x_M_K.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_M_N):
-        w_fp8_N_K, w_scale_N = ctx.saved_tensors
-        if not ctx.needs_input_grad[0]:
-            return None, None, None
-        gq, g_scale = quantize_rows(grad_M_N * w_scale_N.view(1, -1).to(grad_M_N.dtype))
-        # dx = gq @ w_fp8 needs w_fp8 [N, K] column-major: one transposed copy of this layer's fp8 weight, freed after
-        w_col = w_fp8_N_K.t().contiguous().t()
-        ones = torch.ones(1, w_fp8_N_K.shape[1], dtype=torch.float32, device=grad_M_N.device)
-        return torch._scaled_mm(gq, w_col, scale_a=g_scale, scale_b=ones, out_dtype=grad_M_N.dtype), None, None
+_compiled = {}
 
 
-class _Fp8LinearTrainable(torch.autograd.Function):
-    """y = x W^T for a trainable W: fp8 forward and input gradient, bf16 weight gradient."""
+def _quantize(x, col_scale=None):
+    """quantize_rows as one fused kernel on the GPU (a row of 5120..20480 values fits one block: read x once, write
+    its fp8). As separate eager kernels it costs most of the fp8 gain (measured 0.64-1.01 vs 1.24-1.42 PFLOP/s)."""
+    if not x.is_cuda:
+        return quantize_rows(x, col_scale)
+    key = (x.dtype, col_scale is None)  # one graph each (dynamic shapes): no recompiles across layers
+    if key not in _compiled:
+        _compiled[key] = torch.compile(quantize_rows, dynamic=True)
+    return _compiled[key](x.detach(), col_scale)  # detach: a Parameter (trainable W) would guard as another type
 
-    @staticmethod
-    def forward(ctx, x_M_K, w_N_K):
-        ctx.save_for_backward(x_M_K, w_N_K)  # as F.linear saves them: no extra memory
-        w_fp8, w_scale = quantize_rows(w_N_K)
-        xq, x_scale = quantize_rows(x_M_K)
-        return torch._scaled_mm(xq, w_fp8.t(), scale_a=x_scale, scale_b=w_scale.view(1, -1), out_dtype=x_M_K.dtype)
 
-    @staticmethod
-    def backward(ctx, grad_M_N):
-        x_M_K, w_N_K = ctx.saved_tensors
-        grad_x = grad_w = None
-        if ctx.needs_input_grad[0]:
-            w_fp8, w_scale = quantize_rows(w_N_K)  # again, rather than keeping every layer's fp8 copy until backward
-            gq, g_scale = quantize_rows(grad_M_N * w_scale.view(1, -1).to(grad_M_N.dtype))
-            ones = torch.ones(1, w_N_K.shape[1], dtype=torch.float32, device=grad_M_N.device)
-            grad_x = torch._scaled_mm(gq, w_fp8.t().contiguous().t(), scale_a=g_scale, scale_b=ones,
-                                      out_dtype=grad_M_N.dtype)
-        if ctx.needs_input_grad[1]:
-            grad_w = (grad_M_N.t() @ x_M_K.to(grad_M_N.dtype)).to(w_N_K.dtype)
-        return grad_x, grad_w
+# The GEMMs are custom ops, opaque to torch.compile: traced as one node, they are recomputed like any op under
+# activation checkpointing. (As an autograd.Function inside a compiled checkpointed block, the ops inside it were
+# not recomputed but saved: 2B LoRA `block` + compile held 36.4 GiB of activations instead of 3.5 on an H200.)
+
+@torch.library.custom_op("nanocosmos::fp8_linear", mutates_args=())
+def fp8_linear(x: Tensor, w_fp8: Tensor, w_scale: Tensor) -> Tensor:
+    """y = x W^T, W = w_scale * w_fp8 (per output channel): x [M, K], w_fp8 [N, K] e4m3, w_scale [N] fp32."""
+    xq, x_scale = _quantize(x)
+    # b must be column-major: w_fp8 is [N, K] row-major, so its transpose is a free column-major [K, N]
+    return torch._scaled_mm(xq, w_fp8.t(), scale_a=x_scale, scale_b=w_scale.view(1, -1), out_dtype=x.dtype)
+
+
+@torch.library.custom_op("nanocosmos::fp8_linear_dx", mutates_args=())
+def fp8_linear_dx(grad: Tensor, w_fp8: Tensor, w_scale: Tensor) -> Tensor:
+    """dx = grad W = (grad * s) w_fp8: the weight's per-output scale s is folded into the gradient before its row-wise
+    quantisation (the contraction runs over N, where _scaled_mm's per-column scale cannot carry it)."""
+    gq, g_scale = _quantize(grad, w_scale)
+    ones = torch.ones(1, w_fp8.shape[1], dtype=torch.float32, device=grad.device)
+    # w_fp8 [N, K] column-major: one transposed copy of this layer's fp8 weight, freed after
+    return torch._scaled_mm(gq, w_fp8.t().contiguous().t(), scale_a=g_scale, scale_b=ones, out_dtype=grad.dtype)
+
+
+@torch.library.custom_op("nanocosmos::fp8_linear_trainable", mutates_args=())
+def fp8_linear_trainable(x: Tensor, w: Tensor) -> Tensor:
+    """y = x W^T for a trainable W (x's dtype), quantised here per output channel."""
+    w_fp8, w_scale = _quantize(w)
+    return fp8_linear(x, w_fp8, w_scale.view(-1))
+
+
+@torch.library.custom_op("nanocosmos::fp8_linear_trainable_dx", mutates_args=())
+def fp8_linear_trainable_dx(grad: Tensor, w: Tensor) -> Tensor:
+    w_fp8, w_scale = _quantize(w)  # again, rather than keeping every layer's fp8 copy until the backward
+    return fp8_linear_dx(grad, w_fp8, w_scale.view(-1))
+
+
+@fp8_linear.register_fake
+def _(x, w_fp8, w_scale):
+    return x.new_empty(x.shape[0], w_fp8.shape[0])
+
+
+@fp8_linear_dx.register_fake
+def _(grad, w_fp8, w_scale):
+    return grad.new_empty(grad.shape[0], w_fp8.shape[1])
+
+
+@fp8_linear_trainable.register_fake
+def _(x, w):
+    return x.new_empty(x.shape[0], w.shape[0])
+
+
+@fp8_linear_trainable_dx.register_fake
+def _(grad, w):
+    return grad.new_empty(grad.shape[0], w.shape[1])
+
+
+def _frozen_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1], inputs[2])
+
+
+def _frozen_backward(ctx, grad):
+    w_fp8, w_scale = ctx.saved_tensors
+    return (fp8_linear_dx(grad, w_fp8, w_scale) if ctx.needs_input_grad[0] else None), None, None
+
+
+def _trainable_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)  # x and W, as F.linear saves them: no extra memory
+
+
+def _trainable_backward(ctx, grad):
+    x, w = ctx.saved_tensors
+    grad_x = fp8_linear_trainable_dx(grad, w) if ctx.needs_input_grad[0] else None
+    # dW = dy^T x as a bf16 GEMM of the exact input: e4m3's error stays out of the update itself
+    grad_w = grad.t() @ x if ctx.needs_input_grad[1] else None
+    return grad_x, grad_w
+
+
+fp8_linear.register_autograd(_frozen_backward, setup_context=_frozen_setup)
+fp8_linear_trainable.register_autograd(_trainable_backward, setup_context=_trainable_setup)
+GEMM_OPS = (torch.ops.nanocosmos.fp8_linear, torch.ops.nanocosmos.fp8_linear_trainable)  # sac.py's save lists
 
 
 class Fp8Linear(nn.Linear):
     """nn.Linear whose forward and input-gradient GEMMs run in fp8 (full fine-tuning); same parameters and keys."""
 
     def forward(self, x):
-        out = _Fp8LinearTrainable.apply(x.reshape(-1, x.shape[-1]), self.weight.to(x.dtype))
+        out = fp8_linear_trainable(x.reshape(-1, x.shape[-1]), self.weight.to(x.dtype))
         out = out.view(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias.to(out.dtype)
 
@@ -114,7 +164,7 @@ def convert_trainable(model, targets):
 
 def linear(x, w_fp8, w_scale, bias=None):
     """F.linear for an fp8 frozen weight: x [..., K] in bf16/fp32, w_fp8 [N, K] e4m3, w_scale [N] fp32."""
-    out = _Fp8Linear.apply(x.reshape(-1, x.shape[-1]), w_fp8, w_scale).view(*x.shape[:-1], w_fp8.shape[0])
+    out = fp8_linear(x.reshape(-1, x.shape[-1]), w_fp8, w_scale).view(*x.shape[:-1], w_fp8.shape[0])
     return out if bias is None else out + bias.to(out.dtype)
 
 

@@ -39,12 +39,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts, noop_context_fn
 
+import fp8
+
 MODES = ("none", "block", "mm", "attn", "selective")
 
 aten = torch.ops.aten
 # Matched on the OpOverloadPacket at dispatch level (below autograd, so nn.Linear shows up as mm/addmm).
 # aten.linear is listed because some backends register it as a leaf.
-MM_OPS = frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.linear, aten._scaled_mm})  # _scaled_mm: --fp8
+MM_OPS = frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.linear, *fp8.GEMM_OPS})  # --fp8's GEMMs
 # Every SDPA backend. On H200 with torch 2.11 the default kernel is cuDNN's and deterministic mode switches to
 # flash, so a list without either silently recomputes attention (cosmos-predict2's mm_only does exactly that).
 ATTN_OPS = frozenset({aten._scaled_dot_product_cudnn_attention, aten._scaled_dot_product_flash_attention,
