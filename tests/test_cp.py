@@ -4,8 +4,7 @@ another (dp, cp) layout, and the refusals. docs/memory.md, "Context parallelism"
 """
 import json
 import os
-import subprocess
-import sys
+import shutil
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ import sac
 from dist_utils import run_dist
 from lora import add_lora
 from model import DiT, condition_mask, get_config
+from run_utils import in_process, script
 
 
 def _inputs(cfg, T=4, H=8, W=8, text_len=8):
@@ -63,11 +63,35 @@ def _forward_backward(rank, world, config, cp_size, mode="plain"):
     return out_err, grad_err, out_ref.abs().max().item()
 
 
-@pytest.mark.parametrize("world,cp_size,config,mode", [
-    (2, 2, "tiny", "plain"), (2, 2, "p25-tiny-agibot", "plain"), (4, 4, "tiny-h4", "plain"), (4, 2, "tiny-h4", "plain"),
-    (2, 2, "tiny", "block"), (2, 2, "tiny", "selective"), (2, 2, "tiny", "lora"), (2, 2, "tiny", "compile")])
-def test_forward_and_gradients_equal_the_no_cp_run(world, cp_size, config, mode):
-    for out_err, grad_err, scale in run_dist(_forward_backward, world, 300, config, cp_size, mode):
+CASES = [(2, 2, "tiny", "plain"), (2, 2, "p25-tiny-agibot", "plain"), (4, 4, "tiny-h4", "plain"),
+         (4, 2, "tiny-h4", "plain"), (2, 2, "tiny", "block"), (2, 2, "tiny", "selective"), (2, 2, "tiny", "lora"),
+         (2, 2, "tiny", "compile")]  # world, cp, config, mode
+
+
+def _job(rank, world):
+    """Every case of one world size in one spawned job (a job costs each rank ~5 s of imports on 2 cores); the
+    4-rank job then runs the refusals. {(cp, config, mode) or "refusals": this rank's result}."""
+    results = {case[1:]: _forward_backward(rank, world, case[2], case[1], case[3]) for case in CASES
+               if case[0] == world}
+    if world == 4:
+        results["refusals"] = _refusals(rank, world)
+    return results
+
+
+@pytest.fixture(scope="module")
+def ranks2():
+    return run_dist(_job, 2, 300)
+
+
+@pytest.fixture(scope="module")
+def ranks4():
+    return run_dist(_job, 4, 300)
+
+
+@pytest.mark.parametrize("world,cp_size,config,mode", CASES)
+def test_forward_and_gradients_equal_the_no_cp_run(request, world, cp_size, config, mode):
+    for results in request.getfixturevalue(f"ranks{world}"):
+        out_err, grad_err, scale = results[(cp_size, config, mode)]
         assert out_err <= 1e-5 * scale, (out_err, scale)
         assert grad_err <= 1e-5, grad_err
 
@@ -88,19 +112,18 @@ def _refusals(rank, world):
     return errors
 
 
-def test_refusals():
+def test_refusals(ranks4):
     with pytest.raises(ValueError, match="--cp 3 must divide the number of ranks 2"):
         cp.make_mesh("cpu", 2, 3)
-    heads, frames, inputs = run_dist(_refusals, 4, 120)[0]
-    assert heads.startswith("--cp 4: the 2 attention heads of this config do not split evenly"), heads
-    assert frames.startswith("--cp 2: 3 latent frames do not split evenly over 2 ranks"), frames
-    assert "the ranks of a cp group were given different inputs" in inputs, inputs
+    for heads, frames, inputs in (r["refusals"] for r in ranks4):
+        assert heads.startswith("--cp 4: the 2 attention heads of this config do not split evenly"), heads
+        assert frames.startswith("--cp 2: 3 latent frames do not split evenly over 2 ranks"), frames
+        assert "the ranks of a cp group were given different inputs" in inputs, inputs
 
 
 # -----------------------------------------------------------------------------
-# train.py --cp: the loss curve of a cp group is the one-process curve; checkpoints move between layouts
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# train.py --cp: the loss curve of a cp group is the one-process curve; checkpoints move between layouts.
+# One-process runs are train.main in this process (run_utils.in_process); ranks are torchrun subprocesses.
 
 
 @pytest.fixture(scope="module")
@@ -122,54 +145,83 @@ def run_dir(tmp_path_factory):
 def train(run_dir, out, steps, ranks=0, *flags):
     """train.py on the 13-frame grid, at a constant lr (the schedule depends on --steps, which resuming changes) of
     1e-5 (Adam turns fp32 rounding noise in near-zero gradients into +-lr updates: kept far below the tolerance)."""
+    import train as train_py
     args = ["--data", str(run_dir / "grid"), "--frames", "13", "--steps", str(steps), "--save-every", "1",
             "--warmup", "0", "--lr", "1e-5", "--lr-min-ratio", "1", "--init", str(run_dir / "init.safetensors"),
             "--guard-max-ratio", "10", "--out", str(run_dir / out), *flags]  # the tiny preset samples every 100
-    cmd = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"] if ranks
-                              else []) + [os.path.join(ROOT, "train.py")] + args
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    return proc, {r["step"]: r for r in map(json.loads, open(run_dir / out / "metrics.jsonl"))} \
-        if os.path.exists(run_dir / out / "metrics.jsonl") else {}
+    proc = script(args, torchrun=ranks) if ranks else in_process(train_py, args)
+    return proc, metrics(run_dir / out)
+
+
+def metrics(out):
+    """{step: row}, the last row per step (a resumed run re-appends the steps after its checkpoint)."""
+    return {r["step"]: r for r in map(json.loads, open(out / "metrics.jsonl"))} \
+        if os.path.exists(out / "metrics.jsonl") else {}
+
+
+def rewind(run_dir, src, dst, step):
+    """A copy of run `src` as a run killed during step `step` + 1 leaves it: checkpoints up to `step`, `latest` naming
+    it (the rows logged after it are dropped by the resumed run; tests/test_train.py resumes such runs bit for bit)."""
+    shutil.copytree(run_dir / src, run_dir / dst)
+    for later in (run_dir / dst).glob("step_*"):
+        if int(later.name.split("_")[1].split(".")[0]) > step:
+            shutil.rmtree(later)
+    (run_dir / dst / "latest").write_text(f"step_{step:08d}\n")
+
+
+@pytest.fixture(scope="module")
+def ref(run_dir):
+    """One process, 3 steps: the curve every layout must reproduce."""
+    proc, rows = train(run_dir, "ref", 3)
+    assert proc.returncode == 0 and rows[1]["loss"] > 0, proc.stderr[-3000:]
+    return rows
+
+
+@pytest.fixture(scope="module")
+def dp2(run_dir):
+    """(dp 2, cp 1) on 2 ranks, 3 steps: the curve of two clips per step."""
+    proc, rows = train(run_dir, "dp2", 3, 2)
+    assert proc.returncode == 0 and rows[1]["loss"] > 0, proc.stderr[-3000:]
+    return rows
 
 
 def close(a, b):
     return a == pytest.approx(b, rel=1e-5, abs=1e-7)
 
 
-def test_loss_curve_and_layout_changes(run_dir):
+def test_loss_curve_and_layout_changes(run_dir, ref):
     """One process (dp 1, cp 1) vs 2 ranks --cp 2 (dp 1): the same clips and noise, so the same losses, gradient
-    norms and evaluation to fp32 rounding; a checkpoint of either resumes under the other; dp may not change."""
-    _, ref = train(run_dir, "ref", 3)
+    norms and evaluation to fp32 rounding; a checkpoint of either resumes under the other."""
     proc, cp2 = train(run_dir, "cp2", 2, 2, "--cp", "2", "--sample-every", "2", "--sample-steps", "2")  # sampling too
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "(dp 1 x cp 2)" in proc.stdout and os.path.getsize(run_dir / "cp2" / "sample_00000002.mp4") > 0
     for step in (1, 2):
-        assert ref[step]["loss"] > 0 and close(cp2[step]["loss"], ref[step]["loss"]), (step, cp2[step], ref[step])
+        assert close(cp2[step]["loss"], ref[step]["loss"]), (step, cp2[step], ref[step])
         assert close(cp2[step]["grad_norm"], ref[step]["grad_norm"]) and close(cp2[step]["eval_loss"],
                                                                                ref[step]["eval_loss"])
     proc, resumed = train(run_dir, "cp2", 3)  # cp 2 -> one process
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert close(resumed[3]["loss"], ref[3]["loss"]) and close(resumed[3]["grad_norm"], ref[3]["grad_norm"])
-    proc, _ = train(run_dir, "one", 2)
-    proc, resumed = train(run_dir, "one", 3, 2, "--cp", "2")  # one process -> cp 2
+    rewind(run_dir, "ref", "one", 2)  # one process -> cp 2
+    proc, resumed = train(run_dir, "one", 3, 2, "--cp", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert close(resumed[3]["loss"], ref[3]["loss"]) and close(resumed[3]["grad_norm"], ref[3]["grad_norm"])
-    proc, _ = train(run_dir, "one", 4, 2)  # 2 ranks, --cp 1: 2 dp groups, the data position is for 1
-    assert proc.returncode != 0
-    assert "its data position is for 1 data-parallel groups, this run has 2" in proc.stdout + proc.stderr
 
 
-def test_four_ranks_dp2_cp2_continues_a_dp2_run(run_dir):
-    """(dp 2, cp 1) on 2 ranks for 2 steps, resumed as (dp 2, cp 2) on 4 ranks: step 3 equals the uninterrupted
-    2-rank run's (same two clips per step, same noise; CP reorders fp32 sums only)."""
-    _, ref = train(run_dir, "dp2", 3, 2)
-    proc, _ = train(run_dir, "dp2cp2", 2, 2)
+def test_four_ranks_dp2_cp2_continues_a_dp2_run(run_dir, dp2):
+    """(dp 2, cp 1) on 2 ranks at step 2, resumed as (dp 2, cp 2) on 4 ranks: step 3 equals the uninterrupted
+    2-rank run's (same two clips per step, same noise; CP reorders fp32 sums only). dp may not change: that
+    checkpoint's data position refuses one process (dp 1)."""
+    rewind(run_dir, "dp2", "dp2cp2", 2)
     proc, resumed = train(run_dir, "dp2cp2", 3, 4, "--cp", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "(dp 2 x cp 2)" in proc.stdout
-    assert ref[3]["loss"] > 0 and close(resumed[3]["loss"], ref[3]["loss"]), (resumed[3], ref[3])
-    assert close(resumed[3]["grad_norm"], ref[3]["grad_norm"]) and close(resumed[3]["eval_loss"], ref[3]["eval_loss"])
+    assert close(resumed[3]["loss"], dp2[3]["loss"]), (resumed[3], dp2[3])
+    assert close(resumed[3]["grad_norm"], dp2[3]["grad_norm"]) and close(resumed[3]["eval_loss"], dp2[3]["eval_loss"])
+    rewind(run_dir, "dp2", "dp2_to_one", 2)
+    proc, _ = train(run_dir, "dp2_to_one", 3)
+    assert proc.returncode == 2
+    assert "its data position is for 2 data-parallel groups, this run has 1" in proc.stderr, proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -186,10 +238,9 @@ def test_train_refuses(flags, message):
         train_py.parse_config(flags)
 
 
-def test_compiled_blocks_with_selective_checkpointing(run_dir):
+def test_compiled_blocks_with_selective_checkpointing(run_dir, ref):
     """--compile (inductor, each block) --sac selective --cp 2: the exchange is a graph break and is replayed in the
     recompute; the losses still equal one eager process's."""
-    _, ref = train(run_dir, "ref_compile", 2)
     proc, got = train(run_dir, "cp2_compile", 2, 2, "--cp", "2", "--compile", "--sac", "selective")
     assert proc.returncode == 0, proc.stderr[-3000:]
     for step in (1, 2):
