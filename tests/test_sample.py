@@ -1,12 +1,17 @@
-"""sample.py CLI: video2world from a first frame, written as an mp4 with the requested number of frames."""
+"""sample.py CLI: video2world from a first frame, written as an mp4 with the requested number of frames.
+
+One run is the real command line; the others are sample.main / train.main in this process (run_utils.in_process:
+the same cli.main, ~4.5 s of imports saved per run)."""
 import os
-import subprocess
-import sys
 
 import imageio.v2 as imageio
 import numpy as np
 import pytest
 import torch
+
+import sample
+import train
+from run_utils import check, in_process, script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -17,51 +22,35 @@ def test_sample_cli_writes_a_video_from_an_image(tmp_path):
     frame[:45, :80] = (200, 30, 30)
     imageio.imwrite(image, frame)
     out = str(tmp_path / "video.mp4")
-    proc = subprocess.run([sys.executable, "sample.py", "--ckpt", "random", "--image", image, "--steps", "3",
-                           "--out", out], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = check(script(["--ckpt", "random", "--image", image, "--steps", "3", "--out", out], name="sample.py"))
     assert "RANDOM weights" in proc.stdout
     frames = imageio.mimread(out)
     assert len(frames) == 9 and frames[0].shape == (64, 112, 3)
 
 
 def test_sample_cli_refuses_a_missing_checkpoint_and_real_configs_without_embeddings(tmp_path):
-    proc = subprocess.run([sys.executable, "sample.py", "--ckpt", str(tmp_path / "nope.pt")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = in_process(sample, ["--ckpt", str(tmp_path / "nope.pt")])
     assert proc.returncode != 0 and "nope.pt" in proc.stderr
-    sys.path.insert(0, ROOT)
-    import sample
     with pytest.raises(ValueError, match="prompt-emb"):
         sample.parse_config(["--config", "v2w-2b", "--ckpt", "droid"])
 
 
-def test_sample_from_a_lora_run_with_ema(tmp_path):
-    run_dir, grid = str(tmp_path / "run"), str(tmp_path / "grid")
-    sys.path.insert(0, ROOT)
-    import train
-    train.make_tiny_dataset(grid)  # train.py reads --data, never writes it
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "train.py", "--data", grid, "--out", run_dir, "--steps", "2", "--lora", "4",
-                           "--ema", "0.1", "--sample-every", "0"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+def test_sample_from_a_lora_run_with_ema(tiny_grid, tmp_path):
+    run_dir = str(tmp_path / "run")
+    check(in_process(train, ["--data", tiny_grid, "--out", run_dir, "--steps", "2", "--lora", "4", "--ema", "0.1",
+                             "--sample-every", "0"]))
     for extra in ([], ["--ema"], ["--no-ema"]):
         out = str(tmp_path / f"v{len(extra)}.mp4")
         # no --config, --data or size: the run's own config.json says how it was trained
-        proc = subprocess.run([sys.executable, "sample.py", "--ckpt", run_dir, "--steps", "2", "--out", out, *extra],
-                              cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        proc = check(in_process(sample, ["--ckpt", run_dir, "--steps", "2", "--out", out, *extra]))
         assert "step 2" in proc.stdout and len(imageio.mimread(out)) == 9
         assert ("(EMA)" in proc.stdout) == (extra == ["--ema"])
-    proc = subprocess.run([sys.executable, "sample.py", "--ckpt", run_dir, "--config", "v2w-2b"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = in_process(sample, ["--ckpt", run_dir, "--config", "v2w-2b"])
     assert proc.returncode == 2 and "trained tiny" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_no_ema_picks_the_raw_copy_of_a_file_holding_both(tmp_path):
     """--no-ema works for a release file that holds net. and net_ema.; without a choice it is an error."""
-    import torch
-    sys.path.insert(0, ROOT)
     from model import DiT, get_config
     net = DiT(get_config("tiny"))
     torch.manual_seed(0)
@@ -75,33 +64,24 @@ def test_no_ema_picks_the_raw_copy_of_a_file_holding_both(tmp_path):
     outputs = {}
     for extra in ([], ["--ema"], ["--no-ema"]):
         out = str(tmp_path / f"b{len(extra)}{extra[:1]}.mp4")
-        proc = subprocess.run([sys.executable, "sample.py", "--ckpt", path, "--steps", "1", "--out", out, "--image",
-                               image, *extra],
-                              cwd=ROOT, capture_output=True, text=True, timeout=300)
-        outputs[tuple(extra)] = proc
+        outputs[tuple(extra)] = in_process(sample, ["--ckpt", path, "--steps", "1", "--out", out, "--image", image,
+                                                    *extra])
     assert outputs[()].returncode == 2 and "both" in outputs[()].stderr
     assert outputs[("--ema",)].returncode == 0 and outputs[("--no-ema",)].returncode == 0, outputs[("--ema",)].stderr
-    proc = subprocess.run([sys.executable, "sample.py", "--ckpt", "random", "--data", str(tmp_path / "nowhere")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = in_process(sample, ["--ckpt", "random", "--data", str(tmp_path / "nowhere")])
     assert proc.returncode == 2 and "pass --image" in proc.stderr
 
 
 def test_p25_cli_samples_with_unipc_and_refuses_unipc_flags_for_predict2(tmp_path):
     out = str(tmp_path / "p25.mp4")
-    proc = subprocess.run([sys.executable, "sample.py", "--config", "p25-tiny", "--ckpt", "random", "--steps", "2",
-                           "--grid", "karras", "--image", os.path.join(ROOT, "tests", "data", "nope.png"), "--out",
-                           out],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = in_process(sample, ["--config", "p25-tiny", "--ckpt", "random", "--steps", "2", "--grid", "karras",
+                               "--image", os.path.join(ROOT, "tests", "data", "nope.png"), "--out", out])
     assert proc.returncode == 2 and "nope.png" in proc.stderr  # checked before any model is built
     image = str(tmp_path / "first.png")
     imageio.imwrite(image, np.full((64, 112, 3), 90, np.uint8))
-    proc = subprocess.run([sys.executable, "sample.py", "--config", "p25-tiny", "--ckpt", "random", "--steps", "2",
-                           "--grid", "karras", "--image", image, "--out", out], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = check(in_process(sample, ["--config", "p25-tiny", "--ckpt", "random", "--steps", "2", "--grid", "karras",
+                                     "--image", image, "--out", out]))
     assert "UniPC karras grid, conditional-frame timestep -1.0" in proc.stdout and len(imageio.mimread(out)) == 9
-    sys.path.insert(0, ROOT)
-    import sample
     with pytest.raises(ValueError, match="--grid is a Predict2.5"):
         sample.parse_config(["--grid", "shift"])
     with pytest.raises(ValueError, match="--grid 'euler'"):
@@ -112,11 +92,7 @@ def test_p25_cli_samples_with_unipc_and_refuses_unipc_flags_for_predict2(tmp_pat
 
 
 def test_generate_p25_is_flow_sample_decoded():
-    sys.path.insert(0, ROOT)
-    import torch
-
     import flow
-    import sample
     import vae as vae_lib
     from model import build_model, condition_mask, get_config
     torch.manual_seed(0)
@@ -134,10 +110,6 @@ def test_generate_p25_is_flow_sample_decoded():
 
 
 def test_views_side_by_side_and_split_views():
-    sys.path.insert(0, ROOT)
-    import torch
-
-    import sample
     views = torch.arange(3.0)[:, None, None, None, None].expand(3, 3, 2, 4, 5)
     video = sample.views_side_by_side(views)
     assert video.shape == (3, 2, 4, 15) and video[0, 0, 0].tolist() == [0] * 5 + [1] * 5 + [2] * 5
@@ -149,7 +121,6 @@ def test_views_side_by_side_and_split_views():
 
 
 def test_stack_views_inverts_split_views():
-    import sample
     latent = torch.randn(2, 4, 3 * 5, 2, 3)
     per_view = sample.split_views(latent, 3)
     assert per_view.shape == (6, 4, 5, 2, 3) and torch.equal(per_view[4], latent[1, :, 5:10])  # sample 1, view 1
