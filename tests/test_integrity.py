@@ -7,8 +7,6 @@ import json
 import re
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import zlib
 
@@ -24,8 +22,8 @@ import resume
 from formats import CheckpointError
 from lora import add_lora
 from model import DiT, get_config
+from run_utils import in_process, script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = get_config("tiny")
 K = "blocks.0.mlp.layer1.weight"
 
@@ -358,26 +356,24 @@ def test_export_names_a_missing_parent_directory(tmp_path):
                 step, str(tmp_path / "nope" / "deeper" / out))
 
 
-def cli_run(*args):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
-
-
 def test_the_clis_keep_their_command_lines_and_print_user_errors_as_one_line(tmp_path):
+    """One real command line per script; the other cases run its main in this process under the same cli.main."""
     step, _, _ = run(tmp_path)
-    proc = cli_run("resume.py", "export", step, str(tmp_path / "nope" / "m.pt"), "--ema")
+    proc = script(["export", step, str(tmp_path / "nope" / "m.pt"), "--ema"], name="resume.py")
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
     assert "resume.py: error:" in proc.stderr and f"{tmp_path}/nope does not exist" in proc.stderr
-    proc = cli_run("resume.py", "export", step, str(tmp_path / "m.safetensors"), "--dtype", "bf16")
+    proc = in_process(resume, ["export", step, str(tmp_path / "m.safetensors"), "--dtype", "bf16"])
     assert proc.returncode == 0 and os.path.exists(tmp_path / "m.safetensors"), proc.stdout + proc.stderr
-    proc = cli_run("resume.py", "export", step, str(tmp_path / "m.pt"), "--dtype", "bf16")
+    proc = in_process(resume, ["export", step, str(tmp_path / "m.pt"), "--dtype", "bf16"])
     assert proc.returncode == 2 and "for .safetensors only" in proc.stderr, proc.stderr
-    proc = cli_run("ckpt.py", "check", "--config", "tiny", step, "--lora-rank", "16", "--ema", "net_ema")
+    proc = in_process(ckpt, ["check", "--config", "tiny", step, "--lora-rank", "16", "--ema", "net_ema"])
     assert proc.returncode == 0 and "OK, would load into tiny with LoRA rank 16" in proc.stdout, proc.stdout
-    proc = cli_run("ckpt.py", "check", "--config", "tiny", str(tmp_path / "nope.pt"))
+    proc = script(["check", "--config", "tiny", str(tmp_path / "nope.pt")], name="ckpt.py")
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "not found" in proc.stderr
-    proc = cli_run("ckpt.py", "check", step)
+    assert proc.stderr.startswith("ckpt.py: error:"), proc.stderr
+    proc = in_process(ckpt, ["check", step])
     assert proc.returncode == 2 and "--config is required" in proc.stderr
-    proc = cli_run("ckpt.py", "check", "--help")
+    proc = in_process(ckpt, ["check", "--help"])
     assert proc.returncode == 0 and "--no-verify" in proc.stdout and "train.py --init" in " ".join(proc.stdout.split())
-    proc = cli_run("resume.py", "export", "--help")
+    proc = in_process(resume, ["export", "--help"])
     assert proc.returncode == 0 and "net_ema. copy" in " ".join(proc.stdout.split())
