@@ -421,18 +421,24 @@ def _fsdp_update(rank, ws, advantages_per_rank, opt_steps):
     return gathered, stats, moved
 
 
+def _fsdp_updates(rank, ws, cases):
+    """Both cases in one spawned job (a job costs each rank ~5 s of imports on 2 cores)."""
+    return [_fsdp_update(rank, ws, *case) for case in cases]
+
+
 def test_fsdp_ranks_with_uneven_zero_advantages_stay_in_step():
     from dist_utils import run_dist
-    # rank 0: both trajectories train (6 micro-steps); rank 1: an all-tie group, so it pads with 6 zero-weight ones
-    results = run_dist(_fsdp_update, 2, 300, [[1.0, -1.0], [0.0, 0.0]], 1)
-    (g0, s0, m0), (g1, s1, m1) = results
+    # 1. rank 0: both trajectories train (6 micro-steps); rank 1: an all-tie group, so it pads with 6 zero-weight ones
+    # 2. every rank all-tie, 2 optimizer steps per update
+    cases = [([[1.0, -1.0], [0.0, 0.0]], 1), ([[0.0, 0.0], [0.0, 0.0]], 2)]
+    uneven, ties = zip(*run_dist(_fsdp_updates, 2, 300, cases))
+    (g0, s0, m0), (g1, s1, m1) = uneven
     assert torch.equal(g0, torch.tensor([0.0, 10.0, 1.0, 11.0]))  # rank-major and torch.equal(g0, g1)
     assert (s0["micro_steps"], s0["padded_steps"], s1["micro_steps"], s1["padded_steps"]) == (6, 0, 0, 6)
     assert s0["opt_steps"] == s1["opt_steps"] == 1 and m0 and m1 and s0["grad_norm"] == s1["grad_norm"]
     assert s0["first_ratio"] == 1.0 and s1["first_ratio"] is None
     # every rank all-tie: nothing runs and nothing moves (no optimizer step: Adam would still move the weights)
-    results = run_dist(_fsdp_update, 2, 300, [[0.0, 0.0], [0.0, 0.0]], 2)
-    for _, stats, moved in results:
+    for _, stats, moved in ties:
         assert stats["opt_steps"] == 0 and stats["skipped_chunks"] == 2 and stats["micro_steps"] == 0 and not moved
 
 
