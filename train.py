@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+import cache
 import ckpt
 import cli
 import cp
@@ -101,6 +102,7 @@ class TrainConfig:
     workers: int = 2  # DataLoader worker processes per rank
     holdout: int = -1  # videos (the last in name order) kept out of training for evaluation; -1: 2%, at least 1
     cache_latents: bool = False  # keep encoded clips in memory by (video, start frame): small datasets only
+    latents: str = ""  # a cache.py folder of --data's encoded windows: train on them, no VAE encoding per step
     objective: str = "sft"  # sft | grpo (GRPO trains LoRA adapters: needs --lora)
     reward: str = "default"  # GRPO reward: default (reward.py) and/or module:function plug-ins, comma-separated, each =WEIGHT optional
     wandb: str = ""  # project name; needs `pip install wandb`
@@ -204,6 +206,14 @@ def validate(cfg, given=None):
         raise ValueError(f"--keep {cfg.keep}: at least 2, so a save in progress never leaves nothing to resume from")
     if (cfg.frames - 1) % 4 or cfg.height % 16 or cfg.width % 16:
         raise ValueError(f"clip {cfg.frames}x{cfg.height}x{cfg.width}: frames must be 4k+1, height/width multiples of 16")
+    if cfg.latents:
+        if "cache_latents" in given:
+            raise ValueError("--cache-latents does nothing with --latents (the windows are read from the cache): drop "
+                             "it")
+        cfg.cache_latents = False  # the tiny preset's in-memory cache: the disk cache replaces it
+        if not os.path.isdir(cfg.latents):
+            raise ValueError(f"--latents {cfg.latents}: no such folder; build it with `python cache.py --data "
+                             f"{cfg.data or 'DATA'} --out {cfg.latents} ...` (docs/cache.md)")
     if cfg.vae not in ("tiny", "real"):
         raise ValueError(f"--vae {cfg.vae!r}: tiny or real")
     if cfg.vae == "real" and not cfg.vae_ckpt:
@@ -382,7 +392,7 @@ def resume_keys(cfg):
     """The settings a resumed run must share with the saved one (shapes, init, data, objective, GRPO's sampler and
     objective); all others (steps, optimizer, memory and logging settings) may change and are reported."""
     keys = ["config", "init", "ema_weights", "lora", "lora_alpha", "objective", "vae", "vae_ckpt", "frames", "height",
-            "width", "text_len", "batch_size", "grad_accum", "seed", "data", "holdout", "ema"]
+            "width", "text_len", "batch_size", "grad_accum", "seed", "data", "holdout", "ema", "latents"]
     if cfg.objective == "grpo":
         keys += ["reward"] + [f"grpo.{k}" for k in GRPO_RESUME]
     return keys
@@ -401,6 +411,7 @@ def check_resume_settings(out, cfg):
     if path is None:
         return None, {}
     saved = cli.flatten(formats.read_meta(path)["extra"]["config"])
+    saved = {**{"latents": ""}, **saved}  # written before --latents existed: trained on online encoding
     now = cli.flatten(json.loads(json.dumps(dataclasses.asdict(cfg))))  # tuples as lists, like the saved JSON
     refused = {k: (saved.get(k), now[k]) for k in resume_keys(cfg) if saved.get(k) != now[k]}
     if refused:
@@ -486,9 +497,15 @@ def main(argv=None):
     text_dim = mcfg.crossattn_proj_in_channels  # the embedding on disk (Predict2.5: before the net's crossattn_proj)
     text_encoder = "reason1" if is_p25(mcfg) and not tiny else "t5"  # Predict2.5 reads <data>/reason1/<sha1>
     views = len(data.VIEW_ORDER) if mcfg.camera_channels else 0  # a camera net trains on separate views (agibot)
-    dataset = (data.ViewClips if views else data.GridClips)(
-        cfg.data, cfg.frames, cfg.height, cfg.width, text_len=cfg.text_len, text_dim=text_dim,
-        text="standin" if tiny else "t5", seed=cfg.seed, text_encoder=text_encoder)
+    text_source = dict(text_len=cfg.text_len, text_dim=text_dim, text="standin" if tiny else "t5", seed=cfg.seed,
+                       text_encoder=text_encoder)
+    if cfg.latents:  # the encoded windows of cache.py, checked against this run's VAE, clip settings and videos
+        dataset = cache.LatentClips(cfg.latents, cfg.data, cfg.frames, cfg.height, cfg.width, vae=cfg.vae,
+                                    vae_ckpt=cfg.vae_ckpt, dtype="bf16" if device.type == "cuda" else "fp32",
+                                    **text_source)
+    else:
+        dataset = (data.ViewClips if views else data.GridClips)(cfg.data, cfg.frames, cfg.height, cfg.width,
+                                                                 **text_source)
     holdout = cfg.holdout if cfg.holdout >= 0 else max(1, len(dataset) // 50)
     n_train = len(dataset) - holdout
     if n_train < 1:
@@ -526,6 +543,8 @@ def main(argv=None):
         keys = list(zip(batch["stem"], batch["start"].tolist()))
         camera = None if not views else views_map(batch["w2c"].to(device), batch["intrinsics"].to(device),
                                                   cfg.height, cfg.width).to(compute_dtype)
+        if "latent" in batch:  # --latents: encoded by cache.py exactly as below (views already stacked)
+            return batch["latent"].to(device).float(), batch["text_emb"].to(device), camera
         if not (cfg.cache_latents and all(k in latent_cache for k in keys)):
             with torch.no_grad():
                 video = batch["video"].to(device, compute_dtype)
@@ -707,7 +726,7 @@ def main(argv=None):
             if plots and "s_checkpoint" in row:
                 resume.plot_metrics(os.path.join(cfg.out, "loss.png"), history)
         if cfg.sample_every and done % cfg.sample_every == 0:
-            write_sample(net, vae, dataset, eval_ids[0], cfg, neg_text,
+            write_sample(net, vae, getattr(dataset, "clips", dataset), eval_ids[0], cfg, neg_text,  # pixels
                          os.path.join(cfg.out, f"sample_{done:08d}.mp4"), master)
         if stopping:
             say(f"stopping after step {done} on signal {stop['signal']}: checkpoint saved, exit 0")

@@ -309,3 +309,20 @@ def test_a_video_that_fails_to_decode_is_named_and_skipped_like_gridclips(folder
             str(SIZE[0]), "--width", str(SIZE[1]), "--stride", str(STRIDE), "--workers", "0", "--device", "cpu"]
     assert cache.main(argv) == 1  # a cache of no video
     assert "holds no video: 3 failed" in capsys.readouterr().err
+
+
+def test_train_on_a_stride_one_cache_equals_online_encoding(folders, tmp_path):
+    """train.py --latents: with every window cached (stride 1) the sampler's draws land on the same windows, so the
+    loss curve is bitwise the online-encoding one; a folder that is no cache is refused before training."""
+    import train
+    out = tmp_path / "c1"
+    cache.build(config(folders / "grid", out, stride=1), CPU)
+    common = ["--data", str(folders / "grid"), "--frames", str(FRAMES), "--height", str(SIZE[0]), "--width",
+              str(SIZE[1]), "--steps", "3", "--sample-every", "0", "--workers", "0", "--holdout", "1"]
+    cached_run = train.main(common + ["--latents", str(out), "--out", str(tmp_path / "a")])
+    online_run = train.main(common + ["--no-cache-latents", "--out", str(tmp_path / "b")])
+    assert [r["loss"] for r in cached_run] == [r["loss"] for r in online_run]
+    assert cached_run[-1]["eval_loss"] == online_run[-1]["eval_loss"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty.*cache.py --data"):  # before any model is built
+        train.main(common + ["--latents", str(tmp_path / "empty"), "--out", str(tmp_path / "c")])
