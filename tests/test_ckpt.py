@@ -9,8 +9,6 @@ import argparse
 import io
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -28,8 +26,8 @@ import resume
 from dist_utils import run_dist
 from lora import add_lora
 from model import DiT, denoise, get_config
+from run_utils import in_process
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # tiny, with an odd dim 0 (crossattn_proj.0: 33 rows -> 17 + 16 on 2 ranks)
 CFG = get_config("tiny", crossattn_emb_channels=33, crossattn_proj_in_channels=40)
 
@@ -522,8 +520,7 @@ def test_check_cli_reports_from_metadata_and_sets_the_exit_code(tmp_path, capsys
     assert ckpt.main(["check", "--config", "v2w-2b", good]) == 1  # shapes differ; nothing is allocated (meta)
     with pytest.raises(ckpt.CheckpointError, match="not found"):  # a user error: one line from cli.main
         ckpt.main(["check", "--config", "tiny", str(tmp_path / "nope.pt")])
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "ckpt.py"), "check", "--config", "tiny", bad],
-                          capture_output=True, text=True, timeout=120)
+    proc = in_process(ckpt, ["check", "--config", "tiny", bad])  # as the script (test_integrity runs the real one)
     assert proc.returncode == 1 and "missing: blocks.1.mlp.layer1.weight" in proc.stdout, proc.stdout + proc.stderr
 
 
