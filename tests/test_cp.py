@@ -191,19 +191,19 @@ def close(a, b):
 
 def test_loss_curve_and_layout_changes(run_dir, ref):
     """One process (dp 1, cp 1) vs 2 ranks --cp 2 (dp 1): the same clips and noise, so the same losses, gradient
-    norms and evaluation to fp32 rounding; a checkpoint of either resumes under the other."""
-    proc, cp2 = train(run_dir, "cp2", 2, 2, "--cp", "2", "--sample-every", "2", "--sample-steps", "2")  # sampling too
+    norms and evaluation to fp32 rounding; a checkpoint of either resumes under the other. The --cp 2 run continues
+    the one-process run's step 1 (one launch for both checks; test_compiled_blocks_with_selective_checkpointing
+    starts --cp 2 from the init: loading it and the init guard under CP)."""
+    rewind(run_dir, "ref", "cp2", 1)  # one process -> cp 2, with a sample under CP
+    proc, cp2 = train(run_dir, "cp2", 3, 2, "--cp", "2", "--sample-every", "2", "--sample-steps", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "(dp 1 x cp 2)" in proc.stdout and os.path.getsize(run_dir / "cp2" / "sample_00000002.mp4") > 0
-    for step in (1, 2):
+    for step in (2, 3):
         assert close(cp2[step]["loss"], ref[step]["loss"]), (step, cp2[step], ref[step])
         assert close(cp2[step]["grad_norm"], ref[step]["grad_norm"]) and close(cp2[step]["eval_loss"],
                                                                                ref[step]["eval_loss"])
-    proc, resumed = train(run_dir, "cp2", 3)  # cp 2 -> one process
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert close(resumed[3]["loss"], ref[3]["loss"]) and close(resumed[3]["grad_norm"], ref[3]["grad_norm"])
-    rewind(run_dir, "ref", "one", 2)  # one process -> cp 2
-    proc, resumed = train(run_dir, "one", 3, 2, "--cp", "2")
+    rewind(run_dir, "cp2", "cp2_to_one", 2)  # cp 2 -> one process
+    proc, resumed = train(run_dir, "cp2_to_one", 3)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert close(resumed[3]["loss"], ref[3]["loss"]) and close(resumed[3]["grad_norm"], ref[3]["grad_norm"])
 
