@@ -2,7 +2,7 @@
 (under cli.main), returned as a subprocess.CompletedProcess (returncode, stdout, stderr), so a test reads it like a
 real run. script(argv, torchrun=N): the real thing, a subprocess (torchrun with N ranks if N).
 
-In-process saves importing torch and the repo (~4.5 s of one core per run, ~40 runs in the suite). It matches the
+In-process saves importing torch and the repo (~4.5 s of one core per run, ~50 runs in the suite). It matches the
 subprocesses it replaces: one intra-op thread (their OMP_NUM_THREADS=1, so a run compares bit for bit with a killed
 subprocess run), and what train.py changes in the process is put back: the global RNG, the SIGTERM/SIGUSR1 handlers,
 sys.argv[0]. A failed run's --out lock is closed (it sits in a reference cycle of the traceback until collected).
