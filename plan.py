@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fp8 as fp8_lib
 import sac
-from lora import LORA_TARGETS, add_lora
+from lora import LORA_TARGETS, LoRALinear, add_lora
 from model import Block, DiT, condition_mask
 
 
@@ -111,6 +111,9 @@ def auto_plan(net, world, device, dtype, latent, text_len, lora, mem_budget_gib,
                 *net.blocks[0].parameters(), *net.blocks[0].parameters()]
     fixed = sum(state_formula(net, world, 0).values()) + sum(p.numel() for p in gathered) * dtype.itemsize \
         if fixed_bytes is None else fixed_bytes
+    if fixed_bytes is None and fp8 and lora:  # train.py --fp8: the frozen base whole on every rank in e4m3, not sharded
+        base = [m.weight for m in net.modules() if isinstance(m, LoRALinear)]
+        fixed += sum(p.numel() + 4 * p.shape[0] - shard_numel(p, world, 0) * p.element_size() for p in base)
     with torch.device("meta"):
         net_meta, block = DiT(cfg).to(dtype), Block(cfg).to(dtype)
     net_meta.blocks[0].register_forward_pre_hook(lambda m, args: captured.setdefault("args", args))
