@@ -623,8 +623,9 @@ def main(argv=None):
         import peer
         return peer.main(b)
     if b.fp8 and b.lora and b.world:
-        raise ValueError("--fp8 --lora with --world: the planner holds the frozen base as FSDP shards, train.py --fp8 "
-                         "holds it whole in fp8; plan it without --fp8 (an upper bound) or measure without --world")
+        raise ValueError("--fp8 --lora with --world: not planned (train.py --fp8 holds the frozen base whole on every "
+                         "rank in e4m3, the planner runs it as FSDP shards); measure one GPU without --world, or let "
+                         "train.py --sac auto size it (its plan counts the fp8 base)")
     check_auto(b)
     if b.world:
         check_plan(b)
