@@ -40,7 +40,7 @@ import cli  # noqa: E402
 import cp  # noqa: E402
 import plan  # noqa: E402
 import sac  # noqa: E402
-from lora import LORA_TARGETS, LoRALinear, add_lora  # noqa: E402
+from lora import LORA_TARGETS, add_lora  # noqa: E402
 import flow  # noqa: E402
 import fp8  # noqa: E402
 from flow import multiview_condition_mask  # noqa: E402
@@ -231,7 +231,7 @@ def run_plan(b: BenchConfig, shard=True):
                flops_step_3x=model_flops(cfg, shape, b.text_len, b.lora)[1],
                state_formula_rank0=formula[0], state_formula_min_over_ranks=min(sum(f.values()) for f in formula),
                **traffic, link_gb_s=b.link_gb_s, cp=cp_size)
-    modes = [b.sac if i % b.every == 0 else "none" for i in range(cfg.num_blocks)]
+    modes = sac.block_modes(b.sac, b.every, cfg.num_blocks)
     if b.sac == "auto":
         costs, auto, fixed = plan.auto_plan(net, world, device, dtype, shape, b.text_len, b.lora, b.mem_budget, b.fp8)
         print(auto.why, flush=True)
@@ -399,18 +399,14 @@ def run(b: BenchConfig):
     cuda = device.type == "cuda"
     peak = matmul_peak(device, dtype)  # measured again after the timed steps (clocks up); the larger one is used
     res["matmul_peak_tflops"] = round(peak / 1e12, 1)
-    modes = [b.sac if i % b.every == 0 else "none" for i in range(cfg.num_blocks)]
+    modes = sac.block_modes(b.sac, b.every, cfg.num_blocks)
     if b.sac == "auto":  # the plan with this step's resident state: weights and gradients in --dtype, no optimizer
         with torch.device("meta"):
             net = DiT(cfg).to(dtype)
         if b.lora:
             add_lora(net, b.lora)
-        fixed = sum(p.numel() * p.element_size() * (1 + p.requires_grad) for p in net.parameters())
-        if b.fp8 and b.lora:  # the frozen base held in 1-byte e4m3
-            fixed -= sum(m.weight.numel() * (m.weight.element_size() - 1) for m in net.modules()
-                         if isinstance(m, LoRALinear))
         costs, auto, fixed = plan.auto_plan(net, 1, device, dtype, shape, b.text_len, b.lora, b.mem_budget, b.fp8,
-                                            fixed_bytes=fixed)
+                                            fixed_bytes=plan.resident_bytes(net, b.fp8))
         print(auto.why, flush=True)
         modes = auto.modes
         res.update(sac={m: modes.count(m) for m in dict.fromkeys(modes)}, mem_budget_gib=b.mem_budget,

@@ -225,12 +225,10 @@ def cached_entry(path: str, khash: str, sha1: str) -> tuple:
 
 
 def write_blob(path: str, blob: bytes):
-    """tmp + fsync + rename: a killed run leaves the old file or a .tmp, never a partial file under the name."""
-    with open(path + ".tmp", "wb") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
+    """resume.write_atomic (a killed run leaves the old file or a .tmp, never a partial file under the name); imported
+    here: resume.py pulls in torch.distributed.checkpoint (~2 s) for every process that reads the cache."""
+    import resume
+    resume.write_atomic(path, blob)
 
 
 def rank0_check(fn, distributed: bool):

@@ -151,15 +151,12 @@ class Fp8Linear(nn.Linear):
 def convert_trainable(model, targets):
     """Swap the block Linears named by `targets` (lora.LORA_TARGETS) to Fp8Linear in place; keys unchanged. Works on
     meta (before FSDP and compile). Returns how many were swapped."""
-    n = 0
-    for name, module in model.named_modules():
-        if type(module) is nn.Linear and name.startswith("blocks.") and name.split(".", 2)[2] in targets:
-            if module.in_features % 16 or module.out_features % 16:
-                raise ValueError(f"--fp8: fp8 GEMMs need in/out features that are multiples of 16; {name} "
-                                 f"({module.out_features}x{module.in_features}) is not: train without --fp8")
-            module.__class__ = Fp8Linear
-            n += 1
-    return n
+    import lora
+    linears = lora.target_linears(model, targets)
+    check_features(linears)
+    for _, module in linears:
+        module.__class__ = Fp8Linear
+    return len(linears)
 
 
 def linear(x, w_fp8, w_scale, bias=None):
@@ -176,10 +173,15 @@ def quantize_weight(weight):
 
 
 def check_shapes(model):
-    """torch._scaled_mm needs K and N multiples of 16 on CUDA: say which adapted Linear breaks it, before any work."""
+    """The adapted Linears of a LoRA model (lora.add_lora), checked as check_features does."""
     import lora
-    bad = [f"{name} ({m.out_features}x{m.in_features})" for name, m in model.named_modules()
-           if isinstance(m, lora.LoRALinear) and (m.in_features % 16 or m.out_features % 16)]
+    check_features([(name, m) for name, m in model.named_modules() if isinstance(m, lora.LoRALinear)])
+
+
+def check_features(linears):
+    """torch._scaled_mm needs K and N multiples of 16 on CUDA: say which Linear breaks it, before any work."""
+    bad = [f"{name} ({m.out_features}x{m.in_features})" for name, m in linears
+           if m.in_features % 16 or m.out_features % 16]
     if bad:
         raise ValueError(f"--fp8: fp8 GEMMs need in/out features that are multiples of 16; {', '.join(bad[:4])} are "
                          "not: train this config without --fp8")
@@ -206,6 +208,11 @@ def quantize_base(model):
             module.register_buffer("weight_scale", w_scale, persistent=False)
             n += 1
     return n
+
+
+def stored_bytes(weight):
+    """Bytes of a weight held as quantize_weight holds it: 1-byte e4m3 values and an fp32 scale per output row."""
+    return weight.numel() + 4 * weight.shape[0]
 
 
 def fp8_bytes(model):

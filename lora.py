@@ -54,6 +54,12 @@ LORA_TARGETS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "sel
                 "mlp.layer1", "mlp.layer2")
 
 
+def target_linears(model, targets=LORA_TARGETS):
+    """(name, module) of the plain nn.Linears of the blocks named by `targets` (add_lora's, fp8.convert_trainable's)."""
+    return [(name, module) for name, module in model.named_modules()
+            if type(module) is nn.Linear and name.startswith("blocks.") and name.split(".", 2)[2] in targets]
+
+
 def add_lora(model, rank, alpha=None, targets=LORA_TARGETS):
     """Turn the target Linears of every block into LoRALinear in place, freeze everything else.
 
@@ -65,11 +71,10 @@ def add_lora(model, rank, alpha=None, targets=LORA_TARGETS):
     model.requires_grad_(False)
     adapted = []
     seed = lora_seed()
-    for name, module in model.named_modules():
-        if type(module) is nn.Linear and name.startswith("blocks.") and name.split(".", 2)[2] in targets:
-            module.__class__ = LoRALinear  # keeps the same weight Parameter object and its key
-            module.add_adapter(rank, alpha, seed + len(adapted))
-            adapted.append(name)
+    for name, module in target_linears(model, targets):
+        module.__class__ = LoRALinear  # keeps the same weight Parameter object and its key
+        module.add_adapter(rank, alpha, seed + len(adapted))
+        adapted.append(name)
     if not adapted:
         raise ValueError(f"no Linear matched the LoRA targets {targets}")
     params = [p for m in model.modules() if isinstance(m, LoRALinear) for p in (m.lora_a.weight, m.lora_b.weight)]

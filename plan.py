@@ -96,6 +96,19 @@ def cp_traffic(cfg, latent, cp, compute_dtype, recompute_blocks, link_gb_s):
     return dict(alltoall_bytes=handed, cp_link_bytes_per_rank=link, cp_comm_s=link / (link_gb_s * 1e9))
 
 
+def lora_base(net):
+    """The frozen base weights of the adapted Linears (what --fp8 stores in e4m3)."""
+    return [m.weight for m in net.modules() if isinstance(m, LoRALinear)]
+
+
+def resident_bytes(net, fp8=False):
+    """A step's weights and gradients held whole in their dtypes, no optimizer (bench.py without --world); with fp8 the
+    LoRA base as e4m3."""
+    total = sum(p.numel() * p.element_size() * (1 + p.requires_grad) for p in net.parameters())
+    return total if not fp8 else total + sum(fp8_lib.stored_bytes(p) - p.numel() * p.element_size()
+                                             for p in lora_base(net))
+
+
 def auto_plan(net, world, device, dtype, latent, text_len, lora, mem_budget_gib, fp8=False, fixed_bytes=None):
     """--sac auto for any driver (this planner; train.py): `net` is the meta model (LoRA added, not yet sharded).
 
@@ -112,8 +125,7 @@ def auto_plan(net, world, device, dtype, latent, text_len, lora, mem_budget_gib,
     fixed = sum(state_formula(net, world, 0).values()) + sum(p.numel() for p in gathered) * dtype.itemsize \
         if fixed_bytes is None else fixed_bytes
     if fixed_bytes is None and fp8 and lora:  # train.py --fp8: the frozen base whole on every rank in e4m3, not sharded
-        base = [m.weight for m in net.modules() if isinstance(m, LoRALinear)]
-        fixed += sum(p.numel() + 4 * p.shape[0] - shard_numel(p, world, 0) * p.element_size() for p in base)
+        fixed += sum(fp8_lib.stored_bytes(p) - shard_numel(p, world, 0) * p.element_size() for p in lora_base(net))
     with torch.device("meta"):
         net_meta, block = DiT(cfg).to(dtype), Block(cfg).to(dtype)
     net_meta.blocks[0].register_forward_pre_hook(lambda m, args: captured.setdefault("args", args))

@@ -59,9 +59,10 @@ def _fsync_dir(path):
 
 
 def write_atomic(path, text):
-    """tmp + fsync + rename + fsync(dir): the file is either the old one or complete, never truncated."""
+    """tmp + fsync + rename + fsync(dir): the file is either the old one or complete, never truncated. text: str or
+    bytes."""
     tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
+    with open(tmp, "wb" if isinstance(text, bytes) else "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

@@ -137,7 +137,12 @@ def apply(model, mode="none", every=1):
     Returns the indices of the checkpointed blocks. Calling it again replaces the previous setting.
     """
     validate(mode, every)
-    return apply_per_block(model, [mode if i % every == 0 else "none" for i in range(len(model.blocks))])
+    return apply_per_block(model, block_modes(mode, every, len(model.blocks)))
+
+
+def block_modes(mode, every, num_blocks):
+    """`mode` on blocks i % every == 0, `none` on the others: the per-block list apply_per_block takes."""
+    return [mode if i % every == 0 else "none" for i in range(num_blocks)]
 
 
 def apply_per_block(model, modes):

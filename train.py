@@ -410,8 +410,8 @@ def check_resume_settings(out, cfg):
     path = resume.find_resume(out)
     if path is None:
         return None, {}
-    saved = cli.flatten(formats.read_meta(path)["extra"]["config"])
-    saved = {**{"latents": ""}, **saved}  # written before --latents existed: trained on online encoding
+    # a setting added since the save (e.g. --latents) is taken at its default, which is how that run was trained
+    saved = {**cli.flatten(dataclasses.asdict(TrainConfig())), **cli.flatten(formats.read_meta(path)["extra"]["config"])}
     now = cli.flatten(json.loads(json.dumps(dataclasses.asdict(cfg))))  # tuples as lists, like the saved JSON
     refused = {k: (saved.get(k), now[k]) for k in resume_keys(cfg) if saved.get(k) != now[k]}
     if refused:
@@ -570,7 +570,7 @@ def main(argv=None):
             fp8.check_shapes(net)
     elif cfg.fp8:
         fp8.convert_trainable(net, LORA_TARGETS)  # same keys; the GEMMs of the LoRA targets' Linears go fp8
-    sac_modes = [cfg.sac if i % cfg.sac_every == 0 else "none" for i in range(mcfg.num_blocks)]
+    sac_modes = sac.block_modes(cfg.sac, cfg.sac_every, mcfg.num_blocks)
     if cfg.sac == "auto":  # one block measured under every mode at this run's shape; rank 0's choice for all ranks
         latent = (cfg.batch_size, mcfg.in_channels, max(views, 1) * (1 + (cfg.frames - 1) // 4), cfg.height // 8,
                   cfg.width // 8)
