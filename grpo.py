@@ -80,8 +80,8 @@ class GRPOConfig:
             raise ValueError(f"sde_type={self.sde_type!r}; valid: {SDE_TYPES}")
         if not 0.0 <= self.eta <= 1.0:
             raise ValueError(f"eta={self.eta} outside [0, 1]")
-        if self.pg_step_weight not in ("exact", "beta2"):
-            raise ValueError(f"pg_step_weight={self.pg_step_weight!r}; valid: exact, beta2")
+        if self.pg_step_weight not in STEP_WEIGHTS:
+            raise ValueError(f"pg_step_weight={self.pg_step_weight!r}; valid: {', '.join(STEP_WEIGHTS)}")
         if self.std_ddof not in (0, 1):
             raise ValueError(f"std_ddof={self.std_ddof}; valid: 0 (population), 1 (unbiased)")
         if self.window_size:
@@ -110,6 +110,7 @@ class GRPOConfig:
 
 
 SDE_TYPES = ("ddim_eta", "cps")
+STEP_WEIGHTS = ("unit", "exact", "beta2")
 DETERMINISTIC_STD = 1e-8  # a step with beta below this is an ODE step: no noise, no log-prob, not trained
 MIN_TRAIN_STD = 1e-6  # trained steps must have at least this much noise (the smallest at eta 0.5, N 8 is ~1e-3)
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -426,11 +427,27 @@ def recompute_old_log_probs(net, rollout: Rollout, cfg: GRPOConfig):
             rollout.log_probs[k, i] = training_log_prob(net, rollout, k, i, cfg)[0].detach()[0]
 
 
+def step_sensitivity(rollout: Rollout, step):
+    """|d logp / d v_hat| per element of step `step`, in units of z: |d mean / d v_hat| / beta. Predict2 (EDM):
+    mean = c x + (1 - c) x0_hat with x0_hat = (1 - t) x - t v_hat, so (1 - c) t / beta; Predict2.5 (RF): mean =
+    c x + (1 - sigma' - c (1 - sigma)) x0_hat with x0_hat = x - sigma v_hat, so sigma |1 - sigma' - c (1 - sigma)|
+    / beta. It spans ~700x over Predict2's Karras-8 steps (docs/grpo.md §3), and so does each step's gradient."""
+    sigma, sigma_next, beta = rollout.sigmas[step], rollout.sigmas[step + 1], rollout.betas[step]
+    c = rollout.alphas[step] / sigma
+    if rollout.timesteps is None:
+        return abs(1.0 - c) * sigma / (1.0 + sigma) / beta
+    return sigma * abs(1.0 - sigma_next - c * (1.0 - sigma)) / beta
+
+
 def step_weights(rollout: Rollout, cfg: GRPOConfig):
-    if cfg.pg_step_weight == "exact" or not rollout.train_steps:
-        return {i: 1.0 for i in rollout.train_steps}
-    mean_sq = sum(rollout.betas[i] ** 2 for i in rollout.train_steps) / len(rollout.train_steps)
-    return {i: rollout.betas[i] ** 2 / mean_sq for i in rollout.train_steps}
+    """w_i per trained step, mean 1 (docs/grpo.md §7): exact 1; beta2 beta_i^2; unit 1 / step_sensitivity."""
+    steps = rollout.train_steps
+    if cfg.pg_step_weight == "exact" or not steps:
+        return {i: 1.0 for i in steps}
+    raw = {i: rollout.betas[i] ** 2 if cfg.pg_step_weight == "beta2" else 1.0 / step_sensitivity(rollout, i)
+           for i in steps}
+    mean = sum(raw.values()) / len(raw)
+    return {i: w / mean for i, w in raw.items()}
 
 
 def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, generator=None, set_grad_sync=None):
@@ -558,6 +575,52 @@ def window_starts(cfg: GRPOConfig, n_groups, seed):
     return [draw_window_start(cfg, generator) for _ in range(n_groups)]
 
 
+def phase_timer(device):
+    """(times, timed): timed(name, fn) runs fn and adds its seconds to times[name] (CUDA synchronised around it)."""
+    times = {}
+
+    def timed(name, fn):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        result = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times[name] = times.get(name, 0.0) + time.perf_counter() - start
+        return result
+    return times, timed
+
+
+def score_groups(x0s, score, decode, cfg, timed, agree=None):
+    """Decode (only if a reward needs pixels) and score every group's K samples, gather all ranks' scores and turn
+    the rewards into advantages over all ranks' groups (collective). x0s: per group a [K, C, T, H, W] latent.
+    cfg: any config with group_size, adv_eps, adv_clip, global_std, std_ddof (GRPO's, NFT's).
+    Returns (this rank's advantages [groups, K] on x0s' device, metrics: rewards, components, adv_std)."""
+    device = x0s[0].device
+
+    def score_all():
+        out = []
+        for x0 in x0s:
+            video = timed("decode", lambda: decode(x0))
+            out.append(timed("reward", lambda: score(video, x0)))
+        return out
+    scores = agree("scoring the rollouts", score_all) if agree is not None else score_all()
+    names = sorted(scores[0])
+    local = torch.stack([torch.cat([s[n].float().reshape(-1) for s in scores]).to(device) for n in names])
+    everyone = gather(local).double().cpu()  # [names, world * groups * K], rank-major
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    keys = [(r, g) for r in range(world) for g in range(len(x0s)) for _ in range(cfg.group_size)]
+    rewards = everyone[names.index("reward")]
+    advantages = group_advantages(rewards, keys, eps=cfg.adv_eps, clip=cfg.adv_clip, global_std=cfg.global_std,
+                                  ddof=cfg.std_ddof)
+    metrics = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(correction=0)),
+               "adv_std": float(advantages.std(correction=0))}
+    metrics.update({f"reward_{name.replace('/', '_')}": float(everyone[i].mean())
+                    for i, name in enumerate(names) if name != "reward"})
+    return advantages.view(world, len(x0s), cfg.group_size)[rank].to(device), metrics
+
+
 def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, score, decode, seed, window_seed,
                agree=None):
     """One GRPO update over this rank's groups (collective under torch.distributed: call it on every rank).
@@ -569,43 +632,16 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
     Returns (stats of grpo_update, metrics: rewards over all ranks, advantages, means over all ranks, s per phase).
     """
     device = conds[0].crossattn_emb.device
-    times = dict.fromkeys(("rollout", "decode", "reward", "update", "optimizer"), 0.0)
-
-    def timed(name, fn):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        result = fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times[name] += time.perf_counter() - start
-        return result
-
+    times, timed = phase_timer(device)
     generator = torch.Generator(device=device).manual_seed(seed)
     rollouts = [timed("rollout", lambda: rollout_group(net, cond, latent_shape, cfg, generator, window_start=start))
                 for cond, start in zip(conds, window_starts(cfg, len(conds), window_seed))]
-
-    def score_all():
-        out = []
-        for ro in rollouts:
-            video = timed("decode", lambda: decode(ro.x0_final))
-            out.append(timed("reward", lambda: score(video, ro.x0_final)))
-        return out
-    scores = agree("scoring the rollouts", score_all) if agree is not None else score_all()
-    names = sorted(scores[0])
-    local = torch.stack([torch.cat([s[n].float().reshape(-1) for s in scores]).to(device) for n in names])
-    everyone = gather(local).double().cpu()  # [names, world * groups * K], rank-major
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    keys = [(r, g) for r in range(world) for g in range(len(conds)) for _ in range(cfg.group_size)]
-    rewards = everyone[names.index("reward")]
-    advantages = group_advantages(rewards, keys, eps=cfg.adv_eps, clip=cfg.adv_clip, global_std=cfg.global_std,
-                                  ddof=cfg.std_ddof)
-    mine = advantages.view(world, len(conds), cfg.group_size)[rank]
-    stats = timed("update", lambda: grpo_update(net, optimizer, params, rollouts, [a.to(device) for a in mine], cfg,
+    mine, reward_metrics = score_groups([ro.x0_final for ro in rollouts], score, decode, cfg, timed, agree)
+    stats = timed("update", lambda: grpo_update(net, optimizer, params, rollouts, list(mine), cfg,
                                                set_grad_sync=getattr(net, "set_requires_gradient_sync", None)))
     times["optimizer"] = stats["optimizer_s"]
     times["update"] -= stats["optimizer_s"]
+    world = dist.get_world_size() if dist.is_initialized() else 1
     # means over every rank's real micro-steps (a rank may have none)
     sums = torch.tensor([stats[k] * stats["micro_steps"] for k in ("loss", "clipfrac", "approx_kl", "kl")]
                         + [stats["micro_steps"], stats["trajectories"], stats["padded_steps"]],
@@ -613,16 +649,14 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
     if world > 1:
         dist.all_reduce(sums)
     n = max(1.0, float(sums[4]))
-    metrics = {"loss": float(sums[0]) / n, "reward_mean": float(rewards.mean()), "reward_std":
-               float(rewards.std(correction=0)), "adv_std": float(advantages.std(correction=0)),
-               "first_ratio": stats["first_ratio"], "clipfrac": float(sums[1]) / n, "approx_kl": float(sums[2]) / n,
+    metrics = {"loss": float(sums[0]) / n, **reward_metrics, "first_ratio": stats["first_ratio"],
+               "clipfrac": float(sums[1]) / n, "approx_kl": float(sums[2]) / n,
                "kl_ref": float(sums[3]) / n if cfg.kl_coef > 0 else None,
                "grad_norm": stats["grad_norm"][-1] if stats["grad_norm"] else None,
                "trajectories": int(sums[5]), "micro_steps": int(sums[4]), "padded_steps": int(sums[6]),
                "opt_steps": stats["opt_steps"], "skipped_chunks": stats["skipped_chunks"]}
-    metrics.update({f"reward_{name.replace('/', '_')}": float(everyone[i].mean())
-                    for i, name in enumerate(names) if name != "reward"})
-    metrics.update({f"s_{name}": seconds for name, seconds in times.items()})
+    metrics.update({f"s_{name}": times.get(name, 0.0) for name in ("rollout", "decode", "reward", "update",
+                                                                    "optimizer")})
     if stats["nonfinite_steps"]:
         raise FloatingPointError(f"GRPO update produced a non-finite gradient norm: {stats['grad_norm']}")
     return stats, metrics

@@ -18,6 +18,7 @@ Contents, top to bottom: config -> building blocks -> encoder / decoder -> WanVA
     python vae.py --bench [--frames 93 --height 432 --width 768 --window 16 --runs 3 --cudnn-benchmark]
 """
 import json
+import math
 import statistics
 import sys
 import time
@@ -388,18 +389,103 @@ class WanVAE(nn.Module):
         return video
 
 
+# -----------------------------------------------------------------------------
+# The tiny default's tokenizer: a fixed linear codec with the VAE's interface
+
+
+# (colour, time, y, x) frequencies of the 16 channels: cosine patterns over an 8x8 cell and its 4 frames. Luma
+# (R+G+B) gets 9 spatial patterns and 1 temporal one, the two chroma axes (R-G, R+G-2B) 3 spatial patterns each.
+CODEC_PATTERNS = tuple((0, 0, y, x) for y, x in ((0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (2, 0), (1, 2), (2, 1),
+                                                  (2, 2))) + ((0, 1, 0, 0),) \
+    + tuple((c, 0, y, x) for c in (1, 2) for y, x in ((0, 0), (0, 1), (1, 0)))
+CODEC_COLOURS = ((1.0, 1.0, 1.0), (1.0, -1.0, 0.0), (1.0, 1.0, -2.0))  # orthogonal colour axes
+CODEC_GAIN = 4.0  # latent = 4 x the pattern amplitude: the tiny grid videos then have latents of std ~0.8
+
+
+class LinearCodec(nn.Module):
+    """The tiny default's tokenizer (`build_vae("tiny")`): the Wan VAE's shapes (time x4, causal first frame, space
+    x8, 16 channels), but each latent element is the amplitude of one fixed cosine pattern (CODEC_PATTERNS) over
+    its 8x8 cell, on frame 0 alone or on 4 frames. The patterns are orthogonal, so decode(encode(video)) is the
+    video's projection onto them (a blurred copy) and encode(decode(latent)) == latent: the decoded video shows
+    exactly what the DiT generated, which a random VAE does not (RL with a pixel reward needs that), and it costs
+    two matrix products instead of seconds of 3-D convolutions on a CPU. No weights, the same in every process.
+    Not a model of real video: for pipelines, tests and RL on a laptop; the real tokenizer is WanVAE."""
+
+    def __init__(self, time_factor=4, space_factor=8):
+        super().__init__()
+        self.time_factor, self.space_factor = time_factor, space_factor
+        self.z_dim = len(CODEC_PATTERNS)
+        # [16, 3, tf, s, s] for frames 1.. (frame 0: the tf = 0 slice, renormalised); a frozen parameter, so the
+        # codec moves with .to() and reports its dtype like WanVAE (next(vae.parameters()).dtype)
+        self.basis = nn.Parameter(torch.stack([self.pattern(p, time_factor) for p in CODEC_PATTERNS]),
+                                  requires_grad=False)
+
+    def pattern(self, freqs, frames):
+        colour, ft, fy, fx = freqs
+        cos = lambda k, n: torch.cos(math.pi * k * (torch.arange(n, dtype=torch.float64) + 0.5) / n)  # noqa: E731
+        c = torch.tensor(CODEC_COLOURS[colour], dtype=torch.float64)
+        s = self.space_factor
+        return torch.einsum("c,t,y,x->ctyx", c, cos(ft, frames), cos(fy, s), cos(fx, s)).float()
+
+    def cells(self, frames):
+        """The basis for a group of `frames` frames (1: frame 0, whose temporal pattern is dropped: all zero)."""
+        basis = self.basis if frames == self.time_factor else self.basis[:, :, :1]
+        if frames == 1:
+            basis = basis * (torch.tensor([p[1] == 0 for p in CODEC_PATTERNS], device=basis.device)[:, None, None,
+                                                                                                   None, None])
+        norm = basis.square().sum(dim=(1, 2, 3, 4)).clamp(min=1e-12)  # the amplitude of each pattern
+        return basis, norm
+
+    @torch.no_grad()
+    def encode(self, video, temporal_window=None):
+        """video [B, 3, T, H, W] in [-1, 1], T = 4k+1, H, W multiples of 8 -> latent [B, 16, k+1, H/8, W/8]."""
+        tf, s = self.time_factor, self.space_factor
+        if video.dim() != 5 or video.shape[1] != 3 or not video.is_floating_point():
+            raise ValueError(f"expected a float video [B, 3, T, H, W] in [-1, 1], got {tuple(video.shape)} "
+                             f"{video.dtype}")
+        B, _, T, H, W = video.shape
+        if (T - 1) % tf or H % s or W % s:
+            raise ValueError(f"video {T}x{H}x{W}: the codec needs T = {tf}k+1 frames and H, W multiples of {s}")
+        x = video.to(self.basis.dtype)
+        groups = [x[:, :, :1]] + ([x[:, :, 1:]] if T > 1 else [])
+        out = []
+        for g in groups:
+            n = g.shape[2] // (1 if g.shape[2] == 1 else tf)
+            frames = 1 if g.shape[2] == 1 else tf
+            cells = g.reshape(B, 3, n, frames, H // s, s, W // s, s)
+            basis, norm = self.cells(frames)
+            out.append(torch.einsum("bcnthywx,zctyx->bznhw", cells, basis) / norm.view(1, -1, 1, 1, 1))
+        return (torch.cat(out, dim=2) * CODEC_GAIN).to(video.dtype).contiguous()
+
+    @torch.no_grad()
+    def decode(self, latent):
+        """latent [B, 16, t, h, w] -> video [B, 3, 4(t-1)+1, 8h, 8w]: the sum of the patterns (not clamped)."""
+        tf, s = self.time_factor, self.space_factor
+        if latent.dim() != 5 or latent.shape[1] != self.z_dim or not latent.is_floating_point():
+            raise ValueError(f"expected a float latent [B, {self.z_dim}, t, h, w], got {tuple(latent.shape)}")
+        B, _, t, h, w = latent.shape
+        z = latent.to(self.basis.dtype) / CODEC_GAIN
+        frames = []
+        for part, n in ((z[:, :, :1], 1), (z[:, :, 1:], tf)):
+            if part.shape[2]:
+                basis, _ = self.cells(n)
+                cells = torch.einsum("bzkhw,zctyx->bckthywx", part, basis)
+                frames.append(cells.reshape(B, 3, part.shape[2] * n, h * s, w * s))
+        return torch.cat(frames, dim=2).to(latent.dtype)
+
+
 def build_vae(name, ckpt_path, device, dtype):
     """The frozen tokenizer of train.py and sample.py. `real` loads ckpt_path (tokenizer.pth) strictly through
-    ckpt.load; `tiny` has no checkpoint: it is a fixed, seeded random encoder that compresses like the real one and
-    nothing more, identical in every process (so sample.py decodes what train.py encoded)."""
+    ckpt.load; `tiny` is the LinearCodec (no checkpoint, identical in every process, so sample.py decodes what
+    train.py encoded). VAE_CONFIGS["tiny"] is the Wan architecture at width 8, for tests and benchmarks only."""
     if name == "real":
         import ckpt  # ckpt imports the DiT; only the real tokenizer needs it
         vae = WanVAE(get_vae_config("real"))
         ckpt.load(vae, ckpt_path)
+    elif name == "tiny":
+        vae = LinearCodec()
     else:
-        with torch.random.fork_rng():
-            torch.manual_seed(1234)
-            vae = WanVAE(get_vae_config(name))
+        raise ValueError(f"vae {name!r}: tiny or real")
     return vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 

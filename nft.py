@@ -1,0 +1,328 @@
+"""DiffusionNFT (Zheng et al., arXiv 2509.16117) for the video DiT with LoRA: RL on the forward process.
+
+docs/nft.md has the derivation for Predict2 (EDM sigma behind a rectified-flow net) and Predict2.5 (rectified flow).
+In short, one update: the *old* policy (a lagging copy of the LoRA adapters) samples K clips per group with the
+ordinary deterministic sampler (Predict2's Adams-Bashforth on Karras sigmas, 2.5's UniPC; CFG-free by default), the
+clips are scored, group-normalised advantages A become optimality probabilities r = clip(A / A_max, -1, 1) / 2 + 1/2,
+and the trained velocity v is fitted on the forward process of every clean sample x0 at a few noise levels:
+
+    v+ = (1 - beta) v_old + beta v,   v- = (1 + beta) v_old - beta v,   u = eps - x0 (the flow-matching target)
+    loss = A_max / beta * [ r |v+ - u|^2 / w+  +  (1 - r) |v- - u|^2 / w- ]          (means over generated elements)
+
+w+- = mean |v+- - u| (detached) is NVlabs' adaptive weight (1 / mean |x0_hat - x0| up to the factor t). No
+log-probabilities, no trajectories: only the clean samples, their rewards and fresh noise, so any sampler works and
+a rollout is one network call per step. With old == current (decay 0, one optimizer step) the gradient is exactly
+2 A grad |v - u|^2 / w: advantage-weighted flow matching. After the step, old <- d old + (1 - d) theta.
+
+Contents, top to bottom: config -> the old policy -> rollout -> loss -> update -> one update of a training run
+(train_step), which train.py calls.
+"""
+import math
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+import flow
+import grpo
+from lora import set_lora_enabled
+from model import denoise
+from reward import group_advantages
+from sample import guided_x0_fn, karras_sigmas, sample
+
+# -----------------------------------------------------------------------------
+# Config
+
+
+@dataclass(frozen=True)
+class NFTConfig:
+    group_size: int = 4  # K samples per group (one conditioning frame + instruction)
+    num_steps: int = 10  # steps of the rollout sampler (deterministic: Predict2's AB2, Predict2.5's UniPC)
+    guidance: float = 0.0  # CFG of the rollouts (Predict2's x0_c + g (x0_c - x0_u)); 0: CFG-free, one call a step
+    beta: float = 1.0  # NFT's beta: how far the implicit positive/negative policies sit from the old one
+    timesteps: int = 1  # noise levels per sample and update, drawn from the rollout grid (fresh noise each)
+    kl_coef: float = 0.0  # weight of mean |v - v_ref|^2, v_ref the LoRA-disabled base (one more forward)
+    data_coef: float = 0.0  # DDRL (arXiv 2512.04332): weight of the flow-matching loss on the group's real clip
+    adv_eps: float = 1e-4  # added to the std, outside the sqrt
+    adv_clip: float = 5.0  # A_max: advantages are clipped to +-adv_clip, then r = A / (2 A_max) + 1/2
+    global_std: bool = True  # normalise by the std of all rewards in the update, else per group
+    std_ddof: int = 0  # 0: population std, 1: unbiased
+    adaptive_weight: bool = True  # divide each squared error by its own (detached) mean absolute error
+    decay_rate: float = 0.001  # old <- d old + (1 - d) theta after update u, d = min(decay_rate * u, decay_max)
+    decay_max: float = 0.5  # (NVlabs' schedule 1: d ramps from 0, on-policy at the start, to 0.5)
+    lr: float = 3e-4  # AdamW learning rate over the LoRA adapters, constant after the warm-up (NVlabs, cosmos-rl)
+    warmup: int = 0  # updates of linear learning-rate warm-up before the constant lr
+    weight_decay: float = 1e-4  # AdamW weight decay
+    betas: tuple = (0.9, 0.999)  # AdamW betas
+    max_grad_norm: float = 1.0  # gradient clipping per update
+
+    def __post_init__(self):
+        if self.group_size < 2:
+            raise ValueError(f"group_size={self.group_size}: a group baseline needs K >= 2")
+        if self.num_steps < 2 or not 1 <= self.timesteps <= self.num_steps:
+            raise ValueError(f"num_steps={self.num_steps}, timesteps={self.timesteps}: need num_steps >= 2 and "
+                             f"1 <= timesteps <= num_steps (the noise levels come from the rollout grid)")
+        if not 0 < self.beta <= 1:
+            raise ValueError(f"beta={self.beta}: in (0, 1] (NVlabs 1.0; 0.1 for a more conservative update)")
+        if self.guidance < 0 or self.kl_coef < 0 or self.data_coef < 0 or self.adv_clip <= 0:
+            raise ValueError("need guidance >= 0, kl_coef >= 0, data_coef >= 0 and adv_clip > 0")
+        if self.std_ddof not in (0, 1):
+            raise ValueError(f"std_ddof={self.std_ddof}; valid: 0 (population), 1 (unbiased)")
+        if self.decay_rate < 0 or not 0 <= self.decay_max < 1:
+            raise ValueError(f"decay_rate={self.decay_rate}, decay_max={self.decay_max}: need decay_rate >= 0 and "
+                             "0 <= decay_max < 1")
+        if self.lr <= 0 or self.warmup < 0 or self.weight_decay < 0 or self.max_grad_norm <= 0 \
+                or len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"need lr > 0, warmup >= 0, weight_decay >= 0, max_grad_norm > 0 and two betas in [0, 1):"
+                             f" lr={self.lr} warmup={self.warmup} weight_decay={self.weight_decay} "
+                             f"max_grad_norm={self.max_grad_norm} betas={self.betas}")
+
+
+def decay_at(cfg: NFTConfig, update):
+    """The old policy's EMA decay after update `update` (0-based)."""
+    return min(cfg.decay_rate * update, cfg.decay_max)
+
+
+# -----------------------------------------------------------------------------
+# The old policy: a copy of the adapter values, swapped into the net for its (no-grad) forwards
+
+
+def reshard(net):
+    """FSDP2 keeps the last block, final layer and root unsharded after a no-grad forward (reshard_after_forward
+    False): reshard them, so the next forward all-gathers the values we are about to write into the shards."""
+    from torch.distributed.fsdp import FSDPModule
+    for module in net.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+@contextmanager
+def adapters(net, params, values):
+    """Run the net with the adapter `values` (the old policy) in place of `params`' own, then put them back."""
+    with torch.no_grad():
+        reshard(net)
+        current = [p.detach().clone() for p in params]
+        torch._foreach_copy_([p.detach() for p in params], values)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            reshard(net)
+            torch._foreach_copy_([p.detach() for p in params], current)
+
+
+@torch.no_grad()
+def update_old(old, params, decay):
+    """old <- decay * old + (1 - decay) * theta, in place (each rank its own shards)."""
+    torch._foreach_lerp_(old, [p.detach() for p in params], 1.0 - decay)
+
+
+# -----------------------------------------------------------------------------
+# Rollout: K clean samples of one group from the deterministic sampler
+
+
+def rollout_grid(cond: grpo.Condition, num_steps):
+    """The rollout sampler's noise levels, the last (sigma_min / 0) excluded: the levels the loss trains at.
+    Predict2: Karras EDM sigmas (the net's time is sigma / (1 + sigma)); Predict2.5 (RF): the shift-5 grid, as
+    (sigma = timestep / 1000, timestep) pairs, the net's own integer timesteps."""
+    if cond.conditional_frame_timestep is None:
+        return [(float(s), None) for s in karras_sigmas(num_steps)[:num_steps]]
+    _, timesteps = flow.time_grid("shift", num_steps)
+    return [(float(t) / 1000, int(t)) for t in timesteps[:num_steps]]
+
+
+@torch.no_grad()
+def rollout_group(net, cond: grpo.Condition, latent_shape, cfg: NFTConfig, generator):
+    """[K, C, T, H, W] fp32 clean latents (conditional frames = the clean latent), the K samples as one batch: NFT
+    keeps no log-probabilities, so nothing needs the training layout. Predict2: its Karras AB2 sampler from
+    sigma_max noise; Predict2.5: its UniPC on the shift grid."""
+    K = cfg.group_size
+    noise = torch.randn(K, *latent_shape, generator=generator, device=generator.device)
+    if cfg.guidance != 0 and cond.neg_crossattn_emb is None:
+        raise ValueError(f"nft guidance={cfg.guidance} needs cond.neg_crossattn_emb (see grpo.guided_x0)")
+    batch = lambda t: None if t is None else t.expand(K, *t.shape[1:])  # noqa: E731
+    neg = batch(cond.neg_crossattn_emb) if cfg.guidance else None
+    if cond.conditional_frame_timestep is None:
+        x0_fn = guided_x0_fn(net, batch(cond.crossattn_emb), neg, cfg.guidance, gt_frames=batch(cond.gt_frames),
+                             condition_mask_B_1_T_H_W=batch(cond.condition_mask), fps=cond.fps,
+                             padding_mask=batch(cond.padding_mask))
+        return sample(x0_fn, noise * float(karras_sigmas(cfg.num_steps)[0]), num_steps=cfg.num_steps).float()
+    return flow.sample(net, noise, batch(cond.crossattn_emb), neg, cfg.guidance, batch(cond.gt_frames),
+                       batch(cond.condition_mask), "shift", cfg.num_steps, cond.conditional_frame_timestep,
+                       camera=batch(cond.camera), fps=cond.fps, padding_mask=batch(cond.padding_mask)).float()
+
+
+# -----------------------------------------------------------------------------
+# The loss of one (sample, noise level) on the forward process
+
+
+def forward_velocity(net, cond: grpo.Condition, x0, eps, level):
+    """(v_theta, u = eps - x0, t) at noise level `level` = (sigma, timestep) of the forward process of x0 [1, ...].
+    x0_hat - x0 = -t (v - u) on the generated frames in both families (t = sigma / (1 + sigma) for Predict2's EDM
+    sigma, t = sigma for rectified flow), so the loss can be written in velocity units with the factor t."""
+    sigma, timestep = level
+    if timestep is None:  # Predict2: x = x0 + sigma eps, the net's RF state (1 - t) x
+        sigma_B = torch.full((1,), sigma, dtype=torch.float32, device=x0.device)
+        _, v = denoise(net, x0 + sigma * eps, sigma_B, cond.crossattn_emb, gt_frames=cond.gt_frames,
+                       condition_mask_B_1_T_H_W=cond.condition_mask, fps=cond.fps, padding_mask=cond.padding_mask)
+        return v, eps - x0, sigma / (1 + sigma)
+    v = flow.velocity(net, (1 - sigma) * x0 + sigma * eps, torch.full((1,), timestep, device=x0.device),
+                      cond.crossattn_emb, gt_frames=cond.gt_frames, condition_mask_B_1_T_H_W=cond.condition_mask,
+                      noise=eps, conditional_frame_timestep=cond.conditional_frame_timestep, camera=cond.camera,
+                      fps=cond.fps, padding_mask=cond.padding_mask)
+    return v, eps - x0, sigma
+
+
+def masked_mean(x, gen_mask):
+    """Mean over the generated elements of x [1, C, T, H, W] (gen_mask [1, 1, T, H, W])."""
+    return (x * gen_mask).sum() / (gen_mask.sum() * x.shape[1])
+
+
+def nft_loss(v, v_old, u, t, r, gen_mask, cfg: NFTConfig):
+    """A_max / beta * [r |x0+ - x0|^2 / w+ + (1 - r) |x0- - x0|^2 / w-] with x0+- - x0 = -t (v+- - u) (module
+    docstring); w = mean |x0+- - x0| detached when cfg.adaptive_weight. Returns a scalar with grad through v."""
+    def term(v_implicit):
+        err = t * (v_implicit - u)
+        squared = masked_mean(err.square(), gen_mask)
+        return squared / masked_mean(err.abs(), gen_mask).detach().clamp(min=1e-5) if cfg.adaptive_weight \
+            else squared
+    positive = (1 - cfg.beta) * v_old + cfg.beta * v
+    negative = (1 + cfg.beta) * v_old - cfg.beta * v
+    return cfg.adv_clip / cfg.beta * (r * term(positive) + (1 - r) * term(negative))
+
+
+def optimality(advantages, cfg: NFTConfig):
+    """r = clip(A / A_max, -1, 1) / 2 + 1/2 in [0, 1]: 1 for the best samples, 0 for the worst, 1/2 for a tie."""
+    return (advantages / cfg.adv_clip).clamp(-1, 1) / 2 + 0.5
+
+
+# -----------------------------------------------------------------------------
+# Update
+
+
+def draw_levels(cfg: NFTConfig, grid, x0s, generator):
+    """Per group, per sample: cfg.timesteps distinct grid indices and one fresh eps [1, C, T, H, W] each."""
+    return [[[(int(i), torch.randn(1, *x0.shape[1:], generator=generator, device=generator.device))
+              for i in torch.randperm(len(grid), generator=generator, device=generator.device)[:cfg.timesteps]]
+             for _ in range(len(x0))] for x0 in x0s]
+
+
+@torch.no_grad()
+def frozen_velocities(net, conds, grids, x0s, draws):
+    """v at every draw without autograd (the old policy's or the base's, as the caller has set the net)."""
+    return [[[forward_velocity(net, cond, x0[k: k + 1], eps, grid[i])[0] for i, eps in sample_draws]
+             for k, sample_draws in enumerate(group)] for cond, grid, x0, group in zip(conds, grids, x0s, draws)]
+
+
+def data_loss(net, cond: grpo.Condition, grid, generator):
+    """DDRL's regulariser: flow matching on the group's real clip (cond.gt_frames, the whole encoded clip) at one
+    noise level of the grid, the generated frames only: mean |v - (eps - x_data)|^2."""
+    i = int(torch.randint(len(grid), (1,), generator=generator, device=generator.device))
+    eps = torch.randn(cond.gt_frames.shape, generator=generator, device=generator.device)
+    v, u, _ = forward_velocity(net, cond, cond.gt_frames.float(), eps, grid[i])
+    return masked_mean((v - u).square(), grpo.generated_mask(cond, tuple(v.shape[1:]), v.device))
+
+
+def nft_update(net, optimizer, params, old, conds, x0s, advantages, cfg: NFTConfig, generator, old_is_current,
+               set_grad_sync=None):
+    """One optimizer step on every (group, sample, noise level). old: the old policy's adapter values (ignored when
+    old_is_current: then v_old is the trained forward's own value, detached, saving a forward). Every rank runs the
+    same number of forwards (groups x K x timesteps, + one data forward per group): FSDP's collectives stay in step.
+    Returns stats; a non-finite gradient norm skips the step (counted in nonfinite_steps)."""
+    grids = [rollout_grid(c, cfg.num_steps) for c in conds]
+    draws = [draw_levels(cfg, grid, [x0], generator)[0] for grid, x0 in zip(grids, x0s)]
+    v_old = None
+    if not old_is_current:
+        with adapters(net, params, old):
+            v_old = frozen_velocities(net, conds, grids, x0s, draws)
+    v_ref = None
+    if cfg.kl_coef > 0:
+        set_lora_enabled(net, False)
+        try:
+            v_ref = frozen_velocities(net, conds, grids, x0s, draws)
+        finally:
+            set_lora_enabled(net, True)
+    micro = [(g, k, j) for g, group in enumerate(draws) for k, sample_draws in enumerate(group)
+             for j in range(len(sample_draws))]
+    n_micro = len(micro) + (len(conds) if cfg.data_coef > 0 else 0)
+    stats = {"loss": 0.0, "kl": 0.0, "data_loss": 0.0, "old_deviation": 0.0, "micro_steps": n_micro,
+             "nonfinite_steps": 0, "grad_norm": None, "optimizer_s": 0.0}
+    done = 0
+    for g, k, j in micro:
+        cond, (i, eps) = conds[g], draws[g][k][j]
+        v, u, t = forward_velocity(net, cond, x0s[g][k: k + 1].detach(), eps, grids[g][i])
+        old_v = v.detach() if v_old is None else v_old[g][k][j]
+        gen_mask = grpo.generated_mask(cond, tuple(v.shape[1:]), v.device)
+        loss = nft_loss(v, old_v, u, t, optimality(advantages[g][k], cfg), gen_mask, cfg)
+        stats["loss"] += float(loss.detach()) / len(micro)
+        stats["old_deviation"] += float(masked_mean((v.detach() - old_v).square(), gen_mask)) / len(micro)
+        if v_ref is not None:
+            kl = masked_mean((v - v_ref[g][k][j]).square(), gen_mask)
+            loss = loss + cfg.kl_coef * kl
+            stats["kl"] += float(kl.detach()) / len(micro)
+        done += 1
+        if set_grad_sync is not None:
+            set_grad_sync(done == n_micro)
+        (loss / n_micro).backward()
+    if cfg.data_coef > 0:
+        for cond, grid in zip(conds, grids):
+            loss = data_loss(net, cond, grid, generator)
+            stats["data_loss"] += float(loss.detach()) / len(conds)
+            done += 1
+            if set_grad_sync is not None:
+                set_grad_sync(done == n_micro)
+            (cfg.data_coef * loss / n_micro).backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+    stats["grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    if math.isfinite(stats["grad_norm"]):
+        start = time.perf_counter()
+        optimizer.step()
+        stats["optimizer_s"] = time.perf_counter() - start
+    else:
+        stats["nonfinite_steps"] = 1
+        print(f"nft_update: non-finite grad norm {stats['grad_norm']}: optimizer step skipped", flush=True)
+    optimizer.zero_grad(set_to_none=True)
+    return stats
+
+
+# -----------------------------------------------------------------------------
+# One update of a training run (train.py): old-policy rollouts -> decode -> rewards -> advantages -> update
+
+
+def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig, score, decode, seed, update,
+               agree=None):
+    """One NFT update over this rank's groups (collective under torch.distributed: call it on every rank), then the
+    old policy moves towards the new weights. old: the old adapter values (updated in place); update: 0-based
+    (update 0 starts from old == theta). score, decode, agree: as grpo.train_step.
+    Returns (stats of nft_update, metrics averaged over all ranks, s per phase)."""
+    device = conds[0].crossattn_emb.device
+    times, timed = grpo.phase_timer(device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    old_is_current = update == 0 or decay_at(cfg, update - 1) == 0  # the last refresh copied theta exactly
+    with adapters(net, params, old) if not old_is_current else nullcontext():
+        x0s = [timed("rollout", lambda: rollout_group(net, cond, latent_shape, cfg, generator)) for cond in conds]
+    mine, reward_metrics = grpo.score_groups(x0s, score, decode, cfg, timed, agree)
+    stats = timed("update", lambda: nft_update(net, optimizer, params, old, conds, x0s, list(mine), cfg, generator,
+                                              old_is_current, getattr(net, "set_requires_gradient_sync", None)))
+    decay = decay_at(cfg, update)
+    with torch.no_grad():
+        if decay == 0:  # exact copy (a lerp by 1 rounds): the next update may skip the old forward
+            torch._foreach_copy_(old, [p.detach() for p in params])
+        else:
+            update_old(old, params, decay)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    sums = torch.tensor([stats[k] for k in ("loss", "kl", "data_loss", "old_deviation")], dtype=torch.float64,
+                        device=device)
+    if world > 1:
+        dist.all_reduce(sums)
+    sums /= world
+    metrics = {"loss": float(sums[0]), **reward_metrics, "kl_ref": float(sums[1]) if cfg.kl_coef > 0 else None,
+               "data_loss": float(sums[2]) if cfg.data_coef > 0 else None, "old_deviation": float(sums[3]),
+               "old_decay": decay, "grad_norm": stats["grad_norm"], "micro_steps": stats["micro_steps"] * world}
+    times["optimizer"] = stats["optimizer_s"]
+    times["update"] -= stats["optimizer_s"]
+    metrics.update({f"s_{name}": times.get(name, 0.0) for name in ("rollout", "decode", "reward", "update",
+                                                                    "optimizer")})
+    return stats, metrics
