@@ -475,7 +475,8 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
              if float(adv[k]) != 0.0 or not cfg.drop_zero_advantage]
     stats = {"trajectories": len(items), "micro_steps": 0, "padded_steps": 0, "opt_steps": 0, "skipped_chunks": 0,
              "nonfinite_steps": 0, "grad_norm": [], "grads_outside_params": [], "loss": 0.0, "kl": 0.0,
-             "clipfrac": 0.0, "approx_kl": 0.0, "first_logp_equal": None, "first_max_abs_dlogp": None,
+             "clipfrac_in_update": 0.0, "approx_kl_in_update": 0.0, "clipfrac": None, "approx_kl": None,
+             "first_logp_equal": None, "first_max_abs_dlogp": None,
              "first_ratio": None, "logp_requires_grad": None, "logp_has_grad_fn": None, "optimizer_s": 0.0}
     if generator is not None:
         items = [items[j] for j in torch.randperm(len(items), generator=generator).tolist()]
@@ -523,8 +524,8 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
                 max_dlogp = max(max_dlogp, float(dlogp.abs()))
             stats["micro_steps"] += 1
             stats["loss"] += float(loss.detach())
-            stats["clipfrac"] += float((ratio - 1).abs() > cfg.clip_range)
-            stats["approx_kl"] += 0.5 * float(dlogp) ** 2
+            stats["clipfrac_in_update"] += float((ratio - 1).abs() > cfg.clip_range)
+            stats["approx_kl_in_update"] += 0.5 * float(dlogp) ** 2
             if info["kl"] is not None:
                 stats["kl"] += float(info["kl"])
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
@@ -546,9 +547,23 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
             print(f"grpo_update: non-finite grad norm {grad_norm} in chunk {c}: optimizer step skipped")
         optimizer.zero_grad(set_to_none=True)
     stats["first_logp_equal"], stats["first_max_abs_dlogp"] = all_equal, max_dlogp
-    for key in ("loss", "clipfrac", "approx_kl", "kl"):  # means over this rank's real micro-steps
+    for key in ("loss", "clipfrac_in_update", "approx_kl_in_update", "kl"):  # means over this rank's real micro-steps
         stats[key] /= max(1, stats["micro_steps"])
+    if stats["opt_steps"]:  # same on every rank: the skip decisions above are global
+        stats["clipfrac"], stats["approx_kl"] = probe_after_update(net, rollouts[0], cfg)
     return stats
+
+
+@torch.no_grad()
+def probe_after_update(net, rollout: Rollout, cfg: GRPOConfig):
+    """(clipfrac, approx_kl) of the updated policy on trajectory 0 of `rollout`, every trained step: the fraction with
+    |ratio - 1| > clip_range and 1/2 E[(logp_new - logp_old)^2]. Measured after the optimizer step: within a one-step
+    update every ratio is 1 by construction (they would always read 0). Costs one no-grad forward (and its uncond
+    branch) per trained step; rollout 0 has the same trained steps on every rank (window_starts), so FSDP's
+    collectives stay in step."""
+    deltas = torch.stack([step_log_prob(net, rollout, 0, i, cfg)[0][0] - rollout.log_probs[0, i]
+                          for i in rollout.train_steps]).double()
+    return float(((deltas.exp() - 1).abs() > cfg.clip_range).double().mean()), float(0.5 * deltas.square().mean())
 
 
 # -----------------------------------------------------------------------------
@@ -643,14 +658,18 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
     times["update"] -= stats["optimizer_s"]
     world = dist.get_world_size() if dist.is_initialized() else 1
     # means over every rank's real micro-steps (a rank may have none)
-    sums = torch.tensor([stats[k] * stats["micro_steps"] for k in ("loss", "clipfrac", "approx_kl", "kl")]
-                        + [stats["micro_steps"], stats["trajectories"], stats["padded_steps"]],
-                        dtype=torch.float64, device=device)
+    sums = torch.tensor([stats[k] * stats["micro_steps"] for k in ("loss", "clipfrac_in_update", "approx_kl_in_update",
+                                                                   "kl")]
+                        + [stats["micro_steps"], stats["trajectories"], stats["padded_steps"]]
+                        + [stats[k] or 0.0 for k in ("clipfrac", "approx_kl")], dtype=torch.float64, device=device)
     if world > 1:
         dist.all_reduce(sums)
     n = max(1.0, float(sums[4]))
+    probed = stats["clipfrac"] is not None  # an update that stepped (the same on every rank)
     metrics = {"loss": float(sums[0]) / n, **reward_metrics, "first_ratio": stats["first_ratio"],
-               "clipfrac": float(sums[1]) / n, "approx_kl": float(sums[2]) / n,
+               "clipfrac": float(sums[7]) / world if probed else None,
+               "approx_kl": float(sums[8]) / world if probed else None,
+               "clipfrac_in_update": float(sums[1]) / n, "approx_kl_in_update": float(sums[2]) / n,
                "kl_ref": float(sums[3]) / n if cfg.kl_coef > 0 else None,
                "grad_norm": stats["grad_norm"][-1] if stats["grad_norm"] else None,
                "trajectories": int(sums[5]), "micro_steps": int(sums[4]), "padded_steps": int(sums[6]),

@@ -98,19 +98,24 @@ def reshard(net):
             module.reshard()
 
 
+@torch.no_grad()
+def copy_values(params, values):
+    """params <- values in place, one copy_ each (DTensor has no sharding rule for _foreach_copy_)."""
+    for p, v in zip(params, values):
+        p.detach().copy_(v)
+
+
 @contextmanager
 def adapters(net, params, values):
     """Run the net with the adapter `values` (the old policy) in place of `params`' own, then put them back."""
-    with torch.no_grad():
-        reshard(net)
-        current = [p.detach().clone() for p in params]
-        torch._foreach_copy_([p.detach() for p in params], values)
+    reshard(net)
+    current = [p.detach().clone() for p in params]
+    copy_values(params, values)
     try:
         yield
     finally:
-        with torch.no_grad():
-            reshard(net)
-            torch._foreach_copy_([p.detach() for p in params], current)
+        reshard(net)
+        copy_values(params, current)
 
 
 @torch.no_grad()
@@ -202,11 +207,12 @@ def optimality(advantages, cfg: NFTConfig):
 # Update
 
 
-def draw_levels(cfg: NFTConfig, grid, x0s, generator):
-    """Per group, per sample: cfg.timesteps distinct grid indices and one fresh eps [1, C, T, H, W] each."""
-    return [[[(int(i), torch.randn(1, *x0.shape[1:], generator=generator, device=generator.device))
-              for i in torch.randperm(len(grid), generator=generator, device=generator.device)[:cfg.timesteps]]
-             for _ in range(len(x0))] for x0 in x0s]
+def draw_levels(cfg: NFTConfig, grid, x0, generator):
+    """For each of a group's samples x0 [K, ...]: cfg.timesteps distinct grid indices, with a fresh eps
+    [1, C, T, H, W] each."""
+    return [[(int(i), torch.randn(1, *x0.shape[1:], generator=generator, device=generator.device))
+             for i in torch.randperm(len(grid), generator=generator, device=generator.device)[:cfg.timesteps]]
+            for _ in range(len(x0))]
 
 
 @torch.no_grad()
@@ -232,7 +238,7 @@ def nft_update(net, optimizer, params, old, conds, x0s, advantages, cfg: NFTConf
     same number of forwards (groups x K x timesteps, + one data forward per group): FSDP's collectives stay in step.
     Returns stats; a non-finite gradient norm skips the step (counted in nonfinite_steps)."""
     grids = [rollout_grid(c, cfg.num_steps) for c in conds]
-    draws = [draw_levels(cfg, grid, [x0], generator)[0] for grid, x0 in zip(grids, x0s)]
+    draws = [draw_levels(cfg, grid, x0, generator) for grid, x0 in zip(grids, x0s)]
     v_old = None
     if not old_is_current:
         with adapters(net, params, old):
@@ -247,7 +253,7 @@ def nft_update(net, optimizer, params, old, conds, x0s, advantages, cfg: NFTConf
     micro = [(g, k, j) for g, group in enumerate(draws) for k, sample_draws in enumerate(group)
              for j in range(len(sample_draws))]
     n_micro = len(micro) + (len(conds) if cfg.data_coef > 0 else 0)
-    stats = {"loss": 0.0, "kl": 0.0, "data_loss": 0.0, "old_deviation": 0.0, "micro_steps": n_micro,
+    stats = {"loss": 0.0, "kl": 0.0, "data_loss": 0.0, "old_deviation": 0.0, "micro_steps": n_micro, "skipped": 0,
              "nonfinite_steps": 0, "grad_norm": None, "optimizer_s": 0.0}
     done = 0
     for g, k, j in micro:
@@ -304,14 +310,19 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
     with adapters(net, params, old) if not old_is_current else nullcontext():
         x0s = [timed("rollout", lambda: rollout_group(net, cond, latent_shape, cfg, generator)) for cond in conds]
     mine, reward_metrics = grpo.score_groups(x0s, score, decode, cfg, timed, agree)
-    stats = timed("update", lambda: nft_update(net, optimizer, params, old, conds, x0s, list(mine), cfg, generator,
-                                              old_is_current, getattr(net, "set_requires_gradient_sync", None)))
+    if reward_metrics["adv_std"] == 0:  # every advantage on every rank is 0 (all-tie groups): nothing to learn, and
+        # the same on every rank (gathered); no forward and no optimizer step (AdamW's decay would still move weights)
+        stats = {"loss": 0.0, "kl": 0.0, "data_loss": 0.0, "old_deviation": 0.0, "micro_steps": 0, "skipped": 1,
+                 "nonfinite_steps": 0, "grad_norm": None, "optimizer_s": 0.0}
+    else:
+        stats = timed("update", lambda: nft_update(net, optimizer, params, old, conds, x0s, list(mine), cfg,
+                                                  generator, old_is_current,
+                                                  getattr(net, "set_requires_gradient_sync", None)))
     decay = decay_at(cfg, update)
-    with torch.no_grad():
-        if decay == 0:  # exact copy (a lerp by 1 rounds): the next update may skip the old forward
-            torch._foreach_copy_(old, [p.detach() for p in params])
-        else:
-            update_old(old, params, decay)
+    if decay == 0:  # exact copy (a lerp by 1 rounds): the next update may skip the old forward
+        copy_values(old, params)
+    else:
+        update_old(old, params, decay)
     world = dist.get_world_size() if dist.is_initialized() else 1
     sums = torch.tensor([stats[k] for k in ("loss", "kl", "data_loss", "old_deviation")], dtype=torch.float64,
                         device=device)
@@ -320,9 +331,10 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
     sums /= world
     metrics = {"loss": float(sums[0]), **reward_metrics, "kl_ref": float(sums[1]) if cfg.kl_coef > 0 else None,
                "data_loss": float(sums[2]) if cfg.data_coef > 0 else None, "old_deviation": float(sums[3]),
-               "old_decay": decay, "grad_norm": stats["grad_norm"], "micro_steps": stats["micro_steps"] * world}
+               "old_decay": decay, "grad_norm": stats["grad_norm"], "micro_steps": stats["micro_steps"] * world,
+               "skipped_updates": stats["skipped"]}
     times["optimizer"] = stats["optimizer_s"]
-    times["update"] -= stats["optimizer_s"]
+    times["update"] = times.get("update", 0.0) - stats["optimizer_s"]
     metrics.update({f"s_{name}": times.get(name, 0.0) for name in ("rollout", "decode", "reward", "update",
                                                                     "optimizer")})
     return stats, metrics

@@ -373,15 +373,17 @@ def load_history(path, start_step):
 
 
 def plot_metrics(path, history):
-    """loss.png: training loss (log scale) with its running mean and the evaluation loss; for GRPO a reward panel."""
+    """loss.png: training loss (log scale) with its running mean and the evaluation loss; for an RL run a reward
+    panel: the training reward (mean +- std over samples) and the held-out reward (rows with eval_reward)."""
     import matplotlib
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
     grpo_run = any("reward_mean" in r for r in history)
     fig, axes = plt.subplots(1, 2 if grpo_run else 1, figsize=(12 if grpo_run else 7, 4), squeeze=False)
     ax = axes[0][0]
-    steps = [r["step"] for r in history]
-    loss = np.array([r["loss"] for r in history], dtype=np.float64)
+    updates = [r for r in history if "loss" in r]  # an RL run's step-0 row holds only its held-out evaluation
+    steps = [r["step"] for r in updates]
+    loss = np.array([r["loss"] for r in updates], dtype=np.float64)
     if grpo_run:
         ax.plot(steps, loss, lw=0.8, label="surrogate loss")
         ax.set_ylabel("surrogate loss (~0 at ratio 1)")
@@ -400,10 +402,13 @@ def plot_metrics(path, history):
     ax.legend()
     if grpo_run:
         ax = axes[0][1]
-        mean = np.array([r["reward_mean"] for r in history])
-        std = np.array([r.get("reward_std") or 0.0 for r in history])
-        ax.plot(steps, mean, label="reward mean")
+        mean = np.array([r["reward_mean"] for r in updates])
+        std = np.array([r.get("reward_std") or 0.0 for r in updates])
+        ax.plot(steps, mean, label="reward mean (rollouts)")
         ax.fill_between(steps, mean - std, mean + std, alpha=0.2, label="+- std over samples")
+        held = [(r["step"], r["eval_reward"]) for r in history if r.get("eval_reward") is not None]
+        if held:
+            ax.plot(*zip(*held), "o-", label="held-out reward (deterministic sampler)")
         ax.set_xlabel("update")
         ax.set_ylabel("reward")
         ax.grid(alpha=0.3)

@@ -4,11 +4,12 @@
     torchrun --nproc_per_node=8 train.py --config v2w-14b --init droid --data DIR
     torchrun --nproc_per_node=8 train.py --config v2w-2b --init 2b-480p-16fps --data DIR --sac block
     python train.py --objective grpo --lora 4 --steps 20       # GRPO on the tiny default (--grpo-* knobs below)
+    python train.py --objective nft --lora 4 --steps 20        # DiffusionNFT on the tiny default (--nft-* knobs)
     python train.py --config p25-tiny                          # the Predict2.5 tiny default
 
 Flags not given take the preset of --config: tiny, p25-tiny (data/tiny_grid, 9x64x112, 200 steps at lr 2e-3, warm-up
 20, the tiny VAE) or every other config (93x432x768, 20k steps at lr 2^-14.5, warm-up 1000, the real VAE). GRPO has
-its own optimizer flags (--grpo-lr, ...): the SFT ones are refused with --objective grpo.
+its own optimizer flags (--grpo-lr, ...; NFT: --nft-lr, ...): the SFT ones are refused with an RL objective.
 One script, top to bottom: config -> setup -> data -> run directory -> model -> optimizer -> resume -> loop.
 """
 import dataclasses
@@ -36,13 +37,16 @@ import flow
 import formats
 import fp8
 import grpo
+import nft
 import resume
 import reward
 import plan
+import rl
 import sac
 import stitch
 import vae as vae_lib
 from grpo import GRPOConfig
+from nft import NFTConfig
 from lora import LORA_TARGETS, LoRALinear, add_lora
 from model import DiT, condition_mask, denoise, get_config, is_p25, matmul_peak, model_flops, num_params
 from camera import views_map
@@ -103,27 +107,30 @@ class TrainConfig:
     holdout: int = -1  # videos (the last in name order) kept out of training for evaluation; -1: 2%, at least 1
     cache_latents: bool = False  # keep encoded clips in memory by (video, start frame): small datasets only
     latents: str = ""  # a cache.py folder of --data's encoded windows: train on them, no VAE encoding per step
-    objective: str = "sft"  # sft | grpo (GRPO trains LoRA adapters: needs --lora)
+    objective: str = "sft"  # sft | grpo | nft (the RL objectives train LoRA adapters: need --lora)
     reward: str = "default"  # GRPO reward: default (reward.py) and/or module:function plug-ins, comma-separated, each =WEIGHT optional
     wandb: str = ""  # project name; needs `pip install wandb`
+    eval_every: int = 0  # held-out evaluation every N steps besides each save (RL: also before the first update)
+    eval_steps: int = 35  # RL: deterministic sampler steps of the held-out evaluation (eval_reward_*)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)  # GRPO knobs (--objective grpo; docs/grpo.md)
+    nft: NFTConfig = field(default_factory=NFTConfig)  # DiffusionNFT knobs (--objective nft; docs/nft.md)
 
 
-TINY = dict(data="data/tiny_grid", vae="tiny", frames=9, height=64, width=112, steps=200, lr=2e-3, warmup=20,
-            save_every=100, sample_every=100, text_len=16, workers=0, cache_latents=True, holdout=0)
+TINY = dict(data="data/tiny_grid", vae="tiny", frames=9, height=64, width=112, steps=1000, lr=2e-3, warmup=20,
+            save_every=500, sample_every=500, text_len=16, workers=0, cache_latents=True, holdout=2)
+# RL on a tiny config (from the tiny SFT checkpoint, docs/grpo.md "The tiny default"): 8 samples a group, 4 groups an
+# update, a held-out evaluation every 5 updates
+TINY_RL = dict(steps=40, save_every=20, sample_every=0, eval_every=5, eval_steps=20, batch_size=4,
+               grpo=dict(group_size=8, lr=1e-3), nft=dict(group_size=8))
 REAL = dict(vae="real", frames=93, height=432, width=768, steps=20000, lr=2 ** -14.5, warmup=1000, save_every=200,
             sample_every=1000)
 # Loss knobs of one model family (True: Predict2.5's flow.py loss only; False: Predict2's EDM loss only)
 FAMILY_ONLY = {"loss_scale": False, "high_sigma_ratio": False, "conditional_frame_timestep": True}
-# Flags that only shape the SFT optimizer or batch: with --objective grpo they would be silently unused
-SFT_ONLY = {"lr": "--grpo-lr", "warmup": "--grpo-warmup", "lr_min_ratio": "(constant after the warm-up)",
-            "weight_decay": "--grpo-weight-decay", "beta1": "--grpo-betas", "beta2": "--grpo-betas",
-            "grad_clip": "--grpo-max-grad-norm", "grad_accum": "(GRPO accumulates over samples and steps itself)",
-            "text_dropout": "(rollouts keep the prompt)"}
-# GRPO knobs a resumed run must keep (the rest, optimizer and memory settings, may change and are reported)
-GRPO_RESUME = ("group_size", "num_steps", "sde_type", "eta", "window_size", "window_range", "train_steps",
-               "same_latent", "guidance", "uncond_grad", "adv_eps", "adv_clip", "global_std", "std_ddof", "clip_range",
-               "kl_coef", "pg_step_weight", "opt_steps_per_update", "drop_zero_advantage")
+# Flags that only shape the SFT optimizer or batch: with an RL objective they would be silently unused (the RL
+# configs have their own: --grpo-lr, --nft-lr, ...)
+SFT_ONLY = {"lr": "lr", "warmup": "warmup", "lr_min_ratio": "(constant after the warm-up)",
+            "weight_decay": "weight_decay", "beta1": "betas", "beta2": "betas", "grad_clip": "max_grad_norm",
+            "grad_accum": "(RL accumulates over samples and steps itself)", "text_dropout": "(rollouts keep the prompt)"}
 
 
 def parse_config(argv):
@@ -131,6 +138,8 @@ def parse_config(argv):
     given = cli.parse_flags(TrainConfig, argv, description=__doc__)  # argparse rejects unknown flags
     name = given.get("config", TrainConfig.config)
     preset = dict(TINY, data=tiny_data(name)) if name in TINY_CONFIGS else REAL
+    if name in TINY_CONFIGS and given.get("objective", TrainConfig.objective) != "sft":
+        preset.update(TINY_RL)
     return validate(cli.build(TrainConfig, preset, given), given)
 
 
@@ -138,30 +147,18 @@ def validate(cfg, given=None):
     """Fail fast, before anything is built or written: every setting is used, validated or refused."""
     given = cli.flatten(given or {})
     mcfg = get_config(cfg.config)  # raises with the valid names
-    if cfg.objective not in ("sft", "grpo"):
-        raise ValueError(f"--objective {cfg.objective!r}: valid are sft, grpo")
+    if cfg.objective not in rl.OBJECTIVES:
+        raise ValueError(f"--objective {cfg.objective!r}: valid are {', '.join(rl.OBJECTIVES)}")
     unused = {}
     views = len(data.VIEW_ORDER) if mcfg.camera_channels else 1  # stacked on latent time, split with it
     cp.check_split(cfg.cp, cfg.config, mcfg.num_heads, (1 + (cfg.frames - 1) // 4) * views, cfg.frames)
-    if cfg.cp > 1 and cfg.objective == "grpo":
-        raise ValueError(f"--cp {cfg.cp} with --objective grpo: GRPO's rollout keys, advantages and micro-step padding"
-                         " count global ranks, not cp groups (not done yet); use --cp 1")
+    if cfg.cp > 1 and cfg.objective != "sft":
+        raise ValueError(f"--cp {cfg.cp} with --objective {cfg.objective}: RL's rollout keys, advantages and micro-step"
+                         " padding count global ranks, not cp groups (not done yet); use --cp 1")
     if cfg.cp > 1 and cfg.sac == "auto":
         raise ValueError(f"--cp {cfg.cp} with --sac auto: the auto plan measures a block without CP; pick a --sac mode"
                          f" with `bench.py --world N --cp {cfg.cp}` (docs/memory.md)")
-    if cfg.objective == "grpo":
-        if not cfg.lora:
-            raise ValueError("--objective grpo trains LoRA adapters only: pass --lora RANK (e.g. 32)")
-        unused.update({k: f"with --objective grpo (use {alt})" for k, alt in SFT_ONLY.items() if k in given})
-        if cfg.grpo.eta <= 0:
-            raise ValueError(f"--grpo-eta {cfg.grpo.eta}: a noiseless rollout has no log-prob to train (use > 0)")
-        if cfg.compile and not cfg.grpo.recompute_old_logp:
-            if "grpo.recompute_old_logp" in given:  # a compiled training forward rounds unlike the eager rollout
-                raise ValueError("--compile with --no-grpo-recompute-old-logp: the compiled training graph rounds "
-                                 "differently from the rollout's, so the ratio would not start at 1")
-            cfg.grpo = dataclasses.replace(cfg.grpo, recompute_old_logp=True)
-    else:
-        unused.update({k: "with --objective sft" for k in given if k.startswith("grpo.") or k == "reward"})
+    unused.update(validate_objective(cfg, given))
     if cfg.lora == 0:
         unused.update({k: "without --lora" for k in ("lora_alpha",) if k in given})
     if cfg.sac in ("none", "auto"):
@@ -177,7 +174,7 @@ def validate(cfg, given=None):
     if unused:
         raise ValueError("; ".join(f"{cli.flag(k)} does nothing {why}" for k, why in unused.items())
                          + ": drop it (nothing is silently ignored)")
-    if cfg.objective == "grpo":
+    if cfg.objective != "sft":
         reward.parse_rewards(cfg.reward)  # imports the plug-ins now: a typo fails before any model is built
     if cfg.ema_weights not in ("", "net", "net_ema"):
         raise ValueError(f"--ema-weights {cfg.ema_weights!r}: net or net_ema")
@@ -200,8 +197,8 @@ def validate(cfg, given=None):
     elif not (cfg.init in ckpt.NAMED_INITS or cfg.init.startswith("hf://")):
         ckpt.resolve_source(cfg.init)  # a local path: it exists and has a checkpoint format (hub names: in main)
     sac.make_checkpoint_fn("block" if cfg.sac == "auto" else cfg.sac)  # raises with the valid modes
-    if cfg.sac_every < 1 or cfg.grad_accum < 1 or cfg.batch_size < 1 or cfg.steps < 1:
-        raise ValueError("--sac-every, --grad-accum, --batch-size and --steps must be >= 1")
+    if cfg.sac_every < 1 or cfg.grad_accum < 1 or cfg.batch_size < 1 or cfg.steps < 1 or cfg.eval_every < 0:
+        raise ValueError("--sac-every, --grad-accum, --batch-size and --steps must be >= 1, --eval-every >= 0")
     if cfg.keep < 2:
         raise ValueError(f"--keep {cfg.keep}: at least 2, so a save in progress never leaves nothing to resume from")
     if (cfg.frames - 1) % 4 or cfg.height % 16 or cfg.width % 16:
@@ -234,6 +231,31 @@ def validate(cfg, given=None):
         raise ValueError(f"--data {cfg.data!r}: no such folder (build one with `python stitch.py SRC DIR`)"
                          if cfg.data else "--data DIR is needed: a folder written by stitch.py")
     return cfg
+
+
+def validate_objective(cfg, given):
+    """The objective's own checks; returns {flag: why it would do nothing} for the flags it leaves unused."""
+    others = [o for o in rl.MAY_CHANGE if o != cfg.objective]  # the other RL objectives' knobs
+    unused = {k: f"with --objective {cfg.objective}" for k in given
+              if k.split(".")[0] in others or (cfg.objective == "sft" and k in ("reward", "eval_steps"))}
+    if cfg.objective == "sft":
+        return unused
+    if not cfg.lora:
+        raise ValueError(f"--objective {cfg.objective} trains LoRA adapters only: pass --lora RANK (e.g. 32)")
+    unused.update({k: f"with --objective {cfg.objective} (use "
+                   + (alt if alt.startswith("(") else cli.flag(f"{cfg.objective}.{alt}")) + ")"
+                   for k, alt in SFT_ONLY.items() if k in given})
+    if cfg.eval_steps < 1:
+        raise ValueError(f"--eval-steps {cfg.eval_steps}: the held-out evaluation needs >= 1 sampler step")
+    if cfg.objective == "grpo":
+        if cfg.grpo.eta <= 0:
+            raise ValueError(f"--grpo-eta {cfg.grpo.eta}: a noiseless rollout has no log-prob to train (use > 0)")
+        if cfg.compile and not cfg.grpo.recompute_old_logp:
+            if "grpo.recompute_old_logp" in given:  # a compiled training forward rounds unlike the eager rollout
+                raise ValueError("--compile with --no-grpo-recompute-old-logp: the compiled training graph rounds "
+                                 "differently from the rollout's, so the ratio would not start at 1")
+            cfg.grpo = dataclasses.replace(cfg.grpo, recompute_old_logp=True)
+    return unused
 
 
 def synthetic_data(cfg):
@@ -365,10 +387,13 @@ def ema_beta(step, rate):
 
 
 def make_tiny_dataset(root, views=False):
-    """Synthetic LeRobot episodes (stitch.make_synthetic, with camera poses) stitched into a small grid or views folder."""
-    raw = root + "_lerobot"
-    if not os.path.exists(raw):  # 4 usable episodes (shards evenly over 1, 2 or 4 ranks) and 1 too short to use
-        stitch.make_synthetic(raw, lengths=(48, 40, 8, 56, 44), cameras=views)
+    """Synthetic LeRobot episodes (stitch.make_synthetic, with camera poses) stitched into a small grid or views
+    folder. The grid and the views folder beside it come from one LeRobot folder (`tiny_lerobot` next to root), so
+    their videos share stems: the same episodes, as a Path A and a Path B run compare them (evaluate.py)."""
+    raw = os.path.join(os.path.dirname(root) or ".", "tiny_lerobot")
+    if not os.path.exists(raw):  # 6 usable episodes (the tiny preset holds out 2: 4 train, shards evenly over 1, 2 or
+        # 4 ranks) and 1 too short to use
+        stitch.make_synthetic(raw, lengths=(48, 40, 8, 56, 44, 52, 60), cameras=True)
     stitch.stitch(raw, root, stride=4, frames=TINY["frames"], size=f"{TINY['height']}x{TINY['width']}", workers=1,
                   layout="views" if views else "grid")
 
@@ -393,8 +418,8 @@ def resume_keys(cfg):
     objective); all others (steps, optimizer, memory and logging settings) may change and are reported."""
     keys = ["config", "init", "ema_weights", "lora", "lora_alpha", "objective", "vae", "vae_ckpt", "frames", "height",
             "width", "text_len", "batch_size", "grad_accum", "seed", "data", "holdout", "ema", "latents"]
-    if cfg.objective == "grpo":
-        keys += ["reward"] + [f"grpo.{k}" for k in GRPO_RESUME]
+    if cfg.objective != "sft":
+        keys += rl.resume_keys(cfg)
     return keys
 
 
@@ -442,35 +467,6 @@ def sft_step(net, optimizer, trainable, cfg, next_batch, step, rank, world):
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, grad_norm
-
-
-def grpo_step(net, vae, optimizer, params, cfg, batch, neg_text, terms, step, rank):
-    """One GRPO update (grpo.train_step): per clip of this rank's batch, K rollouts from its first latent frame and
-    prompt, decoded only if a reward needs pixels, scored; advantages over all ranks' groups; the LoRA update."""
-    latent, text, camera = batch
-    p25 = dict(conditional_frame_timestep=cfg.conditional_frame_timestep) if is_p25(get_config(cfg.config)) else {}
-    views = len(data.VIEW_ORDER) if camera is not None else 0
-    conds = [grpo.Condition(crossattn_emb=text[b: b + 1], neg_crossattn_emb=neg_text.to(text.device),
-                            gt_frames=latent[b: b + 1], key=(rank, b), **p25,
-                            **(dict(condition_mask=flow.multiview_condition_mask(latent[b: b + 1], views, 1),
-                                    camera=camera[b: b + 1]) if views else
-                               dict(condition_mask=condition_mask(latent[b: b + 1], 1))))
-             for b in range(latent.shape[0])]
-    vae_dtype = next(vae.parameters()).dtype
-
-    @torch.no_grad()
-    def decode(x0):  # one sample at a time: memory does not grow with K; views are scored as Path B's 2x2 grid
-        if not reward.needs_pixels(terms):
-            return None
-        if views:
-            return torch.cat([reward.grid_from_views(vae.decode(split_views(x0[k: k + 1], views).to(vae_dtype)),
-                                                     data.VIEW_ORDER) for k in range(len(x0))]).float()
-        return torch.cat([vae.decode(x0[k: k + 1].to(vae_dtype)) for k in range(len(x0))]).float()
-    _, metrics = grpo.train_step(net, optimizer, params, conds, tuple(latent.shape[1:]), cfg.grpo,
-                                 lambda video, x0: reward.score(terms, video=video, latent=x0), decode,
-                                 seed=sample_seed(cfg.seed, step, "rollout", rank),
-                                 window_seed=sample_seed(cfg.seed, step, "window"), agree=ckpt.agree)
-    return metrics
 
 
 # -----------------------------------------------------------------------------
@@ -522,14 +518,14 @@ def main(argv=None):
         ckpt.agree(f"resolving --init {cfg.init}", lambda: ckpt.resolve_source(cfg.init))
     if master:
         resume.write_atomic(os.path.join(cfg.out, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=1))
-    terms = reward.parse_rewards(cfg.reward) if cfg.objective == "grpo" else None
+    terms = reward.parse_rewards(cfg.reward) if cfg.objective != "sft" else None
     if terms is not None:
-        say(f"grpo: {cfg.grpo}; reward {cfg.reward}" + (" (decoded videos)" if reward.needs_pixels(terms)
-                                                          else " (latents only: no decoding)"))
+        say(f"{cfg.objective}: {rl.config_of(cfg)}; reward {cfg.reward}" + (
+            " (decoded videos)" if reward.needs_pixels(terms) else " (latents only: no decoding)"))
 
     sampler = data.ClipSampler(n_train, rank=dp_rank, world_size=dp_world, seed=cfg.seed)
     neg_text = None  # the uncond branch of CFG in GRPO rollouts and samples
-    if cfg.objective == "grpo" or cfg.sample_every:
+    if cfg.objective != "sft" or cfg.sample_every:
         neg_text, source = data.negative_embedding(cfg.data, cfg.text_len, text_dim, standin=tiny,
                                                    text_encoder=text_encoder)
         neg_text = neg_text[None]
@@ -606,19 +602,22 @@ def main(argv=None):
         + f", sac={cfg.sac}/{cfg.sac_every}, {world} rank(s) on {device.type}"
         + (f" (dp {dp_world} x cp {cfg.cp})" if cfg.cp > 1 else ""))
 
-    # optimizer: AdamW with the objective's own settings (SFT: warm-up + cosine; GRPO: docs/grpo.md's recipe)
-    gcfg = cfg.grpo
-    betas, weight_decay = ((cfg.beta1, cfg.beta2), cfg.weight_decay) if cfg.objective == "sft" else \
-        (tuple(gcfg.betas), gcfg.weight_decay)
-    optimizer = torch.optim.AdamW(trainable, lr=lr_at(cfg, 0) if cfg.objective == "sft" else grpo.lr_at(gcfg, 0),
-                                  betas=betas, weight_decay=weight_decay, eps=1e-8, fused=device.type == "cuda")
+    # optimizer: AdamW with the objective's own settings (SFT: warm-up + cosine; GRPO/NFT: constant after a warm-up)
+    rl_cfg = rl.config_of(cfg) if cfg.objective != "sft" else None
+    betas, weight_decay = ((cfg.beta1, cfg.beta2), cfg.weight_decay) if rl_cfg is None else \
+        (tuple(rl_cfg.betas), rl_cfg.weight_decay)
+    step_lr = (lambda s: lr_at(cfg, s)) if rl_cfg is None else (lambda s: rl.lr_at(cfg, s))
+    optimizer = torch.optim.AdamW(trainable, lr=step_lr(0), betas=betas, weight_decay=weight_decay, eps=1e-8,
+                                  fused=device.type == "cuda")
     say(f"optimizer: AdamW betas {betas}, weight decay {weight_decay}, " + (
         f"lr {cfg.lr:g} (warm-up {cfg.warmup}, cosine to x{cfg.lr_min_ratio}), clip {cfg.grad_clip}"
-        if cfg.objective == "sft" else f"lr {gcfg.lr:g} (warm-up {gcfg.warmup}, then constant), clip "
-        f"{gcfg.max_grad_norm}"))
+        if rl_cfg is None else f"lr {rl_cfg.lr:g} (warm-up {rl_cfg.warmup}, then constant), clip "
+        f"{rl_cfg.max_grad_norm}"))
     ema = [p.detach().clone() for p in trainable] if cfg.ema else None
     trainable_names = [n for n, p in net.named_parameters() if p.requires_grad]  # the order of `trainable`
-    ema_state = {"ema": dict(zip(trainable_names, ema))} if cfg.ema else None  # saved at every save, resumed
+    old = rl.old_adapters(cfg, net)  # NFT's old policy (its sampler), saved and resumed with the weights
+    ema_state = {**({"ema": dict(zip(trainable_names, ema))} if cfg.ema else {}),
+                 **({"nft_old": old} if old else {})} or None  # saved at every save, resumed
 
     # resume from OUT/latest if there is one: model, optimizer, EMA, step and data position
     state = resume.resume(cfg.out, net, optimizer, extra_state=ema_state)
@@ -641,9 +640,15 @@ def main(argv=None):
         [dataset[(eval_ids[slot % len(eval_ids)], data.seed_of(cfg.seed, 1, slot))]]))
         for slot in (i * dp_world + dp_rank for i in range(2))]
     say(f"evaluation: {'held-out videos ' + str(eval_ids) if holdout else 'fixed clips of training videos'}")
+
+    def held_out():  # SFT: the held-out loss; RL: the held-out rewards of the deterministic sampler (rl.evaluate)
+        if cfg.objective == "sft":
+            return evaluate(net, cfg, held_batches)
+        return rl.evaluate(net, vae, cfg, held_batches, neg_text, terms,
+                           lambda i, b, d: sample_seed(cfg.seed, "rl-eval", dp_rank, i, b, d))
     if state and not resume.eval_marker_valid(os.path.join(cfg.out, f"step_{start_step:08d}")):
         # killed between the save and its evaluation: a missing or partial result is re-run, never assumed done
-        result = evaluate(net, cfg, held_batches)
+        result = held_out()
         if master:
             resume.write_eval_marker(os.path.join(cfg.out, f"step_{start_step:08d}"), dict(result, step=start_step))
         say(f"evaluated the resumed checkpoint step {start_step}: {result}")
@@ -675,20 +680,27 @@ def main(argv=None):
         import wandb
         run_log = wandb.init(project=cfg.wandb, config=dataclasses.asdict(cfg), resume="allow",
                              id=f"{os.path.basename(os.path.abspath(cfg.out))}-{config_hash(cfg)}")
+    if rl_cfg is not None and start_step == 0:  # the starting point of every RL curve (once: a restart keeps it)
+        row = {"step": 0, **held_out()}
+        say(f"held-out evaluation before the first update: {row}")
+        if master and not any(r.get("step") == 0 for r in history):
+            history.append(row)
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not master,
-               desc="grpo" if cfg.objective == "grpo" else "train")
+               desc=cfg.objective if rl_cfg is not None else "train")
     for step in bar:
         t0 = time.perf_counter()
-        lr = lr_at(cfg, step) if cfg.objective == "sft" else grpo.lr_at(gcfg, step)
+        lr = step_lr(step)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        if cfg.objective == "sft":
+        if rl_cfg is None:
             loss, grad_norm = sft_step(net, optimizer, trainable, cfg, lambda: to_latent(next(loader)), step,
                                        dp_rank, dp_world)
             row = {"loss": all_mean(loss, device), "lr": lr, "grad_norm": grad_norm}
         else:
-            row = {"lr": lr, **grpo_step(net, vae, optimizer, trainable, cfg, to_latent(next(loader)), neg_text,
-                                         terms, step, rank)}
+            row = {"lr": lr, **rl.step(net, vae, optimizer, trainable, cfg, to_latent(next(loader)), neg_text, terms,
+                                       step, rank, lambda *key: sample_seed(cfg.seed, *key), old)}
         if ema is not None:
             with torch.no_grad():
                 torch._foreach_lerp_(ema, [p.detach() for p in trainable], 1 - ema_beta(step, cfg.ema))
@@ -699,7 +711,7 @@ def main(argv=None):
         dt = time.perf_counter() - t0
         row = {"step": step + 1, **row, "s_per_step": dt,
                "tokens_per_s": tokens * cfg.batch_size * cfg.grad_accum * dp_world / dt,
-               "mfu": flops_per_step / dt / 1e12 / peak if peak and cfg.objective == "sft" else None,  # GRPO: smoke.py
+               "mfu": flops_per_step / dt / 1e12 / peak if peak and cfg.objective == "sft" else None,  # RL: smoke.py
                "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == "cuda" else None}
         done = step + 1
         stopping = any_rank(stop["signal"] is not None, device)
@@ -710,10 +722,15 @@ def main(argv=None):
             path = resume.save(cfg.out, done, net, optimizer, extra, keep=cfg.keep, lora_only=bool(cfg.lora),
                                extra_state=ema_state)
             row["s_checkpoint"] = time.perf_counter() - t_save
-            row.update(evaluate(net, cfg, held_batches))
+            result = held_out()
+            row.update(result)
             if master:
-                resume.write_eval_marker(path, dict(eval_loss=row["eval_loss"], step=done))
-                say(f"step {done}: loss {row['loss']:.4f}, eval {row['eval_loss']:.4f} -> {path}")
+                resume.write_eval_marker(path, dict(result, step=done))
+                say(f"step {done}: loss {row['loss']:.4f}, " + ", ".join(f"{k} {v:.4g}" for k, v in result.items()
+                                                                        if k in ("eval_loss", "eval_reward"))
+                    + f" -> {path}")
+        elif cfg.eval_every and done % cfg.eval_every == 0:
+            row.update(held_out())
         history.append(row)
         if master:  # after the save: a row is logged once its step is safe or the run went on past it
             with open(metrics_path, "a") as f:

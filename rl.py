@@ -1,0 +1,163 @@
+"""What train.py needs to run an RL objective (GRPO: grpo.py, DiffusionNFT: nft.py) on its batches.
+
+Both objectives post-train the LoRA adapters from the same clips, rewards (reward.py) and run directory; they differ
+only in their update. This file holds what they share between train.py's loop and their math: the objective table
+(each config's resume keys and optimizer settings), one Condition per clip, the decoder, one update, and the held-out
+evaluation that every RL run logs (eval_reward_*: the deterministic sampler on fixed held-out clips and noise).
+
+Contents, top to bottom: the objective table -> conditions and decoding -> one update -> held-out evaluation.
+"""
+import dataclasses
+
+import torch
+import torch.distributed as dist
+
+import data
+import flow
+import grpo
+import nft
+import reward
+from model import condition_mask, get_config, is_p25
+from sample import guided_x0_fn, karras_sigmas, sample, split_views
+
+# -----------------------------------------------------------------------------
+# The objective table: each RL objective's config field in TrainConfig, its step, and the knobs a resumed run may
+# change (optimizer and memory settings); every other knob of its config must stay (train.resume_keys).
+
+MAY_CHANGE = {
+    "grpo": ("recompute_old_logp", "offload_activations", "lr", "warmup", "weight_decay", "betas", "max_grad_norm"),
+    "nft": ("lr", "warmup", "weight_decay", "betas", "max_grad_norm"),
+}
+OBJECTIVES = ("sft",) + tuple(MAY_CHANGE)
+
+
+def config_of(cfg):
+    """The RL objective's own config (cfg.grpo or cfg.nft) of a TrainConfig."""
+    return getattr(cfg, cfg.objective)
+
+
+def resume_keys(cfg):
+    """The reward and every knob of the objective's config except MAY_CHANGE, as flattened TrainConfig keys."""
+    fields = [f.name for f in dataclasses.fields(config_of(cfg))]
+    return ["reward"] + [f"{cfg.objective}.{k}" for k in fields if k not in MAY_CHANGE[cfg.objective]]
+
+
+def lr_at(cfg, update):
+    """The learning rate of update `update` (0-based): linear warm-up over the objective's warmup, then constant."""
+    rl_cfg = config_of(cfg)
+    return rl_cfg.lr * min(1.0, (update + 1) / rl_cfg.warmup) if rl_cfg.warmup else rl_cfg.lr
+
+
+# -----------------------------------------------------------------------------
+# Conditions and decoding
+
+
+def conditions(cfg, batch, neg_text, rank):
+    """One grpo.Condition per clip of (latent, text, camera): its first latent frame, prompt and negative prompt,
+    the clip's whole latent (NFT's data term reads it), the multi-view mask and cameras for a camera net."""
+    latent, text, camera = batch
+    p25 = dict(conditional_frame_timestep=cfg.conditional_frame_timestep) if is_p25(get_config(cfg.config)) else {}
+    views = len(data.VIEW_ORDER) if camera is not None else 0
+    return [grpo.Condition(crossattn_emb=text[b: b + 1], neg_crossattn_emb=neg_text.to(text.device),
+                           gt_frames=latent[b: b + 1], key=(rank, b), **p25,
+                           **(dict(condition_mask=flow.multiview_condition_mask(latent[b: b + 1], views, 1),
+                                   camera=camera[b: b + 1]) if views else
+                              dict(condition_mask=condition_mask(latent[b: b + 1], 1))))
+            for b in range(latent.shape[0])]
+
+
+def decoder(vae, terms, views):
+    """decode(x0 [K, C, T, H, W]) -> video [K, 3, F, H, W] float32, or None when no reward term needs pixels; one
+    sample at a time (memory does not grow with K); a multi-view latent is scored as Path B's 2x2 grid."""
+    vae_dtype = next(vae.parameters()).dtype
+
+    @torch.no_grad()
+    def decode(x0):
+        if not reward.needs_pixels(terms):
+            return None
+        if views:
+            return torch.cat([reward.grid_from_views(vae.decode(split_views(x0[k: k + 1], views).to(vae_dtype)),
+                                                     data.VIEW_ORDER) for k in range(len(x0))]).float()
+        return torch.cat([vae.decode(x0[k: k + 1].to(vae_dtype)) for k in range(len(x0))]).float()
+    return decode
+
+
+# -----------------------------------------------------------------------------
+# One update
+
+
+def old_adapters(cfg, net):
+    """NFT's old policy: {fqn: tensor} copies of the trainable parameters (the LoRA adapters), saved with every
+    checkpoint as extra_state "nft_old" and restored on resume; {} for GRPO."""
+    if cfg.objective != "nft":
+        return {}
+    return {n: p.detach().clone() for n, p in net.named_parameters() if p.requires_grad}
+
+
+def step(net, vae, optimizer, params, cfg, batch, neg_text, terms, update, rank, seed, old=None):
+    """One update of cfg.objective on this rank's batch (collective: every rank calls it). Returns its metrics row."""
+    conds = conditions(cfg, batch, neg_text, rank)
+    views = len(data.VIEW_ORDER) if batch[2] is not None else 0
+    score = lambda video, x0: reward.score(terms, video=video, latent=x0)  # noqa: E731
+    shape = tuple(batch[0].shape[1:])
+    if cfg.objective == "grpo":
+        _, metrics = grpo.train_step(net, optimizer, params, conds, shape, cfg.grpo, score, decoder(vae, terms, views),
+                                     seed=seed(update, "rollout", rank), window_seed=seed(update, "window"),
+                                     agree=reward_agree())
+    else:
+        _, metrics = nft.train_step(net, optimizer, params, list(old.values()), conds, shape, cfg.nft, score,
+                                    decoder(vae, terms, views), seed=seed(update, "rollout", rank), update=update,
+                                    agree=reward_agree())
+    return metrics
+
+
+def reward_agree():
+    import ckpt  # ckpt -> model: ckpt.agree raises a scoring failure on every rank together
+    return ckpt.agree
+
+
+# -----------------------------------------------------------------------------
+# Held-out evaluation: the deterministic sampler on fixed held-out clips and noise, scored by the run's rewards
+
+EVAL_NOISE_DRAWS = 2  # initial-noise draws per held-out clip
+
+
+@torch.no_grad()
+def policy_samples(net, cond, shape, steps, guidance, generator, init, config):
+    """[1, C, T, H, W] from the objective-agnostic deterministic sampler: Predict2's AB2 on Karras sigmas (as
+    sample.py), Predict2.5's UniPC on the run's grid; CFG with `guidance` (0: one call a step)."""
+    noise = torch.randn(1, *shape, generator=generator, device=generator.device)
+    neg = cond.neg_crossattn_emb if guidance else None
+    if cond.conditional_frame_timestep is None:
+        x0_fn = guided_x0_fn(net, cond.crossattn_emb, neg, guidance, gt_frames=cond.gt_frames,
+                             condition_mask_B_1_T_H_W=cond.condition_mask)
+        return sample(x0_fn, noise * float(karras_sigmas(steps)[0]), num_steps=steps).float()
+    grid = flow.checkpoint_defaults(init, config)[0]
+    return flow.sample(net, noise, cond.crossattn_emb, neg, guidance, cond.gt_frames, cond.condition_mask, grid,
+                       steps, cond.conditional_frame_timestep, camera=cond.camera).float()
+
+
+def evaluate(net, vae, cfg, batches, neg_text, terms, seed):
+    """{"eval_reward": the weighted reward, "eval_reward_<name>": each term and component}, means over every rank's
+    held-out clips (batches: train.py's fixed held-out (latent, text, camera) batches) x EVAL_NOISE_DRAWS noise
+    draws, sampled with cfg.eval_steps deterministic steps at the objective's rollout guidance. seed(i, b, d): the
+    noise of batch i, clip b, draw d. Collective: the same terms (names) on every rank."""
+    guidance = config_of(cfg).guidance
+    device = batches[0][0].device
+    sums, count = {}, 0
+    for i, batch in enumerate(batches):
+        decode = decoder(vae, terms, len(data.VIEW_ORDER) if batch[2] is not None else 0)
+        for b, cond in enumerate(conditions(cfg, batch, neg_text, rank=0)):
+            for d in range(EVAL_NOISE_DRAWS):
+                generator = torch.Generator(device=device).manual_seed(seed(i, b, d))
+                x0 = policy_samples(net, cond, tuple(batch[0].shape[1:]), cfg.eval_steps, guidance, generator,
+                                    cfg.init, cfg.config)
+                for name, value in reward.score(terms, video=decode(x0), latent=x0).items():
+                    sums[name] = sums.get(name, 0.0) + float(value.double().sum())
+                count += 1
+    names = sorted(sums)
+    totals = torch.tensor([sums[k] for k in names] + [count], dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(totals)
+    return {("eval_reward" if k == "reward" else f"eval_reward_{k.replace('/', '_')}"): float(totals[j] / totals[-1])
+            for j, k in enumerate(names)}
