@@ -193,3 +193,17 @@ def test_tiny_configs_are_cpu_sized_predict25_nets():
         assert is_p25(cfg) and cfg.crossattn_proj_in_channels == 96 and cfg.crossattn_emb_channels == 32
         assert num_params(build_model(cfg)) < 1_000_000
     assert not is_p25(get_config("tiny")) and not is_p25(get_config("v2w-14b"))
+
+
+def test_check_reference_without_arguments_runs_its_folders_ci_subsets_included(tmp_path, monkeypatch, capsys):
+    """`python tests/check_reference.py` (no argument, as README shows it) checks tests/data/reference and tests/data;
+    a CI subset there (p25_mv_agibot: block 0 only) is checked as a subset, not refused by the strict load."""
+    import shutil
+    for ext in (".json", ".io.safetensors", ".weights.safetensors"):
+        shutil.copy(os.path.join(DATA, "p25_mv_agibot" + ext), tmp_path)
+    defaults = [os.path.relpath(d, check_reference.ROOT) for d in check_reference.DEFAULT_DIRS]
+    assert defaults == ["tests/data/reference", "tests/data"]
+    monkeypatch.setattr(check_reference, "DEFAULT_DIRS", (str(tmp_path),))
+    assert check_reference.main([]) == 0
+    out = capsys.readouterr().out
+    assert "ok   p25_mv_agibot (CI subset): out.y_B_C_T_H_W" in out and "0 failed" in out
