@@ -303,7 +303,7 @@ def parse_config(argv):
     for name in ("image", "prompt_emb", "neg_prompt_emb", "vae_ckpt"):
         if getattr(cfg, name) and not os.path.isfile(getattr(cfg, name)):
             raise ValueError(f"{cli.flag(name)} {getattr(cfg, name)}: no such file")
-    if not mcfg.camera_channels and not cfg.image:
+    if mcfg.camera_channels or not cfg.image:  # --data is read: a raw LeRobot folder is named as such
         import lerobot
         unstitched = lerobot.unstitched(cfg.data, "--data")
         if unstitched:

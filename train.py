@@ -225,24 +225,27 @@ def validate(cfg, given=None):
         raise ValueError(f"--vae-ckpt {cfg.vae_ckpt}: no such file (tokenizer/tokenizer.pth of a Cosmos-Predict2 repo)")
     if cfg.wandb and importlib.util.find_spec("wandb") is None:
         raise ValueError(f"--wandb {cfg.wandb}: wandb is not installed (pip install wandb); it is optional")
-    if not 0 <= cfg.ema < 1 or cfg.lora < 0:
-        raise ValueError(f"--ema {cfg.ema} must be in [0,1), --lora {cfg.lora} >= 0")
+    if not 0 <= cfg.ema < 1 or cfg.lora < 0 or cfg.guidance < 0:  # guidance < 0 steers away from the prompt
+        raise ValueError(f"--ema {cfg.ema} must be in [0,1), --lora {cfg.lora} >= 0, --guidance {cfg.guidance} >= 0")
     if cfg.device not in ("", "cuda", "cpu"):
         raise ValueError(f"--device {cfg.device!r}: cuda or cpu")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
     if os.path.exists(cfg.out) and not os.path.isdir(cfg.out):
         raise ValueError(f"--out {cfg.out} is a file: pass a directory (new or a run to resume)")
+    check_data(cfg, given)
+    return cfg
+
+
+def check_data(cfg, given):
+    """--data is a folder stitch.py wrote (the tiny default's own is built by train.py), and what text it gives."""
     if not synthetic_data(cfg) and not os.path.isdir(cfg.data):
         raise ValueError(f"--data {cfg.data!r}: no such folder (build one with `python stitch.py SRC DIR`)"
                          if cfg.data else "--data DIR is needed: a folder written by stitch.py")
     if not synthetic_data(cfg) and lerobot.unstitched(cfg.data):
         raise ValueError(lerobot.unstitched(cfg.data))
-    if cfg.guidance < 0:
-        raise ValueError(f"--guidance {cfg.guidance}: >= 0 (0: no guidance; < 0 steers away from the prompt)")
     if not standin_text(cfg.config, cfg.data) and cfg.config in TINY_CONFIGS and "text_len" not in given:
         cfg.text_len = TrainConfig.text_len  # tiny on a folder with t5_xxl/: T5's 512 tokens, not the stand-in's 16
-    return cfg
 
 
 def synthetic_data(cfg):

@@ -192,7 +192,7 @@ def test_options_are_validated_before_anything_is_built():
         train.parse_config(["--keep", "1"])
     with pytest.raises(ValueError, match="every term has weight 0, so every sample scores 0"):
         train.parse_config(["--objective", "grpo", "--lora", "4", "--reward", "default=0"])
-    with pytest.raises(ValueError, match="--guidance -3.0: >= 0"):
+    with pytest.raises(ValueError, match="--guidance -3.0 >= 0"):
         train.parse_config(["--guidance", "-3"])
     raw = os.path.join(ROOT, "tests", "data", "lerobot_v21_tiny")
     with pytest.raises(ValueError, match="is a LeRobot dataset .*: run stitch.py first, `python stitch.py"):
