@@ -615,6 +615,11 @@ def check_plan(b: BenchConfig):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     b = parse_args(argv)
+    if b.device.startswith("cuda") and not torch.cuda.is_available():  # before any model: one line, not an assert
+        raise ValueError(f"--device {b.device}: no CUDA device is visible (torch.cuda.is_available() is False): run "
+                         "bench.py where a GPU is, or pass --device cpu --dtype float32 with a CPU-sized config, e.g. "
+                         "`python bench.py --world 8 --config tiny --device cpu --dtype float32 --frames 9 --height 64 "
+                         "--width 112 --text-len 16`")
     if b.vs:  # the same step on diffusers (peer.py: the only importer of diffusers, a benchmark-only dependency)
         import peer
         return peer.main(b)

@@ -2,7 +2,7 @@
 decoding and encoding video at every step (~0.7 s of a 2.9 s 2B step on an H200, BENCHMARKS.md). docs/cache.md.
 
     python cache.py --data DATA --out CACHE --vae real --vae-ckpt tokenizer.pth [--frames 93 --height 432
-                    --width 768 --stride 32 --dtype auto --workers 8]
+                    --width 768 --stride 32 --dtype auto --workers N]
     torchrun --nproc_per_node=8 cache.py ...        # video i is encoded by rank i % world
     ds = LatentClips(CACHE, DATA, 93, 432, 768, vae="real", vae_ckpt=..., dtype="bf16")   # GridClips' protocol
 
@@ -63,8 +63,9 @@ class CacheConfig:
     # 93-frame clip, so every frame is in ~3 windows at different places; 6 windows for a 250-frame video
     dtype: str = "auto"  # encode and storage dtype: auto = bf16 on CUDA, fp32 on CPU (train.py's); or bf16, fp32
     device: str = "auto"  # auto = cuda:LOCAL_RANK when CUDA is there, else cpu
-    workers: int = 8  # DataLoader processes per rank decoding windows ahead of the encoder (0: in this process);
-    # more if the progress line's s/video is well above the VAE's (~0.7 s a 93x432x768 window on an H200)
+    workers: int = -1  # DataLoader processes per rank decoding windows ahead of the encoder (0: in this process;
+    # -1: min(8, this node's usable CPUs / its ranks)); more if the progress line's s/video is well above the VAE's
+    # (~0.7 s a 93x432x768 window on an H200)
     progress_every: int = 100  # one progress line every N videos of each rank; 0 = none
 
     def __post_init__(self):  # checked when built, so a bad flag stops the run before any work
@@ -77,12 +78,21 @@ class CacheConfig:
                 self.width < 16:
             raise ValueError(f"--frames {self.frames} --height {self.height} --width {self.width}: frames must be "
                              "4k+1 (the VAE's frame counts), height and width positive multiples of 16")
+        if self.workers == -1:
+            self.workers = default_workers()
         if self.stride < 1 or self.workers < 0 or self.progress_every < 0:
             raise ValueError(f"--stride {self.stride} must be >= 1, --workers {self.workers} and --progress-every "
                              f"{self.progress_every} >= 0")
         if self.dtype not in ("auto", "bf16", "fp32") or self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--dtype {self.dtype} --device {self.device}: expected --dtype auto|bf16|fp32 and "
                              "--device auto|cpu|cuda")
+
+
+def default_workers():
+    """min(8, the CPUs this process may run on / the ranks of this node): 8 decoders per rank on a 64-core 8-GPU node,
+    2 on a 2-core laptop (8 there would only thrash)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(8, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
 
 
 # -----------------------------------------------------------------------------

@@ -32,11 +32,11 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import cli
 import inits
-from formats import (CheckpointError, bitsum, check_sums, crc_range, crc_shift, identity, open_source, read_rows,
-                     tensor_crc, verify_bytes)
+from formats import (CheckpointError, bitsum, check_sums, crc_range, crc_shift, dcp_call, identity, open_source,
+                     read_rows, tensor_crc, verify_bytes)
 from inits import check_init_config, resolve_source
 from lora import add_lora
-from model import DiT, denoise, get_config
+from model import CONFIGS, DiT, denoise, get_config
 
 NAMED_INITS, INIT_CONFIGS = inits.NAMED_INITS, inits.INIT_CONFIGS  # read as ckpt.* by train.py and the tests
 
@@ -197,6 +197,7 @@ class LoadReport:
     dtype_conversions: dict = field(default_factory=dict)  # "bf16->fp32": count
     taken_from: dict = field(default_factory=dict)  # prefix -> count, when a key may come from several (ema., model.)
     checksum: int = None  # after loading: of the file's bytes of every loaded tensor, independent of world size
+    model_config: str = ""  # the model's name in model.CONFIGS, for the wrong-network hint ("" = not a named config)
     ERRORS = ("missing", "unexpected", "shape_mismatch", "dtype_errors", "non_tensor", "collisions")
 
     @property
@@ -212,19 +213,23 @@ class LoadReport:
                 f" dtype conversions: {conv}")
 
     def family_hint(self):
-        """One line when the keys say the file and the model are different networks (Predict2 / 2.5 / agibot)."""
+        """One line when the keys say the file and the model are different networks (Predict2 / 2.5 / agibot); the
+        configs it names are the model's size class (tiny nets for a tiny model)."""
         def has(keys, part):
             return any(part in k for k in keys)
+        tiny = "tiny" in self.model_config
+        predict2, p25, agibot = (("tiny", "p25-tiny", "p25-tiny-agibot") if tiny else
+                                 ("v2w-2b or v2w-14b", "p25-2b or p25-14b", "p25-2b-agibot"))
         if has(self.unexpected, ".cam_encoder."):
-            return "the file is the robot/multiview-agibot network (per-block cam_encoder): use --config p25-2b-agibot"
+            return f"the file is the robot/multiview-agibot network (per-block cam_encoder): use --config {agibot}"
         if has(self.unexpected, "crossattn_proj."):
-            return "the file is a Cosmos-Predict2.5 network (crossattn_proj, Reason1 text): use --config p25-2b or p25-14b"
+            return f"the file is a Cosmos-Predict2.5 network (crossattn_proj, Reason1 text): use --config {p25}"
         if has(self.missing, "crossattn_proj."):
             return ("the model is a Predict2.5 config (crossattn_proj) but the file has no text projection: a Predict2"
-                    " checkpoint loads into --config v2w-2b or v2w-14b")
+                    f" checkpoint loads into --config {predict2}")
         if has(self.missing, ".cam_encoder."):
-            return ("the model has cam_encoder (p25-2b-agibot) but the file does not: the base Predict2.5 checkpoints"
-                    " load into --config p25-2b or p25-14b")
+            return (f"the model has cam_encoder ({agibot}) but the file does not: the base Predict2.5 checkpoints"
+                    f" load into --config {p25}")
         if has(self.shape_mismatch, "crossattn_proj."):
             return ("the text projection's in-width differs (Reason1 embeddings are 100352 wide in the released"
                     " networks, tiny configs use their own width)")
@@ -379,7 +384,8 @@ def _copy_into(model, src, mapping, threads, crc_owners=()):
     if src.kind == "dcp":  # DCP reads exactly the chunks overlapping each local shard; dtypes are converted after
         staged = {fkey: state[key] if state[key].dtype == src.entries[fkey][1]
                   else torch.empty_like(state[key], dtype=src.entries[fkey][1]) for key, fkey in mapping.items()}
-        dcp.load(staged, checkpoint_id=src.path)
+        with dcp_call() as no_dist:
+            dcp.load(staged, checkpoint_id=src.path, no_dist=no_dist)
         return dict(copy(key, staged[fkey].to_local() if isinstance(staged[fkey], DTensor) else staged[fkey])
                     for key, fkey in mapping.items())
 
@@ -436,6 +442,24 @@ def _check_crcs(src, mapping, keys, crcs, owners):
     return len(got)
 
 
+def config_name(cfg):
+    """The name of a DiTConfig in model.CONFIGS ("" for an unnamed one)."""
+    return next((name for name, c in CONFIGS.items() if c == cfg), "")
+
+
+def lora_only_note(path, meta):
+    """What to do with a LoRA-only step directory (adapters and buffers, no base), each a command that works."""
+    run = meta["extra"].get("config") if isinstance(meta["extra"], dict) else None
+    run = run if isinstance(run, dict) else {}  # train.py records its flags here
+    flags = (f"--config {run.get('config', 'C')} {path} --lora-rank {run.get('lora', 'R')} --init "
+             f"{run.get('init', 'BASE')}")
+    return (f"{path} is a LoRA-only step directory (meta.json lora_only): LoRA adapters and buffers, not the base. "
+            f"Sample it with `python sample.py --ckpt {path}` (its run rebuilt: base + adapters), export the whole "
+            f"network with `python resume.py export {path} merged.safetensors --merge-lora`, continue its run with "
+            f"train.py --out {os.path.dirname(os.path.abspath(path))}, check it with `python ckpt.py check {flags}`; "
+            "in Python: resume.build_from_step")
+
+
 def load(model, source, ema=None, allow_missing=(), verbose=True, threads=8):
     """Strictly load a checkpoint into a plain or FSDP2-sharded model, in place. Returns the LoadReport.
 
@@ -455,11 +479,10 @@ def load(model, source, ema=None, allow_missing=(), verbose=True, threads=8):
         src = open_source(path)
         report, mapping = build_report(model_entries(model), src.entries, path, ema, allow_missing,
                                        weight_prefixes(src, ema))
+        report.model_config = config_name(getattr(model, "cfg", None))
         if not report.ok:
-            lora = f"\n{path} is a LoRA-only step directory (meta.json lora_only): adapters and buffers only. Load" \
-                " the base it was trained from first (load(model, BASE, allow_missing=(LORA_KEYS,))), then" \
-                " resume.resume; check it with `python ckpt.py check --lora-rank R --init BASE`"
-            raise CheckpointError(report.details() + (lora if src.meta and src.meta["lora_only"] else ""))
+            lora = "\n" + lora_only_note(path, src.meta) if src.meta and src.meta["lora_only"] else ""
+            raise CheckpointError(report.details() + lora)
         return src, report, mapping, identity(path)
     src, report, mapping, ident = agree(f"checking {source}", prepare)
     _same_file_everywhere(source, src.path, ident)
@@ -558,14 +581,20 @@ def check(config, source, ema=None, lora_rank=0, dtype=None, allow_missing=(), i
         run = src.meta["extra"].get("config", {}) if isinstance(src.meta["extra"], dict) else {}
         run = run if isinstance(run, dict) else {}  # train.py records its flags here
         if not lora_rank or not init:
-            recorded = f"; this run recorded --init {run['init']}" if "init" in run else ""
             raise CheckpointError(f"{src.path} is a LoRA-only step directory (meta.json lora_only): it holds LoRA"
-                                  f" adapters (rank {ranks}) and buffers, not the base weights. Check it with"
-                                  f" --lora-rank {ranks[0] if ranks else 'R'} --init BASE, BASE being the base it was"
-                                  f" trained from (train.py --init{recorded}); both are checked")
-        # --ema picks the step's EMA; the base is checked with the copy the run trained from (--ema-weights)
-        ok = check(config, init, {"net": False, "net_ema": True}.get(run.get("ema_weights")), lora_rank, dtype,
-                   allow_missing, "", verify)
+                                  f" adapters (rank {ranks}) and buffers, not the base weights. Check both with `python"
+                                  f" ckpt.py check --config {config} {source} --lora-rank {ranks[0] if ranks else 'R'}"
+                                  f" --init {run.get('init', 'BASE')}` (--init: the base it was trained from, as"
+                                  " train.py --init; random: its seeded init, no file)")
+        if init == "random":  # train.py --init random: the base is the run's seeded init_weights, no file
+            if run.get("init", "random") != "random":
+                raise ValueError(f"--init random: the run of {src.path} was trained from --init {run['init']}: "
+                                 f"pass --init {run['init']}")
+            print(f"check: base of {src.path}: random init (train.py --init random, seed {run.get('seed', 0)}): "
+                  "no file to check; the adapters are checked below", flush=True)
+        else:  # --ema picks the step's EMA; the base is checked with the copy the run trained from (--ema-weights)
+            ok = check(config, init, {"net": False, "net_ema": True}.get(run.get("ema_weights")), lora_rank, dtype,
+                       allow_missing, "", verify)
         frozen = {k for k, p in net.named_parameters() if not p.requires_grad}
         entries = {k: e for k, e in entries.items() if k not in frozen}  # what resume.save(lora_only=True) stores
     elif init:
@@ -573,6 +602,7 @@ def check(config, source, ema=None, lora_rank=0, dtype=None, allow_missing=(), i
     if lora_rank and not lora_only:
         allow_missing = (*allow_missing, LORA_KEYS)  # a base checkpoint has no adapters
     report, mapping = build_report(entries, src.entries, src.path, ema, allow_missing, weight_prefixes(src, ema))
+    report.model_config = config
     print(report.details(), flush=True)
     if verify and report.ok:
         print(f"check: bytes of {src.path}: {verify_bytes(src, mapping.values())}", flush=True)
@@ -588,7 +618,8 @@ class Check:
     config: str = ""  # the model config to check against (required), e.g. v2w-2b
     ema: str = "auto"  # which weights: auto (the only copy) | net | net_ema (a release's net_ema. copy, a step's EMA)
     lora_rank: int = 0  # check a LoRA model of this rank (adapters may be missing from a base checkpoint)
-    init: str = ""  # for a LoRA-only step directory: the base checkpoint it was trained from (train.py --init)
+    init: str = ""  # for a LoRA-only step directory: the base checkpoint it was trained from (train.py --init; random:
+    # the run's seeded init, nothing to check)
     dtype: str = "fp32"  # model dtype: fp32 | bf16
     allow_missing: tuple = ()  # regexes of model keys the file may lack, comma-separated
     verify: bool = True  # read the bytes and check them against the file's own record (zip CRCs, step checksums)

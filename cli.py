@@ -141,8 +141,9 @@ def _nest(cls, flat, prefix=""):
 
 def parse_flags(cls, argv, description=None, positional=(), prog=None):
     """The flags really given on the command line, as a (nested) dict of field values. Unknown flags: an error."""
+    # allow_abbrev=False: `--step 10` is an unknown flag, not a silent `--steps 10` (nor `--strid` for `--stride`)
     parser = argparse.ArgumentParser(prog=prog, description=description, argument_default=argparse.SUPPRESS,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     add_fields(parser, cls, positional=positional)
     return _nest(cls, vars(parser.parse_args(argv)))
 
@@ -198,13 +199,19 @@ def subcommand(argv, name, doc, usage):
 
 
 def main(fn, user_errors=(ValueError, OSError)):
-    """Run fn(); a user error becomes one line on stderr and exit code 2 (NANOCOSMOS_TRACEBACK=1: with traceback)."""
+    """Run fn(); a user error becomes one line on stderr and exit code 2 (NANOCOSMOS_TRACEBACK=1: with traceback).
+    Ctrl-C where a script does not handle it (train.py's loop does: it saves first) is one line and exit code 130."""
+    prog = os.path.basename(sys.argv[0]) or "nanocosmos"
     try:
         code = fn()
     except user_errors as e:
         if os.environ.get("NANOCOSMOS_TRACEBACK"):
             traceback.print_exc()
-        prog = os.path.basename(sys.argv[0]) or "nanocosmos"
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except KeyboardInterrupt:
+        if os.environ.get("NANOCOSMOS_TRACEBACK"):
+            traceback.print_exc()
+        print(f"{prog}: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        sys.exit(130)  # the shell's code for SIGINT
     sys.exit(code if isinstance(code, int) else 0)

@@ -7,6 +7,7 @@ own libraries do, and the bytes can be checked against what the file records abo
 Contents: errors and sniffing -> tables of contents (safetensors, .pt, DCP + meta.json) -> identity -> checksums
 (bit sums, CRC-32 arithmetic) -> reading rows -> verify_bytes.
 """
+import contextlib
 import hashlib
 import io
 import json
@@ -15,6 +16,7 @@ import os
 import re
 import stat
 import struct
+import warnings
 import zipfile
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -22,10 +24,30 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: `except Exception` misses it
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+
+# torch warns at every DCP save and load without a process group, even with no_dist=True, that it is "assuming the
+# intent" to work in a single process. Without a group that is the intent (a 1-process train.py, export, sample.py):
+# this one message is filtered, around these calls only; every other warning still shows.
+SINGLE_PROCESS_WARNING = r"torch\.distributed is (disabled, )?unavailable or uninitialized, assuming the intent"
+
+
+@contextlib.contextmanager
+def dcp_call():
+    """Around dcp.save / dcp.load: yields no_dist (True without a process group) and, then, drops torch's warning
+    that a single process is meant."""
+    no_dist = not (dist.is_available() and dist.is_initialized())
+    if not no_dist:
+        yield False
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING, category=UserWarning)
+        yield True
 
 
 class CheckpointError(RuntimeError):
@@ -401,7 +423,8 @@ def verify_bytes(src, keys=None, threads=8):
         batch[k] = torch.empty(src.entries[k][0], dtype=src.entries[k][1])
         size += batch[k].nbytes
         if size > 1 << 30 or i == len(recorded) - 1:
-            dcp.load(batch, checkpoint_id=src.path, no_dist=True)
+            with dcp_call():
+                dcp.load(batch, checkpoint_id=src.path, no_dist=True)
             got.update((key, bitsum(t)) for key, t in batch.items())
             batch, size = {}, 0
     check_sums(src.path, got, recorded)

@@ -64,6 +64,17 @@ class Source:
 
 # ------------------------------------------------------------------------------------------------------ metadata
 
+def unstitched(root: str, flag: str = "--data") -> str | None:
+    """The one-line refusal for a raw LeRobot dataset (meta/info.json, no manifest.jsonl) given where a stitched
+    folder is read, naming the stitch.py command that makes one; None for anything else."""
+    if not os.path.isfile(os.path.join(root, "meta", "info.json")) or \
+            os.path.isfile(os.path.join(root, "manifest.jsonl")):
+        return None
+    out = os.path.normpath(root) + "_grid"
+    return (f"{flag} {root} is a LeRobot dataset (meta/info.json), not a stitched folder: run stitch.py first, "
+            f"`python stitch.py {root} {out}` (multi-view configs: --layout views), then pass {flag} {out}")
+
+
 def missing_columns(names: list, layout: str) -> str | None:
     """What a frame table lacks for stitching, or None: frame_index, timestamp, episode_index (v3.0 files hold many
     episodes), and a task (task_index or a language column)."""

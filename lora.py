@@ -100,3 +100,16 @@ def set_lora_enabled(model, enabled):
     for m in model.modules():
         if isinstance(m, LoRALinear):
             m.lora_enabled = enabled
+
+
+@torch.no_grad()
+def merged_state_dict(model):
+    """The model's state_dict with every adapter folded into its base weight (W + scale * B @ A, in fp32, cast back
+    to W's dtype) under the plain keys, no lora_a / lora_b: the network a LoRA run computes, for the config
+    without LoRA."""
+    state = {k: v for k, v in model.state_dict().items() if not k.endswith((".lora_a.weight", ".lora_b.weight"))}
+    for name, m in model.named_modules():
+        if isinstance(m, LoRALinear) and m.lora_enabled:
+            delta = m.lora_b.weight.float() @ m.lora_a.weight.float() * m.scale
+            state[name + ".weight"] = (m.weight.float() + delta).to(m.weight.dtype)
+    return state

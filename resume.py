@@ -38,10 +38,13 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.tensor import DTensor
 
+import ckpt
 import cli
 from ckpt import (CheckpointError, agree, build_report, gather, local_rows, model_entries, open_source, rank, say,
                   world_size)
-from formats import STEP_RE, bitsum, check_sums, denied, read_meta
+from formats import STEP_RE, bitsum, check_sums, dcp_call, denied, read_meta
+from lora import add_lora, merged_state_dict
+from model import DiT, get_config
 
 # Top-level DCP keys of a training checkpoint; extra_state groups take any other plain name
 TRAINING_KEYS = ("model", "optim", "rng")
@@ -247,7 +250,8 @@ def save(out_dir, step, model, optimizer=None, extra=None, keep=3, lora_only=Fal
         state["optim"] = get_optimizer_state_dict(model, optimizer, options=options)
     state.update((group, dict(tensors)) for group, tensors in extra_state.items())
     meta["checksums"] = {k: f"{s:016x}" for k, s in sorted(state_checksums(state).items())}
-    agree(f"writing {tmp}", lambda: dcp.save(state, checkpoint_id=tmp))
+    with dcp_call() as no_dist:
+        agree(f"writing {tmp}", lambda: dcp.save(state, checkpoint_id=tmp, no_dist=no_dist))
 
     def finish():
         if rank() != 0:
@@ -305,7 +309,8 @@ def resume(out_dir, model, optimizer=None, restore_rng=True, extra_state=None):
     same_world = meta["world_size"] == world_size()
     if restore_rng and same_world:
         state[f"rng.rank{rank()}"] = _rng_state()
-    agree(f"reading {path}", lambda: dcp.load(state, checkpoint_id=path))
+    with dcp_call() as no_dist:
+        agree(f"reading {path}", lambda: dcp.load(state, checkpoint_id=path, no_dist=no_dist))
     verified = _verify_read(path, state, meta, entries)
 
     def apply():
@@ -372,9 +377,10 @@ def load_history(path, start_step):
     return kept
 
 
-def plot_metrics(path, history):
-    """loss.png: training loss (log scale) with its running mean and the evaluation loss; for an RL run a reward
-    panel: the training reward (mean +- std over samples) and the held-out reward (rows with eval_reward)."""
+def plot_metrics(path, history, held_out=True):
+    """loss.png: training loss (log scale) with its running mean and the evaluation loss (held_out False: on fixed
+    clips of training videos, --holdout 0); for an RL run a reward panel: the training reward (mean +- std over
+    samples) and the held-out reward (rows with eval_reward)."""
     import matplotlib
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
@@ -396,7 +402,8 @@ def plot_metrics(path, history):
         ax.set_ylabel("loss (log scale)")
     evals = [(r["step"], r["eval_loss"]) for r in history if r.get("eval_loss") is not None]
     if evals and not grpo_run:
-        ax.plot(*zip(*evals), "o-", label="eval loss (held out)")
+        ax.plot(*zip(*evals), "o-", label="eval loss (held out)" if held_out else "eval loss (training clips, "
+                "--holdout 0)")
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -408,7 +415,8 @@ def plot_metrics(path, history):
         ax.fill_between(steps, mean - std, mean + std, alpha=0.2, label="+- std over samples")
         held = [(r["step"], r["eval_reward"]) for r in history if r.get("eval_reward") is not None]
         if held:
-            ax.plot(*zip(*held), "o-", label="held-out reward (deterministic sampler)")
+            ax.plot(*zip(*held), "o-", label="held-out reward (deterministic sampler)" if held_out else
+                    "eval reward (training clips, --holdout 0)")
         ax.set_xlabel("update")
         ax.set_ylabel("reward")
         ax.grid(alpha=0.3)
@@ -449,24 +457,33 @@ def write_eval_marker(step_dir, result):
 # Export (single process, offline): DCP -> one .safetensors with our keys, or a release-style .pt
 
 
-def _read_dcp(src, out_path, groups=("model",)):
-    """({group: {key: full tensor}}, meta, path) of a step dir (or an out_dir's newest), checked against its
-    save-time checksums; optimizer state is never read. A group with no tensors in the checkpoint is an error.
-    out_path's directory must exist (checked first, before reading gigabytes)."""
+def _export_source(src, out_path):
+    """(step dir, its meta) of an export: src itself or an out_dir's newest; out_path's directory must exist."""
     parent = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(parent):
         raise CheckpointError(f"{out_path}: its directory {parent} does not exist; create it (mkdir -p {parent})")
     path = src if os.path.isfile(os.path.join(src, ".metadata")) else find_resume(src)
     if path is None:
         raise CheckpointError(f"{src}: no complete checkpoint to export")
-    meta = read_meta(path)
+    return path, read_meta(path)
+
+
+def _read_dcp(src, out_path, groups=("model",)):
+    """({group: {key: full tensor}}, meta, path) of a step dir (or an out_dir's newest), checked against its
+    save-time checksums; optimizer state is never read. A group with no tensors in the checkpoint is an error.
+    out_path's directory must exist (checked first, before reading gigabytes)."""
+    path, meta = _export_source(src, out_path)
     md = FileSystemReader(path).read_metadata().state_dict_metadata
     full = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.items()
             if k.split(".", 1)[0] in groups and isinstance(m, TensorStorageMetadata)}
     absent = [g for g in groups if not any(k.startswith(g + ".") for k in full)]
+    if absent == ["ema"]:
+        raise CheckpointError(f"--ema: {path} holds no EMA (its run was trained without train.py --ema RATE): export "
+                              "it without --ema")
     if absent:
         raise CheckpointError(f"{path}: holds no {absent} tensors (saved without extra_state={{{absent[0]!r}: ...}}?)")
-    dcp.load(full, checkpoint_id=path, no_dist=True)
+    with dcp_call():
+        dcp.load(full, checkpoint_id=path, no_dist=True)
     if "checksums" not in meta:
         print(f"ckpt: WARNING: {path}/meta.json records no checksums (saved before they existed): not verified")
     else:
@@ -474,28 +491,74 @@ def _read_dcp(src, out_path, groups=("model",)):
     return {g: {k[len(g) + 1:]: v for k, v in full.items() if k.startswith(g + ".")} for g in groups}, meta, path
 
 
-def export_safetensors(src, out_path, dtype=None):
-    """DCP step dir (or out_dir: newest) -> one .safetensors with our keys; float tensors cast to dtype if given."""
+def build_from_step(step_dir, device, use_ema=False):
+    """The network of a train.py step directory rebuilt as train.py built it (its recorded config, LoRA, seeded init,
+    and for a LoRA-only step the --init base), then the step loaded strictly by ckpt.load (every key, its checksums);
+    use_ema: the EMA the run kept (train.py --ema) in place of the weights it averages."""
+    meta = read_meta(step_dir)
+    run = meta["extra"].get("config") if isinstance(meta["extra"], dict) else None
+    if not isinstance(run, dict) or "config" not in run:
+        raise CheckpointError(f"{step_dir}: not a train.py step (its meta.json records no run config)")
+    if use_ema and not run.get("ema"):
+        raise CheckpointError(f"--ema: the run of {step_dir} kept no EMA (train.py --ema RATE): drop --ema")
+    with torch.device("meta"):
+        net = DiT(get_config(run["config"]))
+    if run.get("lora"):
+        add_lora(net, run["lora"], run.get("lora_alpha") or None)
+    net.to_empty(device=device)
+    torch.manual_seed(run.get("seed", 0))  # as train.py: a random base is this seed's init_weights
+    net.init_weights()
+    frozen = [k for k, p in net.named_parameters() if not p.requires_grad]
+    if meta["lora_only"] and run.get("init", "random") != "random":  # the adapters' base, as train.py loaded it
+        ckpt.load(net, run["init"], ema={"": None, "net": False, "net_ema": True}[run.get("ema_weights", "")],
+                  allow_missing=(ckpt.LORA_KEYS,))
+    base = ("^(" + "|".join(map(re.escape, frozen)) + ")$",) if meta["lora_only"] and frozen else ()
+    ckpt.load(net, step_dir, ema=True if use_ema else None, allow_missing=base)  # LoRA-only: the base is not in it
+    return net
+
+
+def _export_tensors(src, out_path, groups, merge_lora):
+    """({group: {key: tensor}}, meta, path) for an export: the step's own tensors, or with merge_lora the network of a
+    LoRA run rebuilt (base + adapters, build_from_step) with its adapters folded in (group "ema": the EMA's)."""
+    if not merge_lora:
+        return _read_dcp(src, out_path, groups)
+    path, meta = _export_source(src, out_path)
+    if not meta["lora_only"]:
+        raise CheckpointError(f"--merge-lora: {path} is not a LoRA-only step (it holds the whole network): drop "
+                              "--merge-lora")
+    return {g: merged_state_dict(build_from_step(path, torch.device("cpu"), g == "ema")) for g in groups}, meta, path
+
+
+def export_safetensors(src, out_path, dtype=None, merge_lora=False):
+    """DCP step dir (or out_dir: newest) -> one .safetensors with our keys; float tensors cast to dtype if given.
+    A LoRA-only step exports its adapters and buffers, or with merge_lora the whole network, adapters folded in."""
     from safetensors.torch import save_file
-    groups, meta, path = _read_dcp(src, out_path)
+    groups, meta, path = _export_tensors(src, out_path, ("model",), merge_lora)
     tensors = groups["model"]
     if dtype is not None:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
     tmp = out_path + ".tmp"
+    lora_only = meta["lora_only"] and not merge_lora
     save_file({k: v.contiguous() for k, v in tensors.items()}, tmp,
-              metadata={"source": path, "step": str(meta["step"]), "lora_only": str(meta["lora_only"])})
+              metadata={"source": path, "step": str(meta["step"]), "lora_only": str(lora_only),
+                        "merged_lora": str(merge_lora)})
     os.replace(tmp, out_path)
-    print(f"ckpt: exported {len(tensors)} tensors of {path} to {out_path}", flush=True)
+    what = (": LoRA adapters and buffers only (a LoRA-only step; its base is the run's --init); --merge-lora writes "
+            "the whole network, adapters folded into the plain keys" if lora_only else
+            ": the whole network, LoRA adapters folded into the base weights" if merge_lora else "")
+    print(f"ckpt: exported {len(tensors)} tensors of {path} to {out_path}{what}", flush=True)
     return out_path
 
 
-def export_release_pt(src, out_path, ema=False):
+def export_release_pt(src, out_path, ema=False, merge_lora=False):
     """DCP -> a release-style .pt (flat dict, `net.` keys, floats in bf16) that upstream Cosmos tools read.
     ema=True adds upstream's `net_ema.` copy: the network with the saved EMA (extra_state "ema") in place of the
-    parameters it averages; every other tensor (buffers, frozen weights) as in `net.`."""
-    groups, meta, path = _read_dcp(src, out_path, ("model", "ema") if ema else ("model",))
-    if meta["lora_only"]:
-        raise CheckpointError(f"{path} is LoRA-only (no base weights): a release .pt needs the full network")
+    parameters it averages; every other tensor (buffers, frozen weights) as in `net.`. A LoRA-only step needs
+    merge_lora (the adapters folded into the run's base)."""
+    groups, meta, path = _export_tensors(src, out_path, ("model", "ema") if ema else ("model",), merge_lora)
+    if meta["lora_only"] and not merge_lora:
+        raise CheckpointError(f"{path} is LoRA-only (no base weights): a release .pt needs the full network; pass "
+                              "--merge-lora (the adapters folded into the run's --init base)")
     net = groups["model"]
     release = {"net." + k: v for k, v in net.items()}
     if ema:
@@ -507,7 +570,7 @@ def export_release_pt(src, out_path, ema=False):
     torch.save({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in release.items()}, tmp)
     os.replace(tmp, out_path)
     print(f"ckpt: exported {len(net)} tensors of {path} to {out_path} (net.{' and net_ema.' if ema else ''}"
-          " prefix, bf16)", flush=True)
+          f" prefix, bf16{', LoRA merged' if merge_lora else ''})", flush=True)
     return out_path
 
 
@@ -524,6 +587,7 @@ class Export:
     out: str  # OUT.safetensors (our keys) or OUT.pt (release-style: net. keys, bf16)
     dtype: str = "keep"  # .safetensors only: keep | bf16 | fp32
     ema: bool = False  # .pt only: add upstream's net_ema. copy, from the run's saved EMA (train.py --ema)
+    merge_lora: bool = False  # a LoRA run (GRPO, --lora): the whole network, adapters folded into the run's --init base
 
     def __post_init__(self):
         if not self.out.endswith((".pt", ".safetensors")):
@@ -546,9 +610,9 @@ def main(argv=None):
                   " keys, or a release-style OUT.pt that upstream Cosmos tools read.", positional=("source", "out"),
                   prog="resume.py export")
     if a.out.endswith(".pt"):
-        export_release_pt(a.source, a.out, a.ema)
+        export_release_pt(a.source, a.out, a.ema, a.merge_lora)
     else:
-        export_safetensors(a.source, a.out, DTYPES[a.dtype])
+        export_safetensors(a.source, a.out, DTYPES[a.dtype], a.merge_lora)
     return 0
 
 

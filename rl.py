@@ -42,6 +42,17 @@ def resume_keys(cfg):
     return ["reward"] + [f"{cfg.objective}.{k}" for k in fields if k not in MAY_CHANGE[cfg.objective]]
 
 
+def reward_line(cfg, terms):
+    """The start-up line of an RL run: its knobs and reward. A reward whose every weight is 0 is said to be what it
+    is: a paired control (every group ties, no update trains, the policy stays its init)."""
+    line = f"{cfg.objective}: {config_of(cfg)}; reward {cfg.reward}" + (
+        " (decoded videos)" if reward.needs_pixels(terms) else " (latents only: no decoding)")
+    if sum(term.weight for term in terms) == 0:
+        line += ("; every term has weight 0, so every sample scores 0, every group ties and no update trains: this "
+                 "run is a paired control (the policy stays its init; its eval_reward_* terms are still scored)")
+    return line
+
+
 def lr_at(cfg, update):
     """The learning rate of update `update` (0-based): linear warm-up over the objective's warmup, then constant."""
     rl_cfg = config_of(cfg)

@@ -31,6 +31,23 @@ SIGMA_MIN, SIGMA_MAX, RHO = 0.002, 80.0, 7.0
 TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot")  # CPU-fast configs: tiny VAE, 9x64x112, the stand-in prompt
 
 
+def tiny_data(config):
+    """The tiny default's own folder (train.py builds it): 2x2 grids, or separate views for a camera net."""
+    return "data/tiny_views" if get_config(config).camera_channels else "data/tiny_grid"
+
+
+def standin_text(config, data_dir):
+    """Whether a run reads stand-in text (data.standin_text_embedding of each prompt) instead of embedding files: the
+    tiny configs on the tiny default's own folder; p25-tiny* anywhere (their text is 96 wide: no released encoder
+    writes it); tiny on a folder without t5_xxl/. tiny is T5-wide (1024), so a folder of yours that has t5_xxl/
+    trains and samples on those embeddings, as a released config does."""
+    if config not in TINY_CONFIGS:
+        return False
+    if is_p25(get_config(config)) or os.path.normpath(data_dir) == os.path.normpath(tiny_data(config)):
+        return True
+    return not os.path.isdir(os.path.join(data_dir, "t5_xxl"))
+
+
 def karras_sigmas(num_steps, sigma_min=SIGMA_MIN, sigma_max=SIGMA_MAX, rho=RHO):
     """num_steps + 1 noise levels from sigma_max down to sigma_min, float64 (the last one is the final clean pass)."""
     ramp = torch.arange(num_steps + 1, dtype=torch.float64) / num_steps
@@ -209,28 +226,58 @@ def is_run(path):
     return os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "latest"))
 
 
+def run_settings(path):
+    """The train.py settings behind --ckpt: a run directory's config.json, or the config a train.py step directory
+    recorded in its meta.json; None for anything else (a file, a named init, hf://, random)."""
+    if is_run(path):
+        with open(os.path.join(path, "config.json")) as f:
+            return json.load(f)
+    if os.path.isfile(os.path.join(path, "meta.json")) and os.path.isfile(os.path.join(path, ".metadata")):
+        import formats
+        extra = formats.read_meta(path)["extra"]
+        return extra.get("config") if isinstance(extra, dict) and isinstance(extra.get("config"), dict) else None
+    return None
+
+
+def check_ckpt(ckpt, given):
+    """--ckpt names something sample.py can load, said in one line before any model is built."""
+    import inits
+    if ckpt == "random" or ckpt in inits.NAMED_INITS or ckpt.startswith("hf://") or os.path.exists(ckpt):
+        return
+    if "ckpt" not in given:
+        raise ValueError(f"--ckpt {ckpt} (the default): no such run; train one with `python train.py` (it writes "
+                         f"{ckpt}/), or pass --ckpt RUN_DIR, a checkpoint file, or random")
+    raise ValueError(f"--ckpt {ckpt}: no such file or directory; pass a train.py run directory (--out of train.py), a "
+                     f"checkpoint file, a named init ({', '.join(inits.NAMED_INITS)}), hf://ORG/REPO/FILE, or random")
+
+
 def parse_config(argv):
     """Flags, then the run's own settings (config, size, VAE, data) for what was not given, then the defaults."""
     given = cli.parse_flags(SampleConfig, argv, description=__doc__)
+    ckpt = given.get("ckpt", SampleConfig.ckpt)
+    check_ckpt(ckpt, given)
+    saved = run_settings(ckpt)
     run, run_p25 = {}, {}
-    if is_run(given.get("ckpt", SampleConfig.ckpt)):
-        with open(os.path.join(given.get("ckpt", SampleConfig.ckpt), "config.json")) as f:
-            saved = json.load(f)
+    if saved is not None:
         run = {k: saved[k] for k in ("config", "vae", "vae_ckpt", "data", "frames", "height", "width") if k in saved}
         run_p25 = {k: saved[k] for k in ("init", "conditional_frame_timestep") if k in saved}  # sampler defaults
         if "config" in given and given["config"] != run["config"]:
-            raise ValueError(f"--config {given['config']}: the run in {given['ckpt']} trained {run['config']}")
+            raise ValueError(f"--config {given['config']}: the run in {ckpt} trained {run['config']}; pass --ckpt "
+                             f"with a {given['config']} run (train.py --config {given['config']} --out DIR), or "
+                             "--ckpt random")
     cfg = cli.build(SampleConfig, run, given)
     cfg.config = cfg.config or "tiny"
     tiny = cfg.config in TINY_CONFIGS
     mcfg = get_config(cfg.config)
     cfg.ema = cfg.ema if "ema" in given else None  # None: the only copy a file holds (both: an error)
-    cfg.data = cfg.data or ("data/tiny_views" if mcfg.camera_channels else "data/tiny_grid")
+    cfg.data = cfg.data or tiny_data(cfg.config)
     cfg.vae = cfg.vae or ("tiny" if tiny else "real")
     cfg.frames = cfg.frames or (9 if tiny else 93)
     cfg.height, cfg.width = cfg.height or (64 if tiny else 432), cfg.width or (112 if tiny else 768)
     if (cfg.frames - 1) % 4 or cfg.height % 16 or cfg.width % 16:
         raise ValueError(f"{cfg.frames}x{cfg.height}x{cfg.width}: frames must be 4k+1, height/width multiples of 16")
+    if cfg.steps < 1 or cfg.guidance < 0:  # 0 steps would write the noise's decode; g < 0 steers away from the prompt
+        raise ValueError(f"--steps {cfg.steps} must be >= 1 and --guidance {cfg.guidance} >= 0 (0: no guidance)")
     if mcfg.camera_channels and cfg.image:
         raise ValueError(f"--image does nothing with --config {cfg.config}: a multi-view net starts from the first "
                          "frame and cameras of every view of the first episode in --data (stitch.py --layout views)")
@@ -248,14 +295,19 @@ def parse_config(argv):
             if name in given:
                 raise ValueError(f"{cli.flag(name)} is a Predict2.5 (UniPC) setting: --config {cfg.config} samples "
                                  "with Predict2's own sampler; drop it")
-    if not tiny and not cfg.prompt_emb:
-        raise ValueError(f"--config {cfg.config} needs --prompt-emb (a T5-XXL embedding file; see t5.py; Predict2.5: "
-                         "a Reason1 embedding, docs/text.md)")
+    if not standin_text(cfg.config, cfg.data) and not cfg.prompt_emb:
+        raise ValueError(f"--config {cfg.config} needs --prompt-emb (a T5-XXL embedding file, e.g. {cfg.data}/t5_xxl/"
+                         "STEM.pickle; see t5.py; Predict2.5: a Reason1 embedding, docs/text.md)")
     if cfg.vae == "real" and not cfg.vae_ckpt:
         raise ValueError("--vae real needs --vae-ckpt (tokenizer/tokenizer.pth of a Cosmos-Predict2 repo)")
     for name in ("image", "prompt_emb", "neg_prompt_emb", "vae_ckpt"):
         if getattr(cfg, name) and not os.path.isfile(getattr(cfg, name)):
             raise ValueError(f"{cli.flag(name)} {getattr(cfg, name)}: no such file")
+    if mcfg.camera_channels or not cfg.image:  # --data is read: a raw LeRobot folder is named as such
+        import lerobot
+        unstitched = lerobot.unstitched(cfg.data, "--data")
+        if unstitched:
+            raise ValueError(unstitched)
     if cfg.ckpt == "random" and "ema" in given:
         raise ValueError("--ema/--no-ema does nothing with --ckpt random")
     return cfg
@@ -265,7 +317,17 @@ def load_first_frame(cfg):
     """[1, 3, 1, H, W] in [-1, 1] from --image, or the first frame of the first video in --data."""
     import imageio.v2 as imageio
     if cfg.image:
-        frame = torch.from_numpy(np.asarray(imageio.imread(cfg.image))[..., :3].copy())
+        try:  # a text file, a truncated png: imageio's own errors range from struct.error to a missing-plugin hint
+            pixels = np.asarray(imageio.imread(cfg.image))
+        except Exception as e:
+            raise ValueError(f"--image {cfg.image}: not a readable image ({type(e).__name__}: {e}); pass a png or "
+                             "jpg file") from e
+        if pixels.ndim == 2:  # grayscale
+            pixels = np.repeat(pixels[..., None], 3, axis=-1)
+        if pixels.ndim != 3 or pixels.shape[-1] < 3 or pixels.dtype != np.uint8:
+            raise ValueError(f"--image {cfg.image}: {pixels.dtype} pixels of shape {pixels.shape}; pass an 8-bit RGB "
+                             "(or gray) png or jpg")
+        frame = torch.from_numpy(pixels[..., :3].copy())
     else:
         import data
         if not os.path.isdir(cfg.data):
@@ -282,46 +344,21 @@ def load_first_frame(cfg):
     return (frame / 127.5 - 1).clamp(-1, 1)[:, :, None]
 
 
-def build_from_run(out_dir, device, use_ema):
-    """The network of a train.py run rebuilt the way train.py built it (config, LoRA, seeded init, --init base), with
-    its newest checkpoint (full or LoRA-only) loaded strictly; use_ema swaps in its EMA weights."""
-    import ckpt
-    import resume
-    with open(os.path.join(out_dir, "config.json")) as f:
-        run = json.load(f)
-    with torch.device("meta"):
-        net = DiT(get_config(run["config"]))
-    if run["lora"]:
-        add_lora(net, run["lora"], run["lora_alpha"] or None)
-    net.to_empty(device=device)
-    torch.manual_seed(run["seed"])
-    net.init_weights()
-    if run["init"] != "random":  # a LoRA-only checkpoint holds the adapters; the base comes from the run's init
-        ckpt.load(net, run["init"], ema={"": None, "net": False, "net_ema": True}[run["ema_weights"]],
-                  allow_missing=(ckpt.LORA_KEYS,) if run["lora"] else ())
-    trainable = {n: p for n, p in net.named_parameters() if p.requires_grad}
-    ema = {n: torch.empty_like(p) for n, p in trainable.items()} if run["ema"] else None
-    state = resume.resume(out_dir, net, restore_rng=False, extra_state={"ema": ema} if ema else None)
-    if state is None:
-        raise FileNotFoundError(f"{out_dir}: no complete checkpoint to sample from")
-    if use_ema:
-        if ema is None:
-            raise ValueError(f"--ema: the run in {out_dir} kept no EMA (train.py --ema)")
-        with torch.no_grad():
-            for name, p in trainable.items():
-                p.copy_(ema[name])
-    return net, f"{out_dir} step {state['step']}{' (EMA)' if use_ema else ''}"
-
-
 def main(argv=None):
     import ckpt
     import data
+    import resume
     import vae as vae_lib
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    if is_run(cfg.ckpt):  # a train.py run: rebuild it as trained, newest checkpoint
-        net, source = build_from_run(cfg.ckpt, device, bool(cfg.ema))
+    first = None if get_config(cfg.config).camera_channels else load_first_frame(cfg).to(device)  # before any model
+    step = resume.find_resume(cfg.ckpt) if is_run(cfg.ckpt) else cfg.ckpt if run_settings(cfg.ckpt) else None
+    if is_run(cfg.ckpt) and step is None:
+        raise FileNotFoundError(f"--ckpt {cfg.ckpt}: the run holds no complete checkpoint yet to sample from")
+    if step is not None:  # a train.py run (its newest checkpoint) or one of its steps: rebuilt as trained
+        net = resume.build_from_step(step, device, bool(cfg.ema))
+        source = f"{step}, step {resume.read_meta(step)['step']}{' (EMA)' if cfg.ema else ''}"
     else:
         with torch.device("meta"):
             net = DiT(get_config(cfg.config))
@@ -330,8 +367,6 @@ def main(argv=None):
         source = cfg.ckpt
         if source == "random":
             print("sample: RANDOM weights (--ckpt random)", flush=True)
-        elif not os.path.exists(source) and cfg.ckpt == "out":
-            raise FileNotFoundError("sample: no out/latest: run `python train.py` first, or pass --ckpt SOURCE/random")
         else:
             ckpt.load(net, source, ema=cfg.ema)
     mcfg = net.cfg
@@ -347,15 +382,13 @@ def main(argv=None):
                                text_dim=dim)[(0, 0)]
         first = views["video"][:, :, :1].to(device)
         camera = views_map(views["w2c"], views["intrinsics"], cfg.height, cfg.width)[None].to(device, dtype)
-    else:
-        first = load_first_frame(cfg).to(device)
     video = torch.cat([first, torch.full_like(first, -1).expand(-1, -1, cfg.frames - 1, -1, -1)], dim=2)
     if cfg.prompt_emb:
         load = data.load_reason1_embedding if is_p25(mcfg) else data.load_text_embedding
         text, _ = load(cfg.prompt_emb, 512, dim)
     else:  # tiny only (parse_config refuses otherwise): train.py's stand-in, 16 tokens
         text, _ = data.standin_text_embedding(cfg.prompt or "Put the marker in the cup.", 16, dim)
-    neg, neg_source = data.negative_embedding(cfg.data, text.shape[0], dim, standin=cfg.config in TINY_CONFIGS,
+    neg, neg_source = data.negative_embedding(cfg.data, text.shape[0], dim, standin=standin_text(cfg.config, cfg.data),
                                               path=cfg.neg_prompt_emb, text_encoder=text_encoder)
     print(f"sample: negative prompt: {neg_source}", flush=True)
     p25 = dict(grid=cfg.grid, conditional_frame_timestep=cfg.conditional_frame_timestep) if is_p25(mcfg) else {}

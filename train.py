@@ -3,9 +3,9 @@
     python train.py                                            # tiny built-in default, CPU, a few minutes
     torchrun --nproc_per_node=8 train.py --config v2w-14b --init droid --data DIR
     torchrun --nproc_per_node=8 train.py --config v2w-2b --init 2b-480p-16fps --data DIR --sac block
-    python train.py --objective grpo --lora 4 --steps 20       # GRPO on the tiny default (--grpo-* knobs below)
-    python train.py --objective nft --lora 4 --steps 20        # DiffusionNFT on the tiny default (--nft-* knobs)
-    python train.py --config p25-tiny                          # the Predict2.5 tiny default
+    python train.py --objective grpo --lora 4 --steps 20 --out runs/tiny-grpo   # GRPO on the tiny default (--grpo-*)
+    python train.py --objective nft --lora 4 --steps 20 --out runs/tiny-nft     # DiffusionNFT on it (--nft-*)
+    python train.py --config p25-tiny --out runs/p25-tiny      # the Predict2.5 tiny default
 
 Flags not given take the preset of --config: tiny, p25-tiny (data/tiny_grid, 9x64x112, 200 steps at lr 2e-3, warm-up
 20, the tiny VAE) or every other config (93x432x768, 20k steps at lr 2^-14.5, warm-up 1000, the real VAE). GRPO has
@@ -37,6 +37,7 @@ import flow
 import formats
 import fp8
 import grpo
+import lerobot
 import nft
 import resume
 import reward
@@ -50,7 +51,7 @@ from nft import NFTConfig
 from lora import LORA_TARGETS, LoRALinear, add_lora
 from model import DiT, condition_mask, denoise, get_config, is_p25, matmul_peak, model_flops, num_params
 from camera import views_map
-from sample import TINY_CONFIGS, split_views, stack_views  # CPU-fast configs (TINY preset, stand-in text); views
+from sample import TINY_CONFIGS, split_views, stack_views, standin_text, tiny_data  # tiny configs and their text
 
 # -----------------------------------------------------------------------------
 # Config: every field is a --flag (cli.py: the comment is its --help); unknown flags are an error. 0 / "" / -1 mean
@@ -219,18 +220,27 @@ def validate(cfg, given=None):
         raise ValueError(f"--vae-ckpt {cfg.vae_ckpt}: no such file (tokenizer/tokenizer.pth of a Cosmos-Predict2 repo)")
     if cfg.wandb and importlib.util.find_spec("wandb") is None:
         raise ValueError(f"--wandb {cfg.wandb}: wandb is not installed (pip install wandb); it is optional")
-    if not 0 <= cfg.ema < 1 or cfg.lora < 0:
-        raise ValueError(f"--ema {cfg.ema} must be in [0,1), --lora {cfg.lora} >= 0")
+    if not 0 <= cfg.ema < 1 or cfg.lora < 0 or cfg.guidance < 0:  # guidance < 0 steers away from the prompt
+        raise ValueError(f"--ema {cfg.ema} must be in [0,1), --lora {cfg.lora} >= 0, --guidance {cfg.guidance} >= 0")
     if cfg.device not in ("", "cuda", "cpu"):
         raise ValueError(f"--device {cfg.device!r}: cuda or cpu")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
     if os.path.exists(cfg.out) and not os.path.isdir(cfg.out):
         raise ValueError(f"--out {cfg.out} is a file: pass a directory (new or a run to resume)")
+    check_data(cfg, given)
+    return cfg
+
+
+def check_data(cfg, given):
+    """--data is a folder stitch.py wrote (the tiny default's own is built by train.py), and what text it gives."""
     if not synthetic_data(cfg) and not os.path.isdir(cfg.data):
         raise ValueError(f"--data {cfg.data!r}: no such folder (build one with `python stitch.py SRC DIR`)"
                          if cfg.data else "--data DIR is needed: a folder written by stitch.py")
-    return cfg
+    if not synthetic_data(cfg) and lerobot.unstitched(cfg.data):
+        raise ValueError(lerobot.unstitched(cfg.data))
+    if not standin_text(cfg.config, cfg.data) and cfg.config in TINY_CONFIGS and "text_len" not in given:
+        cfg.text_len = TrainConfig.text_len  # tiny on a folder with t5_xxl/: T5's 512 tokens, not the stand-in's 16
 
 
 def validate_objective(cfg, given):
@@ -261,11 +271,6 @@ def validate_objective(cfg, given):
 def synthetic_data(cfg):
     """Only the tiny default's own folder is ever written by train.py; any other --data is read, never written."""
     return cfg.config in TINY_CONFIGS and os.path.normpath(cfg.data) == os.path.normpath(tiny_data(cfg.config))
-
-
-def tiny_data(config):
-    """The tiny default's folder: 2x2 grids, or separate views (stitch.py --layout views) for a camera net."""
-    return "data/tiny_views" if get_config(config).camera_channels else TINY["data"]
 
 
 # -----------------------------------------------------------------------------
@@ -398,6 +403,22 @@ def make_tiny_dataset(root, views=False):
                   layout="views" if views else "grid")
 
 
+def on_signal(stop, signum, say):
+    """A stop request, acted on after the step (then saved, exit 0); a second Ctrl-C aborts at once (cli.main: one
+    line, exit 130), losing the steps since the last save."""
+    if signum == signal.SIGINT and stop["signal"] == signal.SIGINT:
+        raise KeyboardInterrupt
+    if signum == signal.SIGINT:
+        say("\ntrain: Ctrl-C: finishing this step, then saving and exiting 0 (Ctrl-C again: abort now, losing the "
+            "steps since the last save)")
+    stop["signal"] = signum
+
+
+def ignore_sigint(worker_id):
+    """DataLoader workers share the terminal's process group: a Ctrl-C for the run must not kill them mid-step."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def all_mean(value, device):
     t = torch.tensor([float(value)], dtype=torch.float64, device=device)
     if dist.is_initialized():
@@ -440,8 +461,10 @@ def check_resume_settings(out, cfg):
     now = cli.flatten(json.loads(json.dumps(dataclasses.asdict(cfg))))  # tuples as lists, like the saved JSON
     refused = {k: (saved.get(k), now[k]) for k in resume_keys(cfg) if saved.get(k) != now[k]}
     if refused:
+        why = " (LoRA checkpoints hold only adapters: the base comes from --init)" if "init" in refused and \
+            (saved.get("lora") or now["lora"]) else ""
         raise ValueError(f"{out} was written with other settings, (saved, now): {refused}; a resumed run must keep "
-                         "them (LoRA checkpoints hold only adapters: the base comes from --init). Use a new --out")
+                         f"them{why}. Use a new --out")
     return path, {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
 
 
@@ -493,7 +516,11 @@ def main(argv=None):
     text_dim = mcfg.crossattn_proj_in_channels  # the embedding on disk (Predict2.5: before the net's crossattn_proj)
     text_encoder = "reason1" if is_p25(mcfg) and not tiny else "t5"  # Predict2.5 reads <data>/reason1/<sha1>
     views = len(data.VIEW_ORDER) if mcfg.camera_channels else 0  # a camera net trains on separate views (agibot)
-    text_source = dict(text_len=cfg.text_len, text_dim=text_dim, text="standin" if tiny else "t5", seed=cfg.seed,
+    standin = standin_text(cfg.config, cfg.data)  # the tiny default's stand-in text, or embedding files
+    if tiny and not synthetic_data(cfg):
+        say(f"text: {cfg.data}/t5_xxl's T5 embeddings" if not standin else f"text: stand-in embeddings of {cfg.data}'s "
+            f"prompts ({'p25-tiny* text is 96 wide: no released encoder writes it' if is_p25(mcfg) else 'no t5_xxl/'})")
+    text_source = dict(text_len=cfg.text_len, text_dim=text_dim, text="standin" if standin else "t5", seed=cfg.seed,
                        text_encoder=text_encoder)
     if cfg.latents:  # the encoded windows of cache.py, checked against this run's VAE, clip settings and videos
         dataset = cache.LatentClips(cfg.latents, cfg.data, cfg.frames, cfg.height, cfg.width, vae=cfg.vae,
@@ -520,13 +547,12 @@ def main(argv=None):
         resume.write_atomic(os.path.join(cfg.out, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=1))
     terms = reward.parse_rewards(cfg.reward) if cfg.objective != "sft" else None
     if terms is not None:
-        say(f"{cfg.objective}: {rl.config_of(cfg)}; reward {cfg.reward}" + (
-            " (decoded videos)" if reward.needs_pixels(terms) else " (latents only: no decoding)"))
+        say(rl.reward_line(cfg, terms))
 
     sampler = data.ClipSampler(n_train, rank=dp_rank, world_size=dp_world, seed=cfg.seed)
     neg_text = None  # the uncond branch of CFG in GRPO rollouts and samples
     if cfg.objective != "sft" or cfg.sample_every:
-        neg_text, source = data.negative_embedding(cfg.data, cfg.text_len, text_dim, standin=tiny,
+        neg_text, source = data.negative_embedding(cfg.data, cfg.text_len, text_dim, standin=standin,
                                                    text_encoder=text_encoder)
         neg_text = neg_text[None]
         say(f"negative prompt: {source}")
@@ -631,7 +657,8 @@ def main(argv=None):
         for group in optimizer.param_groups:  # the checkpoint restored its own; this run's flags win (said above)
             group.update(betas=betas, weight_decay=weight_decay)
     loader = iter(torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler,
-                                              num_workers=cfg.workers, persistent_workers=cfg.workers > 0))
+                                              num_workers=cfg.workers, persistent_workers=cfg.workers > 0,
+                                              worker_init_fn=ignore_sigint if cfg.workers else None))
 
     # evaluation clips (and the init guard's batch): the held-out videos, never trained on, or with --holdout 0 fixed
     # clips of training videos; fixed windows and noise, and the same number of batches on every rank (collectives)
@@ -660,9 +687,10 @@ def main(argv=None):
             loss, zero_loss = ckpt.guard_loss(net, latent, text, mask, camera=camera)
         ckpt.init_guard(loss, zero_loss, max_ratio=cfg.guard_max_ratio, source=cfg.init)
 
-    stop = {"signal": None}  # SIGTERM / SIGUSR1 (schedulers' pre-emption notice): finish the step, save, exit 0
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, lambda signum, frame: stop.__setitem__("signal", signum))
+    # SIGTERM / SIGUSR1 (schedulers' pre-emption notice) and Ctrl-C: finish the step, save, exit 0
+    stop = {"signal": None}
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: on_signal(stop, signum, say))
 
     peak = matmul_peak(device, torch.bfloat16) / 1e12 if device.type == "cuda" else None  # TFLOP/s
     latent_shape = (1, 16, max(views, 1) * (1 + (cfg.frames - 1) // 4), cfg.height // 8, cfg.width // 8)
@@ -741,12 +769,12 @@ def main(argv=None):
                                {"reward": f"{row['reward_mean']:.4g}", "std": f"{row['reward_std']:.2g}"}),
                             s_it=f"{dt:.2f}")
             if plots and "s_checkpoint" in row:
-                resume.plot_metrics(os.path.join(cfg.out, "loss.png"), history)
+                resume.plot_metrics(os.path.join(cfg.out, "loss.png"), history, held_out=bool(holdout))
         if cfg.sample_every and done % cfg.sample_every == 0:
             write_sample(net, vae, getattr(dataset, "clips", dataset), eval_ids[0], cfg, neg_text,  # pixels
                          os.path.join(cfg.out, f"sample_{done:08d}.mp4"), master)
         if stopping:
-            say(f"stopping after step {done} on signal {stop['signal']}: checkpoint saved, exit 0")
+            say(f"stopping after step {done} on {signal.Signals(stop['signal']).name}: checkpoint saved, exit 0")
             break
     if distributed:
         dist.barrier()  # rank 0 may still be writing markers and plots: tear the group down together

@@ -4,7 +4,7 @@ real run. script(argv, torchrun=N): the real thing, a subprocess (torchrun with 
 
 In-process saves importing torch and the repo (~4.5 s of one core per run, ~50 runs in the suite). It matches the
 subprocesses it replaces: one intra-op thread (their OMP_NUM_THREADS=1, so a run compares bit for bit with a killed
-subprocess run), and what train.py changes in the process is put back: the global RNG, the SIGTERM/SIGUSR1 handlers,
+subprocess run), and what train.py changes in the process is put back: the global RNG, the SIGTERM/SIGUSR1/SIGINT handlers,
 sys.argv[0]. A failed run's --out lock is closed (it sits in a reference cycle of the traceback until collected).
 What needs its own process stays a subprocess: kill -9, signals, torchrun ranks, one real command line per script.
 """
@@ -25,7 +25,7 @@ def in_process(module, argv):
     import ckpt
     import cli
     out, err = io.StringIO(), io.StringIO()
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     threads, prog = torch.get_num_threads(), sys.argv[0]
     torch.set_num_threads(1)
     sys.argv[0] = os.path.join(ROOT, module.__name__ + ".py")  # "train.py: error: ..." as from the script
@@ -59,3 +59,11 @@ def check(proc):
         raise AssertionError(f"{' '.join(map(str, proc.args[-30:]))} failed ({proc.returncode}):\n"
                              f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+def suggested(message):
+    """The commands a one-line error suggests (`python X.py ARGS` in backticks), as [(module name, argv)], so a test
+    can run each and see that the fix it names works."""
+    import re
+    import shlex
+    return [(m.group(1), shlex.split(m.group(2))) for m in re.finditer(r"`python (\w+)\.py ?([^`]*)`", message)]

@@ -197,3 +197,14 @@ def test_cp_refusals():
         bench.main(SMALL + ["--world", "4", "--cp", "2", "--frames", "9"])
     with pytest.raises(ValueError, match="--cp 2 needs --world N"):
         bench.main(SMALL + ["--cp", "2"])
+
+
+def test_no_cuda_is_one_line_naming_a_command_that_runs_here(monkeypatch):
+    """bench.py defaults to --device cuda: on a CPU machine that is one line (not a CUDA assert), and the CPU command
+    it names runs."""
+    import run_utils
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    proc = run_utils.in_process(bench, ["--world", "8", "--config", "v2w-14b", "--sac", "block"])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no CUDA device is visible" in proc.stderr
+    (script, argv), = run_utils.suggested(proc.stderr)
+    assert script == "bench" and run_utils.check(run_utils.in_process(bench, argv)).stdout.count('"status": "ok"') == 1

@@ -326,3 +326,15 @@ def test_train_on_a_stride_one_cache_equals_online_encoding(folders, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="empty.*cache.py --data"):  # before any model is built
         train.main(common + ["--latents", str(tmp_path / "empty"), "--out", str(tmp_path / "c")])
+
+
+def test_default_workers_follow_the_cpus_of_each_rank(monkeypatch, tmp_path):
+    """--workers defaults to min(8, CPUs / ranks of the node): 2 on a 2-core machine, 8 per rank on 64 cores x 8."""
+    for cpus, ranks, want in ((2, None, 2), (64, "8", 8), (128, None, 8), (4, "8", 1)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cpus=cpus: set(range(cpus)))
+        if ranks:
+            monkeypatch.setenv("LOCAL_WORLD_SIZE", ranks)
+        else:
+            monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+        assert cache.CacheConfig(data=str(tmp_path), out=str(tmp_path / "c"), vae="tiny").workers == want
+    assert cache.CacheConfig(data=str(tmp_path), out=str(tmp_path / "c"), vae="tiny", workers=0).workers == 0

@@ -494,10 +494,13 @@ def test_predict25_release_layout_loads_strictly_and_wrong_networks_are_named(tm
     assert report.ok and len(report.ignored) == len(agibot_extra) + len(ckpt.IGNORABLE_KEYS)
     assert len(report.loaded) == len(net.state_dict()) and not report.missing
     assert torch.equal(net.blocks[1].cam_encoder.weight, src.blocks[1].cam_encoder.weight.bfloat16().float())
-    cases = [("p25-tiny", agibot_file, "robot/multiview-agibot network .* --config p25-2b-agibot"),
-             ("tiny", base_file, "a Cosmos-Predict2.5 network .* --config p25-2b or p25-14b"),
-             ("p25-tiny", p2_file, "has no text projection: a Predict2 checkpoint loads into --config v2w-2b"),
-             ("p25-tiny-agibot", base_file, "has cam_encoder .* load into --config p25-2b or p25-14b")]
+    # the hint names the model's size class: tiny configs for a tiny model, the released ones for a released model
+    released = ckpt.LoadReport(source="f", missing=["crossattn_proj.0.weight"], model_config="p25-2b")
+    assert released.family_hint().endswith("a Predict2 checkpoint loads into --config v2w-2b or v2w-14b")
+    cases = [("p25-tiny", agibot_file, "robot/multiview-agibot network .* --config p25-tiny-agibot\n"),
+             ("tiny", base_file, "a Cosmos-Predict2.5 network .* --config p25-tiny\n"),
+             ("p25-tiny", p2_file, "has no text projection: a Predict2 checkpoint loads into --config tiny\n"),
+             ("p25-tiny-agibot", base_file, "has cam_encoder .* load into --config p25-tiny\n")]
     for config, path, hint in cases:
         with pytest.raises(ckpt.CheckpointError, match=hint) as err:
             ckpt.load(DiT(get_config(config)), path)

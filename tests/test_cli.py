@@ -1,6 +1,7 @@
 """cli.py: one command-line mechanism for every script: flags from dataclass fields, help from their comments."""
 import argparse
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 
 import pytest
@@ -71,3 +72,25 @@ def test_every_flag_of_every_script_has_help(cls):
     helps = cli.field_help(cls)
     missing = [f.name for f in dataclasses.fields(cls) if not helps.get(f.name)]
     assert not missing, f"{cls.__name__}: fields without a comment (their --help would be empty): {missing}"
+
+
+def test_abbreviated_flags_are_unknown_flags(capsys):
+    """argparse would take `--step 10` as --steps 10 and `--strid` as --stride: here they are errors, like a typo."""
+    with pytest.raises(SystemExit):
+        cli.parse_flags(Toy, ["--l", "3"])
+    with pytest.raises(SystemExit):
+        train.parse_config(["--step", "10"])
+    with pytest.raises(SystemExit):
+        cli.parse_flags(stitch.StitchConfig, ["--strid", "2"])
+    assert "unrecognized arguments: --strid 2" in capsys.readouterr().err
+
+
+def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):
+    """Outside train.py's loop (which saves first) Ctrl-C ends a script with one line, no traceback."""
+    monkeypatch.setattr(sys, "argv", ["sample.py"])
+
+    def interrupted():
+        raise KeyboardInterrupt
+    with pytest.raises(SystemExit) as e:
+        cli.main(interrupted)
+    assert e.value.code == 130 and capsys.readouterr().err == "sample.py: interrupted (Ctrl-C)\n"

@@ -20,42 +20,8 @@ ATOL = 2e-5  # the reference README's bound for network outputs (other CPU kerne
 
 
 def subset_case(case):
-    """Our net on a CI subset: the blocks in the file (cam_encoder outputs taken from upstream's), the final layer fed
-    upstream's last block output. Returns ({dbg/out name: (ours, theirs)}, net)."""
-    stem = os.path.join(DATA, case)
-    meta = json.load(open(stem + ".json"))
-    io = load_file(stem + ".io.safetensors")
-    weights = meta["weights_kept"]
-    blocks = len({k.split(".")[1] for k in weights if k.startswith("blocks.")})
-    upstream_blocks = meta["config"]["kwargs"]["num_blocks"]
-    cfg = replace(config_from_upstream(meta["config"]["class"], meta["config"]["kwargs"]), num_blocks=blocks)
-    with torch.device("meta"):
-        net = DiT(cfg)
-    net = net.to_empty(device="cpu")
-    net.init_weights()
-    report = ckpt.load(net, stem + ".weights.safetensors", allow_missing=(r"^blocks\.\d+\.cam_encoder\.weight$",),
-                       verbose=False)
-    assert len(report.allowed_missing) == (blocks if cfg.camera_channels else 0)
-    seen, handles = check_reference.observe(net)
-    for i, block in enumerate(net.blocks):
-        if cfg.camera_channels:  # upstream's cam_encoder output; where it enters the block is under test
-            stored = io[f"dbg.block{i}_cam_encoder_out_B_T_H_W_D"]
-            handles.append(block.cam_encoder.register_forward_hook(
-                lambda m, args, out, stored=stored: stored.reshape(out.shape)))
-    last = io[f"dbg.block{upstream_blocks - 1}_out_B_T_H_W_D"]
-    handles.append(net.final_layer.register_forward_pre_hook(
-        lambda m, args: (last.reshape(args[0].shape), *args[1:])))
-    kwargs = check_reference.call_kwargs(meta["call"]["forward_kwargs"], io, cfg)
-    with torch.no_grad():
-        out = net(**kwargs)
-    for h in handles:
-        h.remove()
-    pairs = {"out.y_B_C_T_H_W": (out, io["out.y_B_C_T_H_W"])}
-    for name in (k for k in io if k.startswith("dbg.") and "cam_encoder" not in k):  # those are inputs here
-        ours = check_reference.dbg_target(name, seen, net, io)
-        if ours is not None:
-            pairs[name] = (ours, io[name])
-    return pairs, net
+    """check_reference.subset_case on tests/data/<case>: ({dbg/out name: (ours, theirs)}, net)."""
+    return check_reference.subset_case(os.path.join(DATA, case))
 
 
 @pytest.mark.parametrize("case,expected", [
@@ -227,3 +193,17 @@ def test_tiny_configs_are_cpu_sized_predict25_nets():
         assert is_p25(cfg) and cfg.crossattn_proj_in_channels == 96 and cfg.crossattn_emb_channels == 32
         assert num_params(build_model(cfg)) < 1_000_000
     assert not is_p25(get_config("tiny")) and not is_p25(get_config("v2w-14b"))
+
+
+def test_check_reference_without_arguments_runs_its_folders_ci_subsets_included(tmp_path, monkeypatch, capsys):
+    """`python tests/check_reference.py` (no argument, as README shows it) checks tests/data/reference and tests/data;
+    a CI subset there (p25_mv_agibot: block 0 only) is checked as a subset, not refused by the strict load."""
+    import shutil
+    for ext in (".json", ".io.safetensors", ".weights.safetensors"):
+        shutil.copy(os.path.join(DATA, "p25_mv_agibot" + ext), tmp_path)
+    defaults = [os.path.relpath(d, check_reference.ROOT) for d in check_reference.DEFAULT_DIRS]
+    assert defaults == ["tests/data/reference", "tests/data"]
+    monkeypatch.setattr(check_reference, "DEFAULT_DIRS", (str(tmp_path),))
+    assert check_reference.main([]) == 0
+    out = capsys.readouterr().out
+    assert "ok   p25_mv_agibot (CI subset): out.y_B_C_T_H_W" in out and "0 failed" in out

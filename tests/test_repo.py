@@ -54,3 +54,8 @@ def test_cited_docs_exist():
                for n, line in enumerate(text.splitlines(), start=1)
                for doc in re.findall(r"\bdocs/[\w.-]+\.md\b", line) if not os.path.isfile(os.path.join(ROOT, doc))]
     assert not missing, "cited docs that do not exist:\n" + "\n".join(missing)
+
+
+def test_tests_run_in_an_empty_directory_outside_the_checkout():
+    """conftest.empty_cwd: a checkout's out/ (from `python train.py`) or data/ never changes a test's result."""
+    assert os.path.realpath(os.getcwd()) != os.path.realpath(ROOT) and os.listdir(os.getcwd()) == []

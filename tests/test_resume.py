@@ -12,8 +12,12 @@ import torch
 
 import ckpt
 import resume
+import sample
+import train
 from ckpt import CheckpointError
+from lora import add_lora
 from model import DiT, get_config
+from run_utils import check, in_process, suggested
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -160,7 +164,57 @@ def test_release_export_with_ema_loads_strictly_as_net_ema(tmp_path):
     assert resume.main(["export", step, str(tmp_path / "cli.pt"), "--ema"]) == 0
     assert torch.load(str(tmp_path / "cli.pt"), weights_only=True).keys() == keys
     plain, _, _ = tiny_run(tmp_path, ema=False)
-    with pytest.raises(CheckpointError, match=r"holds no \['ema'\] tensors"):
+    with pytest.raises(CheckpointError, match=r"--ema: .* holds no EMA \(its run was trained without train.py --ema"):
         resume.export_release_pt(plain, str(tmp_path / "x.pt"), ema=True)
     with pytest.raises(ValueError, match="--ema: only .pt"):  # a flag error: one line from cli.main
         resume.main(["export", step, str(tmp_path / "x.safetensors"), "--ema"])
+
+
+@pytest.fixture(scope="module")
+def lora_run(tiny_grid, tmp_path_factory):
+    """A 2-step LoRA run from a random base (the tiny GRPO command's kind of run: LoRA-only checkpoints), no EMA."""
+    out = str(tmp_path_factory.mktemp("lora") / "run")
+    check(in_process(train, ["--data", tiny_grid, "--out", out, "--steps", "2", "--lora", "4", "--sample-every", "0",
+                             "--lr", "0.05"]))
+    return out
+
+
+def test_a_lora_run_exports_adapters_or_the_merged_network_and_says_which(lora_run, tmp_path):
+    step = os.path.join(lora_run, "step_00000002")
+    proc = check(in_process(resume, ["export", lora_run, str(tmp_path / "adapters.safetensors")]))
+    assert "LoRA adapters and buffers only" in proc.stdout and "--merge-lora writes the whole network" in proc.stdout
+    proc = check(in_process(resume, ["export", lora_run, str(tmp_path / "merged.safetensors"), "--merge-lora"]))
+    assert "adapters folded into the base weights" in proc.stdout
+    lora_net = resume.build_from_step(step, torch.device("cpu"))  # base (seeded init) + adapters, as trained
+    assert any(m.lora_b.weight.abs().sum() > 0 for m in lora_net.modules() if hasattr(m, "lora_b"))  # it trained
+    plain = DiT(get_config("tiny"))
+    assert ckpt.load(plain, str(tmp_path / "merged.safetensors")).ok  # strict: plain keys, no adapters
+    x, t, text = torch.randn(1, 16, 3, 8, 14), torch.full((1,), 0.5), torch.randn(1, 16, 1024)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x, t, text), lora_net(x, t, text), rtol=1e-5, atol=1e-5)
+    proc = in_process(resume, ["export", step, str(tmp_path / "r.pt"), "--ema", "--merge-lora"])
+    assert proc.returncode == 2 and "--ema: the run of" in proc.stderr and "kept no EMA" in proc.stderr
+    check(in_process(resume, ["export", step, str(tmp_path / "r.pt"), "--merge-lora"]))  # what that says to do
+    assert ckpt.load(DiT(get_config("tiny")), str(tmp_path / "r.pt")).ok
+    proc = in_process(resume, ["export", step, str(tmp_path / "x.pt")])
+    assert proc.returncode == 2 and "pass --merge-lora" in proc.stderr
+
+
+def test_ckpt_check_of_a_random_base_lora_step_suggests_a_command_that_works(lora_run):
+    import ckpt as ckpt_py
+    step = os.path.join(lora_run, "step_00000002")
+    proc = in_process(ckpt_py, ["check", "--config", "tiny", step])
+    assert proc.returncode == 2 and "LoRA-only step directory" in proc.stderr
+    (script, argv), = suggested(proc.stderr)
+    assert script == "ckpt" and argv[-2:] == ["--init", "random"], argv
+    proc = check(in_process(ckpt_py, argv))
+    assert "random init (train.py --init random, seed 0)" in proc.stdout and "OK, would load" in proc.stdout
+    net = DiT(get_config("tiny"))
+    add_lora(net, 4)
+    with pytest.raises(CheckpointError, match="LoRA-only step directory") as e:
+        ckpt.load(net, step)  # the library's message names the commands too: each of them works
+    commands = dict(suggested(str(e.value)))
+    assert set(commands) == {"sample", "resume", "ckpt"}, commands
+    for script, argv in commands.items():  # the sample's mp4 and the export land in the test's empty cwd
+        check(in_process({"sample": sample, "resume": resume, "ckpt": ckpt_py}[script], argv + (
+            ["--steps", "2"] if script == "sample" else [])))

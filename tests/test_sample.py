@@ -30,7 +30,13 @@ def test_sample_cli_writes_a_video_from_an_image(tmp_path):
 
 def test_sample_cli_refuses_a_missing_checkpoint_and_real_configs_without_embeddings(tmp_path):
     proc = in_process(sample, ["--ckpt", str(tmp_path / "nope.pt")])
-    assert proc.returncode != 0 and "nope.pt" in proc.stderr
+    assert proc.returncode == 2 and "nope.pt: no such file or directory; pass a train.py run directory" in proc.stderr
+    assert "--init" not in proc.stderr  # train.py's flag: sample.py has none
+    proc = in_process(sample, [])  # the default --ckpt out, before `python train.py` wrote it
+    assert proc.returncode == 2 and "--ckpt out (the default): no such run" in proc.stderr, proc.stderr
+    raw = os.path.join(ROOT, "tests", "data", "lerobot_v21_tiny")  # a LeRobot dataset where a stitched one goes
+    proc = in_process(sample, ["--ckpt", "random", "--data", raw])
+    assert proc.returncode == 2 and "is a LeRobot dataset" in proc.stderr and "run stitch.py first" in proc.stderr
     with pytest.raises(ValueError, match="prompt-emb"):
         sample.parse_config(["--config", "v2w-2b", "--ckpt", "droid"])
 
@@ -47,6 +53,20 @@ def test_sample_from_a_lora_run_with_ema(tiny_grid, tmp_path):
         assert ("(EMA)" in proc.stdout) == (extra == ["--ema"])
     proc = in_process(sample, ["--ckpt", run_dir, "--config", "v2w-2b"])
     assert proc.returncode == 2 and "trained tiny" in proc.stderr and "Traceback" not in proc.stderr
+    proc = in_process(sample, ["--ckpt", run_dir, "--config", "p25-tiny"])  # a KeyError before
+    assert proc.returncode == 2 and "trained tiny; pass --ckpt with a p25-tiny run" in proc.stderr, proc.stderr
+    step = os.path.join(run_dir, "step_00000002")  # a LoRA-only step: its run rebuilt, base + adapters
+    proc = check(in_process(sample, ["--ckpt", step, "--steps", "2", "--out", str(tmp_path / "s.mp4")]))
+    assert f"weights {step}, step 2" in proc.stdout and len(imageio.mimread(str(tmp_path / "s.mp4"))) == 9
+    for args, message in ((["--image", str(tmp_path / "notes.txt")], "not a readable image (ValueError"),
+                          (["--image", str(tmp_path / "broken.png")], "broken.png: not a readable image ("),
+                          (["--steps", "0"], "--steps 0 must be >= 1"), (["--guidance", "-3"], "--guidance -3.0")):
+        (tmp_path / "notes.txt").write_text("notes\n")
+        imageio.imwrite(str(tmp_path / "good.png"), np.zeros((64, 112, 3), np.uint8))
+        (tmp_path / "broken.png").write_bytes((tmp_path / "good.png").read_bytes()[:60])
+        proc = in_process(sample, ["--ckpt", run_dir, "--out", str(tmp_path / "x.mp4"), *args])
+        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and "ckpt:" not in proc.stdout  # before any checkpoint is read
 
 
 def test_no_ema_picks_the_raw_copy_of_a_file_holding_both(tmp_path):
@@ -83,9 +103,9 @@ def test_p25_cli_samples_with_unipc_and_refuses_unipc_flags_for_predict2(tmp_pat
                                      "--image", image, "--out", out]))
     assert "UniPC karras grid, conditional-frame timestep -1.0" in proc.stdout and len(imageio.mimread(out)) == 9
     with pytest.raises(ValueError, match="--grid is a Predict2.5"):
-        sample.parse_config(["--grid", "shift"])
+        sample.parse_config(["--ckpt", "random", "--grid", "shift"])
     with pytest.raises(ValueError, match="--grid 'euler'"):
-        sample.parse_config(["--config", "p25-tiny", "--grid", "euler"])
+        sample.parse_config(["--ckpt", "random", "--config", "p25-tiny", "--grid", "euler"])
     cfg = sample.parse_config(["--config", "p25-2b", "--ckpt", "p25-2b-post", "--prompt-emb", image, "--vae-ckpt",
                                image])
     assert (cfg.grid, cfg.conditional_frame_timestep) == ("karras", 0.1)  # upstream's 2B post-trained sampler

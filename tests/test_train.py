@@ -16,6 +16,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import resume  # noqa: E402
+import reward  # noqa: E402
+import rl  # noqa: E402
 import train  # noqa: E402
 from run_utils import check as checked, in_process, script  # noqa: E402
 
@@ -112,7 +114,9 @@ def test_resume_after_kill_is_bitwise(grid, uninterrupted, tmp_path):
     assert ema.keys() < model.keys() and not any(torch.equal(v, model[k]) for k, v in ema.items() if v.dim() > 1)
 
 
-def test_sigterm_saves_and_exits_zero(grid, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_ctrl_c_save_and_exit_zero(grid, tmp_path, sig):
+    """SIGTERM (a scheduler) and SIGINT (Ctrl-C) alike: the step finishes, is saved, exit 0, no traceback."""
     out = str(tmp_path / "out")
     proc = subprocess.Popen([sys.executable, "train.py", "--data", grid, "--out", out, "--steps", "500",
                              "--save-every", "1000"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -121,12 +125,25 @@ def test_sigterm_saves_and_exits_zero(grid, tmp_path):
     while time.time() < deadline and not (os.path.exists(os.path.join(out, "metrics.jsonl"))
                                           and sum(1 for _ in open(os.path.join(out, "metrics.jsonl"))) >= 2):
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output[-2000:]
     latest = open(os.path.join(out, "latest")).read().strip()
     assert int(latest.split("_")[1]) == max(metrics(out))  # the step it finished is the step it saved
-    assert "stopping after step" in output
+    assert f"stopping after step {max(metrics(out))} on {sig.name}" in output and "Traceback" not in output
+    assert ("Ctrl-C: finishing this step" in output) == (sig == signal.SIGINT)
+    assert "assuming the intent" not in output  # torch's warning at a single-process DCP save: filtered
+
+
+def test_a_second_ctrl_c_aborts_at_once():
+    stop, said = {"signal": None}, []
+    train.on_signal(stop, signal.SIGINT, said.append)
+    assert stop["signal"] == signal.SIGINT and "Ctrl-C again: abort now" in said[0]
+    with pytest.raises(KeyboardInterrupt):  # cli.main turns it into one line, exit 130
+        train.on_signal(stop, signal.SIGINT, said.append)
+    stop = {"signal": signal.SIGTERM}  # a scheduler's stop, then one Ctrl-C: still a graceful stop
+    train.on_signal(stop, signal.SIGINT, said.append)
+    assert stop["signal"] == signal.SIGINT
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +192,52 @@ def test_options_are_validated_before_anything_is_built():
         train.parse_config(["--frames", "10"])
     with pytest.raises(ValueError, match="at least 2"):
         train.parse_config(["--keep", "1"])
+    control = train.parse_config(["--objective", "grpo", "--lora", "4", "--reward", "default=0"])  # a paired control,
+    assert "every term has weight 0, so every sample scores 0" in rl.reward_line(control, reward.parse_rewards(
+        control.reward)) and "paired control" in rl.reward_line(control, reward.parse_rewards(control.reward))  # said
+    with pytest.raises(ValueError, match="--guidance -3.0 >= 0"):
+        train.parse_config(["--guidance", "-3"])
+    raw = os.path.join(ROOT, "tests", "data", "lerobot_v21_tiny")
+    with pytest.raises(ValueError, match="is a LeRobot dataset .*: run stitch.py first, `python stitch.py"):
+        train.parse_config(["--data", raw])
+
+
+def test_newcomer_refusals_name_only_what_applies(grid, trained, tmp_path):
+    """A run refused for another --config says nothing of LoRA; a Predict2 tiny step as --init of p25-tiny names the
+    tiny configs, not the released ones."""
+    proc = run(["--data", grid, "--out", trained, "--config", "p25-tiny"], check=False)
+    assert proc.returncode == 2 and "{'config': ('tiny', 'p25-tiny')}" in proc.stderr and "LoRA" not in proc.stderr
+    proc = run(["--data", grid, "--out", str(tmp_path / "p25"), "--config", "p25-tiny", "--init",
+                os.path.join(trained, "step_00000060")], check=False)
+    assert proc.returncode == 2 and "a Predict2 checkpoint loads into --config tiny" in proc.stderr, proc.stderr
+
+
+def test_tiny_on_a_folder_of_yours_reads_its_t5_embeddings(grid, tmp_path):
+    """--config tiny is T5-wide: on a stitched folder with t5_xxl/ it trains on those (512 tokens), not stand-ins."""
+    import shutil
+    from safetensors.torch import save_file
+    mine = str(tmp_path / "mine")
+    shutil.copytree(grid, mine)
+    os.makedirs(os.path.join(mine, "t5_xxl"))
+    for name in os.listdir(os.path.join(mine, "videos")):
+        save_file({"text_emb": torch.randn(7, 1024)}, os.path.join(mine, "t5_xxl", name[:-4] + ".safetensors"))
+    assert train.parse_config(["--data", mine]).text_len == 512 and train.parse_config(["--data", grid]).text_len == 16
+    proc = run(["--data", mine, "--out", str(tmp_path / "out"), "--steps", "1", "--sample-every", "0"])
+    assert f"text: {mine}/t5_xxl's T5 embeddings" in proc.stdout
+    shutil.rmtree(os.path.join(mine, "t5_xxl"))
+    proc = run(["--data", mine, "--out", str(tmp_path / "out2"), "--steps", "1", "--sample-every", "0"])
+    assert "text: stand-in embeddings" in proc.stdout and "(no t5_xxl/)" in proc.stdout
+
+
+def test_loss_png_says_whether_the_evaluation_is_held_out(monkeypatch, tmp_path):
+    import matplotlib.axes
+    labels, plot = [], matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda ax, *a, **k: labels.append(k.get("label")) or plot(
+        ax, *a, **k))
+    history = [{"step": 1, "loss": 2.0, "eval_loss": 1.5}, {"step": 2, "loss": 1.0}]
+    resume.plot_metrics(str(tmp_path / "a.png"), history, held_out=False)
+    resume.plot_metrics(str(tmp_path / "b.png"), history)
+    assert "eval loss (training clips, --holdout 0)" in labels and "eval loss (held out)" in labels
 
 
 def test_eval_marker_partial_or_tampered_is_not_done(tmp_path):
