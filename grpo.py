@@ -57,7 +57,7 @@ class GRPOConfig:
     std_ddof: int = 0  # 0: population std (Flow-GRPO, K = 2 gives |A| ~ 1); 1: unbiased (|A| ~ 0.7071 at K = 2)
     clip_range: float = 1e-3  # ratio clip epsilon (per-element-mean log-probs make ratios tiny)
     kl_coef: float = 0.0  # beta_KL to the LoRA-disabled reference; 0.004 if reward hacking shows up
-    pg_step_weight: str = "exact"  # "exact" or "beta2": scale step i by beta_i^2 / mean beta^2 (high-sigma emphasis)
+    pg_step_weight: str = "unit"  # unit: step i by 1 / its sensitivity (even gradient noise); exact: 1; beta2: beta_i^2
     opt_steps_per_update: int = 1  # optimizer steps per batch of rollouts; > 1 makes the later ones off-policy
     drop_zero_advantage: bool = True  # skip trajectories with A == 0 (all-tie groups); under FSDP every rank must
     # then still run the same number of micro-steps: disable it, or equalise the counts in train.py
@@ -630,6 +630,7 @@ def score_groups(x0s, score, decode, cfg, timed, agree=None):
     advantages = group_advantages(rewards, keys, eps=cfg.adv_eps, clip=cfg.adv_clip, global_std=cfg.global_std,
                                   ddof=cfg.std_ddof)
     metrics = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(correction=0)),
+               "reward_group_std": float(rewards.view(-1, cfg.group_size).std(dim=1, correction=0).mean()),
                "adv_std": float(advantages.std(correction=0))}
     metrics.update({f"reward_{name.replace('/', '_')}": float(everyone[i].mean())
                     for i, name in enumerate(names) if name != "reward"})

@@ -524,6 +524,14 @@ def inputs_of(term, fn):
     return "video" in params, "latent" in params
 
 
+def wrist_brightness(video):
+    """The tiny default's RL target (`--reward reward:wrist_brightness`): the mean intensity in [0, 1] of the grid's
+    wrist view (bottom-left quadrant). A toy, chosen because anyone can see it in the samples and the policy can
+    change it; nothing a real run should optimise. [B]"""
+    H, W = video.shape[-2:]
+    return ((video[:, :, :, H // 2:, : W // 2].float().clamp(-1, 1) + 1) / 2).mean(dim=(1, 2, 3, 4))
+
+
 def needs_pixels(terms):
     """Whether any term needs the decoded video (decode only then)."""
     return any(term.needs_video for term in terms)

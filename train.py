@@ -121,8 +121,8 @@ TINY = dict(data="data/tiny_grid", vae="tiny", frames=9, height=64, width=112, s
             save_every=500, sample_every=500, text_len=16, workers=0, cache_latents=True, holdout=2)
 # RL on a tiny config (from the tiny SFT checkpoint, docs/grpo.md "The tiny default"): 8 samples a group, 4 groups an
 # update, a held-out evaluation every 5 updates
-TINY_RL = dict(steps=40, save_every=20, sample_every=0, eval_every=5, eval_steps=20, batch_size=4,
-               grpo=dict(group_size=8, lr=1e-3), nft=dict(group_size=8))
+TINY_RL = dict(steps=30, save_every=15, sample_every=15, eval_every=5, eval_steps=20, batch_size=4,
+               reward="reward:wrist_brightness", grpo=dict(group_size=8, lr=3e-3), nft=dict(group_size=8, lr=3e-3))
 REAL = dict(vae="real", frames=93, height=432, width=768, steps=20000, lr=2 ** -14.5, warmup=1000, save_every=200,
             sample_every=1000)
 # Loss knobs of one model family (True: Predict2.5's flow.py loss only; False: Predict2's EDM loss only)
@@ -248,6 +248,8 @@ def validate_objective(cfg, given):
     others = [o for o in rl.MAY_CHANGE if o != cfg.objective]  # the other RL objectives' knobs
     unused = {k: f"with --objective {cfg.objective}" for k in given
               if k.split(".")[0] in others or (cfg.objective == "sft" and k in ("reward", "eval_steps"))}
+    if cfg.objective != "sft" and "guidance" in given:  # samples and evaluation use the policy's own CFG
+        unused["guidance"] = f"with --objective {cfg.objective} (its samples use {cli.flag(cfg.objective)}-guidance)"
     if cfg.objective == "sft":
         return unused
     if not cfg.lora:
@@ -797,7 +799,8 @@ def write_sample(net, vae, dataset, index, cfg, neg_text, path, master):
     camera = None if "w2c" not in item else views_map(item["w2c"].to(device), item["intrinsics"].to(device),
                                                       cfg.height, cfg.width)[None].to(video.dtype)
     video = video if camera is not None else video[None]
-    generated = sampling.generate(net, vae, video, text, neg_text.to(device), cfg.sample_steps, cfg.guidance, cfg.seed,
+    guidance = cfg.guidance if cfg.objective == "sft" else rl.config_of(cfg).guidance  # RL: the policy's own CFG
+    generated = sampling.generate(net, vae, video, text, neg_text.to(device), cfg.sample_steps, guidance, cfg.seed,
                                   camera=camera, **p25).to(video.dtype)
     if master:  # left: data, right: generated; views one above the other
         sampling.write_mp4(path, torch.cat(list(torch.cat([video, generated], dim=-1)), dim=-2))

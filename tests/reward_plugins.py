@@ -4,6 +4,16 @@ A plug-in names the inputs it needs as parameters: `video` (the decoded clips [B
 and/or `latent` (the sampler's clean x0 [B, 16, T, H/8, W/8] float32; a latent-only reward skips decoding). It
 returns a [B] tensor, or a dict with "reward": [B] and other named [B] components, which are logged.
 """
+import hashlib
+
+import torch
+
+
+def noise(latent):
+    """A reward with nothing to learn (the paired "noise" arm of tests/rl_curves.py): a uniform number in [0, 1) from
+    the sha256 of each sample's bytes, so identical samples score alike and anything else scores at random."""
+    return torch.tensor([int.from_bytes(hashlib.sha256(x.detach().cpu().float().numpy().tobytes()).digest()[:8],
+                                        "little") / 2 ** 64 for x in latent], device=latent.device)
 
 
 def wrist_brightness(video):

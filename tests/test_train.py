@@ -257,28 +257,33 @@ def test_grpo_objective_updates_lora_and_resumes(grid, tmp_path):
     out = str(tmp_path / "grpo")
     args = ["--data", grid, "--out", out, "--objective", "grpo", "--lora", "4", "--save-every", "2",
             "--grpo-group-size", "3", "--grpo-num-steps", "4", "--grpo-kl-coef", "0.01", "--grpo-window-size", "2",
-            "--grpo-window-range", "0,3", "--grpo-same-latent", "--reward", "default,reward_plugins:wrist_brightness=0.5"]
+            "--grpo-window-range", "0,3", "--grpo-same-latent", "--reward", "default,reward_plugins:wrist_brightness=0.5",
+            "--batch-size", "1", "--eval-steps", "2"]
     first = run(args + ["--steps", "2"])  # tests/reward_plugins.py: importable, tests/ is on sys.path
-    assert "optimizer: AdamW betas (0.9, 0.999), weight decay 0.0001, lr 0.0001 (warm-up 0, then constant)" \
-        in first.stdout  # GRPO's own optimizer, not the SFT preset's (lr 2e-3, wd 0.1, beta2 0.99, warm-up 20)
+    assert "optimizer: AdamW betas (0.9, 0.999), weight decay 0.0001, lr 0.003 (warm-up 0, then constant)" \
+        in first.stdout  # GRPO's own optimizer (the tiny RL preset's lr), not the SFT preset's (wd 0.1, beta2 0.99)
     second = run(args + ["--steps", "3", "--grpo-lr", "5e-5"])  # resumes the LoRA-only checkpoint
-    assert "--grpo-lr 0.0001 -> 5e-05" in second.stdout  # an optimizer change is applied and said
+    assert "--grpo-lr 0.003 -> 5e-05" in second.stdout  # an optimizer change is applied and said
     rows = metrics(out)
-    assert sorted(rows) == [1, 2, 3] and [r["lr"] for r in rows.values()] == [1e-4, 1e-4, 5e-5]
+    assert rows[0]["eval_reward_wrist_brightness"] > 0  # the held-out evaluation before the first update
+    rows = {k: v for k, v in rows.items() if k > 0}
+    assert sorted(rows) == [1, 2, 3] and [r["lr"] for r in rows.values()] == [3e-3, 3e-3, 5e-5]
     for row in rows.values():
         assert row["first_ratio"] == 1.0  # rollout and training forward identical before the update
         assert 0 < row["grad_norm"] < float("inf") and 0 < row["reward_mean"]
         assert row["micro_steps"] == 3 * 2 and row["kl_ref"] is not None and row["reward_std"] >= 0
+        assert row["approx_kl"] > 0 and row["clipfrac_in_update"] == 0  # measured after the step: it moved
         for key in ("adv_std", "clipfrac", "approx_kl", "s_rollout", "s_decode", "s_reward", "s_update",
                     "s_optimizer", "reward_default", "reward_wrist_brightness"):
             assert key in row, key
-    assert "s_checkpoint" in rows[2]
+    assert "s_checkpoint" in rows[2] and "eval_reward" in rows[2]
     meta = json.load(open(os.path.join(out, "step_00000002", "meta.json")))
     assert meta["lora_only"] is True
     config = json.load(open(os.path.join(out, "config.json")))
     assert config["grpo"]["kl_coef"] == 0.01 and config["grpo"]["window_range"] == [0, 3]
     latent_only = run(["--data", grid, "--out", str(tmp_path / "latent"), "--objective", "grpo", "--lora", "4",
-                       "--steps", "1", "--grpo-num-steps", "3", "--reward", "reward_plugins:black_latent"])
+                       "--steps", "1", "--grpo-num-steps", "3", "--reward", "reward_plugins:black_latent",
+                       "--batch-size", "1", "--eval-steps", "2"])
     assert "(latents only: no decoding)" in latent_only.stdout
     row = metrics(str(tmp_path / "latent"))[1]
     assert row["s_decode"] < 0.01 and "reward_black_latent" in row and "reward_default" not in row
@@ -456,7 +461,8 @@ def test_p25_tiny_trains_with_the_rf_loss_samples_with_unipc_and_resumes_bitwise
     assert json.load(open(os.path.join(ref, "config.json")))["conditional_frame_timestep"] == -1.0
     grpo_out = str(tmp_path / "grpo")
     run(["--config", "p25-tiny", "--data", grid, "--out", grpo_out, "--objective", "grpo", "--lora", "4", "--steps",
-         "1", "--grpo-num-steps", "3", "--conditional-frame-timestep", "0.1"])
+         "1", "--grpo-num-steps", "3", "--conditional-frame-timestep", "0.1", "--grpo-group-size", "2",
+         "--batch-size", "1", "--eval-steps", "2"])
     row = metrics(grpo_out)[1]
     assert row["first_ratio"] == 1.0 and row["micro_steps"] == 2 * 2 and 0 < row["grad_norm"] < float("inf")
 
@@ -496,7 +502,8 @@ def test_p25_agibot_trains_on_views_with_cameras_samples_three_views_and_runs_gr
     assert imageio.v3.improps(mp4).shape[1:3] == (64, 3 * 112)
     grpo_out = str(tmp_path / "grpo")
     run(["--config", "p25-tiny-agibot", "--data", views, "--out", grpo_out, "--objective", "grpo", "--lora", "4",
-         "--steps", "1", "--grpo-num-steps", "3", "--grpo-group-size", "2"])
+         "--steps", "1", "--grpo-num-steps", "3", "--grpo-group-size", "2", "--batch-size", "1", "--eval-steps",
+         "2"])
     row = metrics(grpo_out)[1]
     assert row["first_ratio"] == 1.0 and 0 < row["reward_mean"] <= 1 and 0 < row["grad_norm"] < float("inf")
 
