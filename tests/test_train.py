@@ -387,7 +387,7 @@ def test_user_errors_are_one_line_and_nothing_is_written(grid, tmp_path, capsys)
         argv = (["--data", grid] if "--data" not in args else []) + ["--out", str(out)] + args
         capsys.readouterr()
         with pytest.raises(SystemExit) as exit_info:  # in-process: the same cli.main the script runs under
-            cli.main(lambda: train.main(argv), user_errors=(ValueError, OSError, train.ckpt.CheckpointError))
+            cli.main(lambda: train.main(argv), user_errors=train.USER_ERRORS)
         err = capsys.readouterr().err
         assert exit_info.value.code == 2, (args, err)
         lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -405,7 +405,7 @@ def test_one_run_per_out_metrics_after_the_resume_point_and_plot(grid, tmp_path)
     args = ["--data", grid, "--out", out, "--save-every", "2", "--sample-every", "0"]
     os.makedirs(out)
     holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a+');"
-                               "fcntl.flock(f, fcntl.LOCK_EX); f.write('pid 1 on host'); f.flush(); print('locked', "
+                               "fcntl.lockf(f, fcntl.LOCK_EX); f.write('pid 1 on host'); f.flush(); print('locked', "
                                "flush=True); time.sleep(60)", os.path.join(out, ".lock")], stdout=subprocess.PIPE,
                               text=True)
     assert holder.stdout.readline().strip() == "locked"
