@@ -14,9 +14,10 @@ ClipSampler hands out: deterministic and resumable like GridClips, but over thes
 
 CACHE holds cache.json (the key, written first), latents/<stem>.safetensors per video (latent [n, C, T', h, w] in
 the encode dtype, exactly what vae.encode returned, views stacked on latent time as train.py does; starts [n]; for a
-views folder w2c [n, V, T', 3, 4] and intrinsics [n, V, T', 4]; metadata: the key's hash and the video's manifest
-sha1), each written atomically, and index.json, written last by rank 0: the completion marker and what the reader
-checks at start-up (a reader never lists 70k files' headers).
+views folder w2c [n, V, T', 3, 4] and intrinsics [n, V, T', 4]; metadata: the key's hash, the video's manifest sha1
+and one checksum per window, verified at every read), each written atomically, and index.json, written last by rank
+0: the completion marker and what the reader checks at start-up (a reader never lists 70k files' headers). Rank 0
+holds CACHE/.lock while it builds: a second cache.py on the folder is refused.
 
 The key (cache.json) is everything that changes the latents: the VAE's name, config and checkpoint identity (size and
 sha256 of its first and last MiB, as ckpt.py identifies files), frames, height, width, stride, layout, encode dtype
