@@ -7,12 +7,13 @@ newest complete checkpoint.
     python resume.py export OUT/step_00001000 model.safetensors   # or release.pt (net. prefix, bf16; --ema: net_ema.)
 
 Layout: OUT/step_%08d/ (DCP + meta.json), written as step_%08d.tmp and renamed when complete; OUT/latest names the
-newest complete one and is written only after the rename.
+newest complete one and is written only after the rename; a rotated-out one is renamed step_%08d.deleting first.
 Every step's meta.json records a checksum of every tensor saved (formats.bitsum, summed over the ranks' shards);
 resume, export, ckpt.load and `ckpt.py check` verify the bytes they read against it, so a flipped bit is an error that
-names the tensor.
-Around them, the run directory: claim_out (one train.py per OUT), load_history (metrics.jsonl up to the resume
-point) and its plot loss.png (matplotlib, optional), evaluation markers (eval.json: "completed" means completed).
+names the tensor. A state with a NaN/Inf is never saved; a full disk is named as such.
+Around them, the run directory: claim / claim_out (one process per OUT, a lock that dies with it), load_history
+(metrics.jsonl up to the resume point) and its plot loss.png (matplotlib, optional), evaluation markers (eval.json:
+"completed" means completed).
 Contents: pointer and rotation -> RNG -> save / resume (+ checksums) -> run directory -> export -> CLI.
 """
 import errno
@@ -115,9 +116,7 @@ def find_resume(out_dir):
 
 
 def finite_and_evaluated_well(path):
-    """Whether a complete checkpoint is known good: its meta.json says its state was finite when saved, and it was
-    evaluated (train.py's eval.json) with a finite held-out loss. Unknown (not evaluated yet, saved before the check,
-    unreadable) counts as not known good."""
+    """Known good: meta.json says finite, and eval.json holds a finite held-out loss (unknown counts as not good)."""
     try:
         if read_meta(path).get("finite") is not True:
             return False
@@ -129,15 +128,14 @@ def finite_and_evaluated_well(path):
 
 def rotate(out_dir, keep):
     """Delete complete checkpoints beyond the newest `keep`, never the `latest` target nor the newest known-good one
-    (finite_and_evaluated_well: a run that diverged keeps its last good checkpoint however many saves followed). Only
-    save() calls this, after its own save completed; saves are synchronous, so a step_*.tmp older than the newest
-    complete step is a leftover of a killed run (deleted), and a newer one could be in flight (kept)."""
+    (a diverged run keeps its last good checkpoint). Only save() calls this, after its own save completed; saves are
+    synchronous, so a step_*.tmp older than the newest complete step is a killed run's (deleted), a newer one could
+    be in flight (kept)."""
     if keep < 2:
         raise CheckpointError(f"keep={keep}: at least 2 checkpoints must be kept")
     done = complete_checkpoints(out_dir)
     protect = {p for _, p in done[-keep:]}
-    good = [p for _, p in done if finite_and_evaluated_well(p)]
-    protect.update(good[-1:])
+    protect.update([p for _, p in done if finite_and_evaluated_well(p)][-1:])
     pointer = os.path.join(out_dir, "latest")
     if os.path.exists(pointer):
         with open(pointer) as f:
@@ -146,9 +144,8 @@ def rotate(out_dir, keep):
 
 
 def leftovers(out_dir, done, tmp=False):
-    """What killed runs left in out_dir besides its complete checkpoints `done`: step_*.deleting (killed while
-    deleting one), step_* dirs older than the newest complete one that lack .metadata or meta.json (half-deleted by a
-    version before .deleting) and, with tmp, step_*.tmp older than the newest complete step (killed while saving)."""
+    """What killed runs left besides the complete checkpoints `done`: step_*.deleting, incomplete step_* dirs older than
+    the newest complete one (half-deleted before .deleting existed) and, with tmp, older step_*.tmp (killed saves)."""
     newest, complete, found = done[-1][0] if done else -1, {p for _, p in done}, []
     for name in os.listdir(out_dir):
         m, path = STEP_RE.match(name.removesuffix(".tmp").removesuffix(DELETING)), os.path.join(out_dir, name)
@@ -161,8 +158,7 @@ def leftovers(out_dir, done, tmp=False):
 
 
 def delete_checkpoints(paths):
-    """Each step directory is renamed to step_*.deleting before its files go: a kill mid-delete leaves no half
-    checkpoint under a step name (leftovers() finds the rest)."""
+    """A step dir is renamed step_*.deleting before its files go: a kill mid-delete leaves no half checkpoint."""
     for path in paths:
         try:
             if STEP_RE.match(os.path.basename(path)):
@@ -257,13 +253,13 @@ def _verify_read(path, state, meta, entries):
 
 
 def nonfinite_tensors(state):
-    """Collective: the DCP keys of the floating tensors of a training state (RNG states aside: Python's holds a NaN by
-    design) that hold NaN or Inf on any rank, sorted. One host sync per rank."""
+    """Collective: the sorted DCP keys of a state's float tensors with NaN/Inf on any rank (RNG aside: Python's holds
+    a NaN by design)."""
     flat, _ = flatten_state_dict(state)
     keys = [k for k, v in flat.items() if torch.is_tensor(v) and v.is_floating_point() and not k.startswith("rng.")]
     local = [flat[k].to_local() if isinstance(flat[k], DTensor) else flat[k] for k in keys]
-    finite = torch.stack([torch.isfinite(t).all() for t in local]).tolist() if keys else []
-    return sorted({k for theirs in gather([k for k, ok in zip(keys, finite) if not ok]) for k in theirs})
+    bad = [k for k, t in zip(keys, local) if not bool(torch.isfinite(t).all())]  # (Adam's step may be on the CPU)
+    return sorted({k for theirs in gather(bad) for k in theirs})
 
 
 def no_space(err):
@@ -280,8 +276,7 @@ def no_space(err):
 
 
 def disk_full_named(tmp, write):
-    """write(), with a full disk (or quota) named as such instead of as a DCP internal error; the partial tmp is
-    deleted to give the space back (nothing was committed, the earlier checkpoints and `latest` are untouched)."""
+    """write(), a full disk (or quota) named as such, not as a DCP error; the partial tmp goes (its space back)."""
     try:
         return write()
     except (Exception, CheckpointException) as e:
@@ -327,12 +322,12 @@ def save(out_dir, step, model, optimizer=None, extra=None, keep=3, lora_only=Fal
     if optimizer is not None:
         state["optim"] = get_optimizer_state_dict(model, optimizer, options=options)
     state.update((group, dict(tensors)) for group, tensors in extra_state.items())
-    bad = nonfinite_tensors(state)  # before anything is written: a diverged state never replaces a good one
+    bad = nonfinite_tensors(state)  # before anything is written
     if bad:
         raise CheckpointError(f"step {step}: not saved: {len(bad)} tensor(s) hold NaN/Inf (first: {bad[0]}): the run "
                               f"diverged; {out_dir}'s checkpoints are untouched (resume from the newest with a lower "
                               "learning rate)")
-    meta["finite"] = True  # rotate() keeps the newest finite checkpoint whatever came after it
+    meta["finite"] = True  # rotate() keeps the newest known-good checkpoint
     agree(f"saving {final}", prepare)
     meta["checksums"] = {k: f"{s:016x}" for k, s in sorted(state_checksums(state).items())}
     with dcp_call() as no_dist:
@@ -422,12 +417,10 @@ def resume(out_dir, model, optimizer=None, restore_rng=True, extra_state=None):
 
 
 def claim(path, refusal, wait=False):
-    """An exclusive lock on the file `path` for the life of this process (keep the returned file open: closing it
-    releases the lock), or ValueError(refusal.format(holder=...)) when another process holds it (wait: block until it
-    is free instead). A POSIX record lock (lockf), not flock: a fork child (a DataLoader worker) does not inherit it,
-    so it dies with this process, however it dies, even while its workers linger (they notice a dead parent only
-    every ~5 s). POSIX locks are per process: a second claim from the same process succeeds, and closing any other
-    handle of `path` in this process would release it (nothing else here opens the file)."""
+    """An exclusive lock on `path` while the returned file is open, or ValueError(refusal.format(holder=...)) (wait:
+    block instead). lockf, not flock: fork children (DataLoader workers, which notice a dead parent only every ~5 s)
+    do not inherit it, so it dies with this process. Per process: a second claim here succeeds, and closing any other
+    handle of `path` here would release it."""
     handle = open(path, "a+")
     try:
         fcntl.lockf(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
@@ -447,8 +440,8 @@ def claim(path, refusal, wait=False):
 
 
 def claim_out(out):
-    """Refuse a second train.py on the same --out: claim() on OUT/.lock for the life of this process. Then the step
-    directories a run killed while rotating left half-deleted are deleted (leftovers(): never a complete one)."""
+    """Refuse a second train.py on the same --out (claim() on OUT/.lock), then delete what a kill while rotating left
+    half-deleted (leftovers(): never a complete checkpoint)."""
     os.makedirs(out, exist_ok=True)
     lock = claim(os.path.join(out, ".lock"), f"--out {out} is in use by a running train.py ({{holder}}): wait for it, "
                  "or use another --out")
@@ -462,9 +455,8 @@ def claim_out(out):
 
 def load_history(path, start_step, step_dir=None):
     """The metrics rows up to the resume point. The file is rewritten without the rows after it (a killed run logged
-    steps that the resumed run logs again) and without a torn last line (killed mid-write). step_dir: the resumed
-    checkpoint; when the file ends before its step (killed between the save and the row's write, or while rotating),
-    the row its meta.json holds (train.py saves it with the checkpoint) is logged again with its evaluation."""
+    steps that the resumed run logs again) and without a torn last line (killed mid-write); the resumed checkpoint
+    step_dir's own row (meta.json's, train.py saves it) is logged again, with its evaluation, if a kill lost it."""
     rows, lines = [], []
     if os.path.exists(path):
         with open(path) as f:
@@ -551,7 +543,7 @@ def eval_marker_valid(step_dir):
 
 
 def read_eval_marker(step_dir, report=False):
-    """The result of a valid evaluation marker (eval_marker_valid), else None; report: say why a partial one is not."""
+    """A valid marker's result (eval_marker_valid), else None; report: say so for a partial one."""
     path = os.path.join(step_dir, EVAL_MARKER)
     if not os.path.isfile(path):
         return None
