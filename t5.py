@@ -135,7 +135,8 @@ def check_finite(emb, prompt: str, stored: str):
 
 
 def save_t5(path: str, emb, prompt: str, source: dict | None):
-    emb = np.asarray(emb, dtype=np.float16)
+    with np.errstate(over="ignore"):  # an overflow is refused below, naming the prompt
+        emb = np.asarray(emb, dtype=np.float16)
     if emb.ndim != 2 or not 1 <= len(emb) <= 512:
         raise ValueError(f"encoder returned shape {emb.shape} for {prompt[:60]!r}; expected (1..512, dim)")
     check_finite(emb, prompt, "float16")
