@@ -360,7 +360,7 @@ def encode_videos(cfg: CacheConfig, clips, todo: list, khash: str, device: torch
         if "error" in item:
             got = {"error": item["error"]}
             continue
-        video = item["video"].to(device, vae.conv1.weight.dtype)  # train.py's to_latent, one sample
+        video = item["video"].to(device, next(vae.parameters()).dtype)  # train.py's to_latent, one sample
         latent = vae.encode(video if views else video[None])  # views: the V views as one batch
         got["latent"].append(stack_views(latent, views)[0] if views else latent[0])
         got["starts"].append(item["start"])
