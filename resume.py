@@ -116,14 +116,14 @@ def find_resume(out_dir):
 
 
 def finite_and_evaluated_well(path):
-    """Known good: meta.json says finite, and eval.json holds a finite held-out loss (unknown counts as not good)."""
+    """Known good: meta.json says finite, and eval.json holds finite values (unknown counts as not good)."""
     try:
         if read_meta(path).get("finite") is not True:
             return False
     except CheckpointError:
         return False
-    result = read_eval_marker(path)
-    return result is not None and math.isfinite(result.get("eval_loss", math.nan))
+    result = read_eval_marker(path)  # eval_loss (SFT) or eval_reward* (RL): every value finite
+    return result is not None and all(math.isfinite(v) for v in result.values() if isinstance(v, (int, float)))
 
 
 def rotate(out_dir, keep):
