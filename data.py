@@ -390,9 +390,9 @@ class GridClips(Dataset):
     skipped and counted at first use (wrong_size), since probing every video at start-up costs ~30 ms each.
     text="t5" reads the embeddings of text_encoder ("t5": t5_xxl/<stem>.pickle or .safetensors, float32 [text_len,
     text_dim]; "reason1": reason1/<sha1(prompt)>.safetensors, bf16) and fails at construction if any is missing or
-    has the wrong shape (or, t5, NaN/Inf values); text="standin" uses standin_text_embedding (the built-in tiny default only). An item is a
-    video index, or (index, sample_seed) as ClipSampler yields; the seed picks the window start, so a resumed run
-    draws the same clips. A --layout views folder is ViewClips'."""
+    has the wrong shape (or, t5, NaN/Inf values); text="standin" uses standin_text_embedding (the built-in tiny
+    default only). An item is a video index, or (index, sample_seed) as ClipSampler yields; the seed picks the window
+    start, so a resumed run draws the same clips. A --layout views folder is ViewClips'."""
 
     def __init__(self, root: str, frames: int, height: int, width: int, text_len: int = 512, text_dim: int = 1024,
                  text: str = "t5", seed: int = 0, dtype: torch.dtype = torch.float32, text_encoder: str = "t5"):
