@@ -14,9 +14,10 @@ ClipSampler hands out: deterministic and resumable like GridClips, but over thes
 
 CACHE holds cache.json (the key, written first), latents/<stem>.safetensors per video (latent [n, C, T', h, w] in
 the encode dtype, exactly what vae.encode returned, views stacked on latent time as train.py does; starts [n]; for a
-views folder w2c [n, V, T', 3, 4] and intrinsics [n, V, T', 4]; metadata: the key's hash and the video's manifest
-sha1), each written atomically, and index.json, written last by rank 0: the completion marker and what the reader
-checks at start-up (a reader never lists 70k files' headers).
+views folder w2c [n, V, T', 3, 4] and intrinsics [n, V, T', 4]; metadata: the key's hash, the video's manifest sha1
+and one checksum per window, verified at every read), each written atomically, and index.json, written last by rank
+0: the completion marker and what the reader checks at start-up (a reader never lists 70k files' headers). Rank 0
+holds CACHE/.lock while it builds: a second cache.py on the folder is refused.
 
 The key (cache.json) is everything that changes the latents: the VAE's name, config and checkpoint identity (size and
 sha256 of its first and last MiB, as ckpt.py identifies files), frames, height, width, stride, layout, encode dtype
@@ -45,7 +46,7 @@ import cli
 import data
 import vae as vae_lib
 
-FORMAT = "nanocosmos-latent-cache-v1"  # bump when the bytes written for one key change
+FORMAT = "nanocosmos-latent-cache-v2"  # bump when the bytes written for one key change (v2: per-window sums)
 READ_KEY = ("format", "vae", "vae_config", "vae_ckpt", "frames", "height", "width", "layout", "camera_params",
             "dtype")  # the key fields a reader must match; stride only shapes which windows exist
 
@@ -177,6 +178,36 @@ def latent_path(cache_dir: str, stem: str) -> str:
     return os.path.join(cache_dir, "latents", stem + ".safetensors")
 
 
+def window_sum(*tensors) -> str:
+    """The checksum of one cached window (its latent, and its cameras for views) that the file's metadata records:
+    blake2b of the raw bytes (a 4 MiB 93x432x768 latent: ~5 ms; a flipped bit anywhere changes it)."""
+    h = hashlib.blake2b(digest_size=8)
+    for t in tensors:
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def read_cache_json(cache_dir: str) -> dict:
+    """cache.json, refused when its key_hash is not the hash of its key's fields (edited after cache.py wrote it)."""
+    path = os.path.join(cache_dir, "cache.json")
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+    if key_hash(saved["key"]) != saved.get("key_hash"):
+        raise ValueError(f"{path}: its key_hash {saved.get('key_hash')} is not the hash of its fields "
+                         f"({key_hash(saved['key'])}): it was edited after cache.py wrote it, and the latents may be "
+                         f"for other settings; restore it, or delete {cache_dir} and rebuild the cache")
+    return saved
+
+
+def lock_out(out: str):
+    """Rank 0's claim on CACHE/.lock for the whole build (resume.claim: a second cache.py on it is refused; imported
+    here: resume.py pulls in torch.distributed.checkpoint (~2 s), which a reader of the cache never needs)."""
+    import resume
+    os.makedirs(out, exist_ok=True)
+    return resume.claim(os.path.join(out, ".lock"), f"--out {out} is in use by a running cache.py ({{holder}}): wait "
+                        "for it to finish, or use another --out")
+
+
 # -----------------------------------------------------------------------------
 # Writing
 
@@ -242,28 +273,29 @@ def write_blob(path: str, blob: bytes):
 
 
 def rank0_check(fn, distributed: bool):
-    """fn() on rank 0; under torchrun a ValueError / OSError there is raised on every rank (none is left waiting in
-    a collective)."""
+    """fn() on rank 0, its result there (None on the others); under torchrun a ValueError / OSError there is raised
+    on every rank (none is left waiting in a collective)."""
     if not distributed:
         return fn()
-    problem = None
+    problem, result = None, None
     if dist.get_rank() == 0:
         try:
-            fn()
+            result = fn()
         except (ValueError, OSError) as e:
             problem = str(e)
     shared = [problem]
     dist.broadcast_object_list(shared, 0)
     if shared[0]:
         raise ValueError(shared[0])
+    return result
 
 
 def claim(cfg: CacheConfig, key: dict):
-    """Rank 0: refuse a CACHE of another key, else write cache.json first and drop the completion marker."""
+    """Rank 0, holding CACHE's lock: refuse a CACHE of another key, else write cache.json first and drop the
+    completion marker."""
     path = os.path.join(cfg.out, "cache.json")
     if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            old = json.load(f)["key"]
+        old = read_cache_json(cfg.out)["key"]
         diff = differences(old, key, list(key))
         if diff:
             raise ValueError(f"{cfg.out} holds latents of another setting: {diff}; a cache holds one setting: pass a "
@@ -302,8 +334,10 @@ def encode_videos(cfg: CacheConfig, clips, todo: list, khash: str, device: torch
         else:
             tensors = {k: torch.stack(v).cpu().contiguous() for k, v in got.items() if k != "starts"}
             tensors["starts"] = torch.tensor(got["starts"], dtype=torch.int64)
+            sums = [window_sum(*(tensors[k][i] for k in ("latent", "w2c", "intrinsics") if k in tensors))
+                    for i in range(len(got["starts"]))]  # LatentClips checks each window it reads against its own
             blob = safetensors.torch.save(tensors, metadata={"format": FORMAT, "key": khash, "stem": video.stem,
-                                                             "sha1": sha1})
+                                                             "sha1": sha1, "sums": json.dumps(sums)})
             write_blob(path, blob)
             entries[video.stem] = {"sha1": sha1, "starts": got["starts"], "bytes": len(blob)}
             stats.update(videos=stats["videos"] + 1, windows=stats["windows"] + len(got["starts"]),
@@ -326,7 +360,7 @@ def encode_videos(cfg: CacheConfig, clips, todo: list, khash: str, device: torch
         if "error" in item:
             got = {"error": item["error"]}
             continue
-        video = item["video"].to(device, vae.conv1.weight.dtype)  # train.py's to_latent, one sample
+        video = item["video"].to(device, next(vae.parameters()).dtype)  # train.py's to_latent, one sample
         latent = vae.encode(video if views else video[None])  # views: the V views as one batch
         got["latent"].append(stack_views(latent, views)[0] if views else latent[0])
         got["starts"].append(item["start"])
@@ -347,7 +381,6 @@ def build(cfg: CacheConfig, device: torch.device) -> dict:
     clips = open_clips(cfg.data, cfg.frames, cfg.height, cfg.width)
     key = make_key(cfg.data, "views" if isinstance(clips, data.ViewClips) else "grid", cfg.vae, cfg.vae_ckpt,
                    cfg.frames, cfg.height, cfg.width, dtype, cfg.stride)
-    khash = key_hash(key)
     if distributed:  # node-local copies of the checkpoint or the data folder must be the same files on every rank
         keys = [None] * world
         dist.all_gather_object(keys, key)
@@ -356,7 +389,19 @@ def build(cfg: CacheConfig, device: torch.device) -> dict:
             diff = differences(keys[0], keys[other], list(key), ("on rank 0", f"on rank {other}"))
             raise ValueError(f"ranks disagree on the cache key: {diff}; point every rank at the same --vae-ckpt and "
                              "--data files")
-    rank0_check(lambda: claim(cfg, key), distributed)
+    lock = rank0_check(lambda: lock_out(cfg.out), distributed)  # held until the index is written
+    try:
+        rank0_check(lambda: claim(cfg, key), distributed)
+        return encode_and_index(cfg, clips, key, device, dtype, rank, world, distributed)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def encode_and_index(cfg: CacheConfig, clips, key: dict, device: torch.device, dtype: str, rank: int, world: int,
+                     distributed: bool) -> dict:
+    """build()'s work once CACHE is claimed: encode what is not complete, then rank 0 writes index.json."""
+    khash = key_hash(key)
 
     reused, todo = {}, []  # complete files are kept; anything else (missing, a .tmp, another sha1) is encoded again
     for i in range(rank, len(clips.videos), world):
@@ -412,8 +457,7 @@ def check_cache(cache_dir: str, data_dir: str, vae: str, vae_ckpt: str, frames: 
     if not os.path.exists(path):
         raise ValueError(f"{cache_dir}: no cache.json, not a latent cache; build it with "
                          f"`{command(cache_dir, data_dir, vae, vae_ckpt, frames, height, width, dtype)}`")
-    with open(path, encoding="utf-8") as f:
-        saved = json.load(f)
+    saved = read_cache_json(cache_dir)
     old = saved["key"]
     diff = differences(old, key, READ_KEY)
     if diff:
@@ -467,7 +511,8 @@ class LatentClips(Dataset):
         self.index = check_cache(cache_dir, data_dir, vae, vae_ckpt, frames, height, width, dtype, clips=self.clips)
         self.root, self.videos, self.seed, self.skipped = cache_dir, self.clips.videos, seed, self.clips.skipped
         self.views = isinstance(self.clips, data.ViewClips)
-        self.failed, self.checked = {}, set()  # as GridClips: per process
+        self.failed, self.sums = {}, {}  # as GridClips: per process; stem -> its windows' checksums, once read
+        self.frames, self.height, self.width, self.vae, self.dtype = frames, height, width, vae, dtype
         cached = [self.index["videos"][v.stem]["starts"] for v in self.videos if v.stem in self.index["videos"]]
         print(f"LatentClips: {cache_dir}: {len(cached)} of {len(self.videos)} videos cached, "
               f"{sum(map(len, cached))} windows ({dtype})" + (f", {len(self.videos) - len(cached)} failed when "
@@ -492,17 +537,38 @@ class LatentClips(Dataset):
             raise data.ClipError(f"failed when cached: {self.index['failed'][video.stem]['reason']}")
         entry, path = self.index["videos"][video.stem], latent_path(self.root, video.stem)
         k = int(rng.integers(0, len(entry["starts"])))
-        with safetensors.safe_open(path, framework="pt") as f:
-            if video.stem not in self.checked:  # once per video and process, like GridClips' sha1
-                meta = f.metadata() or {}
-                if (meta.get("key"), meta.get("sha1")) != (self.index["key_hash"], entry["sha1"]):
-                    raise ValueError(f"{path}: key {meta.get('key')}, sha1 {meta.get('sha1')}; {self.root}/index.json "
-                                     f"says {self.index['key_hash']}, {entry['sha1']}: the file changed after "
-                                     "cache.py finished; rerun cache.py")
-                self.checked.add(video.stem)
-            latent = f.get_slice("latent")[k]
-            cameras = (f.get_slice("w2c")[k], f.get_slice("intrinsics")[k]) if self.views else None
+        try:
+            with safetensors.safe_open(path, framework="pt") as f:
+                if video.stem not in self.sums:  # once per video and process, like GridClips' sha1
+                    self.sums[video.stem] = self.checked_header(path, f, entry)
+                latent = f.get_slice("latent")[k]
+                cameras = (f.get_slice("w2c")[k], f.get_slice("intrinsics")[k]) if self.views else None
+        except safetensors.SafetensorError as e:  # its own text names no file
+            raise ValueError(f"{path}: damaged safetensors file ({e}); rerun cache.py on {self.root}: it encodes "
+                             "unreadable files again") from None
+        if window_sum(latent, *(cameras or ())) != self.sums[video.stem][k]:
+            raise ValueError(f"{path}: window {k} (start {entry['starts'][k]}) does not match the checksum cache.py "
+                             "recorded: the file was damaged after it was written (a flipped bit, a bad copy); delete "
+                             f"it and rerun cache.py on {self.root}")
         return latent, entry["starts"][k], cameras
+
+    def checked_header(self, path: str, f, entry: dict) -> list:
+        """The per-window checksums of an open latent file, once its metadata (key, sha1) matches the index and its
+        latent shape and dtype match this run's settings; else one ValueError line naming the file."""
+        meta = f.metadata() or {}
+        if (meta.get("key"), meta.get("sha1")) != (self.index["key_hash"], entry["sha1"]):
+            raise ValueError(f"{path}: key {meta.get('key')}, sha1 {meta.get('sha1')}; {self.root}/index.json "
+                             f"says {self.index['key_hash']}, {entry['sha1']}: the file changed after "
+                             "cache.py finished; rerun cache.py")
+        latent = f.get_slice("latent")
+        views = len(data.VIEW_ORDER) if self.views else 1
+        want = [len(entry["starts"]), vae_lib.get_vae_config(self.vae).z_dim, views * ((self.frames - 1) // 4 + 1),
+                self.height // 8, self.width // 8]
+        if list(latent.get_shape()) != want or latent.get_dtype() != {"bf16": "BF16", "fp32": "F32"}[self.dtype]:
+            raise ValueError(f"{path}: latents {latent.get_dtype()} {latent.get_shape()}, this run needs "
+                             f"{self.dtype} {want} ({self.frames}x{self.height}x{self.width} clips): not this "
+                             "cache's file; delete it and rerun cache.py")
+        return json.loads(meta["sums"])
 
 
 # -----------------------------------------------------------------------------

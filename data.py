@@ -18,12 +18,14 @@ way to this sample).
 What is checked when, so that bad data stops a run at start-up and not in a DataLoader worker at step 2:
   at construction (every process): the manifest's sizes against (height, width) (a mismatch is an error: videos are
     never resized); each video's existence, byte count and frame count from the manifest (a counted skip); without a
-    manifest, the first video is probed for its size (an error) and frame count; every text embedding's shape and key
-    (an error; see check_text_embeddings for what that costs); a video named like t5.py's negative prompt (an error).
-  at first use of a video in each process (a counted skip, reported once, and the next video is used): the manifest's
-    sha1 of the file; without a manifest the probe of its size and frame count (folders without a manifest can't be
-    probed whole at start-up: 70k videos x ~30 ms); a truncated or too-short decode; a decode that logs errors even
-    though ffmpeg exits 0.
+    manifest, the first video is probed for its size (an error) and frame count; every t5 text embedding's shape, key
+    and values, NaN/Inf refused (an error; see check_text_embeddings for what that costs; Reason1 files: their header
+    here, their values at every read); a video named like t5.py's negative prompt (an error).
+  at first use of a video in each process (a counted skip, reported once, and the next video is used): its file(s)
+    still there (missing_file: one deleted since start-up is skipped and counted like one missing at start-up); the
+    manifest's sha1 of the file; without a manifest the probe of its size and frame count (folders without a manifest
+    can't be probed whole at start-up: 70k videos x ~30 ms); a truncated or too-short decode; a decode that logs errors
+    even though ffmpeg exits 0; a views episode's camera file, its shapes and values (bad_camera: NaN/Inf).
 
 Text embeddings: text_encoder="t5" reads t5_xxl/<stem>.pickle (upstream) or .safetensors, float32 as returned;
 "reason1" reads t5.py --encoder reason1's reason1/<sha1(prompt)>.safetensors (bf16, returned as bf16: ~98 MiB a
@@ -155,10 +157,25 @@ class _NumpyOnly(pickle.Unpickler):
 def read_pickle_embedding(path: str) -> np.ndarray:
     """The array of an upstream t5_xxl/<stem>.pickle: a list of one numpy array (tokens, dim)."""
     with open(path, "rb") as f:
-        obj = _NumpyOnly(io.BytesIO(f.read())).load()
+        blob = f.read()
+    try:
+        obj = _NumpyOnly(io.BytesIO(blob)).load()
+    except (EOFError, ValueError, TypeError, pickle.UnpicklingError) as e:  # a refused class says so itself
+        if isinstance(e, pickle.UnpicklingError) and str(e).startswith("refusing"):
+            raise
+        raise ValueError(f"{path}: truncated or damaged pickle ({len(blob)} bytes; {type(e).__name__}: {e}); "
+                         "recompute it with t5.py (delete the file first)") from None
     if not (isinstance(obj, list) and len(obj) == 1 and isinstance(obj[0], np.ndarray)):
         raise ValueError(f"{path}: expected a list of one numpy array, got {type(obj).__name__}")
     return obj[0]
+
+
+def check_finite(path: str, values):
+    """ValueError naming the file when a text embedding (numpy or torch) holds NaN or Inf."""
+    finite = torch.isfinite(values).all() if isinstance(values, torch.Tensor) else np.isfinite(values).all()
+    if not finite:
+        raise ValueError(f"{path}: the text embedding holds NaN/Inf values; recompute it with t5.py (delete the file "
+                         "first)")
 
 
 def check_text_shape(path: str, shape: tuple, is_float: bool, text_len: int, text_dim: int):
@@ -198,57 +215,47 @@ def load_reason1_embedding(path: str, text_len: int, text_dim: int) -> tuple:
     file's rows; mask [text_len] int64, 1 on every stored row: Reason1's pad tokens are real tokens, not masked)."""
     check_reason1_embedding(path, None, text_len, text_dim)
     arr = safetensors.torch.load_file(path)["crossattn_emb"]
+    check_finite(path, arr)  # at every read: ~98 MiB a file are too many to read them all at start-up
     emb, mask = torch.zeros(text_len, text_dim, dtype=arr.dtype), torch.zeros(text_len, dtype=torch.int64)
     emb[:len(arr)], mask[:len(arr)] = arr, 1
     return emb, mask
 
 
-def load_text_embedding(path: str, text_len: int, text_dim: int) -> tuple:
-    """(emb [text_len, text_dim] float32 zero-padded, mask [text_len] int64) from t5_xxl/<stem>.pickle (upstream: a
-    list of one float16 array (tokens, dim)) or .safetensors (tensor "text_emb" (tokens, dim))."""
+def read_text_array(path: str, text_len: int, text_dim: int):
+    """The checked (tokens, dim) array of t5_xxl/<stem>.pickle (upstream: a list of one float16 array, numpy) or
+    .safetensors (tensor "text_emb"): a float array of the shape the run needs, every value finite."""
     if path.endswith(".pickle"):
         arr = read_pickle_embedding(path)
         check_text_shape(path, arr.shape, arr.dtype.kind == "f", text_len, text_dim)
-        arr = torch.from_numpy(arr.astype(np.float32))
     else:
         tensors = safetensors.torch.load_file(path)
         if "text_emb" not in tensors:
             raise ValueError(f"{path}: no tensor 'text_emb' (has {sorted(tensors)})")
         arr = tensors["text_emb"]
         check_text_shape(path, arr.shape, arr.is_floating_point(), text_len, text_dim)
-        arr = arr.float()
+    check_finite(path, arr)
+    return arr
+
+
+def load_text_embedding(path: str, text_len: int, text_dim: int) -> tuple:
+    """(emb [text_len, text_dim] float32 zero-padded, mask [text_len] int64) from a read_text_array file."""
+    arr = read_text_array(path, text_len, text_dim)
+    arr = torch.from_numpy(arr.astype(np.float32)) if isinstance(arr, np.ndarray) else arr.float()
     emb, mask = torch.zeros(text_len, text_dim), torch.zeros(text_len, dtype=torch.int64)
     emb[:len(arr)], mask[:len(arr)] = arr, 1
     return emb, mask
 
 
 def check_text_embeddings(files: list, text_len: int, text_dim: int) -> int:
-    """Raise ValueError at the first of files [(path, prompt)] that load_text_embedding would refuse; returns how many
-    files were read whole.
+    """Raise ValueError at the first of files [(path, prompt)] that load_text_embedding would refuse (its shape, its
+    values NaN/Inf, a truncated pickle); returns how many files were read whole: all of them.
 
-    Cost, so that start-up stays fast with 70k videos: a .safetensors costs its header (~0.2 ms). A .pickle has no
-    header and must be read whole (~0.25 ms and ~250 kB for a DROID prompt), but t5.py writes the same bytes for
-    every video of a prompt: one pickle per (prompt, byte count) is read, the others cost a stat (~0.01 ms). A pickle
-    of a known prompt with another byte count (another encoder, a truncated file) is read too, and so is every pickle
-    of a video without a prompt. Left to the workers: a damaged pickle of exactly its prompt's byte count."""
-    seen, read = set(), 0
-    for path, prompt in files:
-        if path.endswith(".safetensors"):
-            with safetensors.safe_open(path, framework="pt") as f:
-                if "text_emb" not in f.keys():
-                    raise ValueError(f"{path}: no tensor 'text_emb' (has {sorted(f.keys())})")
-                tensor = f.get_slice("text_emb")
-                check_text_shape(path, tensor.get_shape(), tensor.get_dtype() in ("F16", "BF16", "F32", "F64"),
-                                 text_len, text_dim)
-        else:
-            key = (prompt, os.path.getsize(path)) if prompt else path  # no prompt: nothing says two files match
-            if key in seen:
-                continue
-            arr = read_pickle_embedding(path)
-            check_text_shape(path, arr.shape, arr.dtype.kind == "f", text_len, text_dim)
-            seen.add(key)
-            read += 1
-    return read
+    Cost: every file is read whole, since a file's size says nothing of its values (a NaN has as many bytes as a
+    number): ~0.25 ms and ~250 kB for a DROID prompt's pickle, ~18 s and ~17 GB for 70k videos (which the page cache
+    then keeps for the workers)."""
+    for path, _ in files:
+        read_text_array(path, text_len, text_dim)
+    return len(files)
 
 
 def standin_text_embedding(prompt: str, text_len: int, text_dim: int) -> tuple:
@@ -351,6 +358,12 @@ def size_error(root: str, found: tuple, where: str, height: int, width: int) -> 
                       f"`python stitch.py SRC OUT --size {height}x{width}`")
 
 
+def require_file(path: str):
+    """ClipError missing_file for a file deleted since start-up: a counted skip, as one missing at start-up."""
+    if not os.path.isfile(path):
+        raise ClipError(f"missing_file: {path} (deleted since start-up)")
+
+
 def first_loadable(dataset, item) -> tuple:
     """(video, attempt, dataset._clip(video, rng)) for a GridClips / ViewClips item: on a bad video (a ClipError,
     recorded in dataset.failed and reported once) the sample moves on to the next one; the rng comes from the seed."""
@@ -377,9 +390,9 @@ class GridClips(Dataset):
     skipped and counted at first use (wrong_size), since probing every video at start-up costs ~30 ms each.
     text="t5" reads the embeddings of text_encoder ("t5": t5_xxl/<stem>.pickle or .safetensors, float32 [text_len,
     text_dim]; "reason1": reason1/<sha1(prompt)>.safetensors, bf16) and fails at construction if any is missing or
-    has the wrong shape; text="standin" uses standin_text_embedding (the built-in tiny default only). An item is a
-    video index, or (index, sample_seed) as ClipSampler yields; the seed picks the window start, so a resumed run
-    draws the same clips. A --layout views folder is ViewClips'."""
+    has the wrong shape (or, t5, NaN/Inf values); text="standin" uses standin_text_embedding (the built-in tiny
+    default only). An item is a video index, or (index, sample_seed) as ClipSampler yields; the seed picks the window
+    start, so a resumed run draws the same clips. A --layout views folder is ViewClips'."""
 
     def __init__(self, root: str, frames: int, height: int, width: int, text_len: int = 512, text_dim: int = 1024,
                  text: str = "t5", seed: int = 0, dtype: torch.dtype = torch.float32, text_encoder: str = "t5"):
@@ -438,6 +451,7 @@ class GridClips(Dataset):
         video.frames, video.size = info["frames"], (info["height"], info["width"])
 
     def _clip(self, video: Video, rng) -> tuple:
+        require_file(video.path)
         if video.frames is None or video.size is None:
             self._probe(video)
         if video.size != (self.height, self.width):
@@ -468,7 +482,8 @@ class ViewClips(Dataset):
         said once at construction); views (the slot names, in order); text_emb, text_mask, prompt, stem, start,
         skipped as GridClips.
     Checks as GridClips (per view file: existence, bytes, length, sha1 at first use, decode errors) plus each
-    camera file's presence at construction and its shapes at first use. T must be 4k+1 (the VAE's frame counts)."""
+    camera file's presence at construction and its shapes and values (NaN/Inf: bad_camera) at first use. T must be
+    4k+1 (the VAE's frame counts)."""
 
     def __init__(self, root: str, frames: int, height: int, width: int, text_len: int = 512, text_dim: int = 1024,
                  text: str = "t5", seed: int = 0, dtype: torch.dtype = torch.float32, text_encoder: str = "t5"):
@@ -531,6 +546,7 @@ class ViewClips(Dataset):
     def _clip(self, video: Video, rng) -> tuple:
         for slot in VIEW_ORDER:  # once per file and process
             view = video.views[slot]
+            require_file(view.path)
             if view.sha1 and view.stem not in self.verified:
                 digest = sha1_file(view.path)
                 if digest != view.sha1:
@@ -543,12 +559,16 @@ class ViewClips(Dataset):
             w2c, intrinsics = (t.clone() for t in self.fallback)
         else:
             path = self._camera_path(video)
+            require_file(path)
             with np.load(path) as f:
                 names, w2c_all, k_all = [str(n) for n in f["views"]], f["w2c"], f["intrinsics"]
             n = (len(names), video.frames)
             if sorted(names) != sorted(VIEW_ORDER) or w2c_all.shape != n + (3, 4) or k_all.shape != n + (4,):
                 raise ClipError(f"bad_camera: {path} holds views {names}, w2c {w2c_all.shape}, intrinsics "
                                 f"{k_all.shape}; expected {sorted(VIEW_ORDER)}, {n + (3, 4)}, {n + (4,)}")
+            if not (np.isfinite(w2c_all).all() and np.isfinite(k_all).all()):
+                raise ClipError(f"bad_camera: {path} holds NaN/Inf values; restitch the episode (delete the file "
+                                "first)")
             order = [names.index(s) for s in VIEW_ORDER]
             w2c = torch.from_numpy(w2c_all[order][:, latent_frames].astype(np.float32))
             intrinsics = torch.from_numpy(k_all[order][:, latent_frames].astype(np.float32))

@@ -606,6 +606,40 @@ def phase_timer(device):
     return times, timed
 
 
+def check_samples(x0s, conds):
+    """FloatingPointError naming the groups whose samples to reward (x0s: per group [K, C, T, H, W]) hold NaN/Inf, and
+    why: NaN/Inf inputs (the conditioning frames, prompt or camera of its Condition) or, from finite inputs, a diverged
+    policy. Called before scoring, so a reward is never blamed for (or fed) a broken sample."""
+    bad = [g for g, x0 in enumerate(x0s) if not bool(torch.isfinite(x0).all())]
+    if not bad:
+        return
+    cond = conds[bad[0]]
+    frames = cond.gt_frames if cond.gt_frames is None or cond.condition_mask is None else \
+        torch.where(cond.condition_mask.bool(), cond.gt_frames, 0.0)  # only the conditioning frames are read
+    inputs = [name for name, t in (("conditioning frames", frames), ("prompt embedding", cond.crossattn_emb),
+                                   ("negative prompt embedding", cond.neg_crossattn_emb), ("camera", cond.camera))
+              if t is not None and not bool(torch.isfinite(t).all())]
+    cause = (f"its {', '.join(inputs)} hold NaN/Inf: the clip or its text embedding is damaged" if inputs else
+             "its inputs are finite: the policy diverged (lower --grpo-lr, resume from an earlier checkpoint)")
+    raise FloatingPointError(f"GRPO rollouts of {len(bad)} of {len(x0s)} groups are NaN/Inf before scoring (the "
+                             f"rewards were not called); group {bad[0]} (key {cond.key}): {cause}")
+
+
+def agreed_names(scores):
+    """The reward component names, the same for every group on every rank (collective), or a ValueError listing them:
+    the rewards are gathered by position, so differing names would mix components or hang the gather."""
+    mine = sorted({tuple(sorted(s)) for s in scores})  # one entry when every group has the same names
+    everyone = [mine]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+    if len(everyone[0]) != 1 or any(e != everyone[0] for e in everyone):
+        raise ValueError("reward components differ between clips or ranks (" + "; ".join(
+            f"rank {r}: {' / '.join(map(str, map(list, e)))}" for r, e in enumerate(everyone)) + "): every reward "
+            "term must return the same components for every batch")
+    return list(everyone[0][0])
+
+
 def score_groups(x0s, score, decode, cfg, timed, agree=None):
     """Decode (only if a reward needs pixels) and score every group's K samples, gather all ranks' scores and turn
     the rewards into advantages over all ranks' groups (collective). x0s: per group a [K, C, T, H, W] latent.
@@ -620,7 +654,7 @@ def score_groups(x0s, score, decode, cfg, timed, agree=None):
             out.append(timed("reward", lambda: score(video, x0)))
         return out
     scores = agree("scoring the rollouts", score_all) if agree is not None else score_all()
-    names = sorted(scores[0])
+    names = agreed_names(scores)
     local = torch.stack([torch.cat([s[n].float().reshape(-1) for s in scores]).to(device) for n in names])
     everyone = gather(local).double().cpu()  # [names, world * groups * K], rank-major
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -652,7 +686,12 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
     generator = torch.Generator(device=device).manual_seed(seed)
     rollouts = [timed("rollout", lambda: rollout_group(net, cond, latent_shape, cfg, generator, window_start=start))
                 for cond, start in zip(conds, window_starts(cfg, len(conds), window_seed))]
-    mine, reward_metrics = score_groups([ro.x0_final for ro in rollouts], score, decode, cfg, timed, agree)
+    x0s = [ro.x0_final for ro in rollouts]
+    if agree is not None:  # before any decode or reward: a NaN sample is named as such, on every rank
+        agree("checking the rollouts", lambda: check_samples(x0s, conds))
+    else:
+        check_samples(x0s, conds)
+    mine, reward_metrics = score_groups(x0s, score, decode, cfg, timed, agree)
     stats = timed("update", lambda: grpo_update(net, optimizer, params, rollouts, list(mine), cfg,
                                                set_grad_sync=getattr(net, "set_requires_gradient_sync", None)))
     times["optimizer"] = stats["optimizer_s"]
@@ -677,6 +716,7 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
                "opt_steps": stats["opt_steps"], "skipped_chunks": stats["skipped_chunks"]}
     metrics.update({f"s_{name}": times.get(name, 0.0) for name in ("rollout", "decode", "reward", "update",
                                                                     "optimizer")})
-    if stats["nonfinite_steps"]:
-        raise FloatingPointError(f"GRPO update produced a non-finite gradient norm: {stats['grad_norm']}")
+    # skipped optimizer steps (a NaN/Inf gradient norm, the same on every rank): train.py counts them, as SFT's
+    metrics.update(nonfinite_steps=stats["nonfinite_steps"], **({"skipped": "nonfinite"} if stats["nonfinite_steps"]
+                                                                 and not stats["opt_steps"] else {}))
     return stats, metrics

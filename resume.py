@@ -7,14 +7,16 @@ newest complete checkpoint.
     python resume.py export OUT/step_00001000 model.safetensors   # or release.pt (net. prefix, bf16; --ema: net_ema.)
 
 Layout: OUT/step_%08d/ (DCP + meta.json), written as step_%08d.tmp and renamed when complete; OUT/latest names the
-newest complete one and is written only after the rename.
+newest complete one and is written only after the rename; a rotated-out one is renamed step_%08d.deleting first.
 Every step's meta.json records a checksum of every tensor saved (formats.bitsum, summed over the ranks' shards);
 resume, export, ckpt.load and `ckpt.py check` verify the bytes they read against it, so a flipped bit is an error that
-names the tensor.
-Around them, the run directory: claim_out (one train.py per OUT), load_history (metrics.jsonl up to the resume
-point) and its plot loss.png (matplotlib, optional), evaluation markers (eval.json: "completed" means completed).
+names the tensor. A state with a NaN/Inf is never saved; a full disk is named as such.
+Around them, the run directory: claim / claim_out (one process per OUT, a lock that dies with it), load_history
+(metrics.jsonl up to the resume point) and its plot loss.png (matplotlib, optional), evaluation markers (eval.json:
+"completed" means completed).
 Contents: pointer and rotation -> RNG -> save / resume (+ checksums) -> run directory -> export -> CLI.
 """
+import errno
 import fcntl
 import hashlib
 import json
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict  # DCP's own key flattening (private)
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
@@ -48,6 +51,7 @@ from model import DiT, get_config
 
 # Top-level DCP keys of a training checkpoint; extra_state groups take any other plain name
 TRAINING_KEYS = ("model", "optim", "rng")
+DELETING = ".deleting"  # rotate(): a step directory being deleted
 
 # -----------------------------------------------------------------------------
 # The latest pointer, complete checkpoints, rotation
@@ -111,24 +115,55 @@ def find_resume(out_dir):
     return done[-1][1] if done else None
 
 
+def finite_and_evaluated_well(path):
+    """Known good: meta.json says finite, and eval.json holds finite values (unknown counts as not good)."""
+    try:
+        if read_meta(path).get("finite") is not True:
+            return False
+    except CheckpointError:
+        return False
+    result = read_eval_marker(path)  # eval_loss (SFT) or eval_reward* (RL): every value finite
+    return result is not None and all(math.isfinite(v) for v in result.values() if isinstance(v, (int, float)))
+
+
 def rotate(out_dir, keep):
-    """Delete complete checkpoints beyond the newest `keep`, never the `latest` target. Only save() calls this, after
-    its own save completed; saves are synchronous, so a step_*.tmp older than the newest complete step is a leftover
-    of a killed run (deleted), and a newer one could be in flight (kept)."""
+    """Delete complete checkpoints beyond the newest `keep`, never the `latest` target nor the newest known-good one
+    (a diverged run keeps its last good checkpoint). Only save() calls this, after its own save completed; saves are
+    synchronous, so a step_*.tmp older than the newest complete step is a killed run's (deleted), a newer one could
+    be in flight (kept)."""
     if keep < 2:
         raise CheckpointError(f"keep={keep}: at least 2 checkpoints must be kept")
     done = complete_checkpoints(out_dir)
     protect = {p for _, p in done[-keep:]}
+    protect.update([p for _, p in done if finite_and_evaluated_well(p)][-1:])
     pointer = os.path.join(out_dir, "latest")
     if os.path.exists(pointer):
         with open(pointer) as f:
             protect.add(os.path.join(out_dir, f.read().strip()))
-    doomed = [p for _, p in done if p not in protect]
-    newest = done[-1][0] if done else -1
-    doomed += [os.path.join(out_dir, n) for n in os.listdir(out_dir)
-               if n.endswith(".tmp") and STEP_RE.match(n[:-4]) and int(n[5:13]) < newest]
-    for path in doomed:
+    delete_checkpoints([p for _, p in done if p not in protect] + leftovers(out_dir, done, tmp=True))
+
+
+def leftovers(out_dir, done, tmp=False):
+    """What killed runs left besides the complete checkpoints `done`: step_*.deleting, incomplete step_* dirs older than
+    the newest complete one (half-deleted before .deleting existed) and, with tmp, older step_*.tmp (killed saves)."""
+    newest, complete, found = done[-1][0] if done else -1, {p for _, p in done}, []
+    for name in os.listdir(out_dir):
+        m, path = STEP_RE.match(name.removesuffix(".tmp").removesuffix(DELETING)), os.path.join(out_dir, name)
+        if not m or path in complete:
+            continue
+        older = int(m.group(1)) < newest
+        if name.endswith(DELETING) or (older and name == m.group(0)) or (tmp and older and name.endswith(".tmp")):
+            found.append(path)
+    return found
+
+
+def delete_checkpoints(paths):
+    """A step dir is renamed step_*.deleting before its files go: a kill mid-delete leaves no half checkpoint."""
+    for path in paths:
         try:
+            if STEP_RE.match(os.path.basename(path)):
+                os.rename(path, path + DELETING)  # atomic: gone from complete_checkpoints before a byte is deleted
+                path += DELETING
             shutil.rmtree(path)
         except OSError as e:  # a failed delete costs disk space, not the run: say so and continue
             print(f"ckpt: WARNING: could not delete old checkpoint {path}: {e}", flush=True)
@@ -217,6 +252,45 @@ def _verify_read(path, state, meta, entries):
         f"; {len(other)} read into another dtype, not compared" if other else "")
 
 
+def nonfinite_tensors(state):
+    """Collective: the sorted DCP keys of a state's float tensors with NaN/Inf on any rank (RNG aside: Python's holds
+    a NaN by design)."""
+    flat, _ = flatten_state_dict(state)
+    keys = [k for k, v in flat.items() if torch.is_tensor(v) and v.is_floating_point() and not k.startswith("rng.")]
+    local = [flat[k].to_local() if isinstance(flat[k], DTensor) else flat[k] for k in keys]
+    bad = [k for k, t in zip(keys, local) if not bool(torch.isfinite(t).all())]  # (Adam's step may be on the CPU)
+    return sorted({k for theirs in gather(bad) for k in theirs})
+
+
+def no_space(err):
+    """The ENOSPC / EDQUOT OSError in err, its causes or (DCP) its ranks' failures, or None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return err
+        if isinstance(err, CheckpointException):
+            return next(filter(None, (no_space(e) for e, _ in err.failures.values())), None)
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def disk_full_named(tmp, write):
+    """write(), a full disk (or quota) named as such, not as a DCP error; the partial tmp goes (its space back)."""
+    try:
+        return write()
+    except (Exception, CheckpointException) as e:
+        full = no_space(e)
+        if full is None:
+            raise
+        free = shutil.disk_usage(os.path.dirname(tmp) or ".").free
+        if rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"{os.strerror(full.errno).lower()}: writing {tmp} ({free / 2 ** 30:.2f} GiB free "
+                              "there): nothing was committed, the earlier checkpoints and `latest` are intact; free "
+                              "space (or lower --keep) and resume") from e
+
+
 def save(out_dir, step, model, optimizer=None, extra=None, keep=3, lora_only=False, extra_state=None):
     """Collective: write OUT/step_%08d (model, optimizer, this rank's RNG; `extra` -> meta.json), then point
     OUT/latest at it and rotate. extra must be JSON-serialisable (step, data position, LR schedule state, config).
@@ -243,22 +317,29 @@ def save(out_dir, step, model, optimizer=None, extra=None, keep=3, lora_only=Fal
                 print(f"ckpt: removing {tmp}, left by a killed save", flush=True)
                 shutil.rmtree(tmp)
             os.makedirs(tmp)
-    agree(f"saving {final}", prepare)
     options = StateDictOptions(ignore_frozen_params=lora_only)
     state = {"model": get_model_state_dict(model, options=options), f"rng.rank{rank()}": _rng_state()}
     if optimizer is not None:
         state["optim"] = get_optimizer_state_dict(model, optimizer, options=options)
     state.update((group, dict(tensors)) for group, tensors in extra_state.items())
+    bad = nonfinite_tensors(state)  # before anything is written
+    if bad:
+        raise CheckpointError(f"step {step}: not saved: {len(bad)} tensor(s) hold NaN/Inf (first: {bad[0]}): the run "
+                              f"diverged; {out_dir}'s checkpoints are untouched (resume from the newest with a lower "
+                              "learning rate)")
+    meta["finite"] = True  # rotate() keeps the newest known-good checkpoint
+    agree(f"saving {final}", prepare)
     meta["checksums"] = {k: f"{s:016x}" for k, s in sorted(state_checksums(state).items())}
     with dcp_call() as no_dist:
-        agree(f"writing {tmp}", lambda: dcp.save(state, checkpoint_id=tmp, no_dist=no_dist))
+        agree(f"writing {tmp}", lambda: disk_full_named(tmp, lambda: dcp.save(state, checkpoint_id=tmp,
+                                                                              no_dist=no_dist)))
 
     def finish():
         if rank() != 0:
             return
         if not os.path.isfile(f"{tmp}/.metadata"):
             raise CheckpointError(f"{tmp}: DCP returned without writing .metadata")
-        write_atomic(f"{tmp}/meta.json", json.dumps(meta, indent=1))
+        disk_full_named(tmp, lambda: write_atomic(f"{tmp}/meta.json", json.dumps(meta, indent=1)))
         os.rename(tmp, final)  # the directory appears under its final name only when complete
         _fsync_dir(out_dir)
         commit_latest(out_dir, name)
@@ -335,33 +416,51 @@ def resume(out_dir, model, optimizer=None, restore_rng=True, extra_state=None):
 # The run directory around the checkpoints: one writer at a time, the metrics log, evaluation markers
 
 
-def claim_out(out):
-    """Refuse a second train.py on the same --out: an exclusive flock on OUT/.lock for the life of this process. The
-    kernel drops it when the process dies, however it dies, so a crashed run never leaves it stuck."""
-    os.makedirs(out, exist_ok=True)
-    handle = open(os.path.join(out, ".lock"), "a+")
+def claim(path, refusal, wait=False):
+    """An exclusive lock on `path` while the returned file is open, or ValueError(refusal.format(holder=...)) (wait:
+    block instead). lockf, not flock: fork children (DataLoader workers, which notice a dead parent only every ~5 s)
+    do not inherit it, so it dies with this process. Per process: a second claim here succeeds, and closing any other
+    handle of `path` here would release it."""
+    handle = open(path, "a+")
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        fcntl.lockf(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EAGAIN):
+            handle.close()
+            raise
         handle.seek(0)
         holder = handle.read().strip() or "another process"
         handle.close()
-        raise ValueError(f"--out {out} is in use by a running train.py ({holder}): wait for it, or use another --out")
+        raise ValueError(refusal.format(holder=holder)) from None
     handle.seek(0)
     handle.truncate()
     handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
     handle.flush()
-    return handle  # keep it open: closing the file releases the lock
+    return handle
 
 
-def load_history(path, start_step):
+def claim_out(out):
+    """Refuse a second train.py on the same --out (claim() on OUT/.lock), then delete what a kill while rotating left
+    half-deleted (leftovers(): never a complete checkpoint)."""
+    os.makedirs(out, exist_ok=True)
+    lock = claim(os.path.join(out, ".lock"), f"--out {out} is in use by a running train.py ({{holder}}): wait for it, "
+                 "or use another --out")
+    half = leftovers(out, complete_checkpoints(out))
+    if half:
+        print(f"ckpt: deleting {[os.path.basename(p) for p in half]}, left half-deleted by a run killed while "
+              "rotating checkpoints", flush=True)
+        delete_checkpoints(half)
+    return lock
+
+
+def load_history(path, start_step, step_dir=None):
     """The metrics rows up to the resume point. The file is rewritten without the rows after it (a killed run logged
-    steps that the resumed run logs again) and without a torn last line (killed mid-write)."""
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        lines = f.read().splitlines()
-    rows = []
+    steps that the resumed run logs again) and without a torn last line (killed mid-write); the resumed checkpoint
+    step_dir's own row (meta.json's, train.py saves it) is logged again, with its evaluation, if a kill lost it."""
+    rows, lines = [], []
+    if os.path.exists(path):
+        with open(path) as f:
+            lines = f.read().splitlines()
     for i, line in enumerate(lines):
         try:
             rows.append(json.loads(line))
@@ -373,7 +472,14 @@ def load_history(path, start_step):
     if len(kept) < len(rows):
         print(f"metrics: dropping {len(rows) - len(kept)} rows after step {start_step} from {path} (logged by a run "
               "killed after its last checkpoint; they are logged again)", flush=True)
-    write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+    saved = read_meta(step_dir)["extra"].get("metrics_row") if step_dir else None
+    if saved is not None and saved["step"] == start_step and not any(r["step"] == start_step for r in kept):
+        print(f"metrics: logging step {start_step} again from {step_dir}/meta.json (killed after its checkpoint, "
+              "before its row was written)", flush=True)
+        result = read_eval_marker(step_dir) or {}
+        kept.append({**saved, **{k: v for k, v in result.items() if k != "step"}, "relogged": True})
+    if rows or kept:
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
     return kept
 
 
@@ -433,17 +539,24 @@ EVAL_MARKER = "eval.json"
 def eval_marker_valid(step_dir):
     """A checkpoint counts as evaluated only if its marker exists, parses, and its checksum matches its contents; a
     partial or tampered marker is reported and the checkpoint evaluated again."""
+    return read_eval_marker(step_dir, report=True) is not None
+
+
+def read_eval_marker(step_dir, report=False):
+    """A valid marker's result (eval_marker_valid), else None; report: say so for a partial one."""
     path = os.path.join(step_dir, EVAL_MARKER)
     if not os.path.isfile(path):
-        return False
+        return None
     try:
         with open(path) as f:
             marker = json.load(f)
     except json.JSONDecodeError as e:
-        print(f"eval: {path} is partial ({e}): evaluating again", flush=True)
-        return False
+        if report:
+            print(f"eval: {path} is partial ({e}): evaluating again", flush=True)
+        return None
     body = json.dumps(marker.get("result"), sort_keys=True)
-    return marker.get("status") == "completed" and marker.get("sha256") == hashlib.sha256(body.encode()).hexdigest()
+    valid = marker.get("status") == "completed" and marker.get("sha256") == hashlib.sha256(body.encode()).hexdigest()
+    return marker["result"] if valid else None
 
 
 def write_eval_marker(step_dir, result):

@@ -543,7 +543,9 @@ def score(terms, video=None, latent=None):
 
     video: decoded [B, 3, F, H, W] float32 in [-1, 1] (needed iff needs_pixels(terms)); latent: the clean x0
     [B, 16, T, H/8, W/8]. A term returns a [B] tensor or a dict with "reward": [B] and other named [B] components
-    (the default term: its r_* components and raw statistics). Each value must be exactly [B] and finite.
+    (the default term: its r_* components and raw statistics). Each value must be a real floating [B] tensor on the
+    inputs' device, finite. Each term gets its own copy of the inputs (one that writes into them changes nothing the
+    others or the caller see); a term that raises is named in a ValueError.
     """
     given = {name: x for name, x in (("video", video), ("latent", latent)) if x is not None}
     if not terms or not given:
@@ -561,25 +563,35 @@ def score(terms, video=None, latent=None):
                 raise ValueError(f"reward term {term.name!r} needs the {name}, but score got none (decode the video "
                                  f"when needs_pixels(terms) is True)")
             if needed:
-                kwargs[name] = given[name]
-        result = term.fn(**kwargs)
+                kwargs[name] = given[name].clone()  # a term that writes into its input must not reach the others
+        try:
+            result = term.fn(**kwargs)
+        except Exception as e:
+            raise ValueError(f"reward term {term.name!r} ({getattr(term.fn, '__module__', '?')}."
+                             f"{getattr(term.fn, '__qualname__', term.name)}) raised {type(e).__name__}: {e}") from e
         parts = result if isinstance(result, dict) else {"reward": result}
         if "reward" not in parts:
             raise ValueError(f"reward term {term.name!r} returned a dict without 'reward' (keys {sorted(parts)}): "
                              f"return a [B] tensor or {{'reward': [B], 'name': [B], ...}}")
         for key, value in parts.items():
             label = term.name if key == "reward" else f"{term.name}/{key}"
-            out[label] = checked(term.name, label, value, B).to(device)
+            out[label] = checked(term.name, label, value, B, device)
         total += term.weight * out[term.name].double()
     return {"reward": total.float(), **out}
 
 
-def checked(term, label, value, B):
+def checked(term, label, value, B, device):
     """value as [B] fp32, or a ValueError naming the term, what is wrong and the fix."""
     what = "its reward" if label == term else f"its component {label!r}"
     if not isinstance(value, torch.Tensor):
         raise ValueError(f"reward term {term!r}: {what} is a {type(value).__name__}; return a torch tensor of shape "
                          f"[B={B}]")
+    if not value.is_floating_point():  # bool, int, complex: a comparison or an index left unconverted
+        raise ValueError(f"reward term {term!r}: {what} is a {value.dtype} tensor; return real floating values "
+                         f"(e.g. x.float())")
+    if value.device != device:
+        raise ValueError(f"reward term {term!r}: {what} is on {value.device}, its inputs on {device}: compute it "
+                         f"on the inputs' device (or return x.to(video.device))")
     if tuple(value.shape) != (B,):
         raise ValueError(f"reward term {term!r}: {what} has shape {tuple(value.shape)}, expected [B={B}] (one value "
                          f"per clip): reduce every other dim, e.g. x.mean(dim=(1, 2, 3, 4))")

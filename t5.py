@@ -125,10 +125,21 @@ def pending(root: str, encoder: str = "t5", source: dict | None = None) -> dict:
 
 # ------------------------------------------------------------------------------------------- writing
 
+def check_finite(emb, prompt: str, stored: str):
+    """Refuse to write an embedding holding NaN/Inf (T5 activations can pass float16's 65504): data.py would refuse the
+    file at start-up anyway, and this names the prompt."""
+    finite = torch.isfinite(emb).all() if isinstance(emb, torch.Tensor) else np.isfinite(emb).all()
+    if not finite:
+        raise ValueError(f"the encoder's embedding of {prompt[:60]!r} holds NaN/Inf as {stored}: nothing written for "
+                         "it; check the encoder's dtype (run it in float32 or bfloat16)")
+
+
 def save_t5(path: str, emb, prompt: str, source: dict | None):
-    emb = np.asarray(emb, dtype=np.float16)
+    with np.errstate(over="ignore"):  # an overflow is refused below, naming the prompt
+        emb = np.asarray(emb, dtype=np.float16)
     if emb.ndim != 2 or not 1 <= len(emb) <= 512:
         raise ValueError(f"encoder returned shape {emb.shape} for {prompt[:60]!r}; expected (1..512, dim)")
+    check_finite(emb, prompt, "float16")
     with open(path + ".tmp", "wb") as f:
         pickle.dump([emb], f)
     os.replace(path + ".tmp", path)
@@ -138,6 +149,7 @@ def save_reason1(path: str, emb, prompt: str, source: dict):
     if not isinstance(emb, torch.Tensor) or emb.ndim != 2 or emb.dtype != torch.bfloat16:
         raise ValueError(f"encoder returned {getattr(emb, 'dtype', type(emb))} {tuple(getattr(emb, 'shape', ()))} "
                          f"for {prompt[:60]!r}; expected a bf16 tensor (tokens, dim)")
+    check_finite(emb, prompt, "bfloat16")
     metadata = {"prompt": prompt, "encoder": source["encoder"], "revision": source["revision"],
                 "format": REASON1_FORMAT}
     safetensors.torch.save_file({"crossattn_emb": emb.contiguous()}, path + ".tmp", metadata=metadata)

@@ -82,6 +82,8 @@ class TrainConfig:
     beta1: float = 0.9  # SFT AdamW beta1 (GRPO: --grpo-betas)
     beta2: float = 0.99  # SFT AdamW beta2 (GRPO: --grpo-betas)
     grad_clip: float = 1.0  # SFT gradient clipping (GRPO: --grpo-max-grad-norm)
+    max_nonfinite: int = 3  # steps (GRPO: updates) in a row with a NaN/Inf loss or gradient norm, each skipped (no
+    # update, logged), before the run stops naming the likely cause
     loss_scale: float = 10.0  # Predict2: upstream's loss_scale; only matters against grad_clip (2.5 has none)
     high_sigma_ratio: float = 0.05  # Predict2: upstream's predict2_video2world_fsdp_* value
     conditional_frame_timestep: float = -1.0  # Predict2.5: -1 = conditional frames share the noisy frames' time (pre-
@@ -198,8 +200,9 @@ def validate(cfg, given=None):
     elif not (cfg.init in ckpt.NAMED_INITS or cfg.init.startswith("hf://")):
         ckpt.resolve_source(cfg.init)  # a local path: it exists and has a checkpoint format (hub names: in main)
     sac.make_checkpoint_fn("block" if cfg.sac == "auto" else cfg.sac)  # raises with the valid modes
-    if cfg.sac_every < 1 or cfg.grad_accum < 1 or cfg.batch_size < 1 or cfg.steps < 1 or cfg.eval_every < 0:
-        raise ValueError("--sac-every, --grad-accum, --batch-size and --steps must be >= 1, --eval-every >= 0")
+    if min(cfg.sac_every, cfg.grad_accum, cfg.batch_size, cfg.steps, cfg.max_nonfinite) < 1 or cfg.eval_every < 0:
+        raise ValueError("--sac-every, --grad-accum, --batch-size, --steps and --max-nonfinite must be >= 1, "
+                         "--eval-every >= 0")
     if cfg.keep < 2:
         raise ValueError(f"--keep {cfg.keep}: at least 2, so a save in progress never leaves nothing to resume from")
     if (cfg.frames - 1) % 4 or cfg.height % 16 or cfg.width % 16:
@@ -396,13 +399,16 @@ def ema_beta(step, rate):
 def make_tiny_dataset(root, views=False):
     """Synthetic LeRobot episodes (stitch.make_synthetic, with camera poses) stitched into a small grid or views
     folder. The grid and the views folder beside it come from one LeRobot folder (`tiny_lerobot` next to root), so
-    their videos share stems: the same episodes, as a Path A and a Path B run compare them (evaluate.py)."""
+    their videos share stems: the same episodes, as a Path A and a Path B run compare them (evaluate.py). Under a
+    lock (tiny_lerobot.lock): a second tiny default started at once waits, then only re-reads the finished folders."""
     raw = os.path.join(os.path.dirname(root) or ".", "tiny_lerobot")
-    if not os.path.exists(raw):  # 6 usable episodes (the tiny preset holds out 2: 4 train, shards evenly over 1, 2 or
-        # 4 ranks) and 1 too short to use
-        stitch.make_synthetic(raw, lengths=(48, 40, 8, 56, 44, 52, 60), cameras=True)
-    stitch.stitch(raw, root, stride=4, frames=TINY["frames"], size=f"{TINY['height']}x{TINY['width']}", workers=1,
-                  layout="views" if views else "grid")
+    os.makedirs(os.path.dirname(os.path.abspath(raw)), exist_ok=True)
+    with resume.claim(raw + ".lock", "", wait=True):
+        if not os.path.exists(raw):  # 6 usable episodes (the tiny preset holds out 2: 4 train, shards evenly over 1,
+            # 2 or 4 ranks) and 1 too short to use
+            stitch.make_synthetic(raw, lengths=(48, 40, 8, 56, 44, 52, 60), cameras=True)
+        stitch.stitch(raw, root, stride=4, frames=TINY["frames"], size=f"{TINY['height']}x{TINY['width']}", workers=1,
+                      layout="views" if views else "grid")
 
 
 def on_signal(stop, signum, say):
@@ -430,10 +436,15 @@ def all_mean(value, device):
 
 
 def any_rank(flag, device):
-    t = torch.tensor([int(flag)], device=device)
+    return ranks_any([flag], device)[0]
+
+
+def ranks_any(flags, device):
+    """[bool]: for each flag, whether it is set on any rank (one collective)."""
+    t = torch.tensor([int(f) for f in flags], device=device)
     if dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return [bool(v) for v in t.tolist()]
 
 
 def resume_keys(cfg):
@@ -479,23 +490,76 @@ def evaluate(net, cfg, batches):
 
 
 def sft_step(net, optimizer, trainable, cfg, next_batch, step, rank, world):
-    """One SFT optimizer step over grad_accum micro-batches; returns (mean loss on this rank, grad norm)."""
-    loss_sum = 0.0
+    """One SFT optimizer step over grad_accum micro-batches; returns (mean loss on this rank, grad norm, None). A loss
+    or gradient norm that is NaN/Inf on any rank skips the step on every rank (the gradients are dropped, the weights
+    and the optimizer state stay as they were); the third value is then its likely cause (nonfinite_cause)."""
+    loss_sum, bad_batch = 0.0, False
     for micro in range(cfg.grad_accum):
         latent, text, camera = next_batch()
+        bad_batch |= not all(bool(torch.isfinite(x).all()) for x in (latent, text, camera) if x is not None)
         seeds = [sample_seed(cfg.seed, step, (micro * world + rank) * cfg.batch_size + b) for b in range(len(latent))]
         loss = training_loss(net, cfg, latent, text, seeds, camera) / cfg.grad_accum
         loss.backward()
         loss_sum += loss.item()
     grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
     grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
-    optimizer.step()
+    device = trainable[0].device
+    bad_loss, bad_batch, bad_grad = ranks_any([not math.isfinite(loss_sum), bad_batch, not math.isfinite(grad_norm)],
+                                              device)
+    if not (bad_loss or bad_grad):
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss_sum, grad_norm
+    return loss_sum, grad_norm, nonfinite_cause(cfg, trainable, bad_loss, bad_batch, device) if bad_loss or bad_grad \
+        else None
+
+
+def nonfinite_cause(cfg, trainable, bad_loss, bad_batch, device):
+    """Collective: the likely cause of a skipped SFT step, from what was NaN/Inf on any rank."""
+    scale = "" if is_p25(get_config(cfg.config)) else f", or --loss-scale {cfg.loss_scale:g} too large"
+    if bad_batch:
+        return "a NaN/Inf in the batch (the clips' latents, text embeddings or cameras): check the data"
+    weights = [p.to_local() if hasattr(p, "to_local") else p for p in trainable]
+    if any_rank(not all(bool(torch.isfinite(w).all()) for w in weights), device):
+        return f"NaN/Inf weights: an earlier update overflowed (--lr {cfg.lr:g} too high{scale})"
+    return (f"the loss overflowed from finite inputs and weights (--lr {cfg.lr:g} too high{scale})" if bad_loss else
+            f"the gradients overflowed from a finite loss (--lr {cfg.lr:g} too high{scale})")
+
+
+def nonfinite_fields(cause):
+    """The metrics fields of an SFT step: nonfinite_steps (as GRPO's), and for a skipped step why."""
+    return {"nonfinite_steps": 0} if cause is None else {"nonfinite_steps": 1, "skipped": "nonfinite",
+                                                          "nonfinite": cause}
+
+
+def nonfinite_eval(result, path):
+    """'' for a finite held-out evaluation, else the WARNING that the save line ends with."""
+    bad = [k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)]
+    return f"; WARNING: a NaN/Inf held-out {', '.join(bad)}: {path} is `latest`, but rotation keeps the newest " \
+        "checkpoint with a finite evaluation (resume.rotate)" if bad else ""
+
+
+def count_nonfinite(row, streak, cfg):
+    """Steps in a row with skipped (NaN/Inf) updates, ending at row's; FloatingPointError, one line naming the step
+    and the likely cause, when they reach --max-nonfinite (the row is logged first)."""
+    if not row.get("nonfinite_steps"):
+        return 0
+    streak += 1
+    if streak >= cfg.max_nonfinite:
+        knob = f"--{cfg.objective}-lr {getattr(cfg, cfg.objective).lr:g}" if cfg.objective != "sft" else "--lr"
+        cause = row.get("nonfinite") or f"NaN/Inf {cfg.objective.upper()} gradients ({knob} too high?)"
+        raise FloatingPointError(
+            f"step {row['step']}: {streak} steps in a row with a NaN/Inf loss or gradient norm (--max-nonfinite "
+            f"{cfg.max_nonfinite}), each skipped: {cause}. The weights are those before step {row['step'] - streak + 1}"
+            f" and every checkpoint in {cfg.out} holds finite weights: resume from it with a lower learning rate, or "
+            "fix the data")
+    return streak
 
 
 # -----------------------------------------------------------------------------
 # Main: setup -> run directory -> data -> model -> optimizer -> resume -> loop -> checkpoint
+
+
+USER_ERRORS = (ValueError, OSError, ckpt.CheckpointError, FloatingPointError)  # one line, exit 2 (cli.main)
 
 
 def main(argv=None):
@@ -701,7 +765,8 @@ def main(argv=None):
     flops_per_step = model_flops(mcfg, latent_shape, cfg.text_len, cfg.lora)[2] * cfg.batch_size * cfg.grad_accum \
         / cfg.cp
     metrics_path = os.path.join(cfg.out, "metrics.jsonl")
-    history = resume.load_history(metrics_path, start_step) if master else []
+    resumed_dir = os.path.join(cfg.out, f"step_{start_step:08d}") if state else None  # its row, if a kill lost it
+    history = resume.load_history(metrics_path, start_step, resumed_dir) if master else []
     plots = importlib.util.find_spec("matplotlib") is not None  # optional: the one plot is not worth a dependency
     if not plots:
         say("loss.png: matplotlib is not installed (pip install matplotlib); metrics.jsonl holds every number")
@@ -719,19 +784,20 @@ def main(argv=None):
                 f.write(json.dumps(row) + "\n")
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not master,
                desc=cfg.objective if rl_cfg is not None else "train")
+    nonfinite = 0  # skipped (NaN/Inf) steps in a row
     for step in bar:
         t0 = time.perf_counter()
         lr = step_lr(step)
         for group in optimizer.param_groups:
             group["lr"] = lr
         if rl_cfg is None:
-            loss, grad_norm = sft_step(net, optimizer, trainable, cfg, lambda: to_latent(next(loader)), step,
-                                       dp_rank, dp_world)
-            row = {"loss": all_mean(loss, device), "lr": lr, "grad_norm": grad_norm}
+            loss, grad_norm, cause = sft_step(net, optimizer, trainable, cfg, lambda: to_latent(next(loader)), step,
+                                              dp_rank, dp_world)
+            row = {"loss": all_mean(loss, device), "lr": lr, "grad_norm": grad_norm, **nonfinite_fields(cause)}
         else:
             row = {"lr": lr, **rl.step(net, vae, optimizer, trainable, cfg, to_latent(next(loader)), neg_text, terms,
                                        step, rank, lambda *key: sample_seed(cfg.seed, *key), old)}
-        if ema is not None:
+        if ema is not None and "skipped" not in row:  # a skipped update left the weights as they were
             with torch.no_grad():
                 torch._foreach_lerp_(ema, [p.detach() for p in trainable], 1 - ema_beta(step, cfg.ema))
         if step == start_step and set(sac_modes) != {"none"}:
@@ -748,7 +814,8 @@ def main(argv=None):
         if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps or stopping:
             t_save = time.perf_counter()
             extra = {"sampler": sampler.state_dict(consumed=done * cfg.batch_size * cfg.grad_accum),
-                     "config_hash": config_hash(cfg), "config": dataclasses.asdict(cfg)}
+                     "config_hash": config_hash(cfg), "config": dataclasses.asdict(cfg),
+                     "metrics_row": row}  # logged again by a resumed run if a kill loses it (resume.load_history)
             path = resume.save(cfg.out, done, net, optimizer, extra, keep=cfg.keep, lora_only=bool(cfg.lora),
                                extra_state=ema_state)
             row["s_checkpoint"] = time.perf_counter() - t_save
@@ -758,7 +825,7 @@ def main(argv=None):
                 resume.write_eval_marker(path, dict(result, step=done))
                 say(f"step {done}: loss {row['loss']:.4f}, " + ", ".join(f"{k} {v:.4g}" for k, v in result.items()
                                                                         if k in ("eval_loss", "eval_reward"))
-                    + f" -> {path}")
+                    + f" -> {path}" + nonfinite_eval(result, path))
         elif cfg.eval_every and done % cfg.eval_every == 0:
             row.update(held_out())
         history.append(row)
@@ -772,6 +839,7 @@ def main(argv=None):
                             s_it=f"{dt:.2f}")
             if plots and "s_checkpoint" in row:
                 resume.plot_metrics(os.path.join(cfg.out, "loss.png"), history, held_out=bool(holdout))
+        nonfinite = count_nonfinite(row, nonfinite, cfg)
         if cfg.sample_every and done % cfg.sample_every == 0:
             write_sample(net, vae, getattr(dataset, "clips", dataset), eval_ids[0], cfg, neg_text,  # pixels
                          os.path.join(cfg.out, f"sample_{done:08d}.mp4"), master)
@@ -808,4 +876,4 @@ def write_sample(net, vae, dataset, index, cfg, neg_text, path, master):
 
 
 if __name__ == "__main__":
-    cli.main(main, user_errors=(ValueError, OSError, ckpt.CheckpointError))
+    cli.main(main, user_errors=USER_ERRORS)

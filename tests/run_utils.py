@@ -32,7 +32,8 @@ def in_process(module, argv):
     code = None
     try:
         with torch.random.fork_rng(devices=[]), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main(lambda: module.main(list(argv)), user_errors=(ValueError, OSError, ckpt.CheckpointError))
+            cli.main(lambda: module.main(list(argv)),
+                     user_errors=getattr(module, "USER_ERRORS", (ValueError, OSError, ckpt.CheckpointError)))
     except SystemExit as e:
         code = e.code
     finally:

@@ -5,7 +5,9 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
+import numpy as np
 import pytest
 import safetensors.torch
 import torch
@@ -161,7 +163,9 @@ def test_a_stale_cache_is_refused_in_one_line_naming_what_changed(folders, built
     assert "no cache.json" in refused(tmp_path)
     # the VAE checkpoint's bytes (a small stand-in for tokenizer.pth)
     ckpt = str(tmp_path / "tokenizer.safetensors")
-    safetensors.torch.save_file(vae.build_vae("tiny", "", CPU, torch.float32).state_dict(), ckpt)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # a WanVAE of the tiny config (build_vae("tiny") is the weight-free LinearCodec)
+        safetensors.torch.save_file(vae.WanVAE(vae.get_vae_config("tiny")).state_dict(), ckpt)
     monkeypatch.setattr(vae, "build_vae", fake_real_vae)
     real = tmp_path / "real"
     cache.build(config(grid, real, vae="real", vae_ckpt=ckpt), CPU)
@@ -190,6 +194,83 @@ def test_a_stale_cache_is_refused_in_one_line_naming_what_changed(folders, built
     assert "`python cache.py --data" in refused(broken) and "--stride 2" in refused(broken)
     os.remove(broken / "index.json")
     assert "incomplete (no index.json" in refused(broken)
+
+
+def flip_byte(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+def test_a_damaged_latent_file_is_named_when_it_is_read(folders, built, tmp_path):
+    """Checked like a checkpoint: a flipped bit in a cached window (its checksum, recorded at build), a file of
+    another latent shape (the run's settings) and a damaged header each stop the read in one line naming the file."""
+    out, grid = built[0], str(folders / "grid")
+
+    def reader(cache_dir):
+        return cache.LatentClips(str(cache_dir), grid, FRAMES, *SIZE, **TEXT, vae="tiny", dtype="fp32")
+
+    damaged = shutil.copytree(out, tmp_path / "flipped")
+    path = cache.latent_path(str(damaged), STEMS[0])  # windows at starts 0 and 1
+    with open(path, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        begin, end = json.loads(f.read(header_len))["latent"]["data_offsets"]
+    flip_byte(path, 8 + header_len + end - 3)  # in window 1's latent, its last float
+    ds = reader(damaged)
+    seed = {int(np.random.default_rng(s).integers(0, 2)): s for s in range(10)}  # a sample seed per window
+    assert torch.equal(ds[(0, seed[0])]["latent"], cached(out, STEMS[0])["latent"][0])  # window 0 is intact
+    with pytest.raises(ValueError, match=f"{path}: window 1 \\(start 1\\) does not match the checksum cache.py "
+                                         "recorded"):
+        ds[(0, seed[1])]
+    reshaped = shutil.copytree(out, tmp_path / "reshaped")
+    path = cache.latent_path(str(reshaped), STEMS[0])
+    with safetensors.safe_open(path, "pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    n, c, t, h, w = tensors["latent"].shape  # the same bytes as [n, c, t, w, h]: the size and checksums still match
+    tensors["latent"] = tensors["latent"].reshape(n, c, t, w, h)
+    safetensors.torch.save_file(tensors, path, metadata=meta)
+    assert os.path.getsize(path) == os.path.getsize(cache.latent_path(str(out), STEMS[0]))
+    with pytest.raises(ValueError, match=f"{path}: latents F32 \\[2, 16, 2, 6, 4\\], this run needs fp32 "
+                                         "\\[2, 16, 2, 4, 6\\]"):
+        reader(reshaped)[(0, 0)]
+    torn = shutil.copytree(out, tmp_path / "torn")
+    path = cache.latent_path(str(torn), STEMS[2])
+    flip_byte(path, 12)  # inside the header's JSON
+    with pytest.raises(ValueError, match=f"{path}: damaged safetensors file \\("):
+        reader(torn)[(2, 0)]
+
+
+def test_an_edited_cache_json_and_a_second_cache_py_are_refused(folders, built, tmp_path):
+    """cache.json's key hash is recomputed from its fields at every open (an edit that made it match another run's
+    settings is refused); a cache.py while another holds CACHE/.lock is refused before it writes anything."""
+    out, grid = built[0], str(folders / "grid")
+    edited = shutil.copytree(out, tmp_path / "edited")
+    with open(edited / "cache.json") as f:
+        saved = json.load(f)
+    saved["key"]["dtype"] = "bf16"  # fp32 latents presented as a bf16 run's
+    with open(edited / "cache.json", "w") as f:
+        json.dump(saved, f)
+    for read in (lambda: cache.check_cache(str(edited), grid, **(KEY | {"dtype": "bf16"})),
+                 lambda: cache.build(config(grid, edited, dtype="bf16"), CPU)):
+        with pytest.raises(ValueError, match=f"{edited}/cache.json: its key_hash {saved['key_hash']} is not the hash "
+                                             "of its fields"):
+            read()
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); "
+                               "fcntl.lockf(f, fcntl.LOCK_EX); f.write('pid 1 on host'); f.flush(); print('locked', "
+                               "flush=True); time.sleep(60)", str(busy / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ValueError, match=f"--out {busy} is in use by a running cache.py \\(pid 1 on host\\)"):
+            cache.build(config(grid, busy), CPU)
+        assert sorted(os.listdir(busy)) == [".lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert cache.build(config(grid, busy), CPU)["videos"] == 3  # the holder is gone, and so is its lock
 
 
 def restitch(folder, stem):

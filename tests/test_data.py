@@ -140,6 +140,31 @@ def test_truncated_changed_and_badly_decoding_videos_are_counted_skips_and_worke
     assert {s: r.split(":")[0] for s, r in ds.skipped.items()} == {STEMS[0]: "unreadable", STEMS[1]: "unreadable"}
 
 
+def test_a_video_deleted_after_start_up_and_nan_cameras_are_named_counted_skips(tmp_path, capsys):
+    """The loader's policy for a bad video found at first use: skipped and counted, the next video used, the file
+    named. A video deleted between construction and its first use is one (missing_file), as is a camera file with a
+    NaN (bad_camera): a NaN camera would otherwise train silently on a NaN Pluecker map."""
+    root = copy_grid(tmp_path)
+    ds = data.GridClips(root, frames=9, height=SIZE[0], width=SIZE[1], text="standin", text_len=4, text_dim=2)
+    os.remove(os.path.join(root, "videos", STEMS[0] + ".mp4"))
+    sample = ds[(0, 0)]
+    assert sample["stem"] == STEMS[1] and sample["skipped"] == 1
+    assert ds.failed[STEMS[0]] == f"missing_file: {root}/videos/{STEMS[0]}.mp4 (deleted since start-up)"
+    from test_stitch import VIEW_SIZE, stitched_views
+    views = shutil.copytree(stitched_views()[1], tmp_path / "views")
+    ds = data.ViewClips(str(views), 9, *VIEW_SIZE, text_len=16, text_dim=8, text="standin")
+    camera_file = f"{views}/cameras/{ds.videos[0].stem}.npz"
+    with np.load(camera_file) as f:
+        arrays = dict(f)
+    arrays["w2c"][1, 2, 0, 3] = np.nan
+    np.savez(camera_file, **arrays)
+    capsys.readouterr()
+    assert ds[(0, 5)]["stem"] == ds.videos[1].stem
+    assert ds.failed[ds.videos[0].stem] == f"bad_camera: {camera_file} holds NaN/Inf values; restitch the episode " \
+        "(delete the file first)"
+    assert camera_file in capsys.readouterr().err
+
+
 def fake_t5(calls=None):
     def encode(prompts):  # (tokens, 1024), one row per word; deterministic per prompt
         if calls is not None:
@@ -192,21 +217,38 @@ def test_bad_text_embeddings_stop_the_run_at_start_up(tmp_path):
         data.GridClips(root, **kw, text_dim=16)
     with pytest.raises(ValueError, match=r"expected float \(1..4, 1024\)"):
         data.GridClips(root, **kw, text_len=4)
-    # one pickle per (prompt, byte count) is read: STEMS[0] and STEMS[2] share a prompt, so 2 of 3 files are read
+    # every file is read whole: STEMS[0] and STEMS[2] share a prompt and a byte count, and a NaN has as many bytes as
+    # the number it replaced, so the twin is checked too
     files = [(emb(v.stem), v.prompt) for v in data.list_videos(root)]
-    assert [p for _, p in files].count(files[0][1]) == 2 and data.check_text_embeddings(files, 512, 1024) == 2
-    # a file of a shared prompt written by another encoder has another byte count: read, and refused
+    assert [p for _, p in files].count(files[0][1]) == 2 and data.check_text_embeddings(files, 512, 1024) == 3
     shared = [v.stem for v in data.list_videos(root) if v.prompt == files[0][1]][1]
+    good = open(emb(shared), "rb").read()
+    (arr,) = pickle.loads(good)
+    arr[3, 7] = np.inf
+    with open(emb(shared), "wb") as f:
+        pickle.dump([arr], f)
+    assert os.path.getsize(emb(shared)) == len(good) == os.path.getsize(files[0][0])
+    with pytest.raises(ValueError, match=f"{shared}.pickle: the text embedding holds NaN/Inf values"):
+        data.GridClips(root, **kw)
+    with open(emb(shared), "wb") as f:  # cut short by a full disk or a killed copy: one line naming it
+        f.write(good[: len(good) // 2])
+    with pytest.raises(ValueError, match=f"{shared}.pickle: truncated or damaged pickle"):
+        data.GridClips(root, **kw)
+    # a file of a shared prompt written by another encoder has another byte count: refused
     with open(emb(shared), "wb") as f:
         pickle.dump([np.zeros((5, 768), np.float16)], f)
     with pytest.raises(ValueError, match=f"{shared}.pickle: text embedding has shape \\(5, 768\\)"):
         data.GridClips(root, **kw)
     os.remove(emb(shared))
-    save_file({"emb": torch.ones(7, 1024)}, emb(shared, ".safetensors"))  # only the header is read
+    save_file({"emb": torch.ones(7, 1024)}, emb(shared, ".safetensors"))
     with pytest.raises(ValueError, match=r"no tensor 'text_emb' \(has \['emb'\]\)"):
         data.GridClips(root, **kw)
     save_file({"text_emb": torch.ones(7, 1024, dtype=torch.int32)}, emb(shared, ".safetensors"))
     with pytest.raises(ValueError, match=r"\(not float\)"):
+        data.GridClips(root, **kw)
+    save_file({"text_emb": torch.ones(7, 1024).index_fill_(0, torch.tensor([2]), float("nan"))},
+              emb(shared, ".safetensors"))
+    with pytest.raises(ValueError, match=f"{shared}.safetensors: the text embedding holds NaN/Inf values"):
         data.GridClips(root, **kw)
 
 
@@ -379,5 +421,11 @@ def test_reason1_embeddings_one_file_per_prompt_and_refusals(tmp_path):
     write_reason1(path, "another prompt")
     with pytest.raises(ValueError, match="not this video's prompt"):
         data.GridClips(root, 93, *SIZE, text_len=6, text_dim=8, text_encoder="reason1")
+    nan = write_reason1(path, videos[0].prompt).index_fill_(1, torch.tensor([2]), float("inf"))
+    save_file({"crossattn_emb": nan}, path, metadata={"prompt": videos[0].prompt, "encoder": "test", "revision": "0",
+                                                      "format": data.REASON1_FORMAT})
+    ds = data.GridClips(root, 93, *SIZE, text_len=6, text_dim=8, text_encoder="reason1")  # values: at every read
+    with pytest.raises(ValueError, match=f"{path}: the text embedding holds NaN/Inf values"):
+        ds[0]
     with pytest.raises(ValueError, match="text_encoder"):
         data.GridClips(root, 93, *SIZE, text="standin", text_encoder="reason1")

@@ -3,6 +3,7 @@ strict keys), the release export with net_ema., the export CLI. The sharded save
 tests/test_ckpt.py's 2-rank job.
 """
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -218,3 +219,73 @@ def test_ckpt_check_of_a_random_base_lora_step_suggests_a_command_that_works(lor
     for script, argv in commands.items():  # the sample's mp4 and the export land in the test's empty cwd
         check(in_process({"sample": sample, "resume": resume, "ckpt": ckpt_py}[script], argv + (
             ["--steps", "2"] if script == "sample" else [])))
+
+
+# -----------------------------------------------------------------------------
+# Divergence, a kill while rotating, a full disk: never a lost or a NaN checkpoint
+
+
+def test_a_nan_state_is_never_saved_and_rotation_keeps_the_last_good_checkpoint(tmp_path):
+    out = str(tmp_path)
+    torch.manual_seed(0)
+    net = DiT(get_config("tiny"))
+    for step in (1, 2):
+        resume.save(out, step, net, extra={}, keep=2)
+    assert resume.read_meta(f"{out}/step_00000002")["finite"] is True
+    weight = dict(net.named_parameters())["blocks.0.mlp.layer1.weight"]
+    with torch.no_grad():
+        weight[0, 0] = float("nan")
+    with pytest.raises(CheckpointError, match=r"step 3: not saved: 1 tensor\(s\) hold NaN/Inf \(first: "
+                                              r"model.blocks.0.mlp.layer1.weight\): the run diverged"):
+        resume.save(out, 3, net, extra={}, keep=2)
+    assert sorted(os.listdir(out)) == ["latest", "step_00000001", "step_00000002"]  # nothing written, nothing lost
+    with torch.no_grad():
+        weight[0, 0] = 0.0
+    resume.write_eval_marker(f"{out}/step_00000002", {"eval_loss": 0.5, "step": 2})
+    for step in (3, 4, 5):  # finite weights, but the held-out loss went NaN: the newest good one is step 2
+        resume.save(out, step, net, extra={}, keep=2)
+        resume.write_eval_marker(f"{out}/step_{step:08d}", {"eval_loss": float("nan"), "step": step})
+    assert sorted(os.listdir(out)) == ["latest", "step_00000002", "step_00000004", "step_00000005"]
+
+
+def test_a_kill_while_rotating_leaves_no_half_deleted_checkpoint(tmp_path, monkeypatch):
+    out = str(tmp_path)
+    net = DiT(get_config("tiny"))
+    for step in (1, 2):
+        resume.save(out, step, net, extra={}, keep=2)
+    os.makedirs(f"{out}/step_00000000")  # what an older version's kill mid-rmtree left: no .metadata
+    open(f"{out}/step_00000000/meta.json", "w").close()
+    rmtree = shutil.rmtree
+
+    def killed(path, *args, **kwargs):  # the first file goes, then the process dies (a BaseException, as a kill)
+        os.remove(os.path.join(path, ".metadata"))
+        raise KeyboardInterrupt
+    monkeypatch.setattr(shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        resume.save(out, 3, net, extra={}, keep=2)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    assert "step_00000001" not in os.listdir(out) and resume.find_resume(out).endswith("step_00000003")
+    resume.claim_out(out).close()  # the next start deletes the leftovers, never a complete checkpoint
+    assert sorted(os.listdir(out)) == [".lock", "latest", "step_00000002", "step_00000003"]
+
+
+def test_a_full_disk_is_named_and_nothing_earlier_is_lost(tmp_path, monkeypatch):
+    import errno
+    import torch.distributed.checkpoint.filesystem as fs
+    out = str(tmp_path)
+    net = DiT(get_config("tiny"))
+    resume.save(out, 1, net, extra={"n": 1})
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    write_atomic = resume.write_atomic
+    for target, name in ((fs, "_write_item"), (resume, "write_atomic")):  # DCP's tensor files, then meta.json
+        with monkeypatch.context() as m:
+            m.setattr(target, name, full if target is fs else lambda path, text: (
+                full() if path.endswith("meta.json") else write_atomic(path, text)))
+            with pytest.raises(CheckpointError) as e:
+                resume.save(out, 2, net, extra={"n": 2})
+        assert str(e.value).startswith(f"no space left on device: writing {out}/step_00000002.tmp (") and \
+            "the earlier checkpoints and `latest` are intact" in str(e.value), (name, str(e.value))
+        assert sorted(os.listdir(out)) == ["latest", "step_00000001"], name  # the partial save gave its space back
+    assert resume.resume(out, DiT(get_config("tiny"))) == {"n": 1, "step": 1}

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import reward
+from dist_utils import run_dist
 
 FRAMES, H, W = 9, 216, 384  # quadrants 108 x 192 -> tiles 27 x 32, 3 x 5 tiles per exterior view
 STILL = [(0, 0)] * FRAMES
@@ -446,6 +447,22 @@ def no_reward_key(latent):
 
 def not_a_tensor(video):
     return [0.5] * video.shape[0]
+
+
+def mutates(latent):  # writes into its input: the terms after it must still see the sampler's latent
+    return latent.zero_().mean(dim=(1, 2, 3, 4)) + 1
+
+
+def on_meta(latent):
+    return latent.mean(dim=(1, 2, 3, 4)).to("meta")
+
+
+def a_comparison(latent):
+    return latent.mean(dim=(1, 2, 3, 4)) > 0
+
+
+def raises(latent):
+    return {}["missing"]
 '''
 
 
@@ -526,11 +543,44 @@ def test_bad_specs_fail_at_parse_time_naming_the_term(plugin_dir, spec, message)
     ("wrong_shape", r"'wrong_shape': its reward has shape \(2, 112\), expected \[B=2\] \(one value per clip\)"),
     ("nan_reward", r"'nan_reward': its reward is not finite: \[nan, nan\]"),
     ("not_a_tensor", "'not_a_tensor': its reward is a list; return a torch tensor"),
+    ("on_meta", "'on_meta': its reward is on meta, its inputs on cpu: compute it on the inputs' device"),
+    ("a_comparison", r"'a_comparison': its reward is a torch.bool tensor; return real floating values"),
+    ("raises", r"'raises' \(tmp_plugins.raises\) raised KeyError: 'missing'"),
 ])
 def test_bad_results_fail_naming_the_term_and_the_fix(plugin_dir, fn, message):
     video, latent = batch()
     with pytest.raises(ValueError, match=message):
         reward.score(reward.parse_rewards(f"tmp_plugins:{fn}"), video=video, latent=latent)
+
+
+def test_each_term_sees_its_own_copy_of_the_inputs(plugin_dir):
+    video, latent = batch()
+    before = latent.clone()
+    out = reward.score(reward.parse_rewards("tmp_plugins:mutates,tests.reward_plugins:black_latent"), latent=latent)
+    assert torch.equal(latent, before) and torch.equal(out["mutates"], torch.ones(2))
+    torch.testing.assert_close(out["black_latent"], -latent[:, :, :, 4:, 7:].square().mean(dim=(1, 2, 3, 4)))
+
+
+def _names_on_two_ranks(rank, world):
+    """grpo.agreed_names when rank 1's term returned another component: refused on both ranks, no rank left in the
+    gather."""
+    import grpo
+    scores = [{"reward": torch.ones(2), "energy" if rank == 0 else "energy_v2": torch.ones(2)}]
+    try:
+        grpo.agreed_names(scores)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_reward_component_names_are_agreed_between_clips_and_ranks():
+    import grpo
+    assert grpo.agreed_names([{"reward": 1, "b": 2, "a": 3}] * 2) == ["a", "b", "reward"]
+    with pytest.raises(ValueError, match=r"rank 0: \['a', 'reward'\] / \['reward'\]\): every reward term must"):
+        grpo.agreed_names([{"reward": 1, "a": 2}, {"reward": 1}])  # a component only some clips return
+    messages = run_dist(_names_on_two_ranks, 2, 120)
+    assert messages[0] == messages[1] and "rank 0: ['energy', 'reward']; rank 1: ['energy_v2', 'reward']" in \
+        messages[0]
 
 
 def test_a_plugins_own_missing_import_is_not_blamed_on_the_spec(plugin_dir):

@@ -291,3 +291,11 @@ def test_command_line(tmp_path, capsys):
         f.write("{}")
     with pytest.raises(ValueError, match="Unrecognized model in " + str(tmp_path)):  # now there is work: it loads
         t5.main([root, "--device", "cpu", "--model", str(tmp_path)])
+
+
+def test_an_embedding_that_overflows_float16_is_refused_before_it_is_written(tmp_path):
+    """T5 activations past float16's 65504 would be stored as Inf: refused naming the prompt, nothing written."""
+    root = shutil.copytree(stitched(V30)[0], tmp_path / "grid")
+    with pytest.raises(ValueError, match="holds NaN/Inf as float16: nothing written"):
+        t5.write_embeddings(str(root), lambda prompts: [np.full((3, 16), 1e5, np.float32) for _ in prompts])
+    assert not [n for n in os.listdir(root / "t5_xxl") if n.endswith(".pickle")]

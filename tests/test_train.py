@@ -392,7 +392,7 @@ def test_user_errors_are_one_line_and_nothing_is_written(grid, tmp_path, capsys)
         argv = (["--data", grid] if "--data" not in args else []) + ["--out", str(out)] + args
         capsys.readouterr()
         with pytest.raises(SystemExit) as exit_info:  # in-process: the same cli.main the script runs under
-            cli.main(lambda: train.main(argv), user_errors=(ValueError, OSError, train.ckpt.CheckpointError))
+            cli.main(lambda: train.main(argv), user_errors=train.USER_ERRORS)
         err = capsys.readouterr().err
         assert exit_info.value.code == 2, (args, err)
         lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -410,7 +410,7 @@ def test_one_run_per_out_metrics_after_the_resume_point_and_plot(grid, tmp_path)
     args = ["--data", grid, "--out", out, "--save-every", "2", "--sample-every", "0"]
     os.makedirs(out)
     holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a+');"
-                               "fcntl.flock(f, fcntl.LOCK_EX); f.write('pid 1 on host'); f.flush(); print('locked', "
+                               "fcntl.lockf(f, fcntl.LOCK_EX); f.write('pid 1 on host'); f.flush(); print('locked', "
                                "flush=True); time.sleep(60)", os.path.join(out, ".lock")], stdout=subprocess.PIPE,
                               text=True)
     assert holder.stdout.readline().strip() == "locked"
@@ -520,3 +520,162 @@ def test_sac_auto_picks_a_mix_within_the_budget_and_refuses_none_fitting(grid, t
     for flags in (["--sac", "auto"], ["--mem-budget", "4"]):
         with pytest.raises(ValueError, match="--sac auto needs --mem-budget"):
             train.parse_config(flags)
+
+
+# -----------------------------------------------------------------------------
+# Divergence, kills around a save, the run directory's lock, two tiny defaults at once (issue 22)
+
+
+def test_nonfinite_sft_steps_are_skipped_logged_and_stop_the_run(grid, tmp_path, monkeypatch):
+    """A NaN/Inf loss or gradient norm: no update (Adam's step count and the weights stay), the step logged as
+    skipped with its likely cause; --max-nonfinite in a row stop the run in one line, exit 2, before any NaN is
+    saved."""
+    out = str(tmp_path / "overflow")
+    proc = run(["--data", grid, "--out", out, "--steps", "6", "--save-every", "2", "--loss-scale", "1e39",
+                "--max-nonfinite", "3"], check=False)  # loss * 1e39 is Inf in float32 at every step
+    lines = [ln for ln in proc.stderr.splitlines() if "error" in ln]  # (the rest is tqdm's progress bar)
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("train.py: error: step 3: 3 steps in a row with a NaN/Inf loss or gradient norm "
+                               "(--max-nonfinite 3), each skipped: the loss overflowed from finite inputs and weights "
+                               "(--lr 0.002 too high, or --loss-scale 1e+39 too large)"), lines[0]
+    rows = metrics(out)
+    assert sorted(rows) == [1, 2, 3] and all(r["skipped"] == "nonfinite" and r["nonfinite_steps"] == 1
+                                             for r in rows.values())
+    from model import DiT, get_config
+    with torch.device("meta"):
+        init = DiT(get_config("tiny"))
+    init.to_empty(device="cpu")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # train.py's --seed 0 init of --init random
+        init.init_weights()
+    saved = dcp_tensors(os.path.join(out, "step_00000002"), "model.")  # saved at step 2: the init, untouched
+    assert saved.keys() == init.state_dict().keys() and all(torch.equal(v, saved[k])
+                                                              for k, v in init.state_dict().items())
+    loss_of = train.training_loss
+    calls = []
+
+    def nan_at_the_second_step(*args, **kwargs):  # a NaN in one batch: that step alone is skipped, the run goes on
+        loss = loss_of(*args, **kwargs)
+        calls.append(torch.is_grad_enabled())
+        return loss * float("nan") if (calls.count(True) == 2 and calls[-1]) or not calls[-1] else loss
+    monkeypatch.setattr(train, "training_loss", nan_at_the_second_step)  # and every held-out loss
+    out = str(tmp_path / "one_nan")
+    proc = run(["--data", grid, "--out", out, "--steps", "4", "--save-every", "0", "--ema", "0.1"])
+    rows = metrics(out)
+    assert [r["nonfinite_steps"] for r in rows.values()] == [0, 1, 0, 0] and "skipped" not in rows[3]
+    assert rows[2]["nonfinite"].startswith("the loss overflowed") and rows[4]["loss"] < 1e4
+    assert "WARNING: a NaN/Inf held-out eval_loss" in proc.stdout  # said, and rotation keeps the newest finite one
+    state = dcp_tensors(os.path.join(out, "step_00000004"), "optim.")
+    assert {float(v) for k, v in state.items() if k.endswith(".step")} == {3.0}  # 4 steps, one not applied
+
+
+def test_grpo_nonfinite_updates_stop_after_max_nonfinite_and_nan_rollouts_are_named(grid, tmp_path, monkeypatch):
+    """GRPO behaves as SFT (a NaN/Inf gradient norm skips the update, counted and logged, --max-nonfinite in a row
+    stop the run in one line), and a NaN rollout is named as such before any reward sees it."""
+    import grpo
+    args = ["--data", grid, "--objective", "grpo", "--lora", "4", "--steps", "3", "--batch-size", "1",
+            "--grpo-group-size", "2", "--grpo-num-steps", "3", "--max-nonfinite", "2", "--reward",
+            "default,reward_plugins:black_latent"]
+    loss_of = grpo.grpo_loss
+    with monkeypatch.context() as m:
+        m.setattr(grpo, "grpo_loss", lambda *a, **k: (lambda loss, info: (loss * float("inf"), info))(
+            *loss_of(*a, **k)))
+        proc = run(args + ["--out", str(tmp_path / "nan_update")], check=False)
+    assert proc.returncode == 2 and "error: step 2: 2 steps in a row with a NaN/Inf loss or gradient norm " \
+        "(--max-nonfinite 2), each skipped: NaN/Inf GRPO gradients" in proc.stderr, proc.stderr
+    rows = metrics(str(tmp_path / "nan_update"))  # step 0: the held-out evaluation before the first update
+    assert sorted(rows) == [0, 1, 2] and all(rows[s]["nonfinite_steps"] == 1 and rows[s]["skipped"] == "nonfinite"
+                                             for s in (1, 2))
+    rollout = grpo.rollout_group
+
+    def diverged(*a, **k):
+        ro = rollout(*a, **k)
+        ro.x0_final[0, 0, 0, 0, 0] = float("nan")
+        return ro
+    monkeypatch.setattr(grpo, "rollout_group", diverged)
+    proc = run(args + ["--out", str(tmp_path / "nan_rollout")], check=False)
+    assert proc.returncode == 2 and "GRPO rollouts of 1 of 1 groups are NaN/Inf before scoring (the rewards were " \
+        "not called); group 0 (key (0, 0)): its inputs are finite: the policy diverged" in proc.stderr, proc.stderr
+    assert "reward term" not in proc.stderr
+
+
+KILL_IN_ROTATION = """
+import os, runpy, shutil, signal, sys
+rmtree = shutil.rmtree
+def rmtree_and_die(path, *args, **kwargs):  # SIGKILL the run half-way through deleting the rotated-out step 3
+    if "step_00000003" in str(path):
+        os.remove(os.path.join(path, ".metadata"))
+        os.kill(os.getpid(), signal.SIGKILL)
+    rmtree(path, *args, **kwargs)
+shutil.rmtree = rmtree_and_die
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_kill_9_while_rotating_loses_no_metrics_row_and_leaves_no_half_checkpoint(grid, uninterrupted, tmp_path):
+    """Killed in the rotation of the last save (step 8 committed, its row not yet written, step 3 half-deleted):
+    the resumed run logs step 8's row again from its checkpoint, evaluation included, and deletes the leftover."""
+    args, out = ["--data", grid, *KILL_ARGS, "--keep", "2"], str(tmp_path / "killed")
+    proc = subprocess.run([sys.executable, "-c", KILL_IN_ROTATION] + args + ["--out", out], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert open(os.path.join(out, "latest")).read().strip() == "step_00000008" and max(metrics(out)) == 7
+    second = run(args + ["--out", out])
+    assert "logging step 8 again" in second.stdout and "left half-deleted" in second.stdout
+    got, want = metrics(out), metrics(uninterrupted)
+    assert sorted(got) == sorted(want) == list(range(1, 9))
+    assert all(got[s][k] == want[s][k] for s in want for k in ("loss", "grad_norm", "lr"))
+    assert got[8]["eval_loss"] == want[8]["eval_loss"] and got[8]["relogged"] is True
+    assert sorted(n for n in os.listdir(out) if n.startswith("step_")) == ["step_00000006", "step_00000008"]
+
+
+def test_an_immediate_restart_after_kill_9_is_not_refused_by_lingering_dataloader_workers(grid, tmp_path):
+    """The OUT/.lock dies with train.py: its DataLoader workers (which notice a dead parent only every ~5 s; stopped
+    here so that they certainly outlive it) do not hold it, so a restart right after kill -9 claims the run."""
+    out = str(tmp_path / "out")
+    proc = subprocess.Popen([sys.executable, "train.py", "--data", grid, "--out", out, "--steps", "200", "--workers",
+                             "1", "--no-cache-latents", "--save-every", "1000", "--sample-every", "0"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    workers = []
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not (os.path.exists(os.path.join(out, "metrics.jsonl"))
+                                              and os.path.getsize(os.path.join(out, "metrics.jsonl"))):
+            time.sleep(0.05)
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+            workers = [int(pid) for pid in f.read().split()]
+        assert workers, "no DataLoader worker"
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        restart = run(["--data", grid, "--out", out, "--steps", "1", "--sample-every", "0"], check=False)
+        assert restart.returncode == 0 and "in use" not in restart.stderr, restart.stderr
+    finally:
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _make_tiny(root):
+    train.make_tiny_dataset(root)
+
+
+def test_two_tiny_defaults_started_at_once_build_the_data_once(tiny_grid, tmp_path):
+    """Two first runs of the tiny default in a fresh checkout (e.g. a 2-GPU user starting two): the second waits
+    for the first's data/tiny_grid (ROOT.lock), then only re-reads it."""
+    import multiprocessing
+    root = str(tmp_path / "data" / "tiny_grid")
+    procs = [multiprocessing.get_context("fork").Process(target=_make_tiny, args=(root,)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert [p.exitcode for p in procs] == [0, 0]
+    ours, session = ([{k: r[k] for k in ("stem", "sha1", "n_out")} for r in map(json.loads,
+                                                                              open(f"{d}/manifest.jsonl"))]
+                     for d in (root, tiny_grid))
+    assert ours == session and len(ours) > 1
