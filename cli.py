@@ -110,11 +110,12 @@ def add_fields(parser, cls, prefix="", positional=()):
             add_fields(group, kind, prefix=name + "_")
             continue
         text = helps.get(f.name, "")
-        if default is not dataclasses.MISSING and "default" not in text.lower():  # a comment may explain it itself
+        many = name in positional and (kind is tuple or typing.get_origin(kind) is tuple)  # RUN [RUN ...]: required
+        if default is not dataclasses.MISSING and "default" not in text.lower() and not many:  # a comment may explain
             text += f" (default: {_show(default)})"
-        if name in positional:
-            parser.add_argument(name, help=text, **({} if default is dataclasses.MISSING else
-                                                    dict(nargs="?", default=argparse.SUPPRESS)))
+        if name in positional:  # a tuple field takes one or more values, others one
+            parser.add_argument(name, help=text, **(dict(nargs="+") if many else {} if default is dataclasses.MISSING
+                                                    else dict(nargs="?", default=argparse.SUPPRESS)))
             continue
         flag = "--" + name.replace("_", "-")
         if kind is bool:
@@ -145,7 +146,8 @@ def parse_flags(cls, argv, description=None, positional=(), prog=None):
     parser = argparse.ArgumentParser(prog=prog, description=description, argument_default=argparse.SUPPRESS,
                                      formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     add_fields(parser, cls, positional=positional)
-    return _nest(cls, vars(parser.parse_args(argv)))
+    flat = vars(parser.parse_args(argv))
+    return _nest(cls, {k: tuple(v) if isinstance(v, list) else v for k, v in flat.items()})  # nargs="+" gives lists
 
 
 def build(cls, *layers):

@@ -94,3 +94,21 @@ def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:
         cli.main(interrupted)
     assert e.value.code == 130 and capsys.readouterr().err == "sample.py: interrupted (Ctrl-C)\n"
+
+
+@dataclass
+class Many:
+    runs: tuple = ()  # one or more run directories
+    clips: int = 4  # how many
+
+
+def test_a_positional_tuple_takes_one_or_more_values():
+    """`SCRIPT RUN [RUN ...]`: a positional tuple field gathers the positional values (before or after the flags)."""
+    for argv in (["a", "b", "--clips", "2"], ["--clips", "2", "a", "b"]):
+        assert cli.parse_flags(Many, argv, positional=("runs",)) == {"runs": ("a", "b"), "clips": 2}
+    assert cli.build(Many, cli.parse_flags(Many, ["a"], positional=("runs",))).runs == ("a",)
+    with pytest.raises(SystemExit):  # none given: argparse's usage error
+        cli.parse_flags(Many, ["--clips", "2"], positional=("runs",))
+    parser = argparse.ArgumentParser()
+    cli.add_fields(parser, Many, positional=("runs",))
+    assert "one or more run directories\n" in parser.format_help()  # required: no "(default: (empty))"

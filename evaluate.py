@@ -1,0 +1,449 @@
+"""Compare train.py runs on held-out episodes: per-camera PSNR / SSIM of the generated frames against the ground
+truth and the reward terms, in one table (then one JSON line), and one plot of the runs' curves from metrics.jsonl.
+A Path A run (Predict2.5 views) and a Path B run (Predict2 grid) of the same LeRobot episodes are compared camera by
+camera: the grid is cut into its views, and every view is brought to the smallest view size of the compared runs.
+
+    python evaluate.py runs/b14 runs/a2b                                  # 4 held-out clips, 35 steps, compare.png
+    python evaluate.py RUN_A RUN_B RUN_C --clips 8 --guidance 3 --reward default,my_rewards:grasp=0.5 --plot cmp.png
+
+Held-out episodes are each run's own (train.py --holdout: the last videos of its data folder in name order),
+matched by stem: a grid folder and a views folder stitched from one LeRobot source name an episode alike
+(videos/<src>__ep<index>.mp4, videos/<src>__ep<index>.<view>.mp4). The runs are compared on the first --clips stems
+that every run holds out. Each clip is the window at frame 0 of the run's frames x height x width, generated from its
+first frame the way the run samples (sample.generate: its sampler, prompt, negative prompt and cameras; noise seed
+--seed + clip index), scored on frames 1.. only (frame 0 conditions). Weight-free metrics only: PSNR, SSIM and
+reward.py's terms (on the 2x2 grid; a views run's views are put into one with reward.grid_from_views).
+"""
+import dataclasses
+import importlib.util
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import cache
+import ckpt
+import cli
+import data
+import flow
+import resume
+import reward
+import sample
+import vae as vae_lib
+from camera import views_map
+from model import get_config, is_p25
+
+CAMERAS = ("ext_1", "ext_2", "wrist")  # stitch.py's grid cells: top-left, top-right, bottom-left (bottom-right black)
+SSIM_WINDOW, SSIM_SIGMA, SSIM_C1, SSIM_C2 = 11, 1.5, 0.01 ** 2, 0.03 ** 2  # Wang et al. 2004, intensities in [0, 1]
+CURVES = {"eval_reward": "held-out reward (eval_reward)", "reward_mean": "training reward (reward_mean)",
+          "eval_loss": "held-out loss (eval_loss; each family's own loss)"}  # metrics.jsonl keys -> plot panels
+PLOT_FORMATS = (".png", ".pdf", ".svg")
+RUN_KEYS = ("config", "init", "objective", "data", "frames", "height", "width", "text_len", "seed", "holdout", "vae",
+            "vae_ckpt", "ema", "guidance", "conditional_frame_timestep")  # what is read of a run's config.json
+
+# -----------------------------------------------------------------------------
+# Metrics: weight-free, batched, videos [B, 3, T, H, W] in [-1, 1]
+
+
+def to_unit(video):
+    """[-1, 1] -> intensities in [0, 1], float32 (values outside are clamped, as an mp4 would store them)."""
+    return (video.float().clamp(-1, 1) + 1) / 2
+
+
+def check_pair(pred, target, what):
+    if pred.shape != target.shape or pred.ndim != 5 or pred.shape[1] != 3:
+        raise ValueError(f"{what}: pred {tuple(pred.shape)} and target {tuple(target.shape)}: need two videos of one "
+                         "shape [B, 3, T, H, W]")
+
+
+def psnr(pred, target):
+    """PSNR in dB, [B] float64: 10 log10(1 / MSE) of each frame's [0, 1] intensities, averaged over the frames (an
+    identical frame gives inf, and so does its mean)."""
+    check_pair(pred, target, "psnr")
+    mse = (to_unit(pred).double() - to_unit(target).double()).square().mean(dim=(1, 3, 4))  # [B, T]
+    return (10 * torch.log10(1 / mse)).mean(dim=1)
+
+
+def gaussian_window(size=SSIM_WINDOW, sigma=SSIM_SIGMA):
+    """[size, size] float64 Gaussian weights summing to 1."""
+    x = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
+    g = torch.exp(-x.square() / (2 * sigma ** 2))
+    return torch.outer(g, g) / g.sum() ** 2
+
+
+def ssim(pred, target):
+    """SSIM, [B] float64: the standard SSIM of Wang et al. 2004 (Gaussian window 11, sigma 1.5, C1 = 0.01^2,
+    C2 = 0.03^2 on [0, 1] intensities; the map over every window that fits inside the frame), per RGB channel and
+    frame, averaged over pixels and channels, then over the frames."""
+    check_pair(pred, target, "ssim")
+    B, C, T, H, W = pred.shape
+    if min(H, W) < SSIM_WINDOW:
+        raise ValueError(f"ssim: frames of {H}x{W} are smaller than the {SSIM_WINDOW}x{SSIM_WINDOW} window")
+    # float64: in float32, E[x^2] - mu^2 cancels to errors of ~1e-7, a 1e-4 error against C2 in flat regions
+    x, y = (to_unit(v).double().transpose(1, 2).reshape(B * T, C, H, W) for v in (pred, target))
+    window = gaussian_window().to(x)[None, None].expand(C, 1, SSIM_WINDOW, SSIM_WINDOW)
+
+    def blur(v):  # each channel on its own
+        return F.conv2d(v, window, groups=C)
+    mu_x, mu_y = blur(x), blur(y)
+    var_x, var_y, cov = blur(x * x) - mu_x * mu_x, blur(y * y) - mu_y * mu_y, blur(x * y) - mu_x * mu_y
+    s = (2 * mu_x * mu_y + SSIM_C1) * (2 * cov + SSIM_C2) / ((mu_x * mu_x + mu_y * mu_y + SSIM_C1)
+                                                              * (var_x + var_y + SSIM_C2))
+    return s.mean(dim=(1, 2, 3)).view(B, T).mean(dim=1)
+
+
+def resize(video, size):
+    """[B, 3, T, h, w] -> [B, 3, T, *size] frame by frame, by area averaging (a downscale: each source pixel counts
+    once, so fine detail is averaged away alike in a grid cell and a full-size view)."""
+    B, C, T, h, w = video.shape
+    if (h, w) == tuple(size):
+        return video
+    frames = F.interpolate(video.float().transpose(1, 2).reshape(B * T, C, h, w), size=tuple(size), mode="area")
+    return frames.reshape(B, T, C, *size).transpose(1, 2)
+
+
+def camera_views(video, layout, size=None):
+    """{"ext_1", "ext_2", "wrist"} -> [B, 3, T, h, w]: the cells of a 2x2 grid video [B, 3, T, H, W] (layout "grid";
+    the black bottom-right cell is no camera), or the views of [B, V, 3, T, H, W] in data.VIEW_ORDER (layout
+    "views"); resized to size (h, w) when given."""
+    if layout == "grid" and video.ndim == 5 and video.shape[1] == 3:
+        h, w = video.shape[-2] // 2, video.shape[-1] // 2
+        views = {"ext_1": video[..., :h, :w], "ext_2": video[..., :h, w: 2 * w], "wrist": video[..., h: 2 * h, :w]}
+    elif layout == "views" and video.ndim == 6 and video.shape[1:3] == (len(data.VIEW_ORDER), 3):
+        views = {name: video[:, i] for i, name in enumerate(data.VIEW_ORDER)}
+    else:
+        raise ValueError(f"camera_views: a {layout!r} video of shape {tuple(video.shape)}; need layout 'grid' with "
+                         f"[B, 3, T, H, W] or 'views' with [B, {len(data.VIEW_ORDER)}, 3, T, H, W]")
+    return {c: views[c] if size is None else resize(views[c], size) for c in CAMERAS}
+
+
+def view_metrics(pred, truth, layout, size):
+    """{"<camera>/psnr", "<camera>/ssim", "psnr", "ssim" (the means over cameras)}: [B] each, on frames 1.. of pred
+    against truth (frame 0 conditions the generation), both cut into camera views of size (h, w)."""
+    pred, truth = camera_views(pred, layout, size), camera_views(truth, layout, size)
+    out = {}
+    for c in CAMERAS:
+        out[f"{c}/psnr"] = psnr(pred[c][:, :, 1:], truth[c][:, :, 1:])
+        out[f"{c}/ssim"] = ssim(pred[c][:, :, 1:], truth[c][:, :, 1:])
+    for name in ("psnr", "ssim"):
+        out[name] = torch.stack([out[f"{c}/{name}"] for c in CAMERAS]).mean(dim=0)
+    return out
+
+
+def reward_video(video, layout):
+    """Frames 1.. of a grid video [B, 3, T, H, W], or of views [B, V, 3, T, H, W] put into Path B's 2x2 grid, as
+    train.grpo_step scores a views run's rollouts."""
+    if layout == "views":
+        video = torch.cat([reward.grid_from_views(v, data.VIEW_ORDER) for v in video])
+    return video[:, :, 1:].float()
+
+
+# -----------------------------------------------------------------------------
+# Runs: what train.py trained, on which held-out episodes
+
+
+@dataclasses.dataclass
+class Run:
+    path: str  # the run directory as given
+    cfg: dict  # its config.json
+    checkpoint: str  # its newest complete step directory (the one evaluated)
+    step: int  # its training step
+    views: bool  # a camera net on a views folder (Path A's multi-view model), else 2x2 grids
+    dataset: object  # data.GridClips | data.ViewClips of its data folder, built as train.py built it
+    held_out: dict  # stem -> dataset index of the videos train.py kept out of training
+    guidance: float  # the CFG it is sampled with
+
+    @property
+    def family(self):
+        return f"{'Predict2.5' if is_p25(get_config(self.cfg['config'])) else 'Predict2'} " \
+               f"{'views' if self.views else 'grid'}"
+
+    @property
+    def view_size(self):
+        H, W = self.cfg["height"], self.cfg["width"]
+        return (H, W) if self.views else (H // 2, W // 2)
+
+
+def held_out_stems(videos, holdout):
+    """{stem: index} of the videos train.py holds out: the last `holdout` in the dataset's (name) order, -1 meaning
+    max(1, n // 50) as train.main computes it."""
+    n = len(videos)
+    k = holdout if holdout >= 0 else max(1, n // 50)
+    return {videos[i].stem: i for i in range(n - k, n)}
+
+
+def run_guidance(path, run, given):
+    """--guidance if given (>= 0), else the run's own: GRPO / NFT their rollouts' (grpo.guidance, nft.guidance), SFT
+    the guidance its sample videos used (train.py --guidance, default 7.0)."""
+    if given >= 0:
+        return given
+    objective = run["objective"]
+    if objective == "sft":
+        return float(run["guidance"])
+    if "guidance" not in run.get(objective, {}):
+        raise ValueError(f"{path}/config.json: objective {objective!r} without {objective}.guidance; pass --guidance")
+    return float(run[objective]["guidance"])
+
+
+def open_run(path, cfg):
+    """The run in `path` checked (config, newest complete checkpoint, VAE file, data folder) and its held-out videos
+    listed, before any model is built; ValueError (one line, naming the run) for anything that is not a usable run."""
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        raise ValueError(f"{path}: not a train.py run directory (no config.json); pass the --out of a train.py run")
+    with open(config) as f:
+        run = json.load(f)
+    missing = [k for k in RUN_KEYS if k not in run]
+    if missing:
+        raise ValueError(f"{config}: no {missing}; not written by this train.py")
+    latest = resume.find_resume(path)
+    if latest is None:
+        raise ValueError(f"{path}: no complete checkpoint (step_*/ with .metadata and meta.json) to evaluate; let the "
+                         "run save one (train.py --save-every N, or its end)")
+    if cfg.ema and not run["ema"]:
+        raise ValueError(f"--ema: the run in {path} kept no EMA (train.py --ema); drop --ema")
+    if run["vae"] == "real" and not os.path.isfile(run["vae_ckpt"]):
+        raise ValueError(f"{path}: its VAE checkpoint {run['vae_ckpt']} (config.json vae_ckpt) is not a file here")
+    if not os.path.isdir(run["data"]):
+        raise ValueError(f"{path}: its data folder {run['data']!r} (config.json data) is not here; run evaluate.py "
+                         "where train.py ran (relative paths are from there)")
+    mcfg = get_config(run["config"])
+    text = dict(text_len=run["text_len"], text_dim=mcfg.crossattn_proj_in_channels, seed=run["seed"],
+                **text_settings(run))
+    views = bool(mcfg.camera_channels)
+    dataset = (data.ViewClips if views else data.GridClips)(run["data"], run["frames"], run["height"], run["width"],
+                                                            **text)
+    held_out = held_out_stems(dataset.videos, run["holdout"])
+    if not held_out:
+        raise ValueError(f"{path}: trained with --holdout 0, so every video of {run['data']} was trained on; "
+                         "evaluate.py compares runs on held-out episodes (train with --holdout N, or -1 for 2%)")
+    return Run(path, run, latest, resume.read_meta(latest)["step"], views, dataset, held_out,
+               run_guidance(path, run, cfg.guidance))
+
+
+def text_settings(run):
+    """The text GridClips / ViewClips read for a run, as train.main chooses it: the stand-in, T5 or Reason1."""
+    tiny = run["config"] in sample.TINY_CONFIGS
+    return dict(text="standin" if sample.standin_text(run["config"], run["data"]) else "t5",
+                text_encoder="reason1" if is_p25(get_config(run["config"])) and not tiny else "t5")
+
+
+def common_stems(runs):
+    """The stems every run holds out, in name order; a ValueError naming each run's when there is none."""
+    common = sorted(set.intersection(*(set(r.held_out) for r in runs)))
+    if not common:
+        held = "; ".join(f"{r.path} holds out {shown(sorted(r.held_out))}" for r in runs)
+        raise ValueError(f"the runs hold out no common episode ({held}): compare runs of one LeRobot source (a grid "
+                         "and a views folder stitched from it share stems)")
+    return common
+
+
+def shown(items, most=4):
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def held_out_clip(run, stem, device, dtype):
+    """(video, text, camera) of a held-out episode's window at frame 0: video [1, 3, T, H, W] or views [V, 3, T, H, W]
+    float32 in [-1, 1] as training reads them (cache.Windows: GridClips' / ViewClips' own code and checks), the prompt
+    embedding [1, L, D] and a views run's Pluecker map [1, V*T', H/16, W/16, C] (else None)."""
+    index = run.held_out[stem]
+    item = cache.Windows(run.dataset, [(index, 0)])[0]
+    if "error" in item:
+        raise ValueError(f"{run.path}: held-out video {stem} of {run.cfg['data']}: {item['error']}")
+    text, _ = data.clip_text(run.dataset, run.dataset.videos[index])
+    video = item["video"].to(device)  # float32: the truth is not rounded to the compute dtype
+    if not run.views:
+        return video[None], text[None].to(device), None
+    camera = views_map(item["w2c"].to(device), item["intrinsics"].to(device), run.cfg["height"], run.cfg["width"])
+    return video, text[None].to(device), camera[None].to(dtype)
+
+
+@torch.no_grad()
+def evaluate_run(run, stems, cfg, terms, device, size):
+    """The run's newest checkpoint on each held-out stem: {"clips": [per clip: stem, seed, metrics, rewards],
+    "metrics", "rewards" (their means over clips)}."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    net = resume.build_from_step(run.checkpoint, device, cfg.ema).to(dtype).eval()
+    vae = vae_lib.build_vae(run.cfg["vae"], run.cfg["vae_ckpt"], device, dtype)
+    mcfg, settings = net.cfg, text_settings(run.cfg)
+    neg, neg_source = data.negative_embedding(run.cfg["data"], run.cfg["text_len"], mcfg.crossattn_proj_in_channels,
+                                              standin=settings["text"] == "standin",
+                                              text_encoder=settings["text_encoder"])
+    p25 = dict(grid=flow.checkpoint_defaults(run.cfg["init"], run.cfg["config"])[0],
+               conditional_frame_timestep=run.cfg["conditional_frame_timestep"]) if is_p25(mcfg) else {}
+    print(f"evaluate: {run.checkpoint}{' (EMA)' if cfg.ema else ''}: {run.family}, guidance {run.guidance}, "
+          f"negative prompt {neg_source}" + (f", UniPC {p25['grid']} grid" if p25 else ""), flush=True)
+    layout, clips = "views" if run.views else "grid", []
+    for i, stem in enumerate(stems):
+        truth, text, camera = held_out_clip(run, stem, device, dtype)
+        first = truth[:, :, :1]  # only the conditioning frame goes in: no later frame can leak into the generation
+        given = torch.cat([first, torch.full_like(first, -1).expand(-1, -1, truth.shape[2] - 1, -1, -1)], dim=2)
+        generated = sample.generate(net, vae, given.to(dtype), text, neg[None].to(device), cfg.steps, run.guidance,
+                                    cfg.seed + i, camera=camera, **p25).float()
+        if run.views:  # one sample of V views
+            generated, truth = generated[None], truth[None]
+        metrics = view_metrics(generated, truth, layout, size)
+        rewards = reward.score(terms, video=reward_video(generated, layout))
+        clips.append({"stem": stem, "seed": cfg.seed + i, "metrics": {k: v.item() for k, v in metrics.items()},
+                      "rewards": {k: v.item() for k, v in rewards.items()}})
+    del net, vae
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    mean = lambda part: {k: sum(c[part][k] for c in clips) / len(clips) for k in clips[0][part]}  # noqa: E731
+    return {"clips": clips, "metrics": mean("metrics"), "rewards": mean("rewards")}
+
+
+# -----------------------------------------------------------------------------
+# Output: the table, the curves of metrics.jsonl, the plot
+
+
+def table(rows, terms):
+    """One row per run: name, family, step, CFG, PSNR / SSIM per camera and their means, the total reward and each
+    term's; fixed-width columns."""
+    rewards = ["reward"] + [t.name for t in terms]
+    head = ["run", "family", "step", "cfg"] + [f"{c} {m}" for c in CAMERAS for m in ("psnr", "ssim")] + \
+        ["psnr", "ssim"] + rewards
+    lines = [head]
+    for row in rows:
+        m, r = row["metrics"], row["rewards"]
+        lines.append([row["run"], row["family"], str(row["step"]), f"{row['guidance']:g}"]
+                     + [f"{m[f'{c}/{k}']:.{2 if k == 'psnr' else 4}f}" for c in CAMERAS for k in ("psnr", "ssim")]
+                     + [f"{m['psnr']:.2f}", f"{m['ssim']:.4f}"] + [f"{r[k]:.4g}" for k in rewards])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    return "\n".join("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in
+                               enumerate(zip(line, widths))).rstrip() for line in lines)
+
+
+def read_curves(path):
+    """{metrics.jsonl key in CURVES: [(step, value)]} of a run (the last row per step: a killed run's rows past its
+    checkpoint are logged again after the resume); a torn last line (a run still writing) is left out."""
+    file = os.path.join(path, "metrics.jsonl")
+    if not os.path.exists(file):
+        return {}
+    with open(file) as f:
+        lines = f.read().splitlines()
+    rows = {}
+    for n, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(lines):
+                continue
+            raise ValueError(f"{file}:{n}: not valid JSON (only a last line torn by a kill may be): the file is "
+                             "damaged") from None
+        rows[row["step"]] = row
+    curves = {key: [(s, row[key]) for s, row in sorted(rows.items()) if row.get(key) is not None] for key in CURVES}
+    return {key: points for key, points in curves.items() if points}
+
+
+def plot_curves(path, curves):
+    """One figure at path, a panel per CURVES quantity that some run logged, a line per run; curves [(label,
+    read_curves(run))]. Returns the panels' keys (none: nothing is written)."""
+    keys = [key for key in CURVES if any(key in c for _, c in curves)]
+    if not keys:
+        return keys
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for label, c in curves:
+            if key in c:
+                ax.plot(*zip(*c[key]), "o-" if len(c[key]) < 30 else "-", lw=1.2, ms=3, label=label)
+        ax.set_title(CURVES[key], fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path + ".tmp" + os.path.splitext(path)[1]
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)  # a reader never sees a half-written plot
+    return keys
+
+
+# -----------------------------------------------------------------------------
+# CLI
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    runs: tuple = ()  # train.py run directories (config.json + a complete checkpoint), one or more
+    clips: int = 4  # held-out clips per run: the first N of the episodes every run holds out
+    steps: int = 35  # sampler steps (Predict2: Euler + AB2; Predict2.5: UniPC)
+    guidance: float = -1.0  # CFG for every run; default -1: each run's own (GRPO --grpo-guidance, NFT --nft-guidance,
+    # SFT its sample videos' --guidance, 7.0 unless set)
+    seed: int = 0  # initial noise of clip i: seed + i, the same for every run
+    reward: str = "default"  # reward terms scored on the grid video (reward.parse_rewards: default, module:fn=WEIGHT)
+    plot: str = "compare.png"  # the plot of the runs' curves (.png, .pdf or .svg; needs matplotlib)
+    device: str = ""  # cuda | cpu (default: cuda when available)
+    ema: bool = False  # each run's EMA weights (train.py --ema) instead of its raw ones
+
+
+def parse_config(argv):
+    """The flags, checked before any run is read."""
+    cfg = cli.parse(EvalConfig, argv, description=__doc__, positional=("runs",), prog="evaluate.py")
+    if cfg.clips < 1 or cfg.steps < 1:
+        raise ValueError(f"--clips {cfg.clips} and --steps {cfg.steps} must be >= 1")
+    if cfg.guidance < 0 and cfg.guidance != -1:
+        raise ValueError(f"--guidance {cfg.guidance}: >= 0, or -1 for each run's own")
+    if cfg.device not in ("", "cuda", "cpu"):
+        raise ValueError(f"--device {cfg.device!r}: cuda or cpu")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    if os.path.splitext(cfg.plot)[1].lower() not in PLOT_FORMATS:
+        raise ValueError(f"--plot {cfg.plot}: end it in {', '.join(PLOT_FORMATS)}")
+    plot = os.path.abspath(cfg.plot)
+    for run in cfg.runs:  # evaluate.py writes nothing into a run
+        if os.path.commonpath([plot, os.path.abspath(run)]) == os.path.abspath(run):
+            raise ValueError(f"--plot {cfg.plot} is inside the run {run}: evaluate.py never writes into a run; put it "
+                             "elsewhere")
+    return cfg
+
+
+def pixel_terms(spec):
+    """reward.parse_rewards(spec), refusing terms that read the latent: a grid run's and a views run's latents have
+    nothing in common, so evaluate.py scores decoded frames only."""
+    terms = reward.parse_rewards(spec)
+    latent = [t.name for t in terms if t.needs_latent]
+    if latent:
+        raise ValueError(f"--reward {spec}: {latent} read the latent; evaluate.py scores the decoded grid video only "
+                         "(a Path A and a Path B run share no latent): drop them or give a video version")
+    return terms
+
+
+def main(argv=None):
+    cfg = parse_config(sys.argv[1:] if argv is None else argv)
+    terms = pixel_terms(cfg.reward)
+    plots = importlib.util.find_spec("matplotlib") is not None  # optional, as for train.py's loss.png
+    runs = [open_run(path, cfg) for path in cfg.runs]
+    common = common_stems(runs)
+    stems = common[: cfg.clips]
+    size = (min(r.view_size[0] for r in runs), min(r.view_size[1] for r in runs))
+    partial = [r.path for r in runs if len(r.held_out) > len(common)]
+    print(f"evaluate: {len(stems)} held-out clip(s) {shown(stems)} of {len(common)} every run holds out"
+          + (f" (--clips {cfg.clips})" if len(stems) < cfg.clips else "")
+          + (f"; {', '.join(partial)} hold out more" if partial else "")
+          + f"; cameras {', '.join(CAMERAS)} compared at {size[0]}x{size[1]}", flush=True)
+    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    rows = []
+    for run in runs:
+        result = evaluate_run(run, stems, cfg, terms, device, size)
+        rows.append({"run": run.path, "family": run.family, "config": run.cfg["config"],
+                     "objective": run.cfg["objective"], "step": run.step, "guidance": run.guidance,
+                     "ema": cfg.ema, **result})
+    if plots:
+        keys = plot_curves(cfg.plot, [(run.path, read_curves(run.path)) for run in runs])
+        print(f"evaluate: wrote {cfg.plot} ({', '.join(keys)})" if keys else
+              f"evaluate: no curves ({', '.join(CURVES)}) in the runs' metrics.jsonl: no plot", flush=True)
+    else:
+        print(f"evaluate: {cfg.plot}: matplotlib is not installed (pip install matplotlib): no plot", flush=True)
+    print(table(rows, terms), flush=True)
+    print(json.dumps({"stems": stems, "view_size": list(size), "steps": cfg.steps, "seed": cfg.seed,
+                      "reward": cfg.reward, "runs": rows}), flush=True)
+
+
+if __name__ == "__main__":
+    cli.main(main, user_errors=(ValueError, OSError, ckpt.CheckpointError))

@@ -1,0 +1,202 @@
+"""evaluate.py: weight-free metrics (PSNR, SSIM, camera views) checked by hand, and the comparison of a Path B grid run
+with a Path A views run trained on one synthetic LeRobot source (runs and evaluations in this process:
+run_utils.in_process)."""
+import json
+import math
+import os
+import shutil
+
+import pytest
+import torch
+
+import data
+import evaluate
+import stitch
+import train
+from run_utils import check, in_process
+
+# -----------------------------------------------------------------------------
+# Metrics
+
+
+def test_psnr_by_hand():
+    black = torch.full((2, 3, 2, 16, 16), -1.0)
+    pred = black.clone()
+    pred[0, :, 0] += 0.2  # intensity 0.1 in frame 0: MSE 0.01, 20 dB
+    pred[0, :, 1] += 0.02  # 0.01 in frame 1: MSE 1e-4, 40 dB
+    pred[1] = 1.5  # clamped to white: MSE 1, 0 dB
+    got = evaluate.psnr(pred, black)
+    assert got.shape == (2,) and got.dtype == torch.float64
+    assert got[0].item() == pytest.approx(30.0, abs=1e-4)  # the mean of the frames' PSNR, not of a pooled MSE (23 dB)
+    assert got[1].item() == pytest.approx(0.0, abs=1e-6)
+    assert evaluate.psnr(black, black).tolist() == [math.inf, math.inf]
+    with pytest.raises(ValueError, match="one shape"):
+        evaluate.psnr(pred, black[:1])
+
+
+def test_ssim_by_hand_symmetric_and_per_sample():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(2, 3, 3, 24, 20, generator=gen) * 2 - 1
+    assert evaluate.ssim(x, x).tolist() == pytest.approx([1.0, 1.0], abs=1e-6)
+    a = torch.full((1, 3, 2, 16, 16), 0.0)  # intensity 0.5 against 0.6: only the luminance term is left
+    got = evaluate.ssim(a, a + 0.2).item()
+    assert got == pytest.approx((2 * 0.5 * 0.6 + 1e-4) / (0.5 ** 2 + 0.6 ** 2 + 1e-4), abs=1e-5)
+    noisy = (x + 0.3 * torch.randn(x.shape, generator=gen)).clamp(-1, 1)
+    s = evaluate.ssim(x, noisy)
+    assert torch.equal(s, evaluate.ssim(noisy, x)) and (s < 0.9).all() and (s > 0).all()
+    assert evaluate.ssim(x[1:], noisy[1:]).item() == pytest.approx(s[1].item(), abs=1e-12)  # samples independent
+    shifted = (x + 0.1).clamp(-1, 1)  # a constant brightness shift costs a little, noise a lot
+    assert (evaluate.ssim(x, shifted) > s).all()
+    with pytest.raises(ValueError, match="window"):
+        evaluate.ssim(x[..., :10, :], x[..., :10, :])
+
+
+def test_ssim_matches_skimage():
+    metrics = pytest.importorskip("skimage.metrics")
+    gen = torch.Generator().manual_seed(1)
+    x = torch.rand(1, 3, 1, 32, 40, generator=gen)
+    y = (x + 0.2 * torch.randn(x.shape, generator=gen)).clamp(0, 1)
+    ref = metrics.structural_similarity(x[0, :, 0].double().numpy(), y[0, :, 0].double().numpy(), channel_axis=0,
+                                        data_range=1.0, gaussian_weights=True, sigma=1.5, use_sample_covariance=False)
+    assert evaluate.ssim(x * 2 - 1, y * 2 - 1).item() == pytest.approx(ref, abs=1e-4)
+
+
+def test_camera_views_of_a_grid_and_of_views():
+    grid = torch.full((1, 3, 2, 8, 12), -1.0)
+    grid[..., :4, :6], grid[..., :4, 6:], grid[..., 4:, :6] = 0.1, 0.2, 0.3  # ext_1, ext_2, wrist; black cell
+    cells = evaluate.camera_views(grid, "grid")
+    assert list(cells) == ["ext_1", "ext_2", "wrist"]
+    assert [v.shape for v in cells.values()] == [(1, 3, 2, 4, 6)] * 3
+    assert [v.unique().item() for v in cells.values()] == pytest.approx([0.1, 0.2, 0.3])
+    views = torch.stack([torch.full((3, 2, 8, 12), float(i)) for i in range(3)])[None]  # data.VIEW_ORDER
+    by_name = evaluate.camera_views(views, "views", size=(4, 6))
+    assert all(by_name[name].unique().item() == i for i, name in enumerate(data.VIEW_ORDER))
+    checker = torch.tensor([[1.0, -1.0], [-1.0, 1.0]]).repeat(4, 6).expand(1, 3, 2, 8, 12)
+    assert torch.equal(evaluate.resize(checker, (4, 6)), torch.zeros(1, 3, 2, 4, 6))  # area: each 2x2 block's mean
+    with pytest.raises(ValueError, match="views"):
+        evaluate.camera_views(grid, "views")
+
+
+def test_held_out_stems_and_guidance_as_train_computes_them():
+    videos = [data.Video(f"v{i:03d}", "", "", 9) for i in range(120)]
+    assert evaluate.held_out_stems(videos, -1) == {"v118": 118, "v119": 119}  # 2%, the last in order
+    assert evaluate.held_out_stems(videos[:10], -1) == {"v009": 9}  # at least one
+    assert evaluate.held_out_stems(videos, 0) == {}
+    sft = {"objective": "sft", "guidance": 7.0}
+    assert evaluate.run_guidance("r", sft, -1.0) == 7.0 and evaluate.run_guidance("r", sft, 2.0) == 2.0
+    assert evaluate.run_guidance("r", {"objective": "grpo", "guidance": 7.0, "grpo": {"guidance": 4.5}}, -1) == 4.5
+    assert evaluate.run_guidance("r", {"objective": "nft", "nft": {"guidance": 0.0}}, -1) == 0.0
+    with pytest.raises(ValueError, match="pass --guidance"):
+        evaluate.run_guidance("r", {"objective": "nft"}, -1)
+
+
+def test_curves_and_plot(tmp_path):
+    rl, sft = tmp_path / "rl", tmp_path / "sft"
+    rl.mkdir(), sft.mkdir()
+    rows = [{"step": 1, "reward_mean": 0.2}, {"step": 2, "reward_mean": 0.3, "eval_reward": 0.25,
+                                              "eval_reward_default": 0.25}]
+    (rl / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "rew')  # torn
+    (sft / "metrics.jsonl").write_text(json.dumps({"step": 5, "loss": 1.0, "eval_loss": 0.8}) + "\n")
+    curves = [("rl", evaluate.read_curves(str(rl))), ("sft", evaluate.read_curves(str(sft)))]
+    assert curves[0][1] == {"eval_reward": [(2, 0.25)], "reward_mean": [(1, 0.2), (2, 0.3)]}
+    assert curves[1][1] == {"eval_loss": [(5, 0.8)]}
+    pytest.importorskip("matplotlib")
+    path = str(tmp_path / "cmp.png")
+    assert evaluate.plot_curves(path, curves) == ["eval_reward", "reward_mean", "eval_loss"]
+    assert os.path.getsize(path) > 0 and sorted(os.listdir(tmp_path)) == ["cmp.png", "rl", "sft"]  # no temporary
+    assert evaluate.plot_curves(str(tmp_path / "none.png"), [("x", {})]) == [] and not (tmp_path / "none.png").exists()
+    (sft / "metrics.jsonl").write_text('{"step": 1\n' + json.dumps({"step": 2, "eval_loss": 1.0}) + "\n")
+    with pytest.raises(ValueError, match="metrics.jsonl:1"):
+        evaluate.read_curves(str(sft))
+
+
+# -----------------------------------------------------------------------------
+# Runs: Path B (Predict2 grid) and Path A (Predict2.5 views) of one synthetic LeRobot source
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{"grid": run, "views": run, ...}: 2-step runs with --holdout 1 on a grid and a views folder stitched from
+    one source (4 episodes, held out: the last, raw__ep000003), at train.py's tiny sizes."""
+    root = tmp_path_factory.mktemp("evaluate")
+    raw = str(root / "raw")
+    stitch.make_synthetic(raw, lengths=(48, 40, 56, 44), cameras=True)
+    size = f"{train.TINY['height']}x{train.TINY['width']}"
+    out = {}
+    for layout, config in (("grid", "tiny"), ("views", "p25-tiny-agibot")):
+        stitch.stitch(raw, str(root / layout), stride=4, frames=train.TINY["frames"], size=size, workers=1,
+                      layout=layout)
+        out[layout] = str(root / f"run_{layout}")
+        check(in_process(train, ["--config", config, "--data", str(root / layout), "--out", out[layout], "--steps",
+                                 "2", "--holdout", "1"]))
+    return out
+
+
+def test_a_grid_run_and_a_views_run_in_one_table_and_one_plot(runs, tmp_path):
+    plot = str(tmp_path / "compare.png")
+    proc = check(in_process(evaluate, [runs["grid"], runs["views"], runs["grid"], "--steps", "2", "--plot", plot]))
+    lines = proc.stdout.strip().splitlines()
+    result = json.loads(lines[-1])
+    head = next(line for line in lines if line.startswith("run "))
+    assert all(f"{c} {m}" in head for c in ("ext_1", "ext_2", "wrist") for m in ("psnr", "ssim"))
+    assert "reward" in head and "default" in head
+    assert [line.split()[0] for line in lines[lines.index(head) + 1: -1]] == [runs["grid"], runs["views"], runs["grid"]]
+    assert result["stems"] == ["raw__ep000003"] and result["view_size"] == [32, 56]  # the grid's cell size
+    rows = result["runs"]
+    assert [(r["family"], r["step"], r["guidance"]) for r in rows[:2]] == [("Predict2 grid", 2, 7.0),
+                                                                          ("Predict2.5 views", 2, 7.0)]
+    for row in rows:
+        values = [*row["metrics"].values(), *row["rewards"].values()]
+        assert len(row["metrics"]) == 8 and all(math.isfinite(v) for v in values)
+        assert -1 < row["metrics"]["ssim"] < 1 and row["rewards"]["reward"] > 0  # SSIM may be < 0 for noise
+    assert rows[0] == rows[2]  # the same run twice: the same numbers
+    assert rows[0]["metrics"] != rows[1]["metrics"]
+    assert os.path.getsize(plot) > 0 and f"wrote {plot} (eval_loss)" in proc.stdout
+
+
+def test_both_runs_see_the_same_episode_camera_by_camera(runs):
+    """The held-out truth of the grid run and of the views run, cut into cameras at the common size, is one episode:
+    each camera matches its namesake (stitched from one source camera, once into a cell, once at full size)
+    and no other."""
+    cfg = evaluate.parse_config([runs["grid"], runs["views"]])
+    grid, views = (evaluate.open_run(runs[k], cfg) for k in ("grid", "views"))
+    truth_grid = evaluate.held_out_clip(grid, "raw__ep000003", torch.device("cpu"), torch.float32)[0]
+    truth_views = evaluate.held_out_clip(views, "raw__ep000003", torch.device("cpu"), torch.float32)[0][None]
+    cells = evaluate.camera_views(truth_grid, "grid", (32, 56))
+    full = evaluate.camera_views(truth_views, "views", (32, 56))
+    for a in evaluate.CAMERAS:
+        for b in evaluate.CAMERAS:
+            match = evaluate.psnr(cells[a], full[b]).item()
+            assert match > 20 if a == b else match < 12, (a, b, match)  # measured: 24.5-26 dB, 7-8.4 dB
+
+
+def test_refusals_name_the_run_before_any_model_is_built(runs, tiny_grid, tmp_path):
+    other = str(tmp_path / "other")  # held out: the last video of the tiny default's own synthetic source
+    check(in_process(train, ["--data", tiny_grid, "--out", other, "--steps", "1", "--holdout", "1"]))
+    trained_on_all = str(tmp_path / "all")
+    check(in_process(train, ["--data", tiny_grid, "--out", trained_on_all, "--steps", "1", "--holdout", "0"]))
+    broken = str(tmp_path / "broken")
+    shutil.copytree(runs["grid"], broken)
+    os.remove(os.path.join(broken, "step_00000002", "meta.json"))
+    (tmp_path / "empty").mkdir()
+    others = data.list_videos(tiny_grid)[-1].stem  # the last video of another synthetic source
+    cases = [([other, runs["views"]], ["raw__ep000003", others, "no common episode"]),
+             ([str(tmp_path / "empty")], ["empty: not a train.py run directory"]),
+             ([broken], [broken, "missing or incomplete"]),
+             ([trained_on_all], [trained_on_all, "--holdout 0"]),
+             ([runs["grid"], "--ema"], [runs["grid"], "kept no EMA"]),
+             ([runs["grid"], "--reward", "default,reward_plugins:black_latent"], ["black_latent", "read the latent"]),
+             ([runs["grid"], "--plot", os.path.join(runs["grid"], "cmp.png")], ["inside the run"]),
+             ([runs["grid"], "--guidance", "-2"], ["--guidance -2.0"])]
+    for argv, words in cases:
+        proc = in_process(evaluate, argv)
+        assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
+        assert proc.stderr.startswith("evaluate.py: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+        assert all(w in proc.stderr for w in words), (words, proc.stderr)
+        assert "ckpt: resumed" not in proc.stdout  # refused before a network was built
+    assert not os.path.exists(os.path.join(runs["grid"], "cmp.png"))
+
+
+def test_every_flag_has_help():
+    helps = evaluate.cli.field_help(evaluate.EvalConfig)
+    assert all(helps.get(f) for f in evaluate.EvalConfig.__dataclass_fields__)
