@@ -88,8 +88,7 @@ class BenchConfig:
     mem_budget: float = 0.0  # --sac auto: per-rank memory budget in GiB; picks the fastest per-block mix that fits
     vs: str = ""  # diffusers: the same step on diffusers' CosmosTransformer3DModel with our weights, each side in its
     # own process, and the ratio table (diffusers-vae: WanVAE vs AutoencoderKLWan; peer.py)
-    vs_side: str = ""  # --vs diffusers: one side alone, here: peer (diffusers with our weights) | stock (a diffusers
-    # user's run: its own init, PEFT LoRA, no nanocosmos code in the timed step)
+    vs_side: str = ""  # --vs diffusers: one side alone here: peer (diffusers, our weights) | stock (a diffusers user's)
     vs_standalone: bool = False  # --vs diffusers: also time stock diffusers; fail if it and the in-bench side differ
     vs_tolerance: float = 0.03  # --vs-standalone: the largest |standalone / in-bench - 1| accepted
 

@@ -29,7 +29,7 @@ the two diffusers times differ by more than --vs-tolerance (3%).
 Why processes (issue 23): in one process our attention's `sdpa_kernel(..., set_priority=True)` ran first and, on
 exit, wrote back the order it had read: torch's not yet initialised one, flash first (torch installs its cuDNN-first
 Hopper default once, lazily, at the first SDPA call). Every later SDPA call of the process, diffusers' included, then
-ran flash instead of cuDNN. The peer also held views of our tensors instead of parameters of its own.
+ran flash instead of cuDNN. The peer also held our tensors (assigned into a meta-built model), not its own.
 The VAE case: vae.WanVAE vs AutoencoderKLWan (peer_net.vae_to_diffusers), encode and decode of one random video at
 --frames x --height x --width in --dtype, in one process (both call SDPA without a kernel context), each side as its
 pipeline runs it (ours: cfg.temporal_window frames per encoder call; theirs: 4, clamped output), peak above the
@@ -69,8 +69,8 @@ PEFT_MISSING = ("--lora with stock diffusers (--vs-standalone, --vs-side stock) 
 CASES = ("diffusers", "diffusers-vae")
 SIDES = ("peer", "stock")
 # environment variables that change a step's kernels or allocator, recorded in each side's global_state
-ENV_KNOBS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "DIFFUSERS_ATTN_BACKEND", "TORCH_CUDNN_SDPA_DEPRIORITIZED",
-             "CUBLAS_WORKSPACE_CONFIG", "CUDA_LAUNCH_BLOCKING", "NVIDIA_TF32_OVERRIDE")
+ENV_KNOBS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "DIFFUSERS_ATTN_BACKEND",
+             "TORCH_CUDNN_SDPA_DEPRIORITIZED", "CUBLAS_WORKSPACE_CONFIG", "CUDA_LAUNCH_BLOCKING", "NVIDIA_TF32_OVERRIDE")
 
 
 
@@ -124,8 +124,9 @@ def global_state():
                 reduced_fp16=mm.allow_fp16_reduced_precision_reduction,
                 cudnn=dict(enabled=cudnn.enabled, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic,
                            tf32=cudnn.allow_tf32),
-                deterministic=torch.are_deterministic_algorithms_enabled(), default_dtype=str(torch.get_default_dtype()),
-                sdpa_enabled=[k.name for k in _cur_sdpa_kernel_backends()], sdpa_order=torch._C._get_sdp_priority_order(),
+                deterministic=torch.are_deterministic_algorithms_enabled(),
+                default_dtype=str(torch.get_default_dtype()), sdpa_enabled=[k.name for k in _cur_sdpa_kernel_backends()],
+                sdpa_order=torch._C._get_sdp_priority_order(),
                 dynamo=_changed(torch._dynamo.config), inductor=_changed(torch._inductor.config),
                 env={k: os.environ.get(k) for k in ENV_KNOBS})
 
