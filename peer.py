@@ -156,7 +156,9 @@ def time_diffusers(model, b, cfg, step):
     res = time_steps(lambda: step(trainable), b, device)
     res.update(mode=("GC" if gc_on else "no GC") + (" + compile" if b.compile else ""), global_state=state,
                trainable_params=sum(p.numel() for p in trainable), trainable_dtypes=sorted({str(p.dtype).replace(
-                   "torch.", "") for p in trainable}), sdpa_choice=sdpa_choice(cfg, b, device, dtype))
+                   "torch.", "") for p in trainable}))
+    if res["status"] == "ok":  # (after an OOM the probe's own tensor could fail too)
+        res["sdpa_choice"] = sdpa_choice(cfg, b, device, dtype)
     if b.compile:
         res.update(graph_breaks=sum(counters["graph_break"].values()), unique_graphs=counters["stats"]["unique_graphs"])
     return res
