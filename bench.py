@@ -29,8 +29,10 @@ import sys
 import time
 from dataclasses import dataclass
 
-# before the first CUDA allocation: growable segments keep fragmentation from turning a fit into an OOM
-os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+# before torch is imported: growable segments keep fragmentation from turning a fit into an OOM. Not under --vs, whose
+# diffusers sides (peer.py) keep the environment they were given, as a diffusers user's process would
+if not any(a == "--vs" or a.startswith("--vs=") for a in sys.argv[1:]):
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
@@ -74,7 +76,7 @@ class BenchConfig:
     profile: str = ""  # write a per-kernel time table here (one extra profiled step) and add shares to the JSON
     sweep: bool = False  # run SWEEP, each entry in its own subprocess, forwarding --compile/--steps/...
     out: str = ""  # also append the JSON line(s) to this file
-    timeout: int = 300  # seconds per sweep entry
+    timeout: int = 300  # seconds per sweep entry (--vs: per side of a case)
     ckpt_load: bool = False  # instead of a step: ckpt.load of a synthetic bf16 checkpoint vs cat (uses --device)
     size_gb: float = 28.0  # --ckpt-load: checkpoint size (14B block shapes; < 1 GB: tiny shapes)
     dir: str = ""  # --ckpt-load: where the synthetic checkpoint is written once and reused
@@ -84,8 +86,11 @@ class BenchConfig:
     cp: int = 1  # --world: train.py --cp C, ranks splitting each sample's latent frames (C divides N): rank 0's frames
     link_gb_s: float = 450.0  # --world: link bandwidth per rank and direction, GB/s (NVLink 4: 450; IB NDR 400G: 50)
     mem_budget: float = 0.0  # --sac auto: per-rank memory budget in GiB; picks the fastest per-block mix that fits
-    vs: str = ""  # diffusers: run the same step on diffusers' CosmosTransformer3DModel in this process and print the
-    # ratio table (diffusers-vae: WanVAE vs AutoencoderKLWan; peer.py)
+    vs: str = ""  # diffusers: the same step on diffusers' CosmosTransformer3DModel with our weights, each side in its
+    # own process, and the ratio table (diffusers-vae: WanVAE vs AutoencoderKLWan; peer.py)
+    vs_side: str = ""  # --vs diffusers: one side alone here: peer (diffusers, our weights) | stock (a diffusers user's)
+    vs_standalone: bool = False  # --vs diffusers: also time stock diffusers; fail if it and the in-bench side differ
+    vs_tolerance: float = 0.03  # --vs-standalone: the largest |standalone / in-bench - 1| accepted
 
 
 # The BENCHMARKS.md table: v2w-2b full fine-tune under every mode, v2w-14b LoRA r=32 under block and attn.
