@@ -620,8 +620,9 @@ def check_samples(x0s, conds):
                                    ("negative prompt embedding", cond.neg_crossattn_emb), ("camera", cond.camera))
               if t is not None and not bool(torch.isfinite(t).all())]
     cause = (f"its {', '.join(inputs)} hold NaN/Inf: the clip or its text embedding is damaged" if inputs else
-             "its inputs are finite: the policy diverged (lower --grpo-lr, resume from an earlier checkpoint)")
-    raise FloatingPointError(f"GRPO rollouts of {len(bad)} of {len(x0s)} groups are NaN/Inf before scoring (the "
+             "its inputs are finite: the policy diverged (lower the --grpo-lr / --nft-lr, resume from an earlier "
+             "checkpoint)")
+    raise FloatingPointError(f"RL rollouts of {len(bad)} of {len(x0s)} groups are NaN/Inf before scoring (the "
                              f"rewards were not called); group {bad[0]} (key {cond.key}): {cause}")
 
 

@@ -309,6 +309,10 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
     old_is_current = update == 0 or decay_at(cfg, update - 1) == 0  # the last refresh copied theta exactly
     with adapters(net, params, old) if not old_is_current else nullcontext():
         x0s = [timed("rollout", lambda: rollout_group(net, cond, latent_shape, cfg, generator)) for cond in conds]
+    if agree is not None:  # before any decode or reward: a NaN sample is named as such, on every rank
+        agree("checking the rollouts", lambda: grpo.check_samples(x0s, conds))
+    else:
+        grpo.check_samples(x0s, conds)
     mine, reward_metrics = grpo.score_groups(x0s, score, decode, cfg, timed, agree)
     if reward_metrics["adv_std"] == 0:  # every advantage on every rank is 0 (all-tie groups): nothing to learn, and
         # the same on every rank (gathered); no forward and no optimizer step (AdamW's decay would still move weights)
@@ -332,7 +336,8 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
     metrics = {"loss": float(sums[0]), **reward_metrics, "kl_ref": float(sums[1]) if cfg.kl_coef > 0 else None,
                "data_loss": float(sums[2]) if cfg.data_coef > 0 else None, "old_deviation": float(sums[3]),
                "old_decay": decay, "grad_norm": stats["grad_norm"], "micro_steps": stats["micro_steps"] * world,
-               "skipped_updates": stats["skipped"]}
+               "skipped_updates": stats["skipped"], "nonfinite_steps": stats["nonfinite_steps"],
+               **({"skipped": "nonfinite"} if stats["nonfinite_steps"] else {})}  # train.py counts them, as SFT's
     times["optimizer"] = stats["optimizer_s"]
     times["update"] = times.get("update", 0.0) - stats["optimizer_s"]
     metrics.update({f"s_{name}": times.get(name, 0.0) for name in ("rollout", "decode", "reward", "update",

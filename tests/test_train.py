@@ -594,7 +594,7 @@ def test_grpo_nonfinite_updates_stop_after_max_nonfinite_and_nan_rollouts_are_na
         return ro
     monkeypatch.setattr(grpo, "rollout_group", diverged)
     proc = run(args + ["--out", str(tmp_path / "nan_rollout")], check=False)
-    assert proc.returncode == 2 and "GRPO rollouts of 1 of 1 groups are NaN/Inf before scoring (the rewards were " \
+    assert proc.returncode == 2 and "RL rollouts of 1 of 1 groups are NaN/Inf before scoring (the rewards were " \
         "not called); group 0 (key (0, 0)): its inputs are finite: the policy diverged" in proc.stderr, proc.stderr
     assert "reward term" not in proc.stderr
 
