@@ -3,13 +3,14 @@
     python train.py                                            # tiny built-in default, CPU, a few minutes
     torchrun --nproc_per_node=8 train.py --config v2w-14b --init droid --data DIR
     torchrun --nproc_per_node=8 train.py --config v2w-2b --init 2b-480p-16fps --data DIR --sac block
-    python train.py --objective grpo --lora 4 --steps 20 --out runs/tiny-grpo   # GRPO on the tiny default (--grpo-*)
-    python train.py --objective nft --lora 4 --steps 20 --out runs/tiny-nft     # DiffusionNFT on it (--nft-*)
+    python train.py --objective nft --init out/step_00001000 --lora 4 --out runs/tiny-nft     # DiffusionNFT (--nft-*)
+    python train.py --objective grpo --init out/step_00001000 --lora 4 --out runs/tiny-grpo   # GRPO (--grpo-*)
     python train.py --config p25-tiny --out runs/p25-tiny      # the Predict2.5 tiny default
 
-Flags not given take the preset of --config: tiny, p25-tiny (data/tiny_grid, 9x64x112, 200 steps at lr 2e-3, warm-up
-20, the tiny VAE) or every other config (93x432x768, 20k steps at lr 2^-14.5, warm-up 1000, the real VAE). GRPO has
-its own optimizer flags (--grpo-lr, ...; NFT: --nft-lr, ...): the SFT ones are refused with an RL objective.
+Flags not given take the preset of --config: tiny, p25-tiny (data/tiny_grid, 9x64x112, 1000 steps at lr 2e-3,
+warm-up 20, the tiny codec, 2 held-out videos; an RL objective: TINY_RL) or every other config (93x432x768, 20k
+steps at lr 2^-14.5, warm-up 1000, the real VAE). The RL objectives have their own optimizer flags (--grpo-lr, ...;
+--nft-lr, ...): the SFT ones are refused with them.
 One script, top to bottom: config -> setup -> data -> run directory -> model -> optimizer -> resume -> loop.
 """
 import dataclasses
