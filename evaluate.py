@@ -376,7 +376,8 @@ class EvalConfig:
     guidance: float = -1.0  # CFG for every run; default -1: each run's own (GRPO --grpo-guidance, NFT --nft-guidance,
     # SFT its sample videos' --guidance, 7.0 unless set)
     seed: int = 0  # initial noise of clip i: seed + i, the same for every run
-    reward: str = "default"  # reward terms scored on the grid video (reward.parse_rewards: default, module:fn=WEIGHT)
+    reward: str = ""  # reward terms scored on the grid video (reward.parse_rewards: default, module:fn=WEIGHT); "": the
+    # runs' own --reward when every RL run among them shares one, else default
     plot: str = "compare.png"  # the plot of the runs' curves (.png, .pdf or .svg; needs matplotlib)
     device: str = ""  # cuda | cpu (default: cuda when available)
     ema: bool = False  # each run's EMA weights (train.py --ema) instead of its raw ones
@@ -414,11 +415,26 @@ def pixel_terms(spec):
     return terms
 
 
+def runs_reward(paths):
+    """The --reward of the RL runs among `paths` when they all share one, else "default" (the grid reward)."""
+    specs = set()
+    for path in paths:
+        with open(os.path.join(path, "config.json")) as f:
+            run = json.load(f)
+        if run.get("objective", "sft") != "sft":
+            specs.add(run["reward"])
+    return specs.pop() if len(specs) == 1 else "default"
+
+
 def main(argv=None):
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
-    terms = pixel_terms(cfg.reward)
+    if cfg.reward:
+        pixel_terms(cfg.reward)  # a bad spec fails before any run is read
     plots = importlib.util.find_spec("matplotlib") is not None  # optional, as for train.py's loss.png
     runs = [open_run(path, cfg) for path in cfg.runs]
+    cfg.reward = cfg.reward or runs_reward(cfg.runs)
+    print(f"evaluate: reward {cfg.reward}", flush=True)
+    terms = pixel_terms(cfg.reward)
     common = common_stems(runs)
     stems = common[: cfg.clips]
     size = (min(r.view_size[0] for r in runs), min(r.view_size[1] for r in runs))

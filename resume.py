@@ -497,8 +497,9 @@ def plot_metrics(path, history, held_out=True):
     steps = [r["step"] for r in updates]
     loss = np.array([r["loss"] for r in updates], dtype=np.float64)
     if grpo_run:
-        ax.plot(steps, loss, lw=0.8, label="surrogate loss")
-        ax.set_ylabel("surrogate loss (~0 at ratio 1)")
+        nft_run = any("old_decay" in r for r in updates)  # NFT's loss is a flow-matching loss, GRPO's a surrogate
+        ax.plot(steps, loss, lw=0.8, label="NFT loss" if nft_run else "surrogate loss")
+        ax.set_ylabel("NFT loss (read the reward)" if nft_run else "surrogate loss (~0 at ratio 1)")
     else:
         ax.plot(steps, loss, lw=0.6, alpha=0.5, label="train loss")
         n = min(20, len(loss))

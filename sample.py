@@ -211,7 +211,8 @@ class SampleConfig:
     height: int = 0  # pixels, a multiple of 16 (default: the run's, or 64 for tiny, 432)
     width: int = 0  # pixels, a multiple of 16 (default: the run's, or 112 for tiny, 768)
     steps: int = 35  # sampler steps (Predict2.5 Karras grid: steps + 1 network evaluations)
-    guidance: float = 7.0  # CFG, upstream convention x0_c + g (x0_c - x0_u) (Predict2.5: v_c + g (v_c - v_u))
+    guidance: float = 7.0  # CFG, upstream convention x0_c + g (x0_c - x0_u) (Predict2.5: v_c + g (v_c - v_u));
+    # default for a GRPO/NFT run: its rollouts' (--grpo-guidance / --nft-guidance: NFT's policy is CFG-free)
     grid: str = ""  # Predict2.5 only: shift | karras (default: upstream's for --ckpt: karras for p25-2b-post,
     # else shift)
     conditional_frame_timestep: float = -1.0  # Predict2.5 only: -1 = the noisy frames' time, 0.1 -> t = 1e-4 (default:
@@ -261,6 +262,9 @@ def parse_config(argv):
     if saved is not None:
         run = {k: saved[k] for k in ("config", "vae", "vae_ckpt", "data", "frames", "height", "width") if k in saved}
         run_p25 = {k: saved[k] for k in ("init", "conditional_frame_timestep") if k in saved}  # sampler defaults
+        objective = saved.get("objective", "sft")
+        if objective != "sft" and objective in saved:  # an RL run: the CFG its policy was trained to sample with
+            run["guidance"] = saved[objective]["guidance"]
         if "config" in given and given["config"] != run["config"]:
             raise ValueError(f"--config {given['config']}: the run in {ckpt} trained {run['config']}; pass --ckpt "
                              f"with a {given['config']} run (train.py --config {given['config']} --out DIR), or "
