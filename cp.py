@@ -43,6 +43,34 @@ def make_mesh(device_type, world, cp):
     return rank // cp, world // cp, mesh.get_group("cp")
 
 
+def dp_coords(cp):
+    """(dp_rank, dp_world) of this rank when cp groups are cp consecutive ranks (make_mesh's layout)."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    return rank // cp, world // cp
+
+
+def gather_groups(local, cp=1):
+    """[..., n] -> [..., dp * n]: each dp group's tensor in dp rank order, taken from the first rank of its cp group.
+
+    RL's rewards: the cp ranks of a group ran the same rollouts, so one copy per group enters the statistics, and
+    what is derived from it (the advantages) is the same on all of them (the loss must be: this file's docstring).
+    The buffers are allocated on local's device, which must be the process group's (CUDA under NCCL: an all_gather
+    into host memory is not a supported call)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, local.contiguous())
+    return torch.cat(parts[::cp], dim=-1)
+
+
+def sum_groups(t, cp=1):
+    """All-reduce sum of `t` in place over the dp groups (over all ranks, / cp: a cp group's ranks hold copies)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+        t /= cp
+    return t
+
+
 def check_split(cp, config, num_heads, latent_frames, frames):
     """--cp must split the heads and the latent frames (views included) evenly: else one line naming the fix."""
     if cp < 1:

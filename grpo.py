@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+import cp
 import flow
 from lora import set_lora_enabled
 from model import denoise
@@ -450,7 +451,8 @@ def step_weights(rollout: Rollout, cfg: GRPOConfig):
     return {i: w / mean for i, w in raw.items()}
 
 
-def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, generator=None, set_grad_sync=None):
+def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, generator=None, set_grad_sync=None,
+                cp_size=1):
     """Train on a batch of rollouts: backward over every (trajectory, trained step), accumulated, then step.
 
     rollouts: list of Rollout (one per group); advantages: per rollout a [K] tensor (advantages[g][k]).
@@ -461,8 +463,9 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
 
     Under torch.distributed (FSDP2: every forward is a collective) every rank runs the same number of micro-steps
     per chunk: a rank with fewer real micro-steps pads with zero-weight ones (they run, and add nothing). Each real
-    micro-step's loss is scaled by world / (real micro-steps of the chunk on all ranks), so the mean over ranks that
-    FSDP reduces is the mean over real micro-steps. A chunk with no real micro-step on any rank is skipped on every
+    micro-step's loss is scaled by dp / (real micro-steps of the chunk in all dp groups), so the mean over dp groups
+    that FSDP reduces (train.shard_model: a sum over the cp_size ranks of a cp group, which hold the same rollouts
+    and advantages, / dp) is the mean over real micro-steps. A chunk with no real micro-step on any rank is skipped on every
     rank alike: no forward, and no optimizer step (Adam's momentum and weight decay would still move the weights).
 
     Returns a dict of stats, including the health checks of the first chunk (theta == theta_old there):
@@ -470,7 +473,7 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     step grad_norm (before clipping) and grads_outside_params (must be 0). A non-finite grad norm skips that
     optimizer step and is counted in nonfinite_steps.
     """
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    dp = (dist.get_world_size() if dist.is_initialized() else 1) // cp_size
     items = [(g, k) for g, adv in enumerate(advantages) for k in range(len(adv))
              if float(adv[k]) != 0.0 or not cfg.drop_zero_advantage]
     stats = {"trajectories": len(items), "micro_steps": 0, "padded_steps": 0, "opt_steps": 0, "skipped_chunks": 0,
@@ -484,9 +487,9 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     micro = [[(g, k, i) for g, k in items[c::n_chunks] for i in rollouts[g].train_steps] for c in range(n_chunks)]
     local = torch.tensor([len(m) for m in micro], dtype=torch.float64, device=rollouts[0].states.device)
     longest, total = local.clone(), local.clone()
-    if world > 1:  # one collective each, before any forward: every rank decides the same
+    if dist.is_initialized() and dist.get_world_size() > 1:  # before any forward: every rank decides the same
         dist.all_reduce(longest, op=dist.ReduceOp.MAX)
-        dist.all_reduce(total)
+        cp.sum_groups(total, cp_size)
     if cfg.recompute_old_logp and total.sum() > 0:
         for g in sorted({g for g, _ in items}):
             recompute_old_log_probs(net, rollouts[g], cfg)
@@ -499,7 +502,7 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
         if total[c] == 0:  # nothing to train in this chunk on any rank
             stats["skipped_chunks"] += 1
             continue
-        n_micro, scale = int(longest[c]), world / float(total[c])
+        n_micro, scale = int(longest[c]), dp / float(total[c])
         padding = [(0, 0, rollouts[0].train_steps[0], 0.0)] * (n_micro - len(chunk)) if rollouts[0].train_steps \
             else []
         if len(chunk) + len(padding) != n_micro:
@@ -570,16 +573,6 @@ def probe_after_update(net, rollout: Rollout, cfg: GRPOConfig):
 # One update of a training run (train.py): rollouts -> decode -> rewards -> advantages over all ranks -> update
 
 
-def gather(local):
-    """[..., n] -> [..., world * n], every rank's tensor in rank order. The buffers are allocated on local's device,
-    which must be the process group's (CUDA under NCCL: an all_gather into host memory is not a supported call)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return local
-    parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, local.contiguous())
-    return torch.cat(parts, dim=-1)
-
-
 def window_starts(cfg: GRPOConfig, n_groups, seed):
     """One Flow-GRPO-Fast window start per group, from a CPU generator seeded alike on every rank (None without a
     window): under FSDP every rank must run the same number of forwards, and same_latent makes that count depend
@@ -641,7 +634,7 @@ def agreed_names(scores):
     return list(everyone[0][0])
 
 
-def score_groups(x0s, score, decode, cfg, timed, agree=None):
+def score_groups(x0s, score, decode, cfg, timed, agree=None, cp_size=1):
     """Decode (only if a reward needs pixels) and score every group's K samples, gather all ranks' scores and turn
     the rewards into advantages over all ranks' groups (collective). x0s: per group a [K, C, T, H, W] latent.
     cfg: any config with group_size, adv_eps, adv_clip, global_std, std_ddof (GRPO's, NFT's).
@@ -657,9 +650,8 @@ def score_groups(x0s, score, decode, cfg, timed, agree=None):
     scores = agree("scoring the rollouts", score_all) if agree is not None else score_all()
     names = agreed_names(scores)
     local = torch.stack([torch.cat([s[n].float().reshape(-1) for s in scores]).to(device) for n in names])
-    everyone = gather(local).double().cpu()  # [names, world * groups * K], rank-major
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    everyone = cp.gather_groups(local, cp_size).double().cpu()  # [names, dp * groups * K], dp-rank-major
+    rank, world = cp.dp_coords(cp_size)  # --cp: a cp group's ranks scored the same rollouts; one copy counts
     keys = [(r, g) for r in range(world) for g in range(len(x0s)) for _ in range(cfg.group_size)]
     rewards = everyone[names.index("reward")]
     advantages = group_advantages(rewards, keys, eps=cfg.adv_eps, clip=cfg.adv_clip, global_std=cfg.global_std,
@@ -673,12 +665,14 @@ def score_groups(x0s, score, decode, cfg, timed, agree=None):
 
 
 def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, score, decode, seed, window_seed,
-               agree=None):
+               agree=None, cp_size=1):
     """One GRPO update over this rank's groups (collective under torch.distributed: call it on every rank).
 
     conds: one Condition per group (a clip and its prompt). score(video, latent) -> {"reward": [K], name: [K], ...}
     (reward.score: the same names on every rank); decode(latent [K, C, T, H, W]) -> video, or None when no reward
-    needs pixels. seed: this rank's rollout noise; window_seed: the same on every rank. agree(what, fn): runs the
+    needs pixels. seed: this dp group's rollout noise; window_seed: the same on every rank. cp_size: ranks per cp
+    group (--cp: they run the same rollouts, each forward split by cp.py; one copy of their rewards counts, so their
+    advantages and micro-steps agree, or the all-to-alls would deadlock). agree(what, fn): runs the
     scoring so that a failure on one rank raises on every rank (ckpt.agree) instead of leaving the others waiting.
     Returns (stats of grpo_update, metrics: rewards over all ranks, advantages, means over all ranks, s per phase).
     """
@@ -692,24 +686,24 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
         agree("checking the rollouts", lambda: check_samples(x0s, conds))
     else:
         check_samples(x0s, conds)
-    mine, reward_metrics = score_groups(x0s, score, decode, cfg, timed, agree)
+    mine, reward_metrics = score_groups(x0s, score, decode, cfg, timed, agree, cp_size)
     stats = timed("update", lambda: grpo_update(net, optimizer, params, rollouts, list(mine), cfg,
-                                               set_grad_sync=getattr(net, "set_requires_gradient_sync", None)))
+                                               set_grad_sync=getattr(net, "set_requires_gradient_sync", None),
+                                               cp_size=cp_size))
     times["optimizer"] = stats["optimizer_s"]
     times["update"] -= stats["optimizer_s"]
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    # means over every rank's real micro-steps (a rank may have none)
+    dp = (dist.get_world_size() if dist.is_initialized() else 1) // cp_size
+    # means over every dp group's real micro-steps (a rank may have none); a cp group's ranks hold copies
     sums = torch.tensor([stats[k] * stats["micro_steps"] for k in ("loss", "clipfrac_in_update", "approx_kl_in_update",
                                                                    "kl")]
                         + [stats["micro_steps"], stats["trajectories"], stats["padded_steps"]]
                         + [stats[k] or 0.0 for k in ("clipfrac", "approx_kl")], dtype=torch.float64, device=device)
-    if world > 1:
-        dist.all_reduce(sums)
+    cp.sum_groups(sums, cp_size)
     n = max(1.0, float(sums[4]))
     probed = stats["clipfrac"] is not None  # an update that stepped (the same on every rank)
     metrics = {"loss": float(sums[0]) / n, **reward_metrics, "first_ratio": stats["first_ratio"],
-               "clipfrac": float(sums[7]) / world if probed else None,
-               "approx_kl": float(sums[8]) / world if probed else None,
+               "clipfrac": float(sums[7]) / dp if probed else None,
+               "approx_kl": float(sums[8]) / dp if probed else None,
                "clipfrac_in_update": float(sums[1]) / n, "approx_kl_in_update": float(sums[2]) / n,
                "kl_ref": float(sums[3]) / n if cfg.kl_coef > 0 else None,
                "grad_norm": stats["grad_norm"][-1] if stats["grad_norm"] else None,

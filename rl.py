@@ -106,7 +106,8 @@ def old_adapters(cfg, net):
 
 
 def step(net, vae, optimizer, params, cfg, batch, neg_text, terms, update, rank, seed, old=None):
-    """One update of cfg.objective on this rank's batch (collective: every rank calls it). Returns its metrics row."""
+    """One update of cfg.objective on this rank's batch (collective: every rank calls it). Returns its metrics row.
+    rank: the data-parallel rank (--cp: the ranks of a cp group roll out the same groups, each forward split)."""
     conds = conditions(cfg, batch, neg_text, rank)
     views = len(data.VIEW_ORDER) if batch[2] is not None else 0
     score = lambda video, x0: reward.score(terms, video=video, latent=x0)  # noqa: E731
@@ -114,7 +115,7 @@ def step(net, vae, optimizer, params, cfg, batch, neg_text, terms, update, rank,
     if cfg.objective == "grpo":
         _, metrics = grpo.train_step(net, optimizer, params, conds, shape, cfg.grpo, score, decoder(vae, terms, views),
                                      seed=seed(update, "rollout", rank), window_seed=seed(update, "window"),
-                                     agree=reward_agree())
+                                     agree=reward_agree(), cp_size=cfg.cp)
     else:
         _, metrics = nft.train_step(net, optimizer, params, list(old.values()), conds, shape, cfg.nft, score,
                                     decoder(vae, terms, views), seed=seed(update, "rollout", rank), update=update,

@@ -156,9 +156,9 @@ def validate(cfg, given=None):
     unused = {}
     views = len(data.VIEW_ORDER) if mcfg.camera_channels else 1  # stacked on latent time, split with it
     cp.check_split(cfg.cp, cfg.config, mcfg.num_heads, (1 + (cfg.frames - 1) // 4) * views, cfg.frames)
-    if cfg.cp > 1 and cfg.objective != "sft":
-        raise ValueError(f"--cp {cfg.cp} with --objective {cfg.objective}: RL's rollout keys, advantages and micro-step"
-                         " padding count global ranks, not cp groups (not done yet); use --cp 1")
+    if cfg.cp > 1 and cfg.objective == "nft":
+        raise ValueError(f"--cp {cfg.cp} with --objective nft: NFT's rewards, advantages and loss scale count global "
+                         "ranks, not cp groups (not done yet; GRPO composes with --cp); use --cp 1")
     if cfg.cp > 1 and cfg.sac == "auto":
         raise ValueError(f"--cp {cfg.cp} with --sac auto: the auto plan measures a block without CP; pick a --sac mode"
                          f" with `bench.py --world N --cp {cfg.cp}` (docs/memory.md)")
@@ -797,7 +797,7 @@ def main(argv=None):
             row = {"loss": all_mean(loss, device), "lr": lr, "grad_norm": grad_norm, **nonfinite_fields(cause)}
         else:
             row = {"lr": lr, **rl.step(net, vae, optimizer, trainable, cfg, to_latent(next(loader)), neg_text, terms,
-                                       step, rank, lambda *key: sample_seed(cfg.seed, *key), old)}
+                                       step, dp_rank, lambda *key: sample_seed(cfg.seed, *key), old)}
         if ema is not None and "skipped" not in row:  # a skipped update left the weights as they were
             with torch.no_grad():
                 torch._foreach_lerp_(ema, [p.detach() for p in trainable], 1 - ema_beta(step, cfg.ema))

@@ -1,6 +1,7 @@
 """Context parallelism (cp.py, --cp N) on CPU gloo: the CP forward and its gradients equal the no-CP run to fp32
 rounding (2 and 4 ranks, a camera net included), train.py's loss curves equal over 3 steps, checkpoints resume under
-another (dp, cp) layout, and the refusals. docs/memory.md, "Context parallelism", has the design and its promises.
+another (dp, cp) layout, the refusals, and GRPO updates equal the ones without CP. docs/memory.md, "Context
+parallelism", has the design and its promises.
 """
 import json
 import os
@@ -142,13 +143,14 @@ def run_dir(tmp_path_factory):
     return root
 
 
-def train(run_dir, out, steps, ranks=0, *flags):
-    """train.py on the 13-frame grid, at a constant lr (the schedule depends on --steps, which resuming changes) of
-    1e-5 (Adam turns fp32 rounding noise in near-zero gradients into +-lr updates: kept far below the tolerance)."""
+def train(run_dir, out, steps, ranks=0, *flags, sft=True):
+    """train.py on the 13-frame grid; SFT at a constant lr (the schedule depends on --steps, which resuming changes)
+    of 1e-5 (Adam turns fp32 rounding noise in near-zero gradients into +-lr updates: kept far below the tolerance)."""
     import train as train_py
     args = ["--data", str(run_dir / "grid"), "--frames", "13", "--steps", str(steps), "--save-every", "1",
-            "--warmup", "0", "--lr", "1e-5", "--lr-min-ratio", "1", "--init", str(run_dir / "init.safetensors"),
-            "--guard-max-ratio", "10", "--out", str(run_dir / out), *flags]  # the tiny preset samples every 100
+            "--guard-max-ratio", "10", "--out", str(run_dir / out)]  # the tiny preset samples every 100
+    args += (["--warmup", "0", "--lr", "1e-5", "--lr-min-ratio", "1", "--init", str(run_dir / "init.safetensors")]
+             if sft else []) + list(flags)
     proc = script(args, torchrun=ranks) if ranks else in_process(train_py, args)
     return proc, metrics(run_dir / out)
 
@@ -226,11 +228,11 @@ def test_four_ranks_dp2_cp2_continues_a_dp2_run(run_dir, dp2):
 
 @pytest.mark.parametrize("flags,message", [
     (["--cp", "0"], "--cp 0: >= 1"),
-    (["--cp", "2", "--frames", "13", "--objective", "grpo", "--lora", "4"], "--cp 2 with --objective grpo"),
     (["--cp", "2", "--frames", "13", "--sac", "auto", "--mem-budget", "10"], "--cp 2 with --sac auto"),
     (["--cp", "2"], "--cp 2: 3 latent frames (--frames 9) do not split evenly over 2 ranks"),
     (["--cp", "4", "--frames", "13"], "--cp 4: tiny has 2 heads"),
     (["--cp", "2", "--config", "p25-tiny-agibot"], "--cp 2: 9 latent frames (--frames 9)"),  # 3 views x 3
+    (["--cp", "2", "--frames", "13", "--objective", "nft"], "--cp 2 with --objective nft"),
 ])
 def test_train_refuses(flags, message):
     import train as train_py
@@ -245,3 +247,102 @@ def test_compiled_blocks_with_selective_checkpointing(run_dir, ref):
     assert proc.returncode == 0, proc.stderr[-3000:]
     for step in (1, 2):
         assert close(got[step]["loss"], ref[step]["loss"]) and close(got[step]["grad_norm"], ref[step]["grad_norm"])
+
+
+# -----------------------------------------------------------------------------
+# GRPO under --cp: the cp ranks of a group roll out the same trajectories (each forward split), one copy of their
+# rewards enters the advantages, and the LoRA update equals the one of a process without CP
+
+GRPO_LATENT = (16, 4, 4, 4)  # C, T, H, W: 4 latent frames (2 per cp rank), the first one conditioning
+
+
+def _grpo_update(rank, world, cp_size):
+    """grpo.train_step of one group per dp group, under train.shard_model as train.py runs it (no dist: plain net).
+    Returns (metrics, the LoRA gradients of the optimizer step, the updated LoRA weights), all full tensors."""
+    import grpo
+    from train import shard_model
+    torch.manual_seed(0)
+    net = DiT(get_config("tiny"))
+    net.init_weights()
+    params = add_lora(net, 4)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in params:  # B starts at zero: a non-trivial policy
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    dp_rank = 0
+    if dist.is_initialized():
+        dp_rank, _, group = cp.make_mesh("cpu", world, cp_size)
+        cp.enable(net, group)
+        shard_model(net, torch.device("cpu"), cp_size)
+    params = [p for p in net.parameters() if p.requires_grad]
+    full = (lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t)
+    g = torch.Generator().manual_seed(10 + dp_rank)  # a clip and prompt per dp group
+    emb, gt = torch.randn(2, 8, 1024, generator=g), torch.randn(1, *GRPO_LATENT, generator=g)
+    cond = grpo.Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt,
+                          condition_mask=condition_mask(gt, 1), key=(dp_rank, 0))
+    cfg = grpo.GRPOConfig(num_steps=3)
+    optimizer = grpo.lora_optimizer(net, params, cfg)
+    grads = []
+    optimizer.register_step_pre_hook(lambda *_: grads.extend(full(p.grad).clone() for p in params))
+
+    def score(video, latent):  # a reward that depends on every element of the sample
+        return {"reward": (latent * torch.linspace(-1, 1, latent[0].numel()).view(latent[0].shape)).mean((1, 2, 3, 4))}
+    _, metrics = grpo.train_step(net, optimizer, params, [cond], GRPO_LATENT, cfg, score, lambda x0: None,
+                                 seed=100 + dp_rank, window_seed=7, cp_size=cp_size)
+    return metrics, grads, [full(p.detach()).clone() for p in params]
+
+
+def _same_update(got, ref):
+    (metrics, grads, weights), (metrics_ref, grads_ref, weights_ref) = got, ref
+    assert metrics["first_ratio"] == metrics_ref["first_ratio"] == 1.0  # exactly: rollout and training agree bitwise
+    for key in ("reward_mean", "reward_std", "adv_std", "loss", "grad_norm"):
+        assert metrics[key] == pytest.approx(metrics_ref[key], rel=1e-5, abs=1e-7), (key, metrics, metrics_ref)
+    for key in ("trajectories", "micro_steps", "padded_steps", "opt_steps"):
+        assert metrics[key] == metrics_ref[key], (key, metrics, metrics_ref)
+    assert len(grads) == len(grads_ref) > 0 and len(weights) == len(weights_ref) > 0
+    for a, b in zip(grads, grads_ref):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max(), ((a - b).abs().max(), b.abs().max())
+    lr = 1e-4  # GRPOConfig's: Adam's first step is ~lr sign(grad), so elements with |grad| near its eps (1e-8) may
+    for a, b, grad in zip(weights, weights_ref, grads_ref):  # move by up to 2 lr on fp32 rounding; the rest agree
+        assert ((a - b).abs() - 2 * lr * (grad.abs() < 1e-6)).max() <= 1e-7, (a - b).abs().max()
+
+
+def test_grpo_update_equals_the_no_cp_update():
+    """--cp 2 on 2 ranks (train.shard_model's FSDP2) equals one process: rewards, advantages, ratio exactly 1, LoRA
+    gradients and updated weights to fp32 rounding."""
+    ref = _grpo_update(0, 1, 1)
+    assert ref[0]["reward_std"] > 0 and ref[0]["micro_steps"] > 0 and ref[0]["opt_steps"] == 1
+    for got in run_dist(_grpo_update, 2, 300, 2):
+        _same_update(got, ref)
+
+
+def test_train_grpo_dp2_cp2_equals_dp2(run_dir):
+    """train.py --objective grpo: dp 2 x cp 2 on 4 ranks equals dp 2 x cp 1 on 2 ranks over 2 updates (rollout
+    seeds and group keys by dp rank, advantages over both dp groups from one copy each, counts over dp groups)."""
+    from safetensors.torch import save_file
+    init = run_dir / "init_lora.safetensors"  # adapters in the init: their random init depends on the FSDP layout
+    torch.manual_seed(0)
+    net = DiT(get_config("tiny"))
+    net.init_weights()
+    add_lora(net, 4)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            if "lora" in name:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(init))
+    flags = ["--objective", "grpo", "--lora", "4", "--grpo-num-steps", "3", "--init", str(init),
+             "--reward", "tests.reward_plugins:black_latent", "--eval-steps", "2", "--grpo-group-size", "4",
+             "--batch-size", "1"]  # latent-only: no decoding; small, for time
+    _, ref = train(run_dir, "grpo_dp2", 2, 2, *flags, sft=False)
+    proc, got = train(run_dir, "grpo_dp2cp2", 2, 4, "--cp", "2", *flags, sft=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(dp 2 x cp 2)" in proc.stdout
+    for step in (1, 2):
+        assert got[step]["first_ratio"] == ref[step]["first_ratio"] == 1.0
+        assert ref[step]["reward_std"] > 0 and ref[step]["grad_norm"] > 0
+        for key in ("reward_mean", "reward_std", "adv_std", "loss", "grad_norm"):
+            assert close(got[step][key], ref[step][key]), (step, key, got[step], ref[step])
+        for key in ("trajectories", "micro_steps", "padded_steps", "opt_steps"):
+            assert got[step][key] == ref[step][key], (step, key, got[step], ref[step])
+        assert close(got[step]["eval_reward"], ref[step]["eval_reward"])
