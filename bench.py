@@ -214,7 +214,7 @@ def run_plan(b: BenchConfig, shard=True):
     kernels); W = 1: a real one-rank group, as train.py on one GPU. shard=False: no process group (train.py on a CPU
     without torchrun), for comparison."""
     import torch.distributed as dist
-    import train  # here, not at the top: train.py imports data, VAE and GRPO code the benchmark does not need
+    import build
     device, cuda = torch.device(b.device), b.device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32  # train.py's compute dtype (fp32 master weights)
     torch.manual_seed(b.seed)
@@ -258,7 +258,7 @@ def run_plan(b: BenchConfig, shard=True):
     try:
         if shard:
             cp.enable(net, cp.make_mesh(device.type, world, cp_size)[2])  # as train.py: before compile and FSDP
-            train.shard_model(net, device, cp_size)  # the function train.py shards with
+            build.shard_model(net, device, cp_size)  # the function train.py shards with
         net.to_empty(device=device)
         net.init_weights()
         trainable = [p for p in net.parameters() if p.requires_grad]  # after fully_shard: the DTensor parameters

@@ -200,11 +200,11 @@ def read_cache_json(cache_dir: str) -> dict:
 
 
 def lock_out(out: str):
-    """Rank 0's claim on CACHE/.lock for the whole build (resume.claim: a second cache.py on it is refused; imported
-    here: resume.py pulls in torch.distributed.checkpoint (~2 s), which a reader of the cache never needs)."""
-    import resume
+    """Rank 0's claim on CACHE/.lock for the whole build (rundir.claim: a second cache.py on it is refused; imported
+    here: rundir.py pulls in torch.distributed.checkpoint (~2 s), which a reader of the cache never needs)."""
+    import rundir
     os.makedirs(out, exist_ok=True)
-    return resume.claim(os.path.join(out, ".lock"), f"--out {out} is in use by a running cache.py ({{holder}}): wait "
+    return rundir.claim(os.path.join(out, ".lock"), f"--out {out} is in use by a running cache.py ({{holder}}): wait "
                         "for it to finish, or use another --out")
 
 

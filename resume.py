@@ -11,13 +11,11 @@ newest complete one and is written only after the rename; a rotated-out one is r
 Every step's meta.json records a checksum of every tensor saved (formats.bitsum, summed over the ranks' shards);
 resume, export, ckpt.load and `ckpt.py check` verify the bytes they read against it, so a flipped bit is an error that
 names the tensor. A state with a NaN/Inf is never saved; a full disk is named as such.
-Around them, the run directory: claim / claim_out (one process per OUT, a lock that dies with it), load_history
-(metrics.jsonl up to the resume point) and its plot loss.png (matplotlib, optional), evaluation markers (eval.json:
-"completed" means completed).
-Contents: pointer and rotation -> RNG -> save / resume (+ checksums) -> run directory -> export -> CLI.
+Evaluation markers (eval.json: "completed" means completed) decide rotation; the rest of the run directory (its lock,
+settings, metrics and plot) is rundir.py's.
+Contents: pointer and rotation -> RNG -> save / resume (+ checksums) -> evaluation markers -> export -> CLI.
 """
 import errno
-import fcntl
 import hashlib
 import json
 import math
@@ -25,7 +23,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -413,125 +410,7 @@ def resume(out_dir, model, optimizer=None, restore_rng=True, extra_state=None):
 
 
 # -----------------------------------------------------------------------------
-# The run directory around the checkpoints: one writer at a time, the metrics log, evaluation markers
-
-
-def claim(path, refusal, wait=False):
-    """An exclusive lock on `path` while the returned file is open, or ValueError(refusal.format(holder=...)) (wait:
-    block instead). lockf, not flock: fork children (DataLoader workers, which notice a dead parent only every ~5 s)
-    do not inherit it, so it dies with this process. Per process: a second claim here succeeds, and closing any other
-    handle of `path` here would release it."""
-    handle = open(path, "a+")
-    try:
-        fcntl.lockf(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except OSError as e:
-        if e.errno not in (errno.EACCES, errno.EAGAIN):
-            handle.close()
-            raise
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
-        raise ValueError(refusal.format(holder=holder)) from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    handle.flush()
-    return handle
-
-
-def claim_out(out):
-    """Refuse a second train.py on the same --out (claim() on OUT/.lock), then delete what a kill while rotating left
-    half-deleted (leftovers(): never a complete checkpoint)."""
-    os.makedirs(out, exist_ok=True)
-    lock = claim(os.path.join(out, ".lock"), f"--out {out} is in use by a running train.py ({{holder}}): wait for it, "
-                 "or use another --out")
-    half = leftovers(out, complete_checkpoints(out))
-    if half:
-        print(f"ckpt: deleting {[os.path.basename(p) for p in half]}, left half-deleted by a run killed while "
-              "rotating checkpoints", flush=True)
-        delete_checkpoints(half)
-    return lock
-
-
-def load_history(path, start_step, step_dir=None):
-    """The metrics rows up to the resume point. The file is rewritten without the rows after it (a killed run logged
-    steps that the resumed run logs again) and without a torn last line (killed mid-write); the resumed checkpoint
-    step_dir's own row (meta.json's, train.py saves it) is logged again, with its evaluation, if a kill lost it."""
-    rows, lines = [], []
-    if os.path.exists(path):
-        with open(path) as f:
-            lines = f.read().splitlines()
-    for i, line in enumerate(lines):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i < len(lines) - 1:  # only the last line can be torn by a kill: anything else is damage
-                raise ValueError(f"{path}: line {i + 1} is not JSON ({line[:60]!r}): repair or remove the file")
-            print(f"metrics: dropping the torn last line of {path} ({len(line)} bytes)", flush=True)
-    kept = [r for r in rows if r["step"] <= start_step]
-    if len(kept) < len(rows):
-        print(f"metrics: dropping {len(rows) - len(kept)} rows after step {start_step} from {path} (logged by a run "
-              "killed after its last checkpoint; they are logged again)", flush=True)
-    saved = read_meta(step_dir)["extra"].get("metrics_row") if step_dir else None
-    if saved is not None and saved["step"] == start_step and not any(r["step"] == start_step for r in kept):
-        print(f"metrics: logging step {start_step} again from {step_dir}/meta.json (killed after its checkpoint, "
-              "before its row was written)", flush=True)
-        result = read_eval_marker(step_dir) or {}
-        kept.append({**saved, **{k: v for k, v in result.items() if k != "step"}, "relogged": True})
-    if rows or kept:
-        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
-    return kept
-
-
-def plot_metrics(path, history, held_out=True):
-    """loss.png: training loss (log scale) with its running mean and the evaluation loss (held_out False: on fixed
-    clips of training videos, --holdout 0); for an RL run a reward panel: the training reward (mean +- std over
-    samples) and the held-out reward (rows with eval_reward)."""
-    import matplotlib
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-    grpo_run = any("reward_mean" in r for r in history)
-    fig, axes = plt.subplots(1, 2 if grpo_run else 1, figsize=(12 if grpo_run else 7, 4), squeeze=False)
-    ax = axes[0][0]
-    updates = [r for r in history if "loss" in r]  # an RL run's step-0 row holds only its held-out evaluation
-    steps = [r["step"] for r in updates]
-    loss = np.array([r["loss"] for r in updates], dtype=np.float64)
-    if grpo_run:
-        nft_run = any("old_decay" in r for r in updates)  # NFT's loss is a flow-matching loss, GRPO's a surrogate
-        ax.plot(steps, loss, lw=0.8, label="NFT loss" if nft_run else "surrogate loss")
-        ax.set_ylabel("NFT loss (read the reward)" if nft_run else "surrogate loss (~0 at ratio 1)")
-    else:
-        ax.plot(steps, loss, lw=0.6, alpha=0.5, label="train loss")
-        n = min(20, len(loss))
-        if n > 1:
-            ax.plot(steps[n - 1:], np.convolve(loss, np.ones(n) / n, mode="valid"), lw=1.5, label=f"mean of {n}")
-        ax.set_yscale("log")
-        ax.set_ylabel("loss (log scale)")
-    evals = [(r["step"], r["eval_loss"]) for r in history if r.get("eval_loss") is not None]
-    if evals and not grpo_run:
-        ax.plot(*zip(*evals), "o-", label="eval loss (held out)" if held_out else "eval loss (training clips, "
-                "--holdout 0)")
-    ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    if grpo_run:
-        ax = axes[0][1]
-        mean = np.array([r["reward_mean"] for r in updates])
-        std = np.array([r.get("reward_std") or 0.0 for r in updates])
-        ax.plot(steps, mean, label="reward mean (rollouts)")
-        ax.fill_between(steps, mean - std, mean + std, alpha=0.2, label="+- std over samples")
-        held = [(r["step"], r["eval_reward"]) for r in history if r.get("eval_reward") is not None]
-        if held:
-            ax.plot(*zip(*held), "o-", label="held-out reward (deterministic sampler)" if held_out else
-                    "eval reward (training clips, --holdout 0)")
-        ax.set_xlabel("update")
-        ax.set_ylabel("reward")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path + ".tmp.png", dpi=100)
-    plt.close(fig)
-    os.replace(path + ".tmp.png", path)
+# Evaluation markers: a checkpoint counts as evaluated only once its eval.json is complete (rotation reads them)
 
 
 EVAL_MARKER = "eval.json"

@@ -12,11 +12,13 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
+import cli
 import data
 import flow
 import grpo
 import nft
 import reward
+import sft
 from model import condition_mask, get_config, is_p25
 from sample import guided_x0_fn, karras_sigmas, sample, split_views
 
@@ -29,6 +31,40 @@ MAY_CHANGE = {
     "nft": ("lr", "warmup", "weight_decay", "betas", "max_grad_norm"),
 }
 OBJECTIVES = ("sft",) + tuple(MAY_CHANGE)
+
+
+# Flags that only shape the SFT optimizer or batch: with an RL objective they would be silently unused (the RL
+# configs have their own: --grpo-lr, --nft-lr, ...)
+SFT_ONLY = {"lr": "lr", "warmup": "warmup", "lr_min_ratio": "(constant after the warm-up)",
+            "weight_decay": "weight_decay", "beta1": "betas", "beta2": "betas", "grad_clip": "max_grad_norm",
+            "grad_accum": "(RL accumulates over samples and steps itself)", "text_dropout": "(rollouts keep the prompt)"}
+
+
+def validate_objective(cfg, given):
+    """The objective's own checks; returns {flag: why it would do nothing} for the flags it leaves unused."""
+    others = [o for o in MAY_CHANGE if o != cfg.objective]  # the other RL objectives' knobs
+    unused = {k: f"with --objective {cfg.objective}" for k in given
+              if k.split(".")[0] in others or (cfg.objective == "sft" and k in ("reward", "eval_steps"))}
+    if cfg.objective != "sft" and "guidance" in given:  # samples and evaluation use the policy's own CFG
+        unused["guidance"] = f"with --objective {cfg.objective} (its samples use {cli.flag(cfg.objective)}-guidance)"
+    if cfg.objective == "sft":
+        return unused
+    if not cfg.lora:
+        raise ValueError(f"--objective {cfg.objective} trains LoRA adapters only: pass --lora RANK (e.g. 32)")
+    unused.update({k: f"with --objective {cfg.objective} (use "
+                   + (alt if alt.startswith("(") else cli.flag(f"{cfg.objective}.{alt}")) + ")"
+                   for k, alt in SFT_ONLY.items() if k in given})
+    if cfg.eval_steps < 1:
+        raise ValueError(f"--eval-steps {cfg.eval_steps}: the held-out evaluation needs >= 1 sampler step")
+    if cfg.objective == "grpo":
+        if cfg.grpo.eta <= 0:
+            raise ValueError(f"--grpo-eta {cfg.grpo.eta}: a noiseless rollout has no log-prob to train (use > 0)")
+        if cfg.compile and not cfg.grpo.recompute_old_logp:
+            if "grpo.recompute_old_logp" in given:  # a compiled training forward rounds unlike the eager rollout
+                raise ValueError("--compile with --no-grpo-recompute-old-logp: the compiled training graph rounds "
+                                 "differently from the rollout's, so the ratio would not start at 1")
+            cfg.grpo = dataclasses.replace(cfg.grpo, recompute_old_logp=True)
+    return unused
 
 
 def config_of(cfg):
@@ -105,7 +141,7 @@ def old_adapters(cfg, net):
     return {n: p.detach().clone() for n, p in net.named_parameters() if p.requires_grad}
 
 
-def step(net, vae, optimizer, params, cfg, batch, neg_text, terms, update, rank, seed, old=None):
+def step_of(net, vae, optimizer, params, cfg, batch, neg_text, terms, update, rank, seed, old=None):
     """One update of cfg.objective on this rank's batch (collective: every rank calls it). Returns its metrics row.
     rank: the data-parallel rank (--cp: the ranks of a cp group roll out the same groups, each forward split)."""
     conds = conditions(cfg, batch, neg_text, rank)
@@ -173,3 +209,27 @@ def evaluate(net, vae, cfg, batches, neg_text, terms, seed):
         dist.all_reduce(totals)
     return {("eval_reward" if k == "reward" else f"eval_reward_{k.replace('/', '_')}"): float(totals[j] / totals[-1])
             for j, k in enumerate(names)}
+
+
+# -----------------------------------------------------------------------------
+# The objective table's rows for GRPO and NFT (train.py's OBJECTIVE)
+
+
+def objective(run, net, optimizer_params, vae, neg_text, terms):
+    """The grpo and nft rows of train.py's objective table. run: train.Run (cfg, optimizer, dp_rank)."""
+    cfg, rl_cfg = run.cfg, config_of(run.cfg)
+    old = old_adapters(cfg, net)  # NFT's old policy (its sampler), saved and resumed with the weights
+    seed = lambda *key: sft.sample_seed(cfg.seed, *key)  # noqa: E731
+
+    def step(update, next_batch):
+        return step_of(net, vae, run.optimizer, optimizer_params, cfg, next_batch(), neg_text, terms, update,
+                       run.dp_rank, seed, old)
+
+    def held_out(batches):
+        return evaluate(net, vae, cfg, batches, neg_text, terms, lambda i, b, d: seed("rl-eval", run.dp_rank, i, b,
+                                                                                            d))
+    return sft.Objective(lambda s: lr_at(cfg, s), tuple(rl_cfg.betas), rl_cfg.weight_decay,
+                     f"lr {rl_cfg.lr:g} (warm-up {rl_cfg.warmup}, then constant), clip {rl_cfg.max_grad_norm}",
+                     step, held_out,
+                     lambda row: {"reward": f"{row['reward_mean']:.4g}", "std": f"{row['reward_std']:.2g}"},
+                     rl_cfg.guidance, cfg.objective, False, {"nft_old": old} if old else {}, True)

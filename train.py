@@ -14,7 +14,6 @@ steps at lr 2^-14.5, warm-up 1000, the real VAE). The RL objectives have their o
 One script, top to bottom: config -> setup -> data -> run directory -> model -> optimizer -> resume -> loop.
 """
 import dataclasses
-import hashlib
 import importlib.util
 import json
 import math
@@ -35,24 +34,23 @@ import cli
 import cp
 import data
 import flow
-import formats
 import fp8
-import grpo
 import lerobot
-import nft
 import resume
+import rundir
 import reward
 import plan
 import rl
 import sac
+import sft
 import stitch
 import vae as vae_lib
-from grpo import GRPOConfig
-from nft import NFTConfig
-from lora import LORA_TARGETS, LoRALinear, add_lora
-from model import DiT, condition_mask, denoise, get_config, is_p25, matmul_peak, model_flops, num_params
+from build import NetSpec, frozen_linears, materialise, meta_net, trainable
 from camera import views_map
-from sample import TINY_CONFIGS, split_views, stack_views, standin_text, tiny_data  # tiny configs and their text
+from grpo import GRPOConfig
+from model import condition_mask, get_config, is_p25, matmul_peak, model_flops, num_params
+from nft import NFTConfig
+from sample import TINY_CONFIGS, generate, stack_views, standin_text, tiny_data, write_mp4
 
 # -----------------------------------------------------------------------------
 # Config: every field is a --flag (cli.py: the comment is its --help); unknown flags are an error. 0 / "" / -1 mean
@@ -130,13 +128,6 @@ REAL = dict(vae="real", frames=93, height=432, width=768, steps=20000, lr=2 ** -
             sample_every=1000)
 # Loss knobs of one model family (True: Predict2.5's flow.py loss only; False: Predict2's EDM loss only)
 FAMILY_ONLY = {"loss_scale": False, "high_sigma_ratio": False, "conditional_frame_timestep": True}
-# Flags that only shape the SFT optimizer or batch: with an RL objective they would be silently unused (the RL
-# configs have their own: --grpo-lr, --nft-lr, ...)
-SFT_ONLY = {"lr": "lr", "warmup": "warmup", "lr_min_ratio": "(constant after the warm-up)",
-            "weight_decay": "weight_decay", "beta1": "betas", "beta2": "betas", "grad_clip": "max_grad_norm",
-            "grad_accum": "(RL accumulates over samples and steps itself)", "text_dropout": "(rollouts keep the prompt)"}
-
-
 def parse_config(argv):
     """Dataclass defaults, then the TINY or REAL preset, then the flags given on the command line."""
     given = cli.parse_flags(TrainConfig, argv, description=__doc__)  # argparse rejects unknown flags
@@ -162,7 +153,7 @@ def validate(cfg, given=None):
     if cfg.cp > 1 and cfg.sac == "auto":
         raise ValueError(f"--cp {cfg.cp} with --sac auto: the auto plan measures a block without CP; pick a --sac mode"
                          f" with `bench.py --world N --cp {cfg.cp}` (docs/memory.md)")
-    unused.update(validate_objective(cfg, given))
+    unused.update(rl.validate_objective(cfg, given))
     if cfg.lora == 0:
         unused.update({k: "without --lora" for k in ("lora_alpha",) if k in given})
     if cfg.sac in ("none", "auto"):
@@ -247,33 +238,6 @@ def check_data(cfg, given):
         cfg.text_len = TrainConfig.text_len  # tiny on a folder with t5_xxl/: T5's 512 tokens, not the stand-in's 16
 
 
-def validate_objective(cfg, given):
-    """The objective's own checks; returns {flag: why it would do nothing} for the flags it leaves unused."""
-    others = [o for o in rl.MAY_CHANGE if o != cfg.objective]  # the other RL objectives' knobs
-    unused = {k: f"with --objective {cfg.objective}" for k in given
-              if k.split(".")[0] in others or (cfg.objective == "sft" and k in ("reward", "eval_steps"))}
-    if cfg.objective != "sft" and "guidance" in given:  # samples and evaluation use the policy's own CFG
-        unused["guidance"] = f"with --objective {cfg.objective} (its samples use {cli.flag(cfg.objective)}-guidance)"
-    if cfg.objective == "sft":
-        return unused
-    if not cfg.lora:
-        raise ValueError(f"--objective {cfg.objective} trains LoRA adapters only: pass --lora RANK (e.g. 32)")
-    unused.update({k: f"with --objective {cfg.objective} (use "
-                   + (alt if alt.startswith("(") else cli.flag(f"{cfg.objective}.{alt}")) + ")"
-                   for k, alt in SFT_ONLY.items() if k in given})
-    if cfg.eval_steps < 1:
-        raise ValueError(f"--eval-steps {cfg.eval_steps}: the held-out evaluation needs >= 1 sampler step")
-    if cfg.objective == "grpo":
-        if cfg.grpo.eta <= 0:
-            raise ValueError(f"--grpo-eta {cfg.grpo.eta}: a noiseless rollout has no log-prob to train (use > 0)")
-        if cfg.compile and not cfg.grpo.recompute_old_logp:
-            if "grpo.recompute_old_logp" in given:  # a compiled training forward rounds unlike the eager rollout
-                raise ValueError("--compile with --no-grpo-recompute-old-logp: the compiled training graph rounds "
-                                 "differently from the rollout's, so the ratio would not start at 1")
-            cfg.grpo = dataclasses.replace(cfg.grpo, recompute_old_logp=True)
-    return unused
-
-
 def synthetic_data(cfg):
     """Only the tiny default's own folder is ever written by train.py; any other --data is read, never written."""
     return cfg.config in TINY_CONFIGS and os.path.normpath(cfg.data) == os.path.normpath(tiny_data(cfg.config))
@@ -303,85 +267,14 @@ def setup_distributed(cfg):
     return distributed, rank, world, device
 
 
-def sample_seed(*keys):
-    """A 63-bit seed from a tuple of counters: every random draw depends only on (seed, step, sample, purpose),
-    so a resumed or re-sharded run draws exactly the same numbers as an uninterrupted one."""
-    digest = hashlib.blake2b(repr(keys).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
-# -----------------------------------------------------------------------------
-# The video2world training loss, as upstream (Predict2Video2WorldModel) draws it
 
 
-def draw_sample_noise(cfg, latent_C_T_H_W, seed):
-    """sigma, eps, number of conditioning latent frames and text-drop flag for one sample."""
-    g = torch.Generator().manual_seed(seed)
-    T = latent_C_T_H_W.shape[1]
-    log_sigma = torch.randn((), generator=g, dtype=torch.float64)
-    sigma = log_sigma.exp() * (math.sqrt(T) if T > 1 else 1.0)  # adjust_video_noise: x sqrt(latent frames)
-    if torch.rand((), generator=g) < cfg.high_sigma_ratio:  # occasional very high noise, log-uniform in [200, 1e5]
-        sigma = torch.exp(math.log(200) + torch.rand((), generator=g, dtype=torch.float64) * math.log(1e5 / 200))
-    eps = torch.randn(latent_C_T_H_W.shape, generator=g)
-    n_cond = int(torch.randint(1, 3, (), generator=g)) if T > 1 else 0  # 1 or 2 conditioning latent frames
-    drop_text = bool(torch.rand((), generator=g) < cfg.text_dropout)
-    return float(sigma), eps, n_cond, drop_text
 
 
-def training_loss(net, cfg, latent, text_emb, seeds, camera=None):
-    """Predict2.5 configs: flow.training_loss. Predict2: (1+s)^2/s^2 |x0_hat - x0|^2 equals |v_hat - (eps - x0)|^2
-    exactly; we use the velocity form (no 1e8 weights at small sigma). Conditioning frames add 0 (replaced)."""
-    if is_p25(get_config(cfg.config)):  # a camera net: views stacked on time, agibot's frame-init mask
-        mask_fn = None if camera is None else lambda x, n: flow.multiview_condition_mask(x, len(data.VIEW_ORDER), n)
-        return flow.training_loss(net, latent, text_emb, seeds, cfg.text_dropout, cfg.conditional_frame_timestep,
-                                  camera, mask_fn)
-    draws = [draw_sample_noise(cfg, latent[b], s) for b, s in enumerate(seeds)]
-    sigma = torch.tensor([d[0] for d in draws], device=latent.device)
-    eps = torch.stack([d[1] for d in draws]).to(latent.device)
-    n_cond = torch.tensor([d[2] for d in draws], device=latent.device)
-    keep_text = torch.tensor([0.0 if d[3] else 1.0 for d in draws], device=latent.device).view(-1, 1, 1)
-    x_sigma = latent + sigma.view(-1, 1, 1, 1, 1) * eps
-    mask = condition_mask(latent, n_cond)
-    _, velocity = denoise(net, x_sigma, sigma, text_emb * keep_text, gt_frames=latent,
-                          condition_mask_B_1_T_H_W=mask)
-    err = (velocity - (eps - latent)).square() * (1 - mask)
-    return err.mean() * cfg.loss_scale
-
-
-# -----------------------------------------------------------------------------
-# Distributed model: FSDP2 per block, then the final layer, then the root (torchtitan's order)
-
-
-def shard_model(net, device, cp=1, ignored=None):
-    """FSDP2 over all ranks. With --cp C the mesh is the flattened dp x cp (torchtitan's dp_shard_cp: memory per rank
-    falls with C too), and gradients are summed over the C ranks of a sample and averaged over the dp samples only.
-    `ignored` parameters stay whole on every rank (--fp8: the frozen base, replaced by fp8 buffers after loading)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    world = dist.get_world_size()
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",) if cp == 1 else ("dp_cp",))
-    # fp32 master weights, bf16 compute on GPUs, fp32 gradient reduction. cast_forward_inputs=False: the fp32 diffusion
-    # time must not be rounded to bf16 on its way into a block (t = 0.9995 would arrive as 1.0).
-    compute = torch.bfloat16 if device.type == "cuda" else torch.float32
-    mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32, cast_forward_inputs=False)
-    last = len(net.blocks) - 1
-    for i, block in enumerate(net.blocks):
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < last,  # backward starts at the last
-                    ignored_params=ignored)
-    fully_shard(net.final_layer, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
-    fully_shard(net, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
-    if cp > 1:  # each cp rank holds its frames' part of a sample's gradient: sum those, mean over the dp samples
-        for unit in [*net.blocks, net.final_layer, net]:  # a SUM reduce-scatter, then / dp (gloo has no PREMUL_SUM)
-            unit.set_gradient_divide_factor(world // cp)
-            unit.set_force_sum_reduction_for_comms(True)
-    return net
-
-
-def lr_at(cfg, step):
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (cfg.lr_min_ratio + (1 - cfg.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+def latent_frames(frames):
+    return 1 + (frames - 1) // 4
 
 
 def ema_beta(step, rate):
@@ -404,7 +297,7 @@ def make_tiny_dataset(root, views=False):
     lock (tiny_lerobot.lock): a second tiny default started at once waits, then only re-reads the finished folders."""
     raw = os.path.join(os.path.dirname(root) or ".", "tiny_lerobot")
     os.makedirs(os.path.dirname(os.path.abspath(raw)), exist_ok=True)
-    with resume.claim(raw + ".lock", "", wait=True):
+    with rundir.claim(raw + ".lock", "", wait=True):
         if not os.path.exists(raw):  # 6 usable episodes (the tiny preset holds out 2: 4 train, shards evenly over 1,
             # 2 or 4 ranks) and 1 too short to use
             stitch.make_synthetic(raw, lengths=(48, 40, 8, 56, 44, 52, 60), cameras=True)
@@ -428,24 +321,10 @@ def ignore_sigint(worker_id):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def all_mean(value, device):
-    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-        t /= dist.get_world_size()
-    return t.item()
 
 
-def any_rank(flag, device):
-    return ranks_any([flag], device)[0]
 
 
-def ranks_any(flags, device):
-    """[bool]: for each flag, whether it is set on any rank (one collective)."""
-    t = torch.tensor([int(f) for f in flags], device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [bool(v) for v in t.tolist()]
 
 
 def resume_keys(cfg):
@@ -458,78 +337,12 @@ def resume_keys(cfg):
     return keys
 
 
-def config_hash(cfg):
-    flat = cli.flatten(dataclasses.asdict(cfg))
-    return hashlib.sha256(json.dumps({k: flat[k] for k in resume_keys(cfg)}, sort_keys=True,
-                                     default=list).encode()).hexdigest()[:16]
 
 
-def check_resume_settings(out, cfg):
-    """Before anything is built or written: the newest complete checkpoint's settings against this run's. Changed
-    must-keep settings are refused, naming them; other changes are returned (applied from the resume point)."""
-    path = resume.find_resume(out)
-    if path is None:
-        return None, {}
-    # a setting added since the save (e.g. --latents) is taken at its default, which is how that run was trained
-    saved = {**cli.flatten(dataclasses.asdict(TrainConfig())), **cli.flatten(formats.read_meta(path)["extra"]["config"])}
-    now = cli.flatten(json.loads(json.dumps(dataclasses.asdict(cfg))))  # tuples as lists, like the saved JSON
-    refused = {k: (saved.get(k), now[k]) for k in resume_keys(cfg) if saved.get(k) != now[k]}
-    if refused:
-        why = " (LoRA checkpoints hold only adapters: the base comes from --init)" if "init" in refused and \
-            (saved.get("lora") or now["lora"]) else ""
-        raise ValueError(f"{out} was written with other settings, (saved, now): {refused}; a resumed run must keep "
-                         f"them{why}. Use a new --out")
-    return path, {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
 
 
-@torch.no_grad()
-def evaluate(net, cfg, batches):
-    """Held-out loss on fixed clips with fixed noise: comparable across checkpoints and runs."""
-    losses = [training_loss(net, cfg, latent, text, [sample_seed(cfg.seed, "eval", i, b) for b in range(len(latent))],
-                            camera) for i, (latent, text, camera) in enumerate(batches)]
-    return {"eval_loss": all_mean(torch.stack(losses).mean().item(), batches[0][0].device)}
 
 
-def sft_step(net, optimizer, trainable, cfg, next_batch, step, rank, world):
-    """One SFT optimizer step over grad_accum micro-batches; returns (mean loss on this rank, grad norm, None). A loss
-    or gradient norm that is NaN/Inf on any rank skips the step on every rank (the gradients are dropped, the weights
-    and the optimizer state stay as they were); the third value is then its likely cause (nonfinite_cause)."""
-    loss_sum, bad_batch = 0.0, False
-    for micro in range(cfg.grad_accum):
-        latent, text, camera = next_batch()
-        bad_batch |= not all(bool(torch.isfinite(x).all()) for x in (latent, text, camera) if x is not None)
-        seeds = [sample_seed(cfg.seed, step, (micro * world + rank) * cfg.batch_size + b) for b in range(len(latent))]
-        loss = training_loss(net, cfg, latent, text, seeds, camera) / cfg.grad_accum
-        loss.backward()
-        loss_sum += loss.item()
-    grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
-    grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
-    device = trainable[0].device
-    bad_loss, bad_batch, bad_grad = ranks_any([not math.isfinite(loss_sum), bad_batch, not math.isfinite(grad_norm)],
-                                              device)
-    if not (bad_loss or bad_grad):
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss_sum, grad_norm, nonfinite_cause(cfg, trainable, bad_loss, bad_batch, device) if bad_loss or bad_grad \
-        else None
-
-
-def nonfinite_cause(cfg, trainable, bad_loss, bad_batch, device):
-    """Collective: the likely cause of a skipped SFT step, from what was NaN/Inf on any rank."""
-    scale = "" if is_p25(get_config(cfg.config)) else f", or --loss-scale {cfg.loss_scale:g} too large"
-    if bad_batch:
-        return "a NaN/Inf in the batch (the clips' latents, text embeddings or cameras): check the data"
-    weights = [p.to_local() if hasattr(p, "to_local") else p for p in trainable]
-    if any_rank(not all(bool(torch.isfinite(w).all()) for w in weights), device):
-        return f"NaN/Inf weights: an earlier update overflowed (--lr {cfg.lr:g} too high{scale})"
-    return (f"the loss overflowed from finite inputs and weights (--lr {cfg.lr:g} too high{scale})" if bad_loss else
-            f"the gradients overflowed from a finite loss (--lr {cfg.lr:g} too high{scale})")
-
-
-def nonfinite_fields(cause):
-    """The metrics fields of an SFT step: nonfinite_steps (as GRPO's), and for a skipped step why."""
-    return {"nonfinite_steps": 0} if cause is None else {"nonfinite_steps": 1, "skipped": "nonfinite",
-                                                          "nonfinite": cause}
 
 
 def nonfinite_eval(result, path):
@@ -557,297 +370,245 @@ def count_nonfinite(row, streak, cfg):
 
 
 # -----------------------------------------------------------------------------
-# Main: setup -> run directory -> data -> model -> optimizer -> resume -> loop -> checkpoint
+# The objective table: what differs between SFT and the RL objectives in the loop (sft.Objective; train.py has no
+# other objective branch). The math lives in sft.py, and in rl.py / grpo.py / nft.py.
+OBJECTIVE = {"sft": sft.objective, "grpo": rl.objective, "nft": rl.objective}  # rl.OBJECTIVES
+
+
+# -----------------------------------------------------------------------------
+# Main: setup -> data -> run directory -> model -> objective and optimizer -> resume -> loop -> checkpoint
+
+
+@dataclass
+class Run:
+    """This process's place in the job and what every phase shares: filled phase by phase by main."""
+    cfg: TrainConfig
+    rank: int
+    world: int
+    device: torch.device
+    dp_rank: int  # --cp C: the C ranks of a cp group train on the same clips with the same noise; data and seeds
+    dp_world: int  # go by dp rank
+    cp_group: object
+    distributed: bool
+    views: int  # a camera net trains on separate views stacked on latent time; 0 for a grid net
+    say: object  # print on rank 0
+    compute_dtype: torch.dtype
+    optimizer: object = None
+
+    @property
+    def master(self):
+        return self.rank == 0
 
 
 USER_ERRORS = (ValueError, OSError, ckpt.CheckpointError, FloatingPointError)  # one line, exit 2 (cli.main)
 
 
-def main(argv=None):
-    cfg = parse_config(sys.argv[1:] if argv is None else argv)
+def setup(cfg):
     distributed, rank, world, device = setup_distributed(cfg)
-    master = rank == 0
-    # --cp C: the C ranks of a cp group train on the same clips with the same noise; data and seeds go by dp rank
     dp_rank, dp_world, cp_group = cp.make_mesh(device.type, world, cfg.cp)
-    say = (lambda *a: print(*a, flush=True)) if master else (lambda *a: None)
-    compute_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    mcfg = get_config(cfg.config)
+    say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+    views = len(data.VIEW_ORDER) if get_config(cfg.config).camera_channels else 0
+    return Run(cfg, rank, world, device, dp_rank, dp_world, cp_group, distributed, views, say,
+               torch.bfloat16 if device.type == "cuda" else torch.float32)
 
-    # data: read (and checked) before anything is written; clips of cfg.frames frames, encoded online by the VAE
-    if synthetic_data(cfg):  # (re)stitching a finished folder only re-reads its manifest; a killed one resumes
-        if master:
-            make_tiny_dataset(cfg.data, views=bool(mcfg.camera_channels))
-        if distributed:
-            dist.barrier()
+
+def text_source(run):
+    """The data's text settings: the tiny default's stand-in text, or embedding files (T5, Predict2.5: Reason1)."""
+    cfg, mcfg = run.cfg, get_config(run.cfg.config)
     tiny = cfg.config in TINY_CONFIGS
-    text_dim = mcfg.crossattn_proj_in_channels  # the embedding on disk (Predict2.5: before the net's crossattn_proj)
-    text_encoder = "reason1" if is_p25(mcfg) and not tiny else "t5"  # Predict2.5 reads <data>/reason1/<sha1>
-    views = len(data.VIEW_ORDER) if mcfg.camera_channels else 0  # a camera net trains on separate views (agibot)
-    standin = standin_text(cfg.config, cfg.data)  # the tiny default's stand-in text, or embedding files
+    standin = standin_text(cfg.config, cfg.data)
     if tiny and not synthetic_data(cfg):
-        say(f"text: {cfg.data}/t5_xxl's T5 embeddings" if not standin else f"text: stand-in embeddings of {cfg.data}'s "
-            f"prompts ({'p25-tiny* text is 96 wide: no released encoder writes it' if is_p25(mcfg) else 'no t5_xxl/'})")
-    text_source = dict(text_len=cfg.text_len, text_dim=text_dim, text="standin" if standin else "t5", seed=cfg.seed,
-                       text_encoder=text_encoder)
+        run.say(f"text: {cfg.data}/t5_xxl's T5 embeddings" if not standin else f"text: stand-in embeddings of "
+                f"{cfg.data}'s prompts ({'p25-tiny* text is 96 wide: no released encoder writes it' if is_p25(mcfg) else 'no t5_xxl/'})")
+    return dict(text_len=cfg.text_len, text_dim=mcfg.crossattn_proj_in_channels, text="standin" if standin else "t5",
+                seed=cfg.seed, text_encoder="reason1" if is_p25(mcfg) and not tiny else "t5")
+
+
+def load_data(run):
+    """(dataset, number of training videos, text settings): read (and checked) before anything is written."""
+    cfg = run.cfg
+    if synthetic_data(cfg):  # (re)stitching a finished folder only re-reads its manifest; a killed one resumes
+        if run.master:
+            make_tiny_dataset(cfg.data, views=bool(run.views))
+        if run.distributed:
+            dist.barrier()
+    text = text_source(run)
     if cfg.latents:  # the encoded windows of cache.py, checked against this run's VAE, clip settings and videos
         dataset = cache.LatentClips(cfg.latents, cfg.data, cfg.frames, cfg.height, cfg.width, vae=cfg.vae,
-                                    vae_ckpt=cfg.vae_ckpt, dtype="bf16" if device.type == "cuda" else "fp32",
-                                    **text_source)
-    else:
-        dataset = (data.ViewClips if views else data.GridClips)(cfg.data, cfg.frames, cfg.height, cfg.width,
-                                                                 **text_source)
+                                    vae_ckpt=cfg.vae_ckpt, dtype="bf16" if run.device.type == "cuda" else "fp32",
+                                    **text)
+    else:  # clips of cfg.frames frames, encoded online by the VAE
+        dataset = (data.ViewClips if run.views else data.GridClips)(cfg.data, cfg.frames, cfg.height, cfg.width,
+                                                                     **text)
     holdout = cfg.holdout if cfg.holdout >= 0 else max(1, len(dataset) // 50)
-    n_train = len(dataset) - holdout
-    if n_train < 1:
+    if len(dataset) - holdout < 1:
         raise ValueError(f"--holdout {holdout} leaves no video of {len(dataset)} in {cfg.data} to train on")
+    return dataset, len(dataset) - holdout, text
 
-    # run directory: claimed (one train.py per --out), settings checked against its checkpoint, then config.json
-    lock = ckpt.agree(f"claiming --out {cfg.out}", lambda: resume.claim_out(cfg.out) if master else None)
-    resume_path, changed = ckpt.agree("checking the run's saved settings", lambda: check_resume_settings(cfg.out, cfg),
+
+def claim_run(run):
+    """The run directory: claimed (one train.py per --out), settings checked against its checkpoint, the --init
+    resolved (hub names download now, before any model is built), then config.json. Returns the lock."""
+    cfg = run.cfg
+    lock = ckpt.agree(f"claiming --out {cfg.out}", lambda: rundir.claim_out(cfg.out) if run.master else None)
+    resume_path, changed = ckpt.agree("checking the run's saved settings",
+                                      lambda: rundir.check_resume_settings(cfg.out, cfg, resume_keys(cfg), TrainConfig()),
                                       share=True)
     if changed:
-        say(f"resume: settings changed since {resume_path}, applied from its step on: "
-            + ", ".join(f"{cli.flag(k)} {old} -> {new}" for k, (old, new) in changed.items()))
-    if cfg.init != "random":  # hub names resolve (and download) now, before any model is built
+        run.say(f"resume: settings changed since {resume_path}, applied from its step on: "
+                + ", ".join(f"{cli.flag(k)} {old} -> {new}" for k, (old, new) in changed.items()))
+    if cfg.init != "random":
         ckpt.agree(f"resolving --init {cfg.init}", lambda: ckpt.resolve_source(cfg.init))
-    if master:
+    if run.master:
         resume.write_atomic(os.path.join(cfg.out, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=1))
-    terms = reward.parse_rewards(cfg.reward) if cfg.objective != "sft" else None
-    if terms is not None:
-        say(rl.reward_line(cfg, terms))
+    return lock
 
-    sampler = data.ClipSampler(n_train, rank=dp_rank, world_size=dp_world, seed=cfg.seed)
-    neg_text = None  # the uncond branch of CFG in GRPO rollouts and samples
-    if cfg.objective != "sft" or cfg.sample_every:
-        neg_text, source = data.negative_embedding(cfg.data, cfg.text_len, text_dim, standin=standin,
-                                                   text_encoder=text_encoder)
-        neg_text = neg_text[None]
-        say(f"negative prompt: {source}")
-    vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, device, compute_dtype)
-    latent_cache = {}
+
+def make_encoder(run, vae):
+    """to_latent(batch) -> (latent, text, camera): views are encoded one by one and stacked on latent time, with
+    their Pluecker map built here on the device (~570 MB fp32 per 93x432x768 sample: too big for the DataLoader);
+    camera None for a grid net. --cache-latents keeps encoded clips in memory by (video, start frame)."""
+    cfg, device, views, latent_cache = run.cfg, run.device, run.views, {}
 
     def to_latent(batch):
-        """(latent, text, camera): views are encoded one by one and stacked on latent time, with their Pluecker map
-        built here on the device (~570 MB fp32 per 93x432x768 sample: too big for the DataLoader); camera None else."""
         keys = list(zip(batch["stem"], batch["start"].tolist()))
         camera = None if not views else views_map(batch["w2c"].to(device), batch["intrinsics"].to(device),
-                                                  cfg.height, cfg.width).to(compute_dtype)
+                                                  cfg.height, cfg.width).to(run.compute_dtype)
         if "latent" in batch:  # --latents: encoded by cache.py exactly as below (views already stacked)
             return batch["latent"].to(device).float(), batch["text_emb"].to(device), camera
         if not (cfg.cache_latents and all(k in latent_cache for k in keys)):
             with torch.no_grad():
-                video = batch["video"].to(device, compute_dtype)
+                video = batch["video"].to(device, run.compute_dtype)
                 latent = vae.encode(video.flatten(0, 1) if views else video).float()
             latent = stack_views(latent, views) if views else latent
             if not cfg.cache_latents:
                 return latent, batch["text_emb"].to(device), camera
             latent_cache.update(zip(keys, latent))
         return torch.stack([latent_cache[k] for k in keys]), batch["text_emb"].to(device), camera
+    return to_latent
 
-    # model: meta build -> LoRA/freeze -> activation checkpointing -> compile -> FSDP -> materialise -> load
-    with torch.device("meta"):
-        net = DiT(mcfg)
-    frozen_base = []
-    if cfg.lora:
-        add_lora(net, cfg.lora, cfg.lora_alpha or None)
-        # the adapted Linears' frozen base in the compute dtype: fp32 would hold 4 B per weight that never trains (14B:
-        # 54 GiB instead of 27) for FSDP to cast to bf16 anyway; the adapters keep fp32 masters
-        frozen_base = [m for m in net.modules() if isinstance(m, LoRALinear)]
-        for m in frozen_base:
-            m.weight = torch.nn.Parameter(m.weight.to(compute_dtype), requires_grad=False)
-        if cfg.fp8:
-            fp8.check_shapes(net)
-    elif cfg.fp8:
-        fp8.convert_trainable(net, LORA_TARGETS)  # same keys; the GEMMs of the LoRA targets' Linears go fp8
-    sac_modes = sac.block_modes(cfg.sac, cfg.sac_every, mcfg.num_blocks)
-    if cfg.sac == "auto":  # one block measured under every mode at this run's shape; rank 0's choice for all ranks
-        latent = (cfg.batch_size, mcfg.in_channels, max(views, 1) * (1 + (cfg.frames - 1) // 4), cfg.height // 8,
+
+def build_net(run):
+    """The network (build.py), with --sac auto's plan: one block measured under every mode at this run's shape."""
+    cfg, mcfg = run.cfg, get_config(run.cfg.config)
+    spec = NetSpec(cfg.config, cfg.init, {"": None, "net": False, "net_ema": True}[cfg.ema_weights], cfg.lora,
+                   cfg.lora_alpha or None, cfg.fp8, (), cfg.compile, torch.float32, run.compute_dtype, cfg.seed)
+    net = meta_net(spec)
+    spec.sac_modes = sac.block_modes(cfg.sac, cfg.sac_every, mcfg.num_blocks)
+    if cfg.sac == "auto":  # rank 0's choice for all ranks
+        latent = (cfg.batch_size, mcfg.in_channels, max(run.views, 1) * latent_frames(cfg.frames), cfg.height // 8,
                   cfg.width // 8)
-        auto = ckpt.agree("--sac auto", lambda: plan.auto_plan(net, world, device, compute_dtype, latent, cfg.text_len,
-                                                               cfg.lora, cfg.mem_budget, cfg.fp8)[1], share=True)
-        say(auto.why)
-        sac_modes = auto.modes
-    sac.apply_per_block(net, sac_modes)
-    cp.enable(net, cp_group)  # before compile: the blocks' guards see their final attributes
-    if cfg.compile:
-        for block in net.blocks:
-            block.compile()  # in place: no _orig_mod. in any key
-    if distributed:
-        shard_model(net, device, cfg.cp, ignored={m.weight for m in frozen_base} if cfg.fp8 else None)
-    net.to_empty(device=device)
-    torch.manual_seed(cfg.seed)  # same on every rank, so the DTensor init is one consistent model
-    net.init_weights()
+        auto = ckpt.agree("--sac auto", lambda: plan.auto_plan(net, run.world, run.device, run.compute_dtype, latent,
+                                                               cfg.text_len, cfg.lora, cfg.mem_budget, cfg.fp8)[1],
+                          share=True)
+        run.say(auto.why)
+        spec.sac_modes = auto.modes
     if cfg.init == "random":
-        say(f"init: RANDOM weights (--init random): {cfg.config} trains from scratch")
-    else:
-        ckpt.load(net, cfg.init, ema={"": None, "net": False, "net_ema": True}[cfg.ema_weights],
-                  allow_missing=(ckpt.LORA_KEYS,) if cfg.lora else ())
-    n_params = num_params(net)
-    if cfg.fp8 and cfg.lora:  # after the load: the base went in whole (and was checked), then is quantised in place
-        fp8.quantize_base(net)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    trainable = [p for p in net.parameters() if p.requires_grad]
-    say(f"model: {cfg.config}, {n_params:,} parameters, {sum(p.numel() for p in trainable):,} trainable"
-        f"{f' (LoRA r={cfg.lora})' if cfg.lora else ''}"
-        + (f", frozen base of {len(frozen_base)} Linears in fp8 ({fp8.fp8_bytes(net) / 2 ** 30:.2f} GiB)"
-           if cfg.fp8 and cfg.lora else ", fp8 GEMMs (weights and their gradients bf16/fp32)" if cfg.fp8 else "")
-        + f", sac={cfg.sac}/{cfg.sac_every}, {world} rank(s) on {device.type}"
-        + (f" (dp {dp_world} x cp {cfg.cp})" if cfg.cp > 1 else ""))
+        run.say(f"init: RANDOM weights (--init random): {cfg.config} trains from scratch")
+    n_params = num_params(net)  # before fp8 replaces the frozen base by buffers
+    materialise(net, spec, run.device, run.cp_group, cfg.cp)
+    n_frozen = len(frozen_linears(net))
+    run.say(f"model: {cfg.config}, {n_params:,} parameters, {sum(p.numel() for p in trainable(net)):,} trainable"
+            f"{f' (LoRA r={cfg.lora})' if cfg.lora else ''}"
+            + (f", frozen base of {n_frozen} Linears in fp8 ({fp8.fp8_bytes(net) / 2 ** 30:.2f} GiB)"
+               if cfg.fp8 and cfg.lora else ", fp8 GEMMs (weights and their gradients bf16/fp32)" if cfg.fp8 else "")
+            + f", sac={cfg.sac}/{cfg.sac_every}, {run.world} rank(s) on {run.device.type}"
+            + (f" (dp {run.dp_world} x cp {cfg.cp})" if cfg.cp > 1 else ""))
+    return net, spec.sac_modes
 
-    # optimizer: AdamW with the objective's own settings (SFT: warm-up + cosine; GRPO/NFT: constant after a warm-up)
-    rl_cfg = rl.config_of(cfg) if cfg.objective != "sft" else None
-    betas, weight_decay = ((cfg.beta1, cfg.beta2), cfg.weight_decay) if rl_cfg is None else \
-        (tuple(rl_cfg.betas), rl_cfg.weight_decay)
-    step_lr = (lambda s: lr_at(cfg, s)) if rl_cfg is None else (lambda s: rl.lr_at(cfg, s))
-    optimizer = torch.optim.AdamW(trainable, lr=step_lr(0), betas=betas, weight_decay=weight_decay, eps=1e-8,
-                                  fused=device.type == "cuda")
-    say(f"optimizer: AdamW betas {betas}, weight decay {weight_decay}, " + (
-        f"lr {cfg.lr:g} (warm-up {cfg.warmup}, cosine to x{cfg.lr_min_ratio}), clip {cfg.grad_clip}"
-        if rl_cfg is None else f"lr {rl_cfg.lr:g} (warm-up {rl_cfg.warmup}, then constant), clip "
-        f"{rl_cfg.max_grad_norm}"))
-    ema = [p.detach().clone() for p in trainable] if cfg.ema else None
-    trainable_names = [n for n, p in net.named_parameters() if p.requires_grad]  # the order of `trainable`
-    old = rl.old_adapters(cfg, net)  # NFT's old policy (its sampler), saved and resumed with the weights
-    ema_state = {**({"ema": dict(zip(trainable_names, ema))} if cfg.ema else {}),
-                 **({"nft_old": old} if old else {})} or None  # saved at every save, resumed
 
-    # resume from OUT/latest if there is one: model, optimizer, EMA, step and data position
-    state = resume.resume(cfg.out, net, optimizer, extra_state=ema_state)
-    start_step = state["step"] if state else 0
-    if state:
-        if state["sampler"]["world_size"] != dp_world:
-            raise ValueError(f"{cfg.out}: its data position is for {state['sampler']['world_size']} data-parallel "
-                             f"groups, this run has {dp_world} (ranks / --cp); resume with ranks / --cp = "
-                             f"{state['sampler']['world_size']} (--cp may change), or use a new --out")
-        sampler.load_state_dict(state["sampler"])
-        for group in optimizer.param_groups:  # the checkpoint restored its own; this run's flags win (said above)
-            group.update(betas=betas, weight_decay=weight_decay)
+def make_optimizer(run, objective, params):
+    """AdamW with the objective's own settings (SFT: warm-up + cosine; GRPO/NFT: constant after a warm-up)."""
+    optimizer = torch.optim.AdamW(params, lr=objective.lr_at(0), betas=objective.betas,
+                                  weight_decay=objective.weight_decay, eps=1e-8, fused=run.device.type == "cuda")
+    run.say(f"optimizer: AdamW betas {objective.betas}, weight decay {objective.weight_decay}, {objective.schedule}")
+    return optimizer
+
+
+def restore(run, net, objective, sampler, extra_state):
+    """Resume from OUT/latest if there is one (model, optimizer, EMA / NFT's old policy, step, data position);
+    returns the step to start from."""
+    state = resume.resume(run.cfg.out, net, run.optimizer, extra_state=extra_state)
+    if not state:
+        return 0
+    if state["sampler"]["world_size"] != run.dp_world:
+        raise ValueError(f"{run.cfg.out}: its data position is for {state['sampler']['world_size']} data-parallel "
+                         f"groups, this run has {run.dp_world} (ranks / --cp); resume with ranks / --cp = "
+                         f"{state['sampler']['world_size']} (--cp may change), or use a new --out")
+    sampler.load_state_dict(state["sampler"])
+    for group in run.optimizer.param_groups:  # the checkpoint restored its own; this run's flags win (said above)
+        group.update(betas=objective.betas, weight_decay=objective.weight_decay)
+    return state["step"]
+
+
+def held_out_batches(run, dataset, n_train, to_latent):
+    """The evaluation clips (and the init guard's batch): the held-out videos, never trained on, or with --holdout 0
+    fixed clips of training videos; fixed windows and noise, the same number of batches on every rank."""
+    cfg = run.cfg
+    eval_ids = list(range(n_train, len(dataset))) or list(range(n_train))
+    batches = [to_latent(torch.utils.data.default_collate(
+        [dataset[(eval_ids[slot % len(eval_ids)], data.seed_of(cfg.seed, 1, slot))]]))
+        for slot in (i * run.dp_world + run.dp_rank for i in range(2))]
+    run.say(f"evaluation: {'held-out videos ' + str(eval_ids) if n_train < len(dataset) else 'fixed clips of training videos'}")
+    return eval_ids, batches
+
+
+def check_init(run, net, batch):
+    """Prove that the pretrained weights went in before training (ckpt.init_guard)."""
+    latent, text, camera = batch
+    mask = flow.multiview_condition_mask(latent, run.views, 1) if run.views else condition_mask(latent, 1)
+    with cp.disabled(net):  # its noise is drawn per global rank: each rank runs its own whole sample (no grad)
+        loss, zero_loss = ckpt.guard_loss(net, latent, text, mask, camera=camera)
+    ckpt.init_guard(loss, zero_loss, max_ratio=run.cfg.guard_max_ratio, source=run.cfg.init)
+
+
+def main(argv=None):
+    cfg = parse_config(sys.argv[1:] if argv is None else argv)
+    run = setup(cfg)
+    dataset, n_train, text = load_data(run)
+    lock = claim_run(run)
+    terms = reward.parse_rewards(cfg.reward) if cfg.objective != "sft" else None  # validated: None for SFT only
+    if terms is not None:
+        run.say(rl.reward_line(cfg, terms))
+    neg_text = None  # the uncond branch of CFG in RL rollouts and samples
+    if cfg.objective != "sft" or cfg.sample_every:
+        neg_text, source = data.negative_embedding(cfg.data, cfg.text_len, text["text_dim"],
+                                                   standin=text["text"] == "standin",
+                                                   text_encoder=text["text_encoder"])
+        neg_text = neg_text[None]
+        run.say(f"negative prompt: {source}")
+    vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, run.device, run.compute_dtype)
+    to_latent = make_encoder(run, vae)
+    net, sac_modes = build_net(run)
+    params = trainable(net)  # after fully_shard: the DTensor parameters
+    objective = OBJECTIVE[cfg.objective](run, net, params, vae, neg_text, terms)
+    run.optimizer = make_optimizer(run, objective, params)
+    ema = [p.detach().clone() for p in params] if cfg.ema else None
+    names = [n for n, p in net.named_parameters() if p.requires_grad]  # the order of `params`
+    extra_state = {**({"ema": dict(zip(names, ema))} if ema else {}), **objective.extra_state} or None
+    sampler = data.ClipSampler(n_train, rank=run.dp_rank, world_size=run.dp_world, seed=cfg.seed)
+    start_step = restore(run, net, objective, sampler, extra_state)
     loader = iter(torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler,
                                               num_workers=cfg.workers, persistent_workers=cfg.workers > 0,
                                               worker_init_fn=ignore_sigint if cfg.workers else None))
-
-    # evaluation clips (and the init guard's batch): the held-out videos, never trained on, or with --holdout 0 fixed
-    # clips of training videos; fixed windows and noise, and the same number of batches on every rank (collectives)
-    eval_ids = list(range(n_train, len(dataset))) or list(range(n_train))
-    held_batches = [to_latent(torch.utils.data.default_collate(
-        [dataset[(eval_ids[slot % len(eval_ids)], data.seed_of(cfg.seed, 1, slot))]]))
-        for slot in (i * dp_world + dp_rank for i in range(2))]
-    say(f"evaluation: {'held-out videos ' + str(eval_ids) if holdout else 'fixed clips of training videos'}")
-
-    def held_out():  # SFT: the held-out loss; RL: the held-out rewards of the deterministic sampler (rl.evaluate)
-        if cfg.objective == "sft":
-            return evaluate(net, cfg, held_batches)
-        return rl.evaluate(net, vae, cfg, held_batches, neg_text, terms,
-                           lambda i, b, d: sample_seed(cfg.seed, "rl-eval", dp_rank, i, b, d))
-    if state and not resume.eval_marker_valid(os.path.join(cfg.out, f"step_{start_step:08d}")):
+    eval_ids, batches = held_out_batches(run, dataset, n_train, to_latent)
+    held_out = lambda: objective.held_out(batches)  # noqa: E731
+    step_dir = os.path.join(cfg.out, f"step_{start_step:08d}")
+    if start_step and not resume.eval_marker_valid(step_dir):
         # killed between the save and its evaluation: a missing or partial result is re-run, never assumed done
         result = held_out()
-        if master:
-            resume.write_eval_marker(os.path.join(cfg.out, f"step_{start_step:08d}"), dict(result, step=start_step))
-        say(f"evaluated the resumed checkpoint step {start_step}: {result}")
-
-    if start_step == 0 and cfg.init != "random":  # prove that the pretrained weights went in before training
-        latent, text, camera = held_batches[0]
-        mask = flow.multiview_condition_mask(latent, views, 1) if views else condition_mask(latent, 1)
-        with cp.disabled(net):  # its noise is drawn per global rank: each rank runs its own whole sample (no grad)
-            loss, zero_loss = ckpt.guard_loss(net, latent, text, mask, camera=camera)
-        ckpt.init_guard(loss, zero_loss, max_ratio=cfg.guard_max_ratio, source=cfg.init)
-
-    # SIGTERM / SIGUSR1 (schedulers' pre-emption notice) and Ctrl-C: finish the step, save, exit 0
-    stop = {"signal": None}
-    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: on_signal(stop, signum, say))
-
-    peak = matmul_peak(device, torch.bfloat16) / 1e12 if device.type == "cuda" else None  # TFLOP/s
-    latent_shape = (1, 16, max(views, 1) * (1 + (cfg.frames - 1) // 4), cfg.height // 8, cfg.width // 8)
-    tokens = latent_shape[2] * (cfg.height // 16) * (cfg.width // 16)
-    # per rank: a cp group shares each sample's FLOPs (attention too: all tokens, 1/cp of the heads)
-    flops_per_step = model_flops(mcfg, latent_shape, cfg.text_len, cfg.lora)[2] * cfg.batch_size * cfg.grad_accum \
-        / cfg.cp
-    metrics_path = os.path.join(cfg.out, "metrics.jsonl")
-    resumed_dir = os.path.join(cfg.out, f"step_{start_step:08d}") if state else None  # its row, if a kill lost it
-    history = resume.load_history(metrics_path, start_step, resumed_dir) if master else []
-    plots = importlib.util.find_spec("matplotlib") is not None  # optional: the one plot is not worth a dependency
-    if not plots:
-        say("loss.png: matplotlib is not installed (pip install matplotlib); metrics.jsonl holds every number")
-    run_log = None
-    if cfg.wandb and master:
-        import wandb
-        run_log = wandb.init(project=cfg.wandb, config=dataclasses.asdict(cfg), resume="allow",
-                             id=f"{os.path.basename(os.path.abspath(cfg.out))}-{config_hash(cfg)}")
-    if rl_cfg is not None and start_step == 0:  # the starting point of every RL curve (once: a restart keeps it)
-        row = {"step": 0, **held_out()}
-        say(f"held-out evaluation before the first update: {row}")
-        if master and not any(r.get("step") == 0 for r in history):
-            history.append(row)
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(row) + "\n")
-    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not master,
-               desc=cfg.objective if rl_cfg is not None else "train")
-    nonfinite = 0  # skipped (NaN/Inf) steps in a row
-    for step in bar:
-        t0 = time.perf_counter()
-        lr = step_lr(step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        if rl_cfg is None:
-            loss, grad_norm, cause = sft_step(net, optimizer, trainable, cfg, lambda: to_latent(next(loader)), step,
-                                              dp_rank, dp_world)
-            row = {"loss": all_mean(loss, device), "lr": lr, "grad_norm": grad_norm, **nonfinite_fields(cause)}
-        else:
-            row = {"lr": lr, **rl.step(net, vae, optimizer, trainable, cfg, to_latent(next(loader)), neg_text, terms,
-                                       step, dp_rank, lambda *key: sample_seed(cfg.seed, *key), old)}
-        if ema is not None and "skipped" not in row:  # a skipped update left the weights as they were
-            with torch.no_grad():
-                torch._foreach_lerp_(ema, [p.detach() for p in trainable], 1 - ema_beta(step, cfg.ema))
-        if step == start_step and set(sac_modes) != {"none"}:
-            sac.check_first_step(sac_modes)  # the save lists matched the kernels that really ran
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        row = {"step": step + 1, **row, "s_per_step": dt,
-               "tokens_per_s": tokens * cfg.batch_size * cfg.grad_accum * dp_world / dt,
-               "mfu": flops_per_step / dt / 1e12 / peak if peak and cfg.objective == "sft" else None,  # RL: smoke.py
-               "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == "cuda" else None}
-        done = step + 1
-        stopping = any_rank(stop["signal"] is not None, device)
-        if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps or stopping:
-            t_save = time.perf_counter()
-            extra = {"sampler": sampler.state_dict(consumed=done * cfg.batch_size * cfg.grad_accum),
-                     "config_hash": config_hash(cfg), "config": dataclasses.asdict(cfg),
-                     "metrics_row": row}  # logged again by a resumed run if a kill loses it (resume.load_history)
-            path = resume.save(cfg.out, done, net, optimizer, extra, keep=cfg.keep, lora_only=bool(cfg.lora),
-                               extra_state=ema_state)
-            row["s_checkpoint"] = time.perf_counter() - t_save
-            result = held_out()
-            row.update(result)
-            if master:
-                resume.write_eval_marker(path, dict(result, step=done))
-                say(f"step {done}: loss {row['loss']:.4f}, " + ", ".join(f"{k} {v:.4g}" for k, v in result.items()
-                                                                        if k in ("eval_loss", "eval_reward"))
-                    + f" -> {path}" + nonfinite_eval(result, path))
-        elif cfg.eval_every and done % cfg.eval_every == 0:
-            row.update(held_out())
-        history.append(row)
-        if master:  # after the save: a row is logged once its step is safe or the run went on past it
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(row) + "\n")
-            if run_log is not None:
-                run_log.log(row, step=row["step"])
-            bar.set_postfix(**({"loss": f"{row['loss']:.4f}"} if cfg.objective == "sft" else
-                               {"reward": f"{row['reward_mean']:.4g}", "std": f"{row['reward_std']:.2g}"}),
-                            s_it=f"{dt:.2f}")
-            if plots and "s_checkpoint" in row:
-                resume.plot_metrics(os.path.join(cfg.out, "loss.png"), history, held_out=bool(holdout))
-        nonfinite = count_nonfinite(row, nonfinite, cfg)
-        if cfg.sample_every and done % cfg.sample_every == 0:
-            write_sample(net, vae, getattr(dataset, "clips", dataset), eval_ids[0], cfg, neg_text,  # pixels
-                         os.path.join(cfg.out, f"sample_{done:08d}.mp4"), master)
-        if stopping:
-            say(f"stopping after step {done} on {signal.Signals(stop['signal']).name}: checkpoint saved, exit 0")
-            break
-    if distributed:
+        if run.master:
+            resume.write_eval_marker(step_dir, dict(result, step=start_step))
+        run.say(f"evaluated the resumed checkpoint step {start_step}: {result}")
+    if start_step == 0 and cfg.init != "random":
+        check_init(run, net, batches[0])
+    loop = Loop(run, net, params, objective, sampler, lambda: to_latent(next(loader)), held_out, ema, extra_state,
+                sac_modes, n_train < len(dataset),
+                lambda done: write_sample(net, vae, getattr(dataset, "clips", dataset), eval_ids[0], cfg, neg_text,
+                                          objective.guidance, os.path.join(cfg.out, f"sample_{done:08d}.mp4"),
+                                          run.master))
+    history = train_loop(loop, start_step)
+    if run.distributed:
         dist.barrier()  # rank 0 may still be writing markers and plots: tear the group down together
         dist.destroy_process_group()
     if lock is not None:
@@ -855,10 +616,114 @@ def main(argv=None):
     return history
 
 
+# -----------------------------------------------------------------------------
+# The loop: step -> EMA -> row -> save and evaluate -> log -> sample; a signal finishes the step, saves, exits 0
+
+
+@dataclass
+class Loop:
+    run: Run
+    net: object
+    params: list
+    objective: sft.Objective
+    sampler: object
+    next_batch: object
+    held_out: object
+    ema: list
+    extra_state: dict
+    sac_modes: list
+    has_holdout: bool
+    write_sample: object  # done -> writes sample_<done>.mp4
+
+
+def step_counts(loop):
+    """(tokens, FLOPs) per rank and step: a cp group shares each sample's FLOPs (attention: all tokens, 1/cp of the
+    heads)."""
+    cfg, views = loop.run.cfg, loop.run.views
+    shape = (1, 16, max(views, 1) * latent_frames(cfg.frames), cfg.height // 8, cfg.width // 8)
+    tokens = shape[2] * (cfg.height // 16) * (cfg.width // 16) * cfg.batch_size * cfg.grad_accum
+    return tokens, model_flops(get_config(cfg.config), shape, cfg.text_len, cfg.lora)[2] * cfg.batch_size * \
+        cfg.grad_accum / cfg.cp
+
+
+def one_step(loop, step, start_step, peak):
+    """Run one step of the objective; its metrics row."""
+    cfg, run = loop.run.cfg, loop.run
+    t0 = time.perf_counter()
+    lr = loop.objective.lr_at(step)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    row = {"lr": lr, **loop.objective.step(step, loop.next_batch)}
+    if loop.ema is not None and "skipped" not in row:  # a skipped update left the weights as they were
+        with torch.no_grad():
+            torch._foreach_lerp_(loop.ema, [p.detach() for p in loop.params], 1 - ema_beta(step, cfg.ema))
+    if step == start_step and set(loop.sac_modes) != {"none"}:
+        sac.check_first_step(loop.sac_modes)  # the save lists matched the kernels that really ran
+    if run.device.type == "cuda":
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    tokens, flops = step_counts(loop)
+    return {"step": step + 1, **row, "s_per_step": dt, "tokens_per_s": tokens * run.dp_world / dt,
+            "mfu": flops / dt / 1e12 / peak if peak and loop.objective.mfu else None,
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if run.device.type == "cuda" else None}
+
+
+def save_and_evaluate(loop, row, done):
+    """Checkpoint `done` (the metrics row travels with it), then its held-out evaluation and marker."""
+    cfg, run = loop.run.cfg, loop.run
+    t_save = time.perf_counter()
+    extra = {"sampler": loop.sampler.state_dict(consumed=done * cfg.batch_size * cfg.grad_accum),
+             "config_hash": rundir.config_hash(cfg, resume_keys(cfg)), "config": dataclasses.asdict(cfg),
+             "metrics_row": row}  # logged again by a resumed run if a kill loses it (rundir.load_history)
+    path = resume.save(cfg.out, done, loop.net, run.optimizer, extra, keep=cfg.keep, lora_only=bool(cfg.lora),
+                       extra_state=loop.extra_state)
+    row["s_checkpoint"] = time.perf_counter() - t_save
+    result = loop.held_out()
+    row.update(result)
+    if run.master:
+        resume.write_eval_marker(path, dict(result, step=done))
+        run.say(f"step {done}: loss {row['loss']:.4f}, " + ", ".join(f"{k} {v:.4g}" for k, v in result.items()
+                                                      if k in ("eval_loss", "eval_reward"))
+                + f" -> {path}" + nonfinite_eval(result, path))
+
+
+def train_loop(loop, start_step):
+    """Steps start_step..cfg.steps; returns the metrics history."""
+    cfg, run = loop.run.cfg, loop.run
+    stop = {"signal": None}  # SIGTERM / SIGUSR1 (schedulers' pre-emption notice) and Ctrl-C: finish, save, exit 0
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: on_signal(stop, signum, run.say))
+    peak = matmul_peak(run.device, torch.bfloat16) / 1e12 if run.device.type == "cuda" else None  # TFLOP/s
+    log = rundir.MetricsLog(cfg, run, start_step, loop.has_holdout, rundir.config_hash(cfg, resume_keys(cfg)))
+    if loop.objective.eval_at_start and start_step == 0:  # once: a restart keeps it
+        row = {"step": 0, **loop.held_out()}
+        run.say(f"held-out evaluation before the first update: {row}")
+        log.write(row, first=True)
+    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not run.master,
+               desc=loop.objective.name)
+    nonfinite = 0  # skipped (NaN/Inf) steps in a row
+    for step in bar:
+        row, done = one_step(loop, step, start_step, peak), step + 1
+        stopping = sft.any_rank(stop["signal"] is not None, run.device)
+        if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps or stopping:
+            save_and_evaluate(loop, row, done)
+        elif cfg.eval_every and done % cfg.eval_every == 0:
+            row.update(loop.held_out())
+        log.write(row)  # after the save: a row is logged once its step is safe or the run went on past it
+        if run.master:
+            bar.set_postfix(**loop.objective.bar(row), s_it=f"{row['s_per_step']:.2f}")
+        nonfinite = count_nonfinite(row, nonfinite, cfg)
+        if cfg.sample_every and done % cfg.sample_every == 0:
+            loop.write_sample(done)
+        if stopping:
+            run.say(f"stopping after step {done} on {signal.Signals(stop['signal']).name}: checkpoint saved, exit 0")
+            break
+    return log.history
+
+
 @torch.no_grad()
-def write_sample(net, vae, dataset, index, cfg, neg_text, path, master):
+def write_sample(net, vae, dataset, index, cfg, neg_text, guidance, path, master):
     """Generate a clip from the first frame of a fixed (held-out, if any) video; save it beside the truth."""
-    import sample as sampling
     item = dataset[(index, 0)]
     device = next(net.parameters()).device
     video = item["video"].to(device, next(vae.parameters()).dtype)  # [3,T,H,W], or [V,3,T,H,W] for a camera net
@@ -868,11 +733,10 @@ def write_sample(net, vae, dataset, index, cfg, neg_text, path, master):
     camera = None if "w2c" not in item else views_map(item["w2c"].to(device), item["intrinsics"].to(device),
                                                       cfg.height, cfg.width)[None].to(video.dtype)
     video = video if camera is not None else video[None]
-    guidance = cfg.guidance if cfg.objective == "sft" else rl.config_of(cfg).guidance  # RL: the policy's own CFG
-    generated = sampling.generate(net, vae, video, text, neg_text.to(device), cfg.sample_steps, guidance, cfg.seed,
-                                  camera=camera, **p25).to(video.dtype)
+    generated = generate(net, vae, video, text, neg_text.to(device), cfg.sample_steps, guidance, cfg.seed,
+                         camera=camera, **p25).to(video.dtype)
     if master:  # left: data, right: generated; views one above the other
-        sampling.write_mp4(path, torch.cat(list(torch.cat([video, generated], dim=-1)), dim=-2))
+        write_mp4(path, torch.cat(list(torch.cat([video, generated], dim=-1)), dim=-2))
         print(f"sample: {path} (left: data, right: generated from its first frame)", flush=True)
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import build
 import fp8
 import grpo
 import train
@@ -145,7 +146,7 @@ def _sharded_lora(rank, ws):
     with torch.device("meta"):
         net = build_model(get_config("tiny"))
     add_lora(net, 4)
-    train.shard_model(net, torch.device("cpu"))
+    build.shard_model(net, torch.device("cpu"))
     net.to_empty(device="cpu")
     torch.manual_seed(0)
     net.init_weights()

@@ -13,6 +13,7 @@ import torch
 
 import ckpt
 import resume
+import rundir
 import sample
 import train
 from ckpt import CheckpointError
@@ -265,7 +266,7 @@ def test_a_kill_while_rotating_leaves_no_half_deleted_checkpoint(tmp_path, monke
         resume.save(out, 3, net, extra={}, keep=2)
     monkeypatch.setattr(shutil, "rmtree", rmtree)
     assert "step_00000001" not in os.listdir(out) and resume.find_resume(out).endswith("step_00000003")
-    resume.claim_out(out).close()  # the next start deletes the leftovers, never a complete checkpoint
+    rundir.claim_out(out).close()  # the next start deletes the leftovers, never a complete checkpoint
     assert sorted(os.listdir(out)) == [".lock", "latest", "step_00000002", "step_00000003"]
 
 

@@ -16,6 +16,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import resume  # noqa: E402
+import rundir  # noqa: E402
 import reward  # noqa: E402
 import rl  # noqa: E402
 import train  # noqa: E402
@@ -235,8 +236,8 @@ def test_loss_png_says_whether_the_evaluation_is_held_out(monkeypatch, tmp_path)
     monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda ax, *a, **k: labels.append(k.get("label")) or plot(
         ax, *a, **k))
     history = [{"step": 1, "loss": 2.0, "eval_loss": 1.5}, {"step": 2, "loss": 1.0}]
-    resume.plot_metrics(str(tmp_path / "a.png"), history, held_out=False)
-    resume.plot_metrics(str(tmp_path / "b.png"), history)
+    rundir.plot_metrics(str(tmp_path / "a.png"), history, held_out=False)
+    rundir.plot_metrics(str(tmp_path / "b.png"), history)
     assert "eval loss (training clips, --holdout 0)" in labels and "eval loss (held out)" in labels
 
 

@@ -1,0 +1,114 @@
+"""The network, built in one place: train.py, bench.py, smoke.py, sample.py and resume.py all build it here.
+
+The order is torchtitan's and matters (docs/memory.md):
+    meta build -> LoRA / freeze (frozen base in the compute dtype) -> fp8 -> activation checkpointing per block
+    -> context parallel -> compile per block -> FSDP2 -> materialise -> seeded init -> strict load -> fp8 base
+Everything up to FSDP works on the meta device, so nothing is allocated until the shards are; a planner that must
+see the adapted meta network (`--sac auto`, bench.py's memory formulas) calls `meta_net`, then `materialise`.
+"""
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+import ckpt
+import cp
+import fp8
+import sac
+from lora import LORA_TARGETS, LoRALinear, add_lora
+from model import DiT, get_config
+
+
+@dataclass
+class NetSpec:
+    """What to build. Every entry point fills one from its own config."""
+    config: str  # model.get_config name
+    init: str = "random"  # random (the seeded init_weights) or anything ckpt.load takes
+    ema: bool = None  # ckpt.load's ema: None = the file's only weights, True / False = its EMA / raw weights
+    lora: int = 0  # adapter rank; 0 = every parameter trains
+    lora_alpha: float = None  # None = rank (scale 1)
+    fp8: bool = False  # LoRA: frozen base in fp8 (after the load); full fine-tune: fp8 GEMMs (fp8.py)
+    sac_modes: tuple = ()  # one activation-checkpointing mode per block (sac.block_modes); () = none
+    compile: bool = False  # torch.compile each block in place (no _orig_mod. in any key)
+    dtype: torch.dtype = torch.float32  # the parameters (train.py: fp32 masters; FSDP casts to the compute dtype)
+    base_dtype: torch.dtype = None  # LoRA's frozen base (train.py: the compute dtype); None = dtype
+    seed: int = 0  # torch.manual_seed before init_weights: the random base and the adapters follow it alone
+
+
+def meta_net(spec: NetSpec):
+    """The DiT on the meta device with its adapters (or fp8 GEMMs): what planners measure before materialising."""
+    with torch.device("meta"):
+        net = DiT(get_config(spec.config)).to(spec.dtype)
+    if spec.lora:
+        add_lora(net, spec.lora, spec.lora_alpha or None)
+        # the adapted Linears' frozen base in the compute dtype: fp32 would hold 4 B per weight that never trains
+        # (14B: 54 GiB instead of 27) for FSDP to cast to bf16 anyway; the adapters keep fp32 masters
+        for m in frozen_linears(net):
+            m.weight = torch.nn.Parameter(m.weight.to(spec.base_dtype or spec.dtype), requires_grad=False)
+        if spec.fp8:
+            fp8.check_shapes(net)
+    elif spec.fp8:
+        fp8.convert_trainable(net, LORA_TARGETS)  # same keys; the GEMMs of the LoRA targets' Linears go fp8
+    return net
+
+
+def frozen_linears(net):
+    return [m for m in net.modules() if isinstance(m, LoRALinear)]
+
+
+def materialise(net, spec: NetSpec, device, cp_group=None, cp_size=1, verbose=True):
+    """Checkpointing, CP, compile, FSDP2 (under torch.distributed), then weights: seeded init, strict load of
+    spec.init (a LoRA net may lack only its adapters), fp8 base. Returns net."""
+    sac.apply_per_block(net, list(spec.sac_modes) or sac.block_modes("none", 1, len(net.blocks)))
+    cp.enable(net, cp_group)  # before compile: the blocks' guards see their final attributes
+    if spec.compile:
+        for block in net.blocks:
+            block.compile()  # in place: no _orig_mod. in any key
+    if dist.is_initialized():
+        frozen = {m.weight for m in frozen_linears(net)} if spec.fp8 else None  # replaced by fp8 buffers below
+        shard_model(net, device, cp_size, ignored=frozen)
+    net.to_empty(device=device)
+    torch.manual_seed(spec.seed)  # same on every rank, so the DTensor init is one consistent model
+    net.init_weights()
+    if spec.init != "random":
+        ckpt.load(net, spec.init, ema=spec.ema, allow_missing=(ckpt.LORA_KEYS,) if spec.lora else (), verbose=verbose)
+    if spec.fp8 and spec.lora:  # after the load: the base went in whole (and was checked), then is quantised
+        fp8.quantize_base(net)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return net
+
+
+def build(spec: NetSpec, device, cp_group=None, cp_size=1, verbose=True):
+    """meta_net then materialise: the network ready to train or sample."""
+    return materialise(meta_net(spec), spec, device, cp_group, cp_size, verbose)
+
+
+def trainable(net):
+    """The parameters the optimizer steps (after FSDP: the DTensor ones)."""
+    return [p for p in net.parameters() if p.requires_grad]
+
+
+def shard_model(net, device, cp=1, ignored=None):
+    """FSDP2 over all ranks. With --cp C the mesh is the flattened dp x cp (torchtitan's dp_shard_cp: memory per rank
+    falls with C too), and gradients are summed over the C ranks of a sample and averaged over the dp samples only.
+    `ignored` parameters stay whole on every rank (--fp8: the frozen base, replaced by fp8 buffers after loading)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    world = dist.get_world_size()
+    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",) if cp == 1 else ("dp_cp",))
+    # fp32 master weights, bf16 compute on GPUs, fp32 gradient reduction. cast_forward_inputs=False: the fp32
+    # diffusion time must not be rounded to bf16 on its way into a block (t = 0.9995 would arrive as 1.0).
+    compute = torch.bfloat16 if device.type == "cuda" else torch.float32
+    mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    last = len(net.blocks) - 1
+    for i, block in enumerate(net.blocks):
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < last,  # backward starts at the last
+                    ignored_params=ignored)
+    fully_shard(net.final_layer, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    fully_shard(net, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    if cp > 1:  # each cp rank holds its frames' part of a sample's gradient: sum those, mean over the dp samples
+        for unit in [*net.blocks, net.final_layer, net]:  # a SUM reduce-scatter, then / dp (gloo has no PREMUL_SUM)
+            unit.set_gradient_divide_factor(world // cp)
+            unit.set_force_sum_reduction_for_comms(True)
+    return net

@@ -1,0 +1,193 @@
+"""The run directory around the checkpoints (resume.py): one process per OUT, its settings, its metrics.
+
+claim / claim_out: a POSIX lock that dies with its process (a second train.py on one --out is refused in one line);
+check_resume_settings and config_hash: what a resumed run must keep; MetricsLog: metrics.jsonl (a kill never loses
+a row: load_history re-logs the one saved with the checkpoint), wandb, and the plot loss.png (matplotlib, optional).
+"""
+import dataclasses
+import errno
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import socket
+
+import numpy as np
+
+import cli
+from formats import read_meta
+from resume import complete_checkpoints, delete_checkpoints, find_resume, leftovers, read_eval_marker, write_atomic
+
+def claim(path, refusal, wait=False):
+    """An exclusive lock on `path` while the returned file is open, or ValueError(refusal.format(holder=...)) (wait:
+    block instead). lockf, not flock: fork children (DataLoader workers, which notice a dead parent only every ~5 s)
+    do not inherit it, so it dies with this process. Per process: a second claim here succeeds, and closing any other
+    handle of `path` here would release it."""
+    handle = open(path, "a+")
+    try:
+        fcntl.lockf(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EAGAIN):
+            handle.close()
+            raise
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise ValueError(refusal.format(holder=holder)) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    return handle
+
+
+def claim_out(out):
+    """Refuse a second train.py on the same --out (claim() on OUT/.lock), then delete what a kill while rotating left
+    half-deleted (leftovers(): never a complete checkpoint)."""
+    os.makedirs(out, exist_ok=True)
+    lock = claim(os.path.join(out, ".lock"), f"--out {out} is in use by a running train.py ({{holder}}): wait for it, "
+                 "or use another --out")
+    half = leftovers(out, complete_checkpoints(out))
+    if half:
+        print(f"ckpt: deleting {[os.path.basename(p) for p in half]}, left half-deleted by a run killed while "
+              "rotating checkpoints", flush=True)
+        delete_checkpoints(half)
+    return lock
+
+
+def check_resume_settings(out, cfg, keys, defaults):
+    """Before anything is built or written: the newest complete checkpoint's settings against this run's. Changed
+    must-keep settings are refused, naming them; other changes are returned (applied from the resume point)."""
+    path = find_resume(out)
+    if path is None:
+        return None, {}
+    # a setting added since the save (e.g. --latents) is taken at its default, which is how that run was trained
+    saved = {**cli.flatten(dataclasses.asdict(defaults)), **cli.flatten(read_meta(path)["extra"]["config"])}
+    now = cli.flatten(json.loads(json.dumps(dataclasses.asdict(cfg))))  # tuples as lists, like the saved JSON
+    refused = {k: (saved.get(k), now[k]) for k in keys if saved.get(k) != now[k]}
+    if refused:
+        why = " (LoRA checkpoints hold only adapters: the base comes from --init)" if "init" in refused and \
+            (saved.get("lora") or now["lora"]) else ""
+        raise ValueError(f"{out} was written with other settings, (saved, now): {refused}; a resumed run must keep "
+                         f"them{why}. Use a new --out")
+    return path, {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+
+
+def config_hash(cfg, keys):
+    """A short hash of the settings a resumed run must keep (`keys`): saved with every checkpoint."""
+    flat = cli.flatten(dataclasses.asdict(cfg))
+    return hashlib.sha256(json.dumps({k: flat[k] for k in keys}, sort_keys=True,
+                                     default=list).encode()).hexdigest()[:16]
+
+
+def load_history(path, start_step, step_dir=None):
+    """The metrics rows up to the resume point. The file is rewritten without the rows after it (a killed run logged
+    steps that the resumed run logs again) and without a torn last line (killed mid-write); the resumed checkpoint
+    step_dir's own row (meta.json's, train.py saves it) is logged again, with its evaluation, if a kill lost it."""
+    rows, lines = [], []
+    if os.path.exists(path):
+        with open(path) as f:
+            lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:  # only the last line can be torn by a kill: anything else is damage
+                raise ValueError(f"{path}: line {i + 1} is not JSON ({line[:60]!r}): repair or remove the file")
+            print(f"metrics: dropping the torn last line of {path} ({len(line)} bytes)", flush=True)
+    kept = [r for r in rows if r["step"] <= start_step]
+    if len(kept) < len(rows):
+        print(f"metrics: dropping {len(rows) - len(kept)} rows after step {start_step} from {path} (logged by a run "
+              "killed after its last checkpoint; they are logged again)", flush=True)
+    saved = read_meta(step_dir)["extra"].get("metrics_row") if step_dir else None
+    if saved is not None and saved["step"] == start_step and not any(r["step"] == start_step for r in kept):
+        print(f"metrics: logging step {start_step} again from {step_dir}/meta.json (killed after its checkpoint, "
+              "before its row was written)", flush=True)
+        result = read_eval_marker(step_dir) or {}
+        kept.append({**saved, **{k: v for k, v in result.items() if k != "step"}, "relogged": True})
+    if rows or kept:
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+    return kept
+
+
+class MetricsLog:
+    """metrics.jsonl (and wandb, loss.png) on rank 0; the history every rank returns."""
+
+    def __init__(self, cfg, run, start_step, has_holdout, run_id):
+        self.path, self.master, self.has_holdout = os.path.join(cfg.out, "metrics.jsonl"), run.master, has_holdout
+        resumed_dir = os.path.join(cfg.out, f"step_{start_step:08d}") if start_step else None  # a row a kill lost
+        self.history = load_history(self.path, start_step, resumed_dir) if run.master else []
+        self.plots = importlib.util.find_spec("matplotlib") is not None  # optional: one plot is not worth a dep
+        if not self.plots:
+            run.say("loss.png: matplotlib is not installed (pip install matplotlib); metrics.jsonl holds every number")
+        self.wandb = None
+        if cfg.wandb and run.master:
+            import wandb
+            self.wandb = wandb.init(project=cfg.wandb, config=dataclasses.asdict(cfg), resume="allow",
+                                    id=f"{os.path.basename(os.path.abspath(cfg.out))}-{run_id}")
+        self.loss_png = os.path.join(cfg.out, "loss.png")
+
+    def write(self, row, first=False):
+        if first and (not self.master or any(r.get("step") == row["step"] for r in self.history)):
+            return
+        self.history.append(row)
+        if not self.master:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(row, step=row["step"])
+        if self.plots and "s_checkpoint" in row:
+            plot_metrics(self.loss_png, self.history, held_out=self.has_holdout)
+
+
+def plot_metrics(path, history, held_out=True):
+    """loss.png: training loss (log scale) with its running mean and the evaluation loss (held_out False: on fixed
+    clips of training videos, --holdout 0); for an RL run a reward panel: the training reward (mean +- std over
+    samples) and the held-out reward (rows with eval_reward)."""
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+    grpo_run = any("reward_mean" in r for r in history)
+    fig, axes = plt.subplots(1, 2 if grpo_run else 1, figsize=(12 if grpo_run else 7, 4), squeeze=False)
+    ax = axes[0][0]
+    updates = [r for r in history if "loss" in r]  # an RL run's step-0 row holds only its held-out evaluation
+    steps = [r["step"] for r in updates]
+    loss = np.array([r["loss"] for r in updates], dtype=np.float64)
+    if grpo_run:
+        nft_run = any("old_decay" in r for r in updates)  # NFT's loss is a flow-matching loss, GRPO's a surrogate
+        ax.plot(steps, loss, lw=0.8, label="NFT loss" if nft_run else "surrogate loss")
+        ax.set_ylabel("NFT loss (read the reward)" if nft_run else "surrogate loss (~0 at ratio 1)")
+    else:
+        ax.plot(steps, loss, lw=0.6, alpha=0.5, label="train loss")
+        n = min(20, len(loss))
+        if n > 1:
+            ax.plot(steps[n - 1:], np.convolve(loss, np.ones(n) / n, mode="valid"), lw=1.5, label=f"mean of {n}")
+        ax.set_yscale("log")
+        ax.set_ylabel("loss (log scale)")
+    evals = [(r["step"], r["eval_loss"]) for r in history if r.get("eval_loss") is not None]
+    if evals and not grpo_run:
+        ax.plot(*zip(*evals), "o-", label="eval loss (held out)" if held_out else "eval loss (training clips, "
+                "--holdout 0)")
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if grpo_run:
+        ax = axes[0][1]
+        mean = np.array([r["reward_mean"] for r in updates])
+        std = np.array([r.get("reward_std") or 0.0 for r in updates])
+        ax.plot(steps, mean, label="reward mean (rollouts)")
+        ax.fill_between(steps, mean - std, mean + std, alpha=0.2, label="+- std over samples")
+        held = [(r["step"], r["eval_reward"]) for r in history if r.get("eval_reward") is not None]
+        if held:
+            ax.plot(*zip(*held), "o-", label="held-out reward (deterministic sampler)" if held_out else
+                    "eval reward (training clips, --holdout 0)")
+        ax.set_xlabel("update")
+        ax.set_ylabel("reward")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path + ".tmp.png", dpi=100)
+    plt.close(fig)
+    os.replace(path + ".tmp.png", path)
