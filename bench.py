@@ -37,12 +37,13 @@ if not any(a == "--vs" or a.startswith("--vs=") for a in sys.argv[1:]):
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
+import build  # noqa: E402
 import ckpt  # noqa: E402
 import cli  # noqa: E402
 import cp  # noqa: E402
 import plan  # noqa: E402
 import sac  # noqa: E402
-from lora import LORA_TARGETS, add_lora  # noqa: E402
+from lora import add_lora  # noqa: E402
 import flow  # noqa: E402
 import fp8  # noqa: E402
 from flow import multiview_condition_mask  # noqa: E402
@@ -141,25 +142,12 @@ def _timer(device):
 # Model, batch, step
 
 
-def build(b: BenchConfig, device, dtype, modes):
-    """Meta -> dtype -> (LoRA, adapters in fp32) -> empty on device -> random init -> (fp8 base) -> checkpointing
-    `modes` per block -> compile. Returns model and trainables."""
-    cfg = get_config(b.config)
-    with torch.device("meta"):
-        model = DiT(cfg).to(dtype)
-    trainable = add_lora(model, b.lora) if b.lora else list(model.parameters())
-    if b.fp8 and not b.lora:
-        fp8.convert_trainable(model, LORA_TARGETS)
-    model.to_empty(device=device)
-    g = torch.Generator(device=device).manual_seed(b.seed)
-    model.init_weights(generator=g)
-    if b.fp8:
-        fp8.quantize_base(model)  # frees the bf16 base; the fp8 copy was allocated beside it
-    sac.apply_per_block(model, modes)
-    if b.compile:
-        for block in model.blocks:
-            block.compile()  # compiles Block._call_impl in place: no _orig_mod segment in any key
-    return model, trainable
+def build_net(b: BenchConfig, device, dtype, modes):
+    """The network (build.py) in `dtype` throughout (no fp32 masters: a step without an optimizer), its random
+    init, checkpointing `modes` per block, compiled with --compile. Returns model and trainables."""
+    net = build.build(build.NetSpec(b.config, lora=b.lora, fp8=b.fp8, sac_modes=tuple(modes), compile=b.compile,
+                                    dtype=dtype, seed=b.seed), device)
+    return net, build.trainable(net)
 
 
 def make_batch(b: BenchConfig, cfg, device, dtype):
@@ -214,19 +202,17 @@ def run_plan(b: BenchConfig, shard=True):
     kernels); W = 1: a real one-rank group, as train.py on one GPU. shard=False: no process group (train.py on a CPU
     without torchrun), for comparison."""
     import torch.distributed as dist
-    import build
     device, cuda = torch.device(b.device), b.device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32  # train.py's compute dtype (fp32 master weights)
     torch.manual_seed(b.seed)
     torch.backends.cuda.matmul.allow_tf32 = b.tf32
     cfg, shape, world = get_config(b.config), latent_shape(b), b.world if shard else 1
     cp_size = b.cp if shard else 1
-    with torch.device("meta"):
-        net = DiT(cfg)  # fp32 master weights, as train.py
-    if b.lora:
-        add_lora(net, b.lora)
-    elif b.fp8:  # train.py --fp8 of a full fine-tune (LoRA's fp8 base is refused in main: planned in bf16)
-        fp8.convert_trainable(net, LORA_TARGETS)
+    # train.py's network: fp32 master weights, LoRA's frozen base in the compute dtype (LoRA's fp8 base is
+    # refused in main: planned in bf16)
+    spec = build.NetSpec(b.config, lora=b.lora, fp8=b.fp8 and not b.lora, compile=b.compile, base_dtype=dtype,
+                         seed=b.seed)
+    net = build.meta_net(spec)
     formula = [plan.state_formula(net, world, r) for r in range(world)]
     traffic = plan.fsdp_traffic(net, world, dtype, b.link_gb_s)
     res = dict(plan=True, config=b.config, world=world, sharded=shard, lora=b.lora, compile=b.compile,
@@ -244,23 +230,16 @@ def run_plan(b: BenchConfig, shard=True):
         res.update(mem_budget_gib=b.mem_budget, auto_fixed_gib=round(fixed / 2**30, 2),
                    auto_costs={m: dataclasses.asdict(c) for m, c in costs.items()},
                    auto_predicted_peak_gib=round(auto.peak_bytes / 2**30, 2))
-    sac.apply_per_block(net, modes)
+    spec.sac_modes = tuple(modes)
     res["sac"] = {m: modes.count(m) for m in dict.fromkeys(modes)}
     res.update(plan.cp_traffic(cfg, shape, cp_size, dtype, sum(m != "none" for m in modes), b.link_gb_s))
-    if b.compile:
-        for block in net.blocks:
-            block.compile()
     if shard and world == 1:
         dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     elif shard:
         from torch.testing._internal.distributed.fake_pg import FakeStore
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    try:
-        if shard:
-            cp.enable(net, cp.make_mesh(device.type, world, cp_size)[2])  # as train.py: before compile and FSDP
-            build.shard_model(net, device, cp_size)  # the function train.py shards with
-        net.to_empty(device=device)
-        net.init_weights()
+    try:  # as train.py: sac -> cp -> compile -> FSDP2 (the function train.py shards with) -> init
+        build.materialise(net, spec, device, cp.make_mesh(device.type, world, cp_size)[2] if shard else None, cp_size)
         trainable = [p for p in net.parameters() if p.requires_grad]  # after fully_shard: the DTensor parameters
         optimizer = torch.optim.AdamW(trainable, lr=1e-5, betas=(0.9, 0.99), weight_decay=0.1, eps=1e-8,
                                       fused=cuda)  # as train.py builds it
@@ -406,10 +385,7 @@ def run(b: BenchConfig):
     res["matmul_peak_tflops"] = round(peak / 1e12, 1)
     modes = sac.block_modes(b.sac, b.every, cfg.num_blocks)
     if b.sac == "auto":  # the plan with this step's resident state: weights and gradients in --dtype, no optimizer
-        with torch.device("meta"):
-            net = DiT(cfg).to(dtype)
-        if b.lora:
-            add_lora(net, b.lora)
+        net = build.meta_net(build.NetSpec(b.config, lora=b.lora, dtype=dtype))
         costs, auto, fixed = plan.auto_plan(net, 1, device, dtype, shape, b.text_len, b.lora, b.mem_budget, b.fp8,
                                             fixed_bytes=plan.resident_bytes(net, b.fp8))
         print(auto.why, flush=True)
@@ -418,7 +394,7 @@ def run(b: BenchConfig):
                    auto_predicted_peak_gib=round(auto.peak_bytes / 2**30, 2))
     try:
         t0 = time.perf_counter()
-        model, trainable = build(b, device, dtype, modes)
+        model, trainable = build_net(b, device, dtype, modes)
         batch = make_batch(b, cfg, device, dtype)
         res["weights_gib"] = round(torch.cuda.memory_allocated() / 2**30, 2) if cuda else None
         res["trainable_params"] = sum(p.numel() for p in trainable)

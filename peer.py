@@ -169,14 +169,14 @@ def run_peer(b):
     preconditioning and loss as ours); after the timed steps, the parity of one eager forward of each network."""
     device, dtype = torch.device(b.device), getattr(torch, b.dtype)
     cfg = get_config(b.config)
-    peer = to_diffusers(weights(b, cfg, device, dtype))  # our copy is freed on return
+    peer = to_diffusers(weights(b, device, dtype))  # our copy is freed on return
     _free(device)
     batch, wrapped = bench.make_batch(b, cfg, device, dtype), PeerNet(peer, cfg)
     res = time_diffusers(peer, b, cfg, lambda trainable: bench.train_step(wrapped, batch, trainable))
     if res["status"] == "ok":
         for p in peer.parameters():
             p.grad = None
-        net = weights(b, cfg, device, dtype)  # the same seed: the same values
+        net = weights(b, device, dtype)  # the same seed: the same values
         with torch.no_grad(), torch.compiler.set_stance("force_eager"):
             res["parity"] = compare(velocity(wrapped, batch), velocity(net, batch))
     return res

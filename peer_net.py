@@ -16,8 +16,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import build
 from lora import LORA_TARGETS, LoRALinear, add_lora
-from model import DiT, denoise, is_p25
+from model import denoise, is_p25
 from vae import LATENT_MEAN, LATENT_STD
 
 MISSING = "bench.py --vs diffusers needs diffusers (pip install diffusers==0.42.1); it is a benchmark-only dependency"
@@ -210,16 +211,10 @@ class PeerNet(nn.Module):
         return self.peer(**kwargs, return_dict=False)[0]
 
 
-def weights(b, cfg, device, dtype):
-    """The DiT bench.build times, values only: the same meta build, LoRA and seeded init (so the same numbers),
-    without checkpointing or compile (the handover to diffusers takes the tensors, not the module)."""
-    with torch.device("meta"):
-        net = DiT(cfg).to(dtype)
-    if b.lora:
-        add_lora(net, b.lora)
-    net.to_empty(device=device)
-    net.init_weights(generator=torch.Generator(device=device).manual_seed(b.seed))
-    return net
+def weights(b, device, dtype):
+    """The DiT bench.build_net times, values only: the same build (build.py), LoRA and seeded init (so the same
+    numbers), without checkpointing or compile (the handover to diffusers takes the tensors, not the module)."""
+    return build.build(build.NetSpec(b.config, lora=b.lora, dtype=dtype, seed=b.seed), device)
 
 
 def velocity(net, batch):

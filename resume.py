@@ -38,13 +38,13 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.tensor import DTensor
 
+import build
 import ckpt
 import cli
 from ckpt import (CheckpointError, agree, build_report, gather, local_rows, model_entries, open_source, rank, say,
                   world_size)
 from formats import STEP_RE, bitsum, check_sums, dcp_call, denied, read_meta
-from lora import add_lora, merged_state_dict
-from model import DiT, get_config
+from lora import merged_state_dict
 
 # Top-level DCP keys of a training checkpoint; extra_state groups take any other plain name
 TRAINING_KEYS = ("model", "optim", "rng")
@@ -494,13 +494,10 @@ def build_from_step(step_dir, device, use_ema=False):
         raise CheckpointError(f"{step_dir}: not a train.py step (its meta.json records no run config)")
     if use_ema and not run.get("ema"):
         raise CheckpointError(f"--ema: the run of {step_dir} kept no EMA (train.py --ema RATE): drop --ema")
-    with torch.device("meta"):
-        net = DiT(get_config(run["config"]))
-    if run.get("lora"):
-        add_lora(net, run["lora"], run.get("lora_alpha") or None)
-    net.to_empty(device=device)
-    torch.manual_seed(run.get("seed", 0))  # as train.py: a random base is this seed's init_weights
-    net.init_weights()
+    init = run.get("init", "random") if meta["lora_only"] else "random"  # a LoRA-only step: its adapters' base
+    net = build.build(build.NetSpec(run["config"], init, {"": None, "net": False, "net_ema": True}[
+        run.get("ema_weights", "")], run.get("lora", 0), run.get("lora_alpha") or None, seed=run.get("seed", 0)),
+        device)  # as train.py built it: a random base is this seed's init_weights
     frozen = [k for k, p in net.named_parameters() if not p.requires_grad]
     if meta["lora_only"] and run.get("init", "random") != "random":  # the adapters' base, as train.py loaded it
         ckpt.load(net, run["init"], ema={"": None, "net": False, "net_ema": True}[run.get("ema_weights", "")],

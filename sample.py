@@ -22,9 +22,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import build
 import cli
 import flow
-from lora import add_lora
 from model import DiT, condition_mask, denoise, get_config, is_p25
 
 SIGMA_MIN, SIGMA_MAX, RHO = 0.002, 80.0, 7.0
@@ -364,15 +364,10 @@ def main(argv=None):
         net = resume.build_from_step(step, device, bool(cfg.ema))
         source = f"{step}, step {resume.read_meta(step)['step']}{' (EMA)' if cfg.ema else ''}"
     else:
-        with torch.device("meta"):
-            net = DiT(get_config(cfg.config))
-        net.to_empty(device=device)
-        net.init_weights()
         source = cfg.ckpt
         if source == "random":
             print("sample: RANDOM weights (--ckpt random)", flush=True)
-        else:
-            ckpt.load(net, source, ema=cfg.ema)
+        net = build.build(build.NetSpec(cfg.config, source, ema=cfg.ema), device)
     mcfg = net.cfg
     net = net.to(dtype).eval()
     vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, device, dtype)

@@ -18,15 +18,16 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+import build
 import cli
+import flow
 import grpo
 import reward
+import sac
 from grpo import GRPOConfig
-from lora import add_lora
-import flow
 from camera import fallback_cameras, views_map
 from data import VIEW_ORDER
-from model import DiT, condition_mask, get_config, is_p25, matmul_peak, model_flops
+from model import condition_mask, get_config, is_p25, matmul_peak, model_flops
 from sample import TINY_CONFIGS, split_views
 
 VIEWS = len(VIEW_ORDER)  # a camera net's views (robot/multiview-agibot: 3)
@@ -116,22 +117,13 @@ def flop_count(enabled):
 
 
 def build_policy(cfg: SmokeConfig, device, dtype):
-    """DiT on meta -> base dtype -> materialised on device -> init (+ strict load) -> LoRA -> SAC."""
-    with torch.device("meta"):
-        net = DiT(get_config(cfg.config))
-    net = net.to(dtype)  # free on meta: weights are allocated once, directly in their final dtype
-    net.to_empty(device=device)
-    torch.manual_seed(cfg.seed)
-    net.init_weights()
-    if cfg.init != "random":  # strict: every key of the base net, before the adapters exist
-        import ckpt
-        ckpt.load(net, cfg.init)
-    torch.manual_seed(cfg.seed + 1)
-    params = add_lora(net, cfg.lora_rank, cfg.lora_alpha)
-    if cfg.sac != "none":
-        import sac
-        sac.apply(net, cfg.sac)
-    return net, params
+    """The DiT as train.py builds it (build.py): base in `dtype`, strict load of --init (all but the adapters),
+    LoRA adapters in fp32, activation checkpointing --sac."""
+    spec = build.NetSpec(cfg.config, cfg.init, lora=cfg.lora_rank, lora_alpha=cfg.lora_alpha, dtype=dtype,
+                         sac_modes=tuple(sac.block_modes(cfg.sac, 1, get_config(cfg.config).num_blocks)),
+                         seed=cfg.seed)
+    net = build.build(spec, device)
+    return net, build.trainable(net)
 
 
 def build_vae(cfg: SmokeConfig, device, dtype):
@@ -175,7 +167,7 @@ def main(argv=None):
     views = VIEWS if get_config(cfg.config).camera_channels else 1  # a camera net: the views stacked on latent time
     latent_shape = (16, views * (1 + (cfg.frames - 1) // 4), cfg.height // 8, cfg.width // 8)
     gcfg = cfg.grpo
-    K, N = gcfg.group_size, gcfg.num_steps
+    K = gcfg.group_size
     print(f"smoke config: {asdict(cfg)}")
     print(f"latent {latent_shape}, base dtype {dtype}, torch {torch.__version__}", flush=True)
     phases = Phases(device)
@@ -221,13 +213,33 @@ def main(argv=None):
     update_seconds = phases.rows[-1][1]
     sac_check = None
     if cfg.sac != "none":
-        import sac
         try:  # raises when the mode's save list matched no kernel that ran: report it as a failed criterion
             sac_check = (sac.check_first_step(cfg.sac), True)
         except RuntimeError as err:
             sac_check = (str(err), False)
 
-    # -- report
+    print_costs(cfg, mcfg, latent_shape, stats, peak_flops, (rollout_flops, rollout_seconds),
+                (update_flops, update_seconds))
+    peak = phases.peak()
+    print(f"peak memory over all phases: {peak:.2f} GiB = {peak * 2 ** 30 / 1e9:.2f} GB" if peak is not None
+          else "peak memory: n/a on cpu")
+    print(f"update stats: { {k: v for k, v in stats.items()} }")
+    criteria = smoke_criteria(cfg, mcfg, latent_shape, rollout, rewards, advantages, stats, n_lora)
+    if sac_check is not None:
+        criteria.append((f"sac {cfg.sac}: saved-op counts after the first step", *sac_check))
+    for name, value, ok in criteria:
+        print(f"[{'PASS' if ok else 'FAIL'}] {name}: {value}")
+    failed = [name for name, _, ok in criteria if not ok]
+    print("SMOKE PASS" if not failed else "SMOKE FAIL: " + "; ".join(failed), flush=True)
+    return 0 if not failed else 1
+
+
+
+def print_costs(cfg, mcfg, latent_shape, stats, peak_flops, rollout_cost, update_cost):
+    """Model FLOPs (formula) and, when counted, executed FLOPs of the rollout and the update, with their MFU."""
+    (rollout_flops, rollout_seconds), (update_flops, update_seconds) = rollout_cost, update_cost
+    gcfg = cfg.grpo
+    K, N = gcfg.group_size, gcfg.num_steps
     n_forwards = K * (N + 1) * (2 if gcfg.guidance else 1)
     n_micro = max(1, stats["micro_steps"])
     fwd, _, step_needed = model_flops(mcfg, (1, *latent_shape), cfg.text_tokens, cfg.lora_rank)
@@ -245,13 +257,14 @@ def main(argv=None):
         print(f"update: {n_micro} micro-steps (fwd + bwd + uncond fwd), {update_flops:.3e} FLOP counted (incl. "
               f"activation recompute), {update_seconds / n_micro:.3f} s/micro-step, "
               f"{mfu(update_flops, update_seconds)}")
-    if device.type == "cpu" and count_flops:
+    if peak_flops is None and (rollout_flops or update_flops):
         print("note: on CPU FlopCounterMode does not count attention (the CPU SDPA kernel has no FLOP formula)")
-    peak = phases.peak()
-    print(f"peak memory over all phases: {peak:.2f} GiB = {peak * 2 ** 30 / 1e9:.2f} GB" if peak is not None
-          else "peak memory: n/a on cpu")
-    print(f"update stats: { {k: v for k, v in stats.items()} }")
 
+
+def smoke_criteria(cfg, mcfg, latent_shape, rollout, rewards, advantages, stats, n_lora):
+    """(name, value, ok) per pass criterion of the smoke."""
+    gcfg = cfg.grpo
+    K, N = gcfg.group_size, gcfg.num_steps
     sigma_check = []
     for i in range(N):
         if rollout.betas[i] > 0:
@@ -281,13 +294,7 @@ def main(argv=None):
         (f"LoRA params == blocks * r * (24 D + 2 * 1024) = {expected_lora:,}", n_lora, n_lora == expected_lora),
         ("loss finite", stats["loss"], math.isfinite(stats["loss"])),
     ]
-    if sac_check is not None:
-        criteria.append((f"sac {cfg.sac}: saved-op counts after the first step", *sac_check))
-    for name, value, ok in criteria:
-        print(f"[{'PASS' if ok else 'FAIL'}] {name}: {value}")
-    failed = [name for name, _, ok in criteria if not ok]
-    print("SMOKE PASS" if not failed else "SMOKE FAIL: " + "; ".join(failed), flush=True)
-    return 0 if not failed else 1
+    return criteria
 
 
 def expected_advantage_std(rewards, gcfg: grpo.GRPOConfig):

@@ -17,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import resume  # noqa: E402
 import rundir  # noqa: E402
+import sft  # noqa: E402
 import reward  # noqa: E402
 import rl  # noqa: E402
 import train  # noqa: E402
@@ -552,14 +553,14 @@ def test_nonfinite_sft_steps_are_skipped_logged_and_stop_the_run(grid, tmp_path,
     saved = dcp_tensors(os.path.join(out, "step_00000002"), "model.")  # saved at step 2: the init, untouched
     assert saved.keys() == init.state_dict().keys() and all(torch.equal(v, saved[k])
                                                               for k, v in init.state_dict().items())
-    loss_of = train.training_loss
+    loss_of = sft.training_loss
     calls = []
 
     def nan_at_the_second_step(*args, **kwargs):  # a NaN in one batch: that step alone is skipped, the run goes on
         loss = loss_of(*args, **kwargs)
         calls.append(torch.is_grad_enabled())
         return loss * float("nan") if (calls.count(True) == 2 and calls[-1]) or not calls[-1] else loss
-    monkeypatch.setattr(train, "training_loss", nan_at_the_second_step)  # and every held-out loss
+    monkeypatch.setattr(sft, "training_loss", nan_at_the_second_step)  # and every held-out loss
     out = str(tmp_path / "one_nan")
     proc = run(["--data", grid, "--out", out, "--steps", "4", "--save-every", "0", "--ema", "0.1"])
     rows = metrics(out)
