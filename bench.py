@@ -196,6 +196,19 @@ def train_step(model, batch, trainable, measure=None):
 # Planner (--world N): one train.py step as rank 0 of N ranks, on this one device; the formulas are in plan.py
 
 
+def plan_header(b: BenchConfig, net, world, shard, traffic, cp_size):
+    """The planner row's settings, sizes, formula FLOPs and memory, and FSDP traffic (before anything runs)."""
+    shape, cuda = latent_shape(b), b.device == "cuda"
+    formula = [plan.state_formula(net, world, r) for r in range(world)]
+    return dict(plan=True, config=b.config, world=world, sharded=shard, lora=b.lora, compile=b.compile,
+                offload=b.offload, latent=list(shape), text_len=b.text_len, device=b.device, torch=torch.__version__,
+                gpu=torch.cuda.get_device_name() if cuda else "cpu", params=num_params(net),
+                trainable=sum(p.numel() for p in net.parameters() if p.requires_grad),
+                flops_step_3x=model_flops(get_config(b.config), shape, b.text_len, b.lora)[1],
+                state_formula_rank0=formula[0], state_formula_min_over_ranks=min(sum(f.values()) for f in formula),
+                **traffic, link_gb_s=b.link_gb_s, cp=cp_size)
+
+
 def run_plan(b: BenchConfig, shard=True):
     """Forward, backward and AdamW step of train.py's model as rank 0 of `b.world` ranks. W > 1: a fake process group
     (collectives are no-ops of the right shapes, so this device holds exactly rank 0's shards and runs the real
@@ -213,15 +226,8 @@ def run_plan(b: BenchConfig, shard=True):
     spec = build.NetSpec(b.config, lora=b.lora, fp8=b.fp8 and not b.lora, compile=b.compile, base_dtype=dtype,
                          seed=b.seed)
     net = build.meta_net(spec)
-    formula = [plan.state_formula(net, world, r) for r in range(world)]
     traffic = plan.fsdp_traffic(net, world, dtype, b.link_gb_s)
-    res = dict(plan=True, config=b.config, world=world, sharded=shard, lora=b.lora, compile=b.compile,
-               offload=b.offload, latent=list(shape), text_len=b.text_len, device=b.device, torch=torch.__version__,
-               gpu=torch.cuda.get_device_name() if cuda else "cpu", params=num_params(net),
-               trainable=sum(p.numel() for p in net.parameters() if p.requires_grad),
-               flops_step_3x=model_flops(cfg, shape, b.text_len, b.lora)[1],
-               state_formula_rank0=formula[0], state_formula_min_over_ranks=min(sum(f.values()) for f in formula),
-               **traffic, link_gb_s=b.link_gb_s, cp=cp_size)
+    res = plan_header(b, net, world, shard, traffic, cp_size)
     modes = sac.block_modes(b.sac, b.every, cfg.num_blocks)
     if b.sac == "auto":
         costs, auto, fixed = plan.auto_plan(net, world, device, dtype, shape, b.text_len, b.lora, b.mem_budget, b.fp8)
@@ -280,17 +286,21 @@ def run_plan(b: BenchConfig, shard=True):
     res.update(peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
                reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 2) if cuda else None)
     if res["status"] == "ok":
-        compute_s = statistics.median(times)
-        cp_s = res["cp_comm_s"]  # the all-to-alls block their attention: on the critical path, not overlapped
-        projected = traffic["exposed_s"] + max(compute_s, traffic["comm_s"] - traffic["exposed_s"]) + cp_s
-        res.update(compute_s=round(compute_s, 4), step_times=[round(x, 4) for x in times],
-                   projected_step_s=round(projected, 4), projected_bounds_s=[
-                       round(max(compute_s, traffic["comm_s"]) + cp_s, 4),
-                       round(compute_s + traffic["comm_s"] + cp_s, 4)])
-        # each rank of a cp group does 1/C of the sample's FLOPs (attention too: all tokens, 1/C of the heads)
-        res["mfu_projected"] = round(res["flops_step_3x"] / cp_size / projected / matmul_peak(device, dtype), 4) \
-            if cuda else None
+        res.update(projected_step(res, times, traffic, cp_size, device, dtype))
     return res
+
+
+def projected_step(res, times, traffic, cp_size, device, dtype):
+    """The step time of W ranks: measured compute plus the FSDP traffic it cannot hide and CP's all-to-alls."""
+    compute_s = statistics.median(times)
+    cp_s = res["cp_comm_s"]  # the all-to-alls block their attention: on the critical path, not overlapped
+    projected = traffic["exposed_s"] + max(compute_s, traffic["comm_s"] - traffic["exposed_s"]) + cp_s
+    # each rank of a cp group does 1/C of the sample's FLOPs (attention too: all tokens, 1/C of the heads)
+    mfu = res["flops_step_3x"] / cp_size / projected / matmul_peak(device, dtype) if device.type == "cuda" else None
+    return dict(compute_s=round(compute_s, 4), step_times=[round(x, 4) for x in times],
+                projected_step_s=round(projected, 4), projected_bounds_s=[
+                    round(max(compute_s, traffic["comm_s"]) + cp_s, 4), round(compute_s + traffic["comm_s"] + cp_s, 4)],
+                mfu_projected=round(mfu, 4) if mfu is not None else None)
 
 
 def plan_table(res):

@@ -493,10 +493,8 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     if cfg.recompute_old_logp and total.sum() > 0:
         for g in sorted({g for g, _ in items}):
             recompute_old_log_probs(net, rollouts[g], cfg)
-    param_ids = {id(p) for p in params}
     weights = [step_weights(ro, cfg) for ro in rollouts]
-    max_dlogp, all_equal = 0.0, True
-    device = rollouts[0].states.device
+    stats["first_logp_equal"], stats["first_max_abs_dlogp"] = True, 0.0
 
     for c, chunk in enumerate(micro):
         if total[c] == 0:  # nothing to train in this chunk on any rank
@@ -517,44 +515,54 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
             if not real:
                 stats["padded_steps"] += 1
                 continue
-            ratio, dlogp = info["ratio"], (info["log_prob"].detach() - info["old_log_prob"])
-            if stats["first_ratio"] is None:
-                stats["first_ratio"] = float(ratio)
-                stats["logp_requires_grad"] = bool(info["log_prob"].requires_grad)
-                stats["logp_has_grad_fn"] = info["log_prob"].grad_fn is not None
-            if stats["opt_steps"] + stats["nonfinite_steps"] == 0:  # the first chunk that trains: theta == theta_old
-                all_equal &= bool(torch.equal(info["log_prob"].detach().reshape(()), info["old_log_prob"]))
-                max_dlogp = max(max_dlogp, float(dlogp.abs()))
-            stats["micro_steps"] += 1
-            stats["loss"] += float(loss.detach())
-            stats["clipfrac_in_update"] += float((ratio - 1).abs() > cfg.clip_range)
-            stats["approx_kl_in_update"] += 0.5 * float(dlogp) ** 2
-            if info["kl"] is not None:
-                stats["kl"] += float(info["kl"])
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-        stats["grad_norm"].append(grad_norm)
-        stats["grads_outside_params"].append(
-            sum(p.grad is not None for p in net.parameters() if id(p) not in param_ids))
-        if math.isfinite(grad_norm):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            optimizer.step()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            stats["optimizer_s"] += time.perf_counter() - start
-            stats["opt_steps"] += 1
-        else:
-            stats["nonfinite_steps"] += 1
-            print(f"grpo_update: non-finite grad norm {grad_norm} in chunk {c}: optimizer step skipped")
-        optimizer.zero_grad(set_to_none=True)
-    stats["first_logp_equal"], stats["first_max_abs_dlogp"] = all_equal, max_dlogp
+            record_micro_step(stats, loss, info, cfg)
+        optimizer_step(net, optimizer, params, cfg, stats, c)
     for key in ("loss", "clipfrac_in_update", "approx_kl_in_update", "kl"):  # means over this rank's real micro-steps
         stats[key] /= max(1, stats["micro_steps"])
     if stats["opt_steps"]:  # same on every rank: the skip decisions above are global
         stats["clipfrac"], stats["approx_kl"] = probe_after_update(net, rollouts[0], cfg)
     return stats
+
+
+def record_micro_step(stats, loss, info, cfg: GRPOConfig):
+    """Add one real micro-step to grpo_update's stats, with the first chunk's health checks (theta == theta_old)."""
+    ratio, dlogp = info["ratio"], (info["log_prob"].detach() - info["old_log_prob"])
+    if stats["first_ratio"] is None:
+        stats["first_ratio"] = float(ratio)
+        stats["logp_requires_grad"] = bool(info["log_prob"].requires_grad)
+        stats["logp_has_grad_fn"] = info["log_prob"].grad_fn is not None
+    if stats["opt_steps"] + stats["nonfinite_steps"] == 0:  # the first chunk that trains: theta == theta_old
+        stats["first_logp_equal"] &= bool(torch.equal(info["log_prob"].detach().reshape(()), info["old_log_prob"]))
+        stats["first_max_abs_dlogp"] = max(stats["first_max_abs_dlogp"], float(dlogp.abs()))
+    stats["micro_steps"] += 1
+    stats["loss"] += float(loss.detach())
+    stats["clipfrac_in_update"] += float((ratio - 1).abs() > cfg.clip_range)
+    stats["approx_kl_in_update"] += 0.5 * float(dlogp) ** 2
+    if info["kl"] is not None:
+        stats["kl"] += float(info["kl"])
+
+
+def optimizer_step(net, optimizer, params, cfg: GRPOConfig, stats, chunk):
+    """Clip, then step AdamW unless the gradient norm is NaN/Inf (counted in nonfinite_steps); zero the grads."""
+    device = params[0].device
+    param_ids = {id(p) for p in params}
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    stats["grad_norm"].append(grad_norm)
+    stats["grads_outside_params"].append(sum(p.grad is not None for p in net.parameters() if id(p) not in param_ids))
+    if math.isfinite(grad_norm):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        stats["optimizer_s"] += time.perf_counter() - start
+        stats["opt_steps"] += 1
+    else:
+        stats["nonfinite_steps"] += 1
+        print(f"grpo_update: non-finite grad norm {grad_norm} in chunk {chunk}: optimizer step skipped")
+    optimizer.zero_grad(set_to_none=True)
 
 
 @torch.no_grad()

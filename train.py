@@ -199,6 +199,12 @@ def validate(cfg, given=None):
         raise ValueError(f"--keep {cfg.keep}: at least 2, so a save in progress never leaves nothing to resume from")
     if (cfg.frames - 1) % 4 or cfg.height % 16 or cfg.width % 16:
         raise ValueError(f"clip {cfg.frames}x{cfg.height}x{cfg.width}: frames must be 4k+1, height/width multiples of 16")
+    check_inputs(cfg, given)
+    return cfg
+
+
+def check_inputs(cfg, given):
+    """The files and devices a run reads: the latent cache, the VAE checkpoint, wandb, the device, --out, --data."""
     if cfg.latents:
         if "cache_latents" in given:
             raise ValueError("--cache-latents does nothing with --latents (the windows are read from the cache): drop "
@@ -224,7 +230,6 @@ def validate(cfg, given=None):
     if os.path.exists(cfg.out) and not os.path.isdir(cfg.out):
         raise ValueError(f"--out {cfg.out} is a file: pass a directory (new or a run to resume)")
     check_data(cfg, given)
-    return cfg
 
 
 def check_data(cfg, given):
