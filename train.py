@@ -50,7 +50,7 @@ import vae as vae_lib
 from grpo import GRPOConfig
 from nft import NFTConfig
 from lora import LORA_TARGETS, LoRALinear, add_lora
-from model import DiT, condition_mask, denoise, get_config, is_p25, matmul_peak, model_flops, num_params
+from model import Condition, DiT, condition_mask, denoise, get_config, is_p25, matmul_peak, model_flops, num_params
 from camera import views_map
 from sample import TINY_CONFIGS, split_views, stack_views, standin_text, tiny_data  # tiny configs and their text
 
@@ -328,13 +328,26 @@ def draw_sample_noise(cfg, latent_C_T_H_W, seed):
     return float(sigma), eps, n_cond, drop_text
 
 
-def training_loss(net, cfg, latent, text_emb, seeds, camera=None):
+def condition_of(cfg, latent, text, camera):
+    """The conditioning record of a batch (the one producer, docs/conditioning.md): its prompt, its clean latent with
+    the first latent frame as the conditioning frame (a camera net: agibot's frame-init mask over the views stacked
+    on time, and their Pluecker map) and, for Predict2.5, the run's conditional_frame_timestep. SFT redraws the mask
+    per sample (training_loss); RL adds the negative prompt and a key per clip (rl.conditions)."""
+    views = len(data.VIEW_ORDER) if camera is not None else 0
+    mask = flow.multiview_condition_mask(latent, views, 1) if views else condition_mask(latent, 1)
+    timestep = cfg.conditional_frame_timestep if is_p25(get_config(cfg.config)) else None
+    return Condition(crossattn_emb=text, gt_frames=latent, condition_mask=mask, camera=camera,
+                     conditional_frame_timestep=timestep)
+
+
+def training_loss(net, cfg, latent, cond, seeds):
     """Predict2.5 configs: flow.training_loss. Predict2: (1+s)^2/s^2 |x0_hat - x0|^2 equals |v_hat - (eps - x0)|^2
-    exactly; we use the velocity form (no 1e8 weights at small sigma). Conditioning frames add 0 (replaced)."""
+    exactly; we use the velocity form (no 1e8 weights at small sigma). Conditioning frames add 0 (replaced).
+    cond: the batch's record (condition_of); its conditioning frames are redrawn per sample here."""
     if is_p25(get_config(cfg.config)):  # a camera net: views stacked on time, agibot's frame-init mask
-        mask_fn = None if camera is None else lambda x, n: flow.multiview_condition_mask(x, len(data.VIEW_ORDER), n)
-        return flow.training_loss(net, latent, text_emb, seeds, cfg.text_dropout, cfg.conditional_frame_timestep,
-                                  camera, mask_fn)
+        views = len(data.VIEW_ORDER)
+        mask_fn = None if cond.camera is None else lambda x, n: flow.multiview_condition_mask(x, views, n)
+        return flow.training_loss(net, latent, cond, seeds, cfg.text_dropout, mask_fn)
     draws = [draw_sample_noise(cfg, latent[b], s) for b, s in enumerate(seeds)]
     sigma = torch.tensor([d[0] for d in draws], device=latent.device)
     eps = torch.stack([d[1] for d in draws]).to(latent.device)
@@ -342,8 +355,9 @@ def training_loss(net, cfg, latent, text_emb, seeds, camera=None):
     keep_text = torch.tensor([0.0 if d[3] else 1.0 for d in draws], device=latent.device).view(-1, 1, 1)
     x_sigma = latent + sigma.view(-1, 1, 1, 1, 1) * eps
     mask = condition_mask(latent, n_cond)
-    _, velocity = denoise(net, x_sigma, sigma, text_emb * keep_text, gt_frames=latent,
-                          condition_mask_B_1_T_H_W=mask)
+    drawn = dataclasses.replace(cond, crossattn_emb=cond.crossattn_emb * keep_text, gt_frames=latent,
+                                condition_mask=mask)
+    _, velocity = denoise(net, x_sigma, sigma, drawn)
     err = (velocity - (eps - latent)).square() * (1 - mask)
     return err.mean() * cfg.loss_scale
 
@@ -485,8 +499,8 @@ def check_resume_settings(out, cfg):
 @torch.no_grad()
 def evaluate(net, cfg, batches):
     """Held-out loss on fixed clips with fixed noise: comparable across checkpoints and runs."""
-    losses = [training_loss(net, cfg, latent, text, [sample_seed(cfg.seed, "eval", i, b) for b in range(len(latent))],
-                            camera) for i, (latent, text, camera) in enumerate(batches)]
+    losses = [training_loss(net, cfg, latent, cond, [sample_seed(cfg.seed, "eval", i, b) for b in range(len(latent))])
+              for i, (latent, cond) in enumerate(batches)]
     return {"eval_loss": all_mean(torch.stack(losses).mean().item(), batches[0][0].device)}
 
 
@@ -496,10 +510,11 @@ def sft_step(net, optimizer, trainable, cfg, next_batch, step, rank, world):
     and the optimizer state stay as they were); the third value is then its likely cause (nonfinite_cause)."""
     loss_sum, bad_batch = 0.0, False
     for micro in range(cfg.grad_accum):
-        latent, text, camera = next_batch()
-        bad_batch |= not all(bool(torch.isfinite(x).all()) for x in (latent, text, camera) if x is not None)
+        latent, cond = next_batch()
+        inputs = (latent, cond.crossattn_emb, cond.camera)
+        bad_batch |= not all(bool(torch.isfinite(x).all()) for x in inputs if x is not None)
         seeds = [sample_seed(cfg.seed, step, (micro * world + rank) * cfg.batch_size + b) for b in range(len(latent))]
-        loss = training_loss(net, cfg, latent, text, seeds, camera) / cfg.grad_accum
+        loss = training_loss(net, cfg, latent, cond, seeds) / cfg.grad_accum
         loss.backward()
         loss_sum += loss.item()
     grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
@@ -627,22 +642,25 @@ def main(argv=None):
     latent_cache = {}
 
     def to_latent(batch):
-        """(latent, text, camera): views are encoded one by one and stacked on latent time, with their Pluecker map
+        """(latent, its Condition): views are encoded one by one and stacked on latent time, with their Pluecker map
         built here on the device (~570 MB fp32 per 93x432x768 sample: too big for the DataLoader); camera None else."""
         keys = list(zip(batch["stem"], batch["start"].tolist()))
         camera = None if not views else views_map(batch["w2c"].to(device), batch["intrinsics"].to(device),
                                                   cfg.height, cfg.width).to(compute_dtype)
+        text = batch["text_emb"].to(device)
         if "latent" in batch:  # --latents: encoded by cache.py exactly as below (views already stacked)
-            return batch["latent"].to(device).float(), batch["text_emb"].to(device), camera
+            latent = batch["latent"].to(device).float()
+            return latent, condition_of(cfg, latent, text, camera)
         if not (cfg.cache_latents and all(k in latent_cache for k in keys)):
             with torch.no_grad():
                 video = batch["video"].to(device, compute_dtype)
                 latent = vae.encode(video.flatten(0, 1) if views else video).float()
             latent = stack_views(latent, views) if views else latent
             if not cfg.cache_latents:
-                return latent, batch["text_emb"].to(device), camera
+                return latent, condition_of(cfg, latent, text, camera)
             latent_cache.update(zip(keys, latent))
-        return torch.stack([latent_cache[k] for k in keys]), batch["text_emb"].to(device), camera
+        latent = torch.stack([latent_cache[k] for k in keys])
+        return latent, condition_of(cfg, latent, text, camera)
 
     # model: meta build -> LoRA/freeze -> activation checkpointing -> compile -> FSDP -> materialise -> load
     with torch.device("meta"):
@@ -748,10 +766,9 @@ def main(argv=None):
         say(f"evaluated the resumed checkpoint step {start_step}: {result}")
 
     if start_step == 0 and cfg.init != "random":  # prove that the pretrained weights went in before training
-        latent, text, camera = held_batches[0]
-        mask = flow.multiview_condition_mask(latent, views, 1) if views else condition_mask(latent, 1)
+        latent, cond = held_batches[0]
         with cp.disabled(net):  # its noise is drawn per global rank: each rank runs its own whole sample (no grad)
-            loss, zero_loss = ckpt.guard_loss(net, latent, text, mask, camera=camera)
+            loss, zero_loss = ckpt.guard_loss(net, latent, cond)
         ckpt.init_guard(loss, zero_loss, max_ratio=cfg.guard_max_ratio, source=cfg.init)
 
     # SIGTERM / SIGUSR1 (schedulers' pre-emption notice) and Ctrl-C: finish the step, save, exit 0
@@ -863,14 +880,16 @@ def write_sample(net, vae, dataset, index, cfg, neg_text, path, master):
     device = next(net.parameters()).device
     video = item["video"].to(device, next(vae.parameters()).dtype)  # [3,T,H,W], or [V,3,T,H,W] for a camera net
     text = item["text_emb"][None].to(device)
-    p25 = dict(grid=flow.checkpoint_defaults(cfg.init, cfg.config)[0],
-               conditional_frame_timestep=cfg.conditional_frame_timestep) if is_p25(get_config(cfg.config)) else {}
+    p25 = is_p25(get_config(cfg.config))
     camera = None if "w2c" not in item else views_map(item["w2c"].to(device), item["intrinsics"].to(device),
                                                       cfg.height, cfg.width)[None].to(video.dtype)
     video = video if camera is not None else video[None]
     guidance = cfg.guidance if cfg.objective == "sft" else rl.config_of(cfg).guidance  # RL: the policy's own CFG
-    generated = sampling.generate(net, vae, video, text, neg_text.to(device), cfg.sample_steps, guidance, cfg.seed,
-                                  camera=camera, **p25).to(video.dtype)
+    cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg_text.to(device), camera=camera,
+                     conditional_frame_timestep=cfg.conditional_frame_timestep if p25 else None)
+    generated = sampling.generate(net, vae, video, cond, cfg.sample_steps, guidance, cfg.seed,
+                                  grid=flow.checkpoint_defaults(cfg.init, cfg.config)[0] if p25 else None
+                                  ).to(video.dtype)
     if master:  # left: data, right: generated; views one above the other
         sampling.write_mp4(path, torch.cat(list(torch.cat([video, generated], dim=-1)), dim=-2))
         print(f"sample: {path} (left: data, right: generated from its first frame)", flush=True)
