@@ -47,8 +47,8 @@ import flow  # noqa: E402
 import fp8  # noqa: E402
 from flow import multiview_condition_mask  # noqa: E402
 from camera import fallback_cameras, views_map  # noqa: E402
-from model import (Condition, DiT, condition_mask, denoise, get_config, is_p25, matmul_peak, model_flops,  # noqa: E402
-                   num_params)
+from model import (Condition, DiT, condition_mask, denoise, get_config, is_p25, matmul_peak,  # noqa: E402
+                   model_flops, num_params)
 
 
 @dataclass

@@ -89,9 +89,10 @@ def with_conditional_frames(x, gt_frames, condition_mask_B_1_T_H_W):
 def velocity(net, x_B_C_T_H_W, timesteps_B, cond: Condition, noise=None):
     """The velocity prediction at upstream timesteps [B] (1000 sigma), fp32.
 
-    With cond.condition_mask: the net sees the clean cond.gt_frames on the conditional frames (and the mask channel),
-    at cond.conditional_frame_timestep there (None or -1: the same timestep as the others), and its output there is
-    replaced by the exact velocity noise - gt, `noise` being the training eps or the sampling run's initial noise."""
+    With cond.condition_mask: the net sees the clean cond.gt_frames on the conditional frames (and the mask
+    channel), at cond.conditional_frame_timestep there (None or -1: the same timestep as the others), and its
+    output there is replaced by the exact velocity noise - gt, `noise` being the training eps or the sampling
+    run's initial noise."""
     mask = None if cond.condition_mask is None else cond.condition_mask.float()
     if mask is not None and (cond.gt_frames is None or noise is None):
         raise ValueError("flow.velocity: a condition mask needs gt_frames (clean latent) and noise (its eps)")

@@ -19,8 +19,8 @@ self-attention exchanges q, k, v and its output with the other ranks of the cp g
 Everything a generation is conditioned on besides the noisy latent and its time travels as one `Condition` record,
 from the code that builds it from a batch down to DiT.forward (docs/conditioning.md).
 
-Contents, top to bottom: config -> conditioning record -> building blocks -> DiT -> rectified-flow denoiser -> FLOPs.
-LoRA: lora.py.
+Contents, top to bottom: config -> conditioning record -> building blocks -> DiT -> rectified-flow denoiser
+-> FLOPs. LoRA: lora.py.
 """
 import math
 import time
@@ -166,16 +166,17 @@ class Condition:
 
     DiT.forward reads crossattn_emb, condition_mask, padding_mask, fps and camera; the denoisers (denoise,
     flow.velocity) read gt_frames and conditional_frame_timestep, CFG reads neg_crossattn_emb, RL reads key.
-    Not frozen: FSDP2's root hook rebuilds dataclass inputs field by field (torch.distributed.utils._apply_to_tensors).
+    Not frozen: FSDP2's root hook rebuilds dataclass inputs field by field
+    (torch.distributed.utils._apply_to_tensors, the mixed-precision input cast).
     """
     crossattn_emb: torch.Tensor  # [B, S, D_text] prompt embedding (T5 1024, or Reason1 28 x 3584 for Predict2.5)
-    neg_crossattn_emb: torch.Tensor = None  # [B or 1, S, D_text] negative prompt: CFG's uncond branch (guidance != 0)
+    neg_crossattn_emb: torch.Tensor = None  # [B or 1, S, D_text] negative prompt: CFG's uncond branch
     gt_frames: torch.Tensor = None  # [B, 16, T, H, W] clean latent; only its conditioning frames are read
     condition_mask: torch.Tensor = None  # [B, 1, T, H, W] 1 on conditioning latent frames (condition_mask, or
     # flow.multiview_condition_mask); None = no conditioning frames
     padding_mask: torch.Tensor = None  # [B, 1, H', W'] any size (resized to the latent's); None = zeros
     fps: float = None  # frames per second (a float or [B]); read only by fps-modulated RoPE (no release uses it)
-    key: tuple = ()  # RL group key for the advantages: (episode id, instruction) or (rank, clip), never the text alone
+    key: tuple = ()  # RL group key of the advantages: (episode, instruction) or (rank, clip), never the text
     conditional_frame_timestep: float = None  # Predict2.5 nets: -1 (one time for all frames) or 0.1; None: Predict2
     camera: torch.Tensor = None  # camera nets (agibot): [B, T, H/2, W/2, 1536] Pluecker map (camera.plucker_map)
 

@@ -189,8 +189,9 @@ def diffusers_inputs(cfg, dtype, x_B_C_T_H_W, t_B_T, cond):
         channels.append(pad.to(dtype)[:, :, None].expand(B, 1, T, H, W))
     t = t_B_T if t_B_T.ndim == 2 else t_B_T[:, None]
     return dict(hidden_states=x, timestep=t[:, 0] if t.shape[1] == 1 else t.reshape(B, 1, -1, 1, 1),
-                encoder_hidden_states=cond.crossattn_emb.to(dtype), condition_mask=torch.cat(channels, 1) if channels
-                else None, fps=cond.fps if cfg.rope_enable_fps_modulation else None)
+                encoder_hidden_states=cond.crossattn_emb.to(dtype),
+                condition_mask=torch.cat(channels, 1) if channels else None,
+                fps=cond.fps if cfg.rope_enable_fps_modulation else None)
 
 
 class PeerNet(nn.Module):

@@ -157,8 +157,8 @@ def stack_views(latent_BV_C_T_H_W, num_views):
 
 
 @torch.no_grad()
-def generate(net, vae, video_B_3_T_H_W, cond: Condition, num_steps=35, guidance=7.0, seed=0, num_conditional_frames=1,
-             grid=None):
+def generate(net, vae, video_B_3_T_H_W, cond: Condition, num_steps=35, guidance=7.0, seed=0,
+             num_conditional_frames=1, grid=None):
     """Video2world: keep the first latent frame(s) of `video` (the VAE is causal: latent frame 0 is pixel frame 0
     alone), generate the rest from noise, decode. Returns the generated video in the VAE's dtype.
     cond: the prompt (crossattn_emb, neg_crossattn_emb) and, for a camera net, the camera; its gt_frames and

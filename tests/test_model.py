@@ -148,3 +148,23 @@ def test_bad_inputs_are_clear_errors():
         get_config("v2w-3b")
     with pytest.raises(ValueError, match="not understood"):
         check_reference.config_from_upstream("MiniTrainDIT", {"model_channels": 64, "bogus": 1})
+
+
+def test_condition_survives_fsdp2_input_handling():
+    """FSDP2's root pre-forward hook rebuilds dataclass inputs field by field (torch.distributed.utils.
+    _apply_to_tensors: the mixed-precision cast when cast_forward_inputs is on): tensors are cast, None fields,
+    the fps float and the key tuple stay, and the net's output is that of the cast inputs."""
+    from functools import partial
+
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _cast_fp_tensor
+    from torch.distributed.utils import _apply_to_tensors
+    net = build_model(get_config("tiny"))
+    x, t, ctx = tiny_inputs(net.cfg)
+    cond = Condition(ctx, condition_mask=condition_mask(x, 1), fps=24.0, key=("episode", 3))
+    cast = _apply_to_tensors(partial(_cast_fp_tensor, torch.bfloat16), cond)
+    assert isinstance(cast, Condition) and cast is not cond
+    assert cast.crossattn_emb.dtype == cast.condition_mask.dtype == torch.bfloat16
+    assert (cast.gt_frames, cast.camera, cast.fps, cast.key) == (None, None, 24.0, ("episode", 3))
+    with torch.no_grad():
+        want = net(x, t, Condition(ctx.bfloat16(), condition_mask=condition_mask(x, 1).bfloat16(), fps=24.0))
+        assert torch.equal(net(x, t, cast), want)
