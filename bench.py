@@ -48,8 +48,8 @@ import flow  # noqa: E402
 import fp8  # noqa: E402
 from flow import multiview_condition_mask  # noqa: E402
 from camera import fallback_cameras, views_map  # noqa: E402
-from model import (DiT, condition_mask, denoise, get_config, is_p25, matmul_peak, model_flops,  # noqa: E402
-                   num_params)
+from model import (Condition, DiT, condition_mask, denoise, get_config, is_p25, matmul_peak,  # noqa: E402
+                   model_flops, num_params)
 
 
 @dataclass
@@ -161,13 +161,14 @@ def make_batch(b: BenchConfig, cfg, device, dtype):
         mask = multiview_condition_mask(x0, b.views, b.cond_frames)
     else:
         mask = condition_mask(x0, b.cond_frames)
-    batch = dict(x0=x0, eps=eps, text=text, sigma=sigma, mask=mask, offload=b.offload)
-    if is_p25(cfg):
-        batch["timesteps"] = torch.full((1,), 500.0, device=device)  # 1000 sigma, sigma = 0.5
+    camera = None
     if cfg.camera_channels:
         w2c, intrinsics = fallback_cameras(b.views, shape[2] // b.views, b.height, b.width)
-        camera = views_map(w2c, intrinsics, b.height, b.width)[None]
-        batch["camera"] = camera.to(device, dtype)
+        camera = views_map(w2c, intrinsics, b.height, b.width)[None].to(device, dtype)
+    cond = Condition(crossattn_emb=text, gt_frames=x0, condition_mask=mask, camera=camera)
+    batch = dict(x0=x0, eps=eps, sigma=sigma, cond=cond, offload=b.offload)
+    if is_p25(cfg):
+        batch["timesteps"] = torch.full((1,), 500.0, device=device)  # 1000 sigma, sigma = 0.5
     return batch
 
 
@@ -175,17 +176,15 @@ def train_step(model, batch, trainable, measure=None):
     """Rectified-flow loss on the generated frames, backward; no optimizer step (as in the anchor's numbers)."""
     for p in trainable:
         p.grad = None
-    x0, eps, mask = batch["x0"], batch["eps"], batch["mask"]
+    x0, eps, cond = batch["x0"], batch["eps"], batch["cond"]
     offload = torch.autograd.graph.save_on_cpu(pin_memory=True) if batch.get("offload") else contextlib.nullcontext()
     with offload:
         if "timesteps" in batch:  # Predict2.5: the rectified-flow loss of flow.py (the same net calls)
-            loss = flow.loss_given_draws(model, x0, batch["text"], eps, batch["timesteps"], mask,
-                                         camera=batch.get("camera")).mean()
+            loss = flow.loss_given_draws(model, x0, cond, eps, batch["timesteps"]).mean()
         else:
             x_sigma = x0 + batch["sigma"].view(-1, 1, 1, 1, 1) * eps
-            _, velocity = denoise(model, x_sigma, batch["sigma"], batch["text"], gt_frames=x0,
-                                  condition_mask_B_1_T_H_W=mask)
-            loss = ((velocity - (eps - x0)) ** 2 * (1 - mask)).mean()
+            _, velocity = denoise(model, x_sigma, batch["sigma"], cond)
+            loss = ((velocity - (eps - x0)) ** 2 * (1 - cond.condition_mask)).mean()
     if measure is not None:  # bytes held between forward and backward: the saved activations (+ loss graph)
         measure["act_bytes"] = torch.cuda.memory_allocated() - measure["before"]
     loss.backward()

@@ -22,7 +22,7 @@ import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -526,18 +526,19 @@ GUARD_MAX_RATIO = 0.75
 
 
 @torch.no_grad()
-def guard_loss(net, x0, crossattn_emb, condition_mask=None, fps=None, sigmas=GUARD_SIGMAS, seed=0, camera=None):
+def guard_loss(net, x0, cond, sigmas=GUARD_SIGMAS, seed=0):
     """(loss, zero_loss): rectified-flow velocity MSE mean((v - (eps - x0))^2) at fixed sigmas with seeded noise,
-    and the same MSE for v = 0. Conditioning frames (target unpredictable there) are left out. Collective under
-    FSDP: every rank passes its own batch; the sums are all-reduced so every rank gets the same numbers."""
+    and the same MSE for v = 0, given the batch's model.Condition (x0 is its gt_frames). Conditioning frames (target
+    unpredictable there) are left out. Collective under FSDP: every rank passes its own batch; the sums are
+    all-reduced so every rank gets the same numbers."""
     g = torch.Generator(device=x0.device).manual_seed(seed * 1000 + rank())
-    weight = torch.ones_like(x0[:, :1]) if condition_mask is None else 1 - condition_mask.float()
+    cond = replace(cond, gt_frames=x0)
+    weight = torch.ones_like(x0[:, :1]) if cond.condition_mask is None else 1 - cond.condition_mask.float()
     sums = torch.zeros(3, dtype=torch.float64, device=x0.device)
     for s in sigmas:
         eps = torch.randn(x0.shape, generator=g, device=x0.device, dtype=torch.float32)
         sigma = torch.full((x0.shape[0],), float(s), device=x0.device)
-        _, velocity = denoise(net, x0.float() + s * eps, sigma, crossattn_emb, gt_frames=x0,
-                              condition_mask_B_1_T_H_W=condition_mask, fps=fps, camera=camera)
+        _, velocity = denoise(net, x0.float() + s * eps, sigma, cond)
         target = eps - x0.float()
         sums += torch.stack([((velocity - target) ** 2 * weight).sum(), (target ** 2 * weight).sum(),
                              weight.sum() * x0.shape[1]]).double()

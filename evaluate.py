@@ -33,7 +33,7 @@ import reward
 import sample
 import vae as vae_lib
 from camera import views_map
-from model import get_config, is_p25
+from model import Condition, get_config, is_p25
 
 CAMERAS = ("ext_1", "ext_2", "wrist")  # stitch.py's grid cells: top-left, top-right, bottom-left (bottom-right black)
 SSIM_WINDOW, SSIM_SIGMA, SSIM_C1, SSIM_C2 = 11, 1.5, 0.01 ** 2, 0.03 ** 2  # Wang et al. 2004, intensities in [0, 1]
@@ -273,6 +273,7 @@ def evaluate_run(run, stems, cfg, terms, device, size):
                                               text_encoder=settings["text_encoder"])
     p25 = dict(grid=flow.checkpoint_defaults(run.cfg["init"], run.cfg["config"])[0],
                conditional_frame_timestep=run.cfg["conditional_frame_timestep"]) if is_p25(mcfg) else {}
+    grid, timestep = p25.get("grid"), p25.get("conditional_frame_timestep")
     print(f"evaluate: {run.checkpoint}{' (EMA)' if cfg.ema else ''}: {run.family}, guidance {run.guidance}, "
           f"negative prompt {neg_source}" + (f", UniPC {p25['grid']} grid" if p25 else ""), flush=True)
     layout, clips = "views" if run.views else "grid", []
@@ -280,8 +281,10 @@ def evaluate_run(run, stems, cfg, terms, device, size):
         truth, text, camera = held_out_clip(run, stem, device, dtype)
         first = truth[:, :, :1]  # only the conditioning frame goes in: no later frame can leak into the generation
         given = torch.cat([first, torch.full_like(first, -1).expand(-1, -1, truth.shape[2] - 1, -1, -1)], dim=2)
-        generated = sample.generate(net, vae, given.to(dtype), text, neg[None].to(device), cfg.steps, run.guidance,
-                                    cfg.seed + i, camera=camera, **p25).float()
+        cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg[None].to(device), camera=camera,
+                         conditional_frame_timestep=timestep)
+        generated = sample.generate(net, vae, given.to(dtype), cond, cfg.steps, run.guidance, cfg.seed + i,
+                                    grid=grid).float()
         if run.views:  # one sample of V views
             generated, truth = generated[None], truth[None]
         metrics = view_metrics(generated, truth, layout, size)

@@ -20,9 +20,12 @@ UniPC -> sampling loop -> multi-view mask and noise -> the RF GRPO step (docs/gr
 -> per-checkpoint sampler defaults.
 """
 import math
+from dataclasses import replace
 
 import numpy as np
 import torch
+
+from model import Condition, condition_mask, uncond
 
 SHIFT = 5.0  # every released 2.5 experiment
 CONDITIONAL_FRAMES_PROBS = (0.5, 0.25, 0.25)  # P(n conditional latent frames = 0, 1, 2) in training
@@ -66,9 +69,10 @@ def net_time(timesteps_B, mask_B_1_T_H_W=None, conditional_frame_timestep=-1.0):
     """t for our net ([B,1] or per frame [B,T]) from upstream timesteps [B] (int64 at inference, fp32 in training).
 
     conditional_frame_timestep >= 0 gives conditional frames that timestep (per frame: c m + t (1 - m), m the frame's
-    mask mean, per sample; upstream's version of this only works for B = 1); -1 keeps one timestep for all frames."""
+    mask mean, per sample; upstream's version of this only works for B = 1); -1 (or None) keeps one timestep for all
+    frames."""
     timesteps = timesteps_B.reshape(-1, 1).float()
-    if mask_B_1_T_H_W is not None and conditional_frame_timestep >= 0:
+    if mask_B_1_T_H_W is not None and conditional_frame_timestep is not None and conditional_frame_timestep >= 0:
         m = mask_B_1_T_H_W.float().mean(dim=(1, 3, 4))  # [B, T]
         timesteps = conditional_frame_timestep * m + timesteps * (1 - m)
     return timesteps * TIMESTEP_SCALE
@@ -82,35 +86,33 @@ def with_conditional_frames(x, gt_frames, condition_mask_B_1_T_H_W):
     return gt_frames.float() * mask + x.float() * (1 - mask)
 
 
-def velocity(net, x_B_C_T_H_W, timesteps_B, crossattn_emb, gt_frames=None, condition_mask_B_1_T_H_W=None,
-             noise=None, conditional_frame_timestep=-1.0, camera=None, fps=None, padding_mask=None):
+def velocity(net, x_B_C_T_H_W, timesteps_B, cond: Condition, noise=None):
     """The velocity prediction at upstream timesteps [B] (1000 sigma), fp32.
 
-    With a condition mask: the net sees the clean gt_frames on the conditional frames (and the mask channel), and its
-    output there is replaced by the exact velocity noise - gt, `noise` being the training eps or the sampling run's
-    initial noise. camera: [B, T, H/2, W/2, 1536] Pluecker map of a camera net, else None."""
-    mask = None if condition_mask_B_1_T_H_W is None else condition_mask_B_1_T_H_W.float()
-    if mask is not None and (gt_frames is None or noise is None):
+    With cond.condition_mask: the net sees the clean cond.gt_frames on the conditional frames (and the mask
+    channel), at cond.conditional_frame_timestep there (None or -1: the same timestep as the others), and its
+    output there is replaced by the exact velocity noise - gt, `noise` being the training eps or the sampling
+    run's initial noise."""
+    mask = None if cond.condition_mask is None else cond.condition_mask.float()
+    if mask is not None and (cond.gt_frames is None or noise is None):
         raise ValueError("flow.velocity: a condition mask needs gt_frames (clean latent) and noise (its eps)")
-    x = with_conditional_frames(x_B_C_T_H_W, gt_frames, mask)
-    kwargs = {} if camera is None else {"camera_B_T_Hp_Wp_C": camera}  # only camera nets take the keyword
-    v = net(x, net_time(timesteps_B, mask, conditional_frame_timestep), crossattn_emb, condition_mask_B_1_T_H_W=mask,
-            fps=fps, padding_mask_B_1_H_W=padding_mask, **kwargs).float()
+    x = with_conditional_frames(x_B_C_T_H_W, cond.gt_frames, mask)
+    t = net_time(timesteps_B, mask, cond.conditional_frame_timestep)
+    v = net(x, t, replace(cond, condition_mask=mask)).float()
     if mask is not None:
-        v = (noise.float() - gt_frames.float()) * mask + v * (1 - mask)
+        v = (noise.float() - cond.gt_frames.float()) * mask + v * (1 - mask)
     return v
 
 
-def guided_velocity(net, x, timesteps_B, crossattn_emb, neg_crossattn_emb=None, guidance=7.0, uncond_grad=False,
-                    **cond):
+def guided_velocity(net, x, timesteps_B, cond: Condition, guidance=7.0, uncond_grad=False, noise=None):
     """CFG in velocity space, v_c + g (v_c - v_u) (video2world/agibot convention; g = 7 is classic scale 8), as two
     separate calls; the uncond branch uses the negative prompt and the same conditional frames, without autograd
-    unless uncond_grad (same value). No negative embedding or g = 0: one call. cond: velocity's keywords."""
-    v_cond = velocity(net, x, timesteps_B, crossattn_emb, **cond)
-    if neg_crossattn_emb is None or guidance == 0:
+    unless uncond_grad (same value). No cond.neg_crossattn_emb or g = 0: one call."""
+    v_cond = velocity(net, x, timesteps_B, cond, noise)
+    if cond.neg_crossattn_emb is None or guidance == 0:
         return v_cond
     with torch.set_grad_enabled(uncond_grad and torch.is_grad_enabled()):
-        v_uncond = velocity(net, x, timesteps_B, neg_crossattn_emb, **cond)
+        v_uncond = velocity(net, x, timesteps_B, uncond(cond), noise)
     return v_cond + guidance * (v_cond - v_uncond)
 
 
@@ -118,35 +120,31 @@ def guided_velocity(net, x, timesteps_B, crossattn_emb, neg_crossattn_emb=None, 
 # Training loss (upstream Text2WorldModelRectifiedFlow.forward, uniform weight)
 
 
-def loss_given_draws(net, x0, crossattn_emb, eps, timesteps_B, condition_mask_B_1_T_H_W,
-                     conditional_frame_timestep=-1.0, camera=None, fps=None, padding_mask=None):
+def loss_given_draws(net, x0, cond: Condition, eps, timesteps_B):
     """Per-sample loss [B]: mean over (C, T, H, W) of (v_hat - (eps - x0))^2 at x_sigma = eps sigma + x0 (1 - sigma).
-    crossattn_emb is the embedding after text dropout; conditional frames add exact zeros but stay in the mean."""
+    cond: its crossattn_emb after text dropout, its condition_mask the drawn one (x0 is its gt_frames); conditional
+    frames add exact zeros but stay in the mean."""
     sigma = (timesteps_B.float() / 1000).view(-1, 1, 1, 1, 1)
     x0, eps = x0.float(), eps.float()
     x_sigma = eps * sigma + x0 * (1 - sigma)
-    v_hat = velocity(net, x_sigma, timesteps_B, crossattn_emb, gt_frames=x0, noise=eps,
-                     condition_mask_B_1_T_H_W=condition_mask_B_1_T_H_W,
-                     conditional_frame_timestep=conditional_frame_timestep, camera=camera, fps=fps,
-                     padding_mask=padding_mask)
+    v_hat = velocity(net, x_sigma, timesteps_B, replace(cond, gt_frames=x0), noise=eps)
     return (v_hat - (eps - x0)).square().mean(dim=(1, 2, 3, 4))
 
 
-def training_loss(net, latent, text_emb, seeds, text_dropout, conditional_frame_timestep=-1.0, camera=None,
-                  condition_mask_fn=None):
-    """Batch loss with one seed per sample (draw_sample). condition_mask_fn(latent, n_cond [B]) -> mask; default:
-    the first n latent frames (model.condition_mask); multi-view latents pass `multiview_condition_mask`'s closure."""
-    from model import condition_mask
+def training_loss(net, latent, cond: Condition, seeds, text_dropout, condition_mask_fn=None):
+    """Batch loss with one seed per sample (draw_sample); cond: the batch's record (its condition_mask is replaced
+    by the drawn one). condition_mask_fn(latent, n_cond [B]) -> mask; default: the first n latent frames
+    (model.condition_mask); multi-view latents pass `multiview_condition_mask`'s closure."""
     draws = [draw_sample(latent[b], s, text_dropout) for b, s in enumerate(seeds)]
     timesteps, _ = shifted_timesteps(torch.stack([d[0] for d in draws]))
     eps = torch.stack([d[1] for d in draws]).to(latent.device)
     n_cond = torch.tensor([d[2] for d in draws], device=latent.device)
+    text_emb = cond.crossattn_emb
     keep_text = torch.tensor([0.0 if d[3] else 1.0 for d in draws], device=latent.device,  # 0/1: exact in bf16,
                              dtype=text_emb.dtype).view(-1, 1, 1)  # so a bf16 Reason1 batch stays bf16 (98 MiB each)
     mask = (condition_mask_fn or condition_mask)(latent, n_cond)
-    per_sample = loss_given_draws(net, latent, text_emb * keep_text, eps, timesteps.to(latent.device), mask,
-                                  conditional_frame_timestep, camera)
-    return per_sample.mean()
+    drawn = replace(cond, crossattn_emb=text_emb * keep_text, condition_mask=mask)
+    return loss_given_draws(net, latent, drawn, eps, timesteps.to(latent.device)).mean()
 
 
 # -----------------------------------------------------------------------------
@@ -254,23 +252,17 @@ def initial_noise(shape, seed):
 
 
 @torch.no_grad()
-def sample(net, noise, crossattn_emb, neg_crossattn_emb=None, guidance=7.0, gt_frames=None,
-           condition_mask_B_1_T_H_W=None, grid="shift", num_steps=35, conditional_frame_timestep=-1.0, camera=None,
-           fps=None, padding_mask=None, callback=None):
+def sample(net, noise, cond: Condition, guidance=7.0, grid="shift", num_steps=35, callback=None):
     """Video2world sampling (upstream generate_samples_from_batch): v = v_c + g (v_c - v_u), the uncond branch with
-    the negative prompt and the same conditional frames; no negative embedding or g = 0: one call per step.
+    cond's negative prompt and the same conditional frames; no negative embedding or g = 0: one call per step.
     Returns the final latent with gt put back on the conditional frames."""
     sigmas, timesteps = time_grid(grid, num_steps)
     batch = noise.shape[0]
-    cond = dict(gt_frames=gt_frames, condition_mask_B_1_T_H_W=condition_mask_B_1_T_H_W, noise=noise,
-                conditional_frame_timestep=conditional_frame_timestep, camera=camera, fps=fps,
-                padding_mask=padding_mask)
 
     def velocity_fn(x, i):
-        return guided_velocity(net, x, timesteps[i].expand(batch).to(x.device), crossattn_emb, neg_crossattn_emb,
-                               guidance, **cond)
+        return guided_velocity(net, x, timesteps[i].expand(batch).to(x.device), cond, guidance, noise=noise)
 
-    return with_conditional_frames(unipc(velocity_fn, noise, sigmas, callback), gt_frames, condition_mask_B_1_T_H_W)
+    return with_conditional_frames(unipc(velocity_fn, noise, sigmas, callback), cond.gt_frames, cond.condition_mask)
 
 
 # -----------------------------------------------------------------------------

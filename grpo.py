@@ -30,7 +30,7 @@ import torch.distributed as dist
 import cp
 import flow
 from lora import set_lora_enabled
-from model import denoise
+from model import Condition, denoise, uncond
 from reward import group_advantages
 from sample import karras_sigmas
 
@@ -118,21 +118,9 @@ LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
 # -----------------------------------------------------------------------------
-# Conditions: built once per group, cached, and reused by rollout, training and the KL reference.
+# Conditions (model.Condition): built once per group, cached, and reused by rollout, training and the KL reference.
 # Re-encoding text or frames (T5, VAE) or calling a conditioner with dropout would change bits and break ratio == 1.
-
-
-@dataclass
-class Condition:
-    crossattn_emb: torch.Tensor  # [1, S, 1024] prompt embedding
-    neg_crossattn_emb: torch.Tensor = None  # [1, S, 1024] negative-prompt embedding; needed when guidance != 0
-    gt_frames: torch.Tensor = None  # [1, 16, T, H, W] clean latent; only its conditioning frames are read
-    condition_mask: torch.Tensor = None  # [1, 1, T, H, W], 1 on the conditioning latent frames (model.condition_mask)
-    padding_mask: torch.Tensor = None
-    fps: float = None
-    key: tuple = ()  # group key for the advantages: (episode id, instruction), never the text alone
-    conditional_frame_timestep: float = None  # set (-1 or 0.1) for a Predict2.5 net: RF rollouts (docs/grpo.md §10)
-    camera: torch.Tensor = None  # Predict2.5 camera nets: [1, T, H/2, W/2, 1536] Pluecker map
+# cond.conditional_frame_timestep set (-1 or 0.1) marks a Predict2.5 net: RF rollouts (docs/grpo.md §10).
 
 
 def generated_mask(cond: Condition, latent_shape, device):
@@ -152,16 +140,14 @@ def guided_x0(net, x, sigma, cond: Condition, guidance, uncond_grad=False):
     activations are kept for it (the gradient becomes (1 + g) d x0_c instead of (1 + g) d x0_c - g d x0_u).
     """
     sigma_B = torch.full((x.shape[0],), sigma, dtype=torch.float32, device=x.device)
-    kw = dict(gt_frames=cond.gt_frames, condition_mask_B_1_T_H_W=cond.condition_mask, fps=cond.fps,
-              padding_mask=cond.padding_mask)
-    x0_cond, _ = denoise(net, x, sigma_B, cond.crossattn_emb, **kw)
+    x0_cond, _ = denoise(net, x, sigma_B, cond)
     if guidance == 0:
         return x0_cond
     if cond.neg_crossattn_emb is None:
         raise ValueError(f"guidance={guidance} needs cond.neg_crossattn_emb (an empty negative prompt makes CFG a "
                          "no-op; use Predict2's default negative prompt)")
     with torch.set_grad_enabled(uncond_grad and torch.is_grad_enabled()):
-        x0_uncond, _ = denoise(net, x, sigma_B, cond.neg_crossattn_emb, **kw)
+        x0_uncond, _ = denoise(net, x, sigma_B, uncond(cond))
     return x0_cond + guidance * (x0_cond - x0_uncond)
 
 
@@ -237,11 +223,9 @@ def transition_mean(net, x, step, rollout_grid, cond: Condition, cfg: GRPOConfig
         return step_mean(x, guided_x0(net, x, sigma, cond, cfg.guidance, uncond_grad), sigma, alphas[step])
     if cfg.guidance != 0 and cond.neg_crossattn_emb is None:
         raise ValueError(f"guidance={cfg.guidance} needs cond.neg_crossattn_emb (see guided_x0)")
-    v = flow.guided_velocity(  # Predict2.5: CFG on the velocity; conditional frames' velocity = noise - gt
-        net, x, torch.full((x.shape[0],), timesteps[step], dtype=torch.int64, device=x.device), cond.crossattn_emb,
-        cond.neg_crossattn_emb, cfg.guidance, uncond_grad, gt_frames=cond.gt_frames, noise=noise,
-        condition_mask_B_1_T_H_W=cond.condition_mask, conditional_frame_timestep=cond.conditional_frame_timestep,
-        camera=cond.camera, fps=cond.fps, padding_mask=cond.padding_mask)
+    timestep_B = torch.full((x.shape[0],), timesteps[step], dtype=torch.int64, device=x.device)
+    # Predict2.5: CFG on the velocity; conditional frames' velocity = noise - gt
+    v = flow.guided_velocity(net, x, timestep_B, cond, cfg.guidance, uncond_grad, noise=noise)
     return flow.step_mean(x, x - sigma * v, sigma, sigmas[step + 1], alphas[step])
 
 

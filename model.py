@@ -16,7 +16,11 @@ model on CPU at all), a no-op in an fp32 model. Its other part, q/k in fp32 for 
 Context parallelism (--cp, cp.py): under cp.enable a DiT computes its rank's share of the latent frames, and each
 self-attention exchanges q, k, v and its output with the other ranks of the cp group (Ulysses all-to-all).
 
-Contents, top to bottom: config -> building blocks -> DiT -> rectified-flow denoiser -> FLOPs. LoRA: lora.py.
+Everything a generation is conditioned on besides the noisy latent and its time travels as one `Condition` record,
+from the code that builds it from a batch down to DiT.forward (docs/conditioning.md).
+
+Contents, top to bottom: config -> conditioning record -> building blocks -> DiT -> rectified-flow denoiser
+-> FLOPs. LoRA: lora.py.
 """
 import math
 import time
@@ -150,6 +154,44 @@ def get_config(name, **overrides):
     if name not in CONFIGS:
         raise ValueError(f"unknown DiT config {name!r}; valid: {sorted(CONFIGS)}")
     return replace(CONFIGS[name], **overrides)
+
+
+# -----------------------------------------------------------------------------
+# The conditioning record: one per batch (or per RL group), the same object from its producer to DiT.forward
+
+
+@dataclass
+class Condition:
+    """What a generation is conditioned on, besides the noisy latent and its time (docs/conditioning.md).
+
+    DiT.forward reads crossattn_emb, condition_mask, padding_mask, fps and camera; the denoisers (denoise,
+    flow.velocity) read gt_frames and conditional_frame_timestep, CFG reads neg_crossattn_emb, RL reads key.
+    Not frozen: FSDP2's root hook rebuilds dataclass inputs field by field
+    (torch.distributed.utils._apply_to_tensors, the mixed-precision input cast).
+    """
+    crossattn_emb: torch.Tensor  # [B, S, D_text] prompt embedding (T5 1024, or Reason1 28 x 3584 for Predict2.5)
+    neg_crossattn_emb: torch.Tensor = None  # [B or 1, S, D_text] negative prompt: CFG's uncond branch
+    gt_frames: torch.Tensor = None  # [B, 16, T, H, W] clean latent; only its conditioning frames are read
+    condition_mask: torch.Tensor = None  # [B, 1, T, H, W] 1 on conditioning latent frames (condition_mask, or
+    # flow.multiview_condition_mask); None = no conditioning frames
+    padding_mask: torch.Tensor = None  # [B, 1, H', W'] any size (resized to the latent's); None = zeros
+    fps: float = None  # frames per second (a float or [B]); read only by fps-modulated RoPE (no release uses it)
+    key: tuple = ()  # RL group key of the advantages: (episode, instruction) or (rank, clip), never the text
+    conditional_frame_timestep: float = None  # Predict2.5 nets: -1 (one time for all frames) or 0.1; None: Predict2
+    camera: torch.Tensor = None  # camera nets (agibot): [B, T, H/2, W/2, 1536] Pluecker map (camera.plucker_map)
+
+
+def uncond(cond: Condition):
+    """The unconditional branch of classifier-free guidance: the negative prompt in place of the prompt, the same
+    conditioning frames and camera."""
+    return replace(cond, crossattn_emb=cond.neg_crossattn_emb)
+
+
+def map_tensors(cond: Condition, fn):
+    """cond with fn applied to each of its tensor fields (None fields, fps floats and the key stay): one sample of a
+    batch's record (rl.conditions), a one-sample record as a batch (nft.rollout_group)."""
+    tensors = {f.name: v for f in fields(cond) if isinstance(v := getattr(cond, f.name), torch.Tensor)}
+    return replace(cond, **{name: fn(v) for name, v in tensors.items()})
 
 
 # -----------------------------------------------------------------------------
@@ -505,17 +547,18 @@ class DiT(nn.Module):
         self.pos_embedder.reset_buffers()
         reset_all(self, adapters)  # LoRA adapters, if any were added before materialising
 
-    def forward(self, x_B_C_T_H_W, t_B_T, crossattn_emb, condition_mask_B_1_T_H_W=None, fps=None,
-                padding_mask_B_1_H_W=None, camera_B_T_Hp_Wp_C=None):
+    def forward(self, x_B_C_T_H_W, t_B_T, cond: Condition):
+        """The velocity [B, C, T, H, W] at net time t_B_T ([B], [B,1] or [B,T'] in (0, 1)) given the record `cond`
+        (its crossattn_emb, condition_mask, padding_mask, fps, camera; the denoiser's fields are not read here)."""
         cfg = self.cfg
         dtype = self.x_embedder.proj[1].weight.dtype
         B, _, T, H, W = x_B_C_T_H_W.shape
         x = x_B_C_T_H_W.to(dtype)
         if cfg.video2world:  # no mask = no conditioning frames (image batches, unconditional generation)
-            mask = condition_mask_B_1_T_H_W
+            mask = cond.condition_mask
             x = torch.cat([x, torch.zeros_like(x[:, :1]) if mask is None else mask.to(dtype)], dim=1)
         if cfg.concat_padding_mask:
-            pad = padding_mask_B_1_H_W
+            pad = cond.padding_mask
             if pad is None:  # the pipelines and datasets always pass zeros
                 pad = torch.zeros(B, 1, H, W, dtype=dtype, device=x.device)
             elif pad.shape[-2:] != (H, W):  # legacy nearest: src = floor(dst * in / out)
@@ -528,16 +571,16 @@ class DiT(nn.Module):
             if Tp % n or T % cfg.patch_temporal:
                 raise ValueError(f"--cp {n}: {T} latent frames do not split evenly over {n} ranks; use a --cp that "
                                  f"divides the latent frames (1 + (frames - 1) / 4, times the views)")
-            cp.check_replicated([x_B_C_T_H_W, t_B_T, crossattn_emb, condition_mask_B_1_T_H_W, camera_B_T_Hp_Wp_C],
+            cp.check_replicated([x_B_C_T_H_W, t_B_T, cond.crossattn_emb, cond.condition_mask, cond.camera],
                                 group, "inputs (latent, time, text, mask, camera)")
             x = cp.local_frames(x, group, 2)
         x = self.x_embedder(x)  # [B, T', H', W', D] (T'/N frames under --cp)
         Tl, D = x.shape[1], x.shape[-1]
         x = x.view(B, Tl, Hp * Wp, D)
 
-        angles = self.pos_embedder.angles(Tp, Hp, Wp, fps, x.device)[:, None, :]  # fp32 [L, 1, d]
+        angles = self.pos_embedder.angles(Tp, Hp, Wp, cond.fps, x.device)[:, None, :]  # fp32 [L, 1, d]
         extra_pos = self.extra_pos_embedder(Tp, Hp, Wp) if cfg.extra_per_block_abs_pos_emb else None
-        camera = self._camera(camera_B_T_Hp_Wp_C, (B, Tp, Hp, Wp), dtype)
+        camera = self._camera(cond.camera, (B, Tp, Hp, Wp), dtype)
         if t_B_T.ndim == 1:
             t_B_T = t_B_T[:, None]
         if t_B_T.shape[1] not in (1, Tp):
@@ -560,7 +603,7 @@ class DiT(nn.Module):
         else:
             emb = self.t_embedding_norm(emb)
 
-        crossattn_emb = crossattn_emb.to(dtype)
+        crossattn_emb = cond.crossattn_emb.to(dtype)
         if hasattr(self, "crossattn_proj"):
             crossattn_emb = self.crossattn_proj(crossattn_emb)
         for block in self.blocks:
@@ -577,15 +620,15 @@ class DiT(nn.Module):
         """The camera map as [B, T', H'*W', C] tokens, or None; required iff the config has camera_channels."""
         C = self.cfg.camera_channels
         if camera is None and C:
-            raise ValueError(f"this config has camera_channels={C} (robot/multiview-agibot): pass camera_B_T_Hp_Wp_C"
+            raise ValueError(f"this config has camera_channels={C} (robot/multiview-agibot): pass Condition.camera"
                              " [B, T', H', W', C] per latent frame (camera.plucker_map, or camera.fallback_cameras)")
         if camera is None:
             return None
         if not C:
-            raise ValueError("camera_B_T_Hp_Wp_C given, but this config has camera_channels=0 (no cam_encoder): use a"
+            raise ValueError("Condition.camera given, but this config has camera_channels=0 (no cam_encoder): use a"
                              " camera config such as p25-2b-agibot, or drop the camera")
         if tuple(camera.shape) != (*grid_B_T_H_W, C):
-            raise ValueError(f"camera_B_T_Hp_Wp_C {tuple(camera.shape)}: expected {(*grid_B_T_H_W, C)} (one map per"
+            raise ValueError(f"Condition.camera {tuple(camera.shape)}: expected {(*grid_B_T_H_W, C)} (one map per"
                              " latent frame, one 16x16-pixel patch per token)")
         B, T, H, W = grid_B_T_H_W
         return camera.to(dtype).reshape(B, T, H * W, C)
@@ -609,11 +652,10 @@ def num_params(model, trainable_only=False):
 SIGMA_CONDITIONAL = 1e-4  # the "noise level" the net is told for clean conditioning frames
 
 
-def denoise(net, x_sigma, sigma, crossattn_emb, gt_frames=None, condition_mask_B_1_T_H_W=None, fps=None,
-            padding_mask=None, camera=None):
-    """x0 prediction for video2world (conditioning frames replaced by the clean `gt_frames`). fp32 throughout.
+def denoise(net, x_sigma, sigma, cond: Condition):
+    """x0 prediction for video2world (conditioning frames replaced by the clean `cond.gt_frames`). fp32 throughout.
 
-    sigma: [B] (or [B,T] per latent frame). condition_mask: 1 on the conditioning latent frames, or None.
+    sigma: [B] (or [B,T] per latent frame). cond.condition_mask: 1 on the conditioning latent frames, or None.
     Returns (x0_hat, velocity) in fp32.
     """
     x_sigma = x_sigma.float()
@@ -622,20 +664,19 @@ def denoise(net, x_sigma, sigma, crossattn_emb, gt_frames=None, condition_mask_B
     t = sigma_B_1_T / (sigma_B_1_T + 1)
     c_skip = c_in = 1 - t
     c_out = -t
-    if condition_mask_B_1_T_H_W is None:
+    if cond.condition_mask is None:
         net_in, t_B_T, mask = c_in * x_sigma, t.view(t.shape[0], -1), None
     else:
-        mask = condition_mask_B_1_T_H_W.float()
-        if gt_frames is None:
+        mask = cond.condition_mask.float()
+        if cond.gt_frames is None:
             raise ValueError("condition_mask given without gt_frames (the clean conditioning latents)")
-        gt_frames = gt_frames.float()
+        gt_frames = cond.gt_frames.float()
         net_in = gt_frames * mask + c_in * x_sigma * (1 - mask)
         sigma_cond = torch.full_like(sigma_B_1_T, SIGMA_CONDITIONAL)
         t_cond = (sigma_cond / (sigma_cond + 1)).view(t.shape[0], -1)
         mask_t = mask.mean(dim=(1, 3, 4))  # [B, T]: 1 on conditioning frames
         t_B_T = t_cond * mask_t + t.view(t.shape[0], -1) * (1 - mask_t)
-    velocity = net(net_in, t_B_T, crossattn_emb, condition_mask_B_1_T_H_W=mask, fps=fps,
-                   padding_mask_B_1_H_W=padding_mask, camera_B_T_Hp_Wp_C=camera).float()
+    velocity = net(net_in, t_B_T, replace(cond, condition_mask=mask)).float()
     x0 = c_skip * x_sigma + c_out * velocity
     if mask is not None:
         x0 = gt_frames * mask + x0 * (1 - mask)

@@ -28,7 +28,7 @@ import torch.distributed as dist
 import flow
 import grpo
 from lora import set_lora_enabled
-from model import denoise
+from model import Condition, denoise, map_tensors
 from reward import group_advantages
 from sample import guided_x0_fn, karras_sigmas, sample
 
@@ -128,7 +128,7 @@ def update_old(old, params, decay):
 # Rollout: K clean samples of one group from the deterministic sampler
 
 
-def rollout_grid(cond: grpo.Condition, num_steps):
+def rollout_grid(cond: Condition, num_steps):
     """The rollout sampler's noise levels, the last (sigma_min / 0) excluded: the levels the loss trains at.
     Predict2: Karras EDM sigmas (the net's time is sigma / (1 + sigma)); Predict2.5 (RF): the shift-5 grid, as
     (sigma = timestep / 1000, timestep) pairs, the net's own integer timesteps."""
@@ -139,7 +139,7 @@ def rollout_grid(cond: grpo.Condition, num_steps):
 
 
 @torch.no_grad()
-def rollout_group(net, cond: grpo.Condition, latent_shape, cfg: NFTConfig, generator):
+def rollout_group(net, cond: Condition, latent_shape, cfg: NFTConfig, generator):
     """[K, C, T, H, W] fp32 clean latents (conditional frames = the clean latent), the K samples as one batch: NFT
     keeps no log-probabilities, so nothing needs the training layout. Predict2: its Karras AB2 sampler from
     sigma_max noise; Predict2.5: its UniPC on the shift grid."""
@@ -147,36 +147,27 @@ def rollout_group(net, cond: grpo.Condition, latent_shape, cfg: NFTConfig, gener
     noise = torch.randn(K, *latent_shape, generator=generator, device=generator.device)
     if cfg.guidance != 0 and cond.neg_crossattn_emb is None:
         raise ValueError(f"nft guidance={cfg.guidance} needs cond.neg_crossattn_emb (see grpo.guided_x0)")
-    batch = lambda t: None if t is None else t.expand(K, *t.shape[1:])  # noqa: E731
-    neg = batch(cond.neg_crossattn_emb) if cfg.guidance else None
+    group = map_tensors(cond, lambda t: t.expand(K, *t.shape[1:]))  # expanded, not copied
     if cond.conditional_frame_timestep is None:
-        x0_fn = guided_x0_fn(net, batch(cond.crossattn_emb), neg, cfg.guidance, gt_frames=batch(cond.gt_frames),
-                             condition_mask_B_1_T_H_W=batch(cond.condition_mask), fps=cond.fps,
-                             padding_mask=batch(cond.padding_mask))
+        x0_fn = guided_x0_fn(net, group, cfg.guidance)
         return sample(x0_fn, noise * float(karras_sigmas(cfg.num_steps)[0]), num_steps=cfg.num_steps).float()
-    return flow.sample(net, noise, batch(cond.crossattn_emb), neg, cfg.guidance, batch(cond.gt_frames),
-                       batch(cond.condition_mask), "shift", cfg.num_steps, cond.conditional_frame_timestep,
-                       camera=batch(cond.camera), fps=cond.fps, padding_mask=batch(cond.padding_mask)).float()
+    return flow.sample(net, noise, group, cfg.guidance, "shift", cfg.num_steps).float()
 
 
 # -----------------------------------------------------------------------------
 # The loss of one (sample, noise level) on the forward process
 
 
-def forward_velocity(net, cond: grpo.Condition, x0, eps, level):
+def forward_velocity(net, cond: Condition, x0, eps, level):
     """(v_theta, u = eps - x0, t) at noise level `level` = (sigma, timestep) of the forward process of x0 [1, ...].
     x0_hat - x0 = -t (v - u) on the generated frames in both families (t = sigma / (1 + sigma) for Predict2's EDM
     sigma, t = sigma for rectified flow), so the loss can be written in velocity units with the factor t."""
     sigma, timestep = level
     if timestep is None:  # Predict2: x = x0 + sigma eps, the net's RF state (1 - t) x
         sigma_B = torch.full((1,), sigma, dtype=torch.float32, device=x0.device)
-        _, v = denoise(net, x0 + sigma * eps, sigma_B, cond.crossattn_emb, gt_frames=cond.gt_frames,
-                       condition_mask_B_1_T_H_W=cond.condition_mask, fps=cond.fps, padding_mask=cond.padding_mask)
+        _, v = denoise(net, x0 + sigma * eps, sigma_B, cond)
         return v, eps - x0, sigma / (1 + sigma)
-    v = flow.velocity(net, (1 - sigma) * x0 + sigma * eps, torch.full((1,), timestep, device=x0.device),
-                      cond.crossattn_emb, gt_frames=cond.gt_frames, condition_mask_B_1_T_H_W=cond.condition_mask,
-                      noise=eps, conditional_frame_timestep=cond.conditional_frame_timestep, camera=cond.camera,
-                      fps=cond.fps, padding_mask=cond.padding_mask)
+    v = flow.velocity(net, (1 - sigma) * x0 + sigma * eps, torch.full((1,), timestep, device=x0.device), cond, eps)
     return v, eps - x0, sigma
 
 
@@ -222,7 +213,7 @@ def frozen_velocities(net, conds, grids, x0s, draws):
              for k, sample_draws in enumerate(group)] for cond, grid, x0, group in zip(conds, grids, x0s, draws)]
 
 
-def data_loss(net, cond: grpo.Condition, grid, generator):
+def data_loss(net, cond: Condition, grid, generator):
     """DDRL's regulariser: flow matching on the group's real clip (cond.gt_frames, the whole encoded clip) at one
     noise level of the grid, the generated frames only: mean |v - (eps - x_data)|^2."""
     i = int(torch.randint(len(grid), (1,), generator=generator, device=generator.device))

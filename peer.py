@@ -187,12 +187,11 @@ def stock_inputs(b, cfg, device, dtype):
     what a training loop hands the network each step (model.denoise's preconditioning, run here on a recorder)."""
     batch, seen = bench.make_batch(b, cfg, device, dtype), {}
 
-    def record(*args, **kwargs):
-        kwargs.pop("camera_B_T_Hp_Wp_C")
-        seen.update(diffusers_inputs(cfg, dtype, *args, **kwargs))
-        return torch.zeros_like(args[0])
+    def record(x, t, cond):
+        seen.update(diffusers_inputs(cfg, dtype, x, t, cond))
+        return torch.zeros_like(x)
     velocity(record, batch)
-    return seen, batch["eps"] - batch["x0"], 1 - batch["mask"]
+    return seen, batch["eps"] - batch["x0"], 1 - batch["cond"].condition_mask
 
 
 def run_stock(b):

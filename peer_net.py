@@ -1,7 +1,7 @@
 """diffusers' networks fed our weights: the key maps ours -> diffusers, the builds and the call adapter.
 
     peer = to_diffusers(net)                  # a diffusers-built CosmosTransformer3DModel, net's values copied in
-    y = PeerNet(peer, net.cfg)(x, t, text, condition_mask_B_1_T_H_W=mask)   # behind our DiT.forward signature
+    y = PeerNet(peer, net.cfg)(x, t, Condition(text, condition_mask=mask))   # behind our DiT.forward signature
     vae = vae_to_diffusers(ours)              # AutoencoderKLWan, likewise; their_encode / their_decode
 
 Every diffusers model here is built by diffusers itself from its config, on the device and in the dtype it is used
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import build
 from lora import LORA_TARGETS, LoRALinear, add_lora
-from model import denoise, is_p25
+from model import Condition, denoise, is_p25
 from vae import LATENT_MEAN, LATENT_STD
 
 MISSING = "bench.py --vs diffusers needs diffusers (pip install diffusers==0.42.1); it is a benchmark-only dependency"
@@ -170,8 +170,7 @@ def to_diffusers(net):
     return load_into(peer, net, dit_table(net.cfg))
 
 
-def diffusers_inputs(cfg, dtype, x_B_C_T_H_W, t_B_T, crossattn_emb, condition_mask_B_1_T_H_W=None, fps=None,
-                     padding_mask_B_1_H_W=None):
+def diffusers_inputs(cfg, dtype, x_B_C_T_H_W, t_B_T, cond):
     """The keyword arguments of CosmosTransformer3DModel's forward for our DiT.forward's inputs: what our forward
     does before its first layer and diffusers leaves to its pipelines: the inputs cast to the weights' dtype, the
     condition and padding channels (handed over as their `condition_mask`), the times shaped ([B] for one per
@@ -180,10 +179,10 @@ def diffusers_inputs(cfg, dtype, x_B_C_T_H_W, t_B_T, crossattn_emb, condition_ma
     x = x_B_C_T_H_W.to(dtype)
     channels = []
     if cfg.video2world:
-        mask = condition_mask_B_1_T_H_W
+        mask = cond.condition_mask
         channels.append(torch.zeros_like(x[:, :1]) if mask is None else mask.to(dtype))
     if cfg.concat_padding_mask:
-        pad = padding_mask_B_1_H_W
+        pad = cond.padding_mask
         if pad is None:
             pad = torch.zeros(B, 1, H, W, dtype=dtype, device=x.device)
         elif pad.shape[-2:] != (H, W):  # as our forward: legacy nearest
@@ -191,8 +190,9 @@ def diffusers_inputs(cfg, dtype, x_B_C_T_H_W, t_B_T, crossattn_emb, condition_ma
         channels.append(pad.to(dtype)[:, :, None].expand(B, 1, T, H, W))
     t = t_B_T if t_B_T.ndim == 2 else t_B_T[:, None]
     return dict(hidden_states=x, timestep=t[:, 0] if t.shape[1] == 1 else t.reshape(B, 1, -1, 1, 1),
-                encoder_hidden_states=crossattn_emb.to(dtype), condition_mask=torch.cat(channels, 1) if channels
-                else None, fps=fps if cfg.rope_enable_fps_modulation else None)
+                encoder_hidden_states=cond.crossattn_emb.to(dtype),
+                condition_mask=torch.cat(channels, 1) if channels else None,
+                fps=cond.fps if cfg.rope_enable_fps_modulation else None)
 
 
 class PeerNet(nn.Module):
@@ -202,12 +202,10 @@ class PeerNet(nn.Module):
         super().__init__()
         self.peer, self.cfg = peer, cfg
 
-    def forward(self, x_B_C_T_H_W, t_B_T, crossattn_emb, condition_mask_B_1_T_H_W=None, fps=None,
-                padding_mask_B_1_H_W=None, camera_B_T_Hp_Wp_C=None):
-        if camera_B_T_Hp_Wp_C is not None:
+    def forward(self, x_B_C_T_H_W, t_B_T, cond: Condition):
+        if cond.camera is not None:
             raise ValueError("--vs diffusers: CosmosTransformer3DModel takes no camera map")
-        kwargs = diffusers_inputs(self.cfg, self.peer.patch_embed.proj.weight.dtype, x_B_C_T_H_W, t_B_T, crossattn_emb,
-                                  condition_mask_B_1_T_H_W, fps, padding_mask_B_1_H_W)
+        kwargs = diffusers_inputs(self.cfg, self.peer.patch_embed.proj.weight.dtype, x_B_C_T_H_W, t_B_T, cond)
         return self.peer(**kwargs, return_dict=False)[0]
 
 
@@ -220,8 +218,7 @@ def weights(b, device, dtype):
 def velocity(net, batch):
     """The network output of bench.train_step's Predict2 loss on `batch` (EDM preconditioning by model.denoise)."""
     x_sigma = batch["x0"] + batch["sigma"].view(-1, 1, 1, 1, 1) * batch["eps"]
-    return denoise(net, x_sigma, batch["sigma"], batch["text"], gt_frames=batch["x0"],
-                   condition_mask_B_1_T_H_W=batch["mask"])[1]
+    return denoise(net, x_sigma, batch["sigma"], batch["cond"])[1]
 
 
 def compare(theirs, ours):

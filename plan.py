@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import fp8 as fp8_lib
 import sac
 from lora import LORA_TARGETS, LoRALinear, add_lora
-from model import Block, DiT, condition_mask
+from model import Block, Condition, DiT, condition_mask
 
 
 class CollectiveBytes(TorchDispatchMode):
@@ -133,9 +133,10 @@ def auto_plan(net, world, device, dtype, latent, text_len, lora, mem_budget_gib,
     B, _, T, H, W = latent
     grid = (B, T // cfg.patch_temporal, H // cfg.patch_spatial, W // cfg.patch_spatial)
     with torch.no_grad():  # the net itself, not a loss: only the shapes matter (camera maps for agibot configs)
-        net_meta(x0, torch.ones(B, device="meta"), torch.empty(B, text_len, cfg.crossattn_proj_in_channels,
-                 device="meta"), condition_mask_B_1_T_H_W=condition_mask(x0, 1), camera_B_T_Hp_Wp_C=torch.empty(
-                 *grid, cfg.camera_channels, device="meta") if cfg.camera_channels else None)
+        text = torch.empty(B, text_len, cfg.crossattn_proj_in_channels, device="meta")
+        camera = torch.empty(*grid, cfg.camera_channels, device="meta") if cfg.camera_channels else None
+        cond = Condition(text, condition_mask=condition_mask(x0, 1), camera=camera)
+        net_meta(x0, torch.ones(B, device="meta"), cond)
     wrapped = torch.nn.ModuleDict({"blocks": torch.nn.ModuleList([block])})
     if lora:
         add_lora(wrapped, lora)

@@ -19,7 +19,7 @@ import grpo
 import nft
 import reward
 import sft
-from model import condition_mask, get_config, is_p25
+from model import map_tensors
 from sample import guided_x0_fn, karras_sigmas, sample, split_views
 
 # -----------------------------------------------------------------------------
@@ -99,17 +99,13 @@ def lr_at(cfg, update):
 # Conditions and decoding
 
 
-def conditions(cfg, batch, neg_text, rank):
-    """One grpo.Condition per clip of (latent, text, camera): its first latent frame, prompt and negative prompt,
-    the clip's whole latent (NFT's data term reads it), the multi-view mask and cameras for a camera net."""
-    latent, text, camera = batch
-    p25 = dict(conditional_frame_timestep=cfg.conditional_frame_timestep) if is_p25(get_config(cfg.config)) else {}
-    views = len(data.VIEW_ORDER) if camera is not None else 0
-    return [grpo.Condition(crossattn_emb=text[b: b + 1], neg_crossattn_emb=neg_text.to(text.device),
-                           gt_frames=latent[b: b + 1], key=(rank, b), **p25,
-                           **(dict(condition_mask=flow.multiview_condition_mask(latent[b: b + 1], views, 1),
-                                   camera=camera[b: b + 1]) if views else
-                              dict(condition_mask=condition_mask(latent[b: b + 1], 1))))
+def conditions(batch, neg_text, rank):
+    """One Condition per clip of a (latent, batch Condition) batch (train.condition_of): its first latent frame (the
+    multi-view mask and cameras for a camera net), the clip's whole latent (NFT's data term reads it), its prompt,
+    the negative prompt and its group key."""
+    latent, cond = batch
+    neg = neg_text.to(latent.device)
+    return [dataclasses.replace(map_tensors(cond, lambda v: v[b: b + 1]), neg_crossattn_emb=neg, key=(rank, b))
             for b in range(latent.shape[0])]
 
 
@@ -144,8 +140,8 @@ def old_adapters(cfg, net):
 def step_of(net, vae, optimizer, params, cfg, batch, neg_text, terms, update, rank, seed, old=None):
     """One update of cfg.objective on this rank's batch (collective: every rank calls it). Returns its metrics row.
     rank: the data-parallel rank (--cp: the ranks of a cp group roll out the same groups, each forward split)."""
-    conds = conditions(cfg, batch, neg_text, rank)
-    views = len(data.VIEW_ORDER) if batch[2] is not None else 0
+    conds = conditions(batch, neg_text, rank)
+    views = len(data.VIEW_ORDER) if batch[1].camera is not None else 0
     score = lambda video, x0: reward.score(terms, video=video, latent=x0)  # noqa: E731
     shape = tuple(batch[0].shape[1:])
     if cfg.objective == "grpo":
@@ -175,27 +171,24 @@ def policy_samples(net, cond, shape, steps, guidance, generator, init, config):
     """[1, C, T, H, W] from the objective-agnostic deterministic sampler: Predict2's AB2 on Karras sigmas (as
     sample.py), Predict2.5's UniPC on the run's grid; CFG with `guidance` (0: one call a step)."""
     noise = torch.randn(1, *shape, generator=generator, device=generator.device)
-    neg = cond.neg_crossattn_emb if guidance else None
     if cond.conditional_frame_timestep is None:
-        x0_fn = guided_x0_fn(net, cond.crossattn_emb, neg, guidance, gt_frames=cond.gt_frames,
-                             condition_mask_B_1_T_H_W=cond.condition_mask)
+        x0_fn = guided_x0_fn(net, cond, guidance)
         return sample(x0_fn, noise * float(karras_sigmas(steps)[0]), num_steps=steps).float()
     grid = flow.checkpoint_defaults(init, config)[0]
-    return flow.sample(net, noise, cond.crossattn_emb, neg, guidance, cond.gt_frames, cond.condition_mask, grid,
-                       steps, cond.conditional_frame_timestep, camera=cond.camera).float()
+    return flow.sample(net, noise, cond, guidance, grid, steps).float()
 
 
 def evaluate(net, vae, cfg, batches, neg_text, terms, seed):
     """{"eval_reward": the weighted reward, "eval_reward_<name>": each term and component}, means over every rank's
-    held-out clips (batches: train.py's fixed held-out (latent, text, camera) batches) x EVAL_NOISE_DRAWS noise
+    held-out clips (batches: train.py's fixed held-out (latent, Condition) batches) x EVAL_NOISE_DRAWS noise
     draws, sampled with cfg.eval_steps deterministic steps at the objective's rollout guidance. seed(i, b, d): the
     noise of batch i, clip b, draw d. Collective: the same terms (names) on every rank."""
     guidance = config_of(cfg).guidance
     device = batches[0][0].device
     sums, count = {}, 0
     for i, batch in enumerate(batches):
-        decode = decoder(vae, terms, len(data.VIEW_ORDER) if batch[2] is not None else 0)
-        for b, cond in enumerate(conditions(cfg, batch, neg_text, rank=0)):
+        decode = decoder(vae, terms, len(data.VIEW_ORDER) if batch[1].camera is not None else 0)
+        for b, cond in enumerate(conditions(batch, neg_text, rank=0)):
             for d in range(EVAL_NOISE_DRAWS):
                 generator = torch.Generator(device=device).manual_seed(seed(i, b, d))
                 x0 = policy_samples(net, cond, tuple(batch[0].shape[1:]), cfg.eval_steps, guidance, generator,

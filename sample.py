@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import build
 import cli
 import flow
-from model import DiT, condition_mask, denoise, get_config, is_p25
+from model import Condition, condition_mask, denoise, get_config, is_p25, uncond
 
 SIGMA_MIN, SIGMA_MAX, RHO = 0.002, 80.0, 7.0
 TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot")  # CPU-fast configs: tiny VAE, 9x64x112, the stand-in prompt
@@ -82,18 +82,18 @@ def initial_noise(shape, seed, sigma_max=SIGMA_MAX):
     return torch.from_numpy(noise) * sigma_max
 
 
-def guided_x0_fn(net, crossattn_emb, neg_crossattn_emb=None, guidance=7.0, **cond):
+def guided_x0_fn(net, cond: Condition, guidance=7.0):
     """x0(x, sigma) with classifier-free guidance: x0_c + g * (x0_c - x0_u) (so g=7 is classic scale 8).
 
-    The unconditional branch swaps in the negative-prompt embedding and keeps the conditioning frames.
-    With neg_crossattn_emb None or guidance 0 there is one network call per step.
+    The unconditional branch swaps in cond's negative-prompt embedding and keeps the conditioning frames.
+    With cond.neg_crossattn_emb None or guidance 0 there is one network call per step.
     """
 
     def x0_fn(x, sigma):
-        x0_cond, _ = denoise(net, x, sigma, crossattn_emb, **cond)
-        if neg_crossattn_emb is None or guidance == 0:
+        x0_cond, _ = denoise(net, x, sigma, cond)
+        if cond.neg_crossattn_emb is None or guidance == 0:
             return x0_cond
-        x0_uncond, _ = denoise(net, x, sigma, neg_crossattn_emb, **cond)
+        x0_uncond, _ = denoise(net, x, sigma, uncond(cond))
         return x0_cond + guidance * (x0_cond - x0_uncond)
 
     return x0_fn
@@ -157,14 +157,16 @@ def stack_views(latent_BV_C_T_H_W, num_views):
 
 
 @torch.no_grad()
-def generate(net, vae, video_B_3_T_H_W, crossattn_emb, neg_crossattn_emb=None, num_steps=35, guidance=7.0, seed=0,
-             num_conditional_frames=1, grid=None, conditional_frame_timestep=None, camera=None):
+def generate(net, vae, video_B_3_T_H_W, cond: Condition, num_steps=35, guidance=7.0, seed=0,
+             num_conditional_frames=1, grid=None):
     """Video2world: keep the first latent frame(s) of `video` (the VAE is causal: latent frame 0 is pixel frame 0
     alone), generate the rest from noise, decode. Returns the generated video in the VAE's dtype.
-    Predict2.5 nets need grid (shift | karras) and conditional_frame_timestep (-1 or 0.1; flow.checkpoint_defaults);
-    Predict2 nets refuse them. A camera net (agibot) takes one sample's views as the batch, video [V,3,T,H,W], and its
-    Pluecker map camera [1, V*T_latent, H/16, W/16, 1536]: the views are stacked on latent time, sampled jointly
-    (frame-init mask, one noise draw for every view) and returned decoded per view, [V,3,T,H,W]."""
+    cond: the prompt (crossattn_emb, neg_crossattn_emb) and, for a camera net, the camera; its gt_frames and
+    condition_mask are set here from the video. Predict2.5 nets need grid (shift | karras) and
+    cond.conditional_frame_timestep (-1 or 0.1; flow.checkpoint_defaults); Predict2 nets refuse them. A camera net
+    (agibot) takes one sample's views as the batch, video [V,3,T,H,W], and its Pluecker map cond.camera
+    [1, V*T_latent, H/16, W/16, 1536]: the views are stacked on latent time, sampled jointly (frame-init mask, one
+    noise draw for every view) and returned decoded per view, [V,3,T,H,W]."""
     device = video_B_3_T_H_W.device
     latent = vae.encode(video_B_3_T_H_W).float()
     views = len(video_B_3_T_H_W) if net.cfg.camera_channels else 0
@@ -173,18 +175,17 @@ def generate(net, vae, video_B_3_T_H_W, crossattn_emb, neg_crossattn_emb=None, n
         mask = flow.multiview_condition_mask(latent, views, num_conditional_frames)
     else:
         mask = condition_mask(latent, num_conditional_frames)
+    cond = dataclasses.replace(cond, gt_frames=latent, condition_mask=mask)
     if is_p25(net.cfg):
-        if grid is None or conditional_frame_timestep is None:
+        if grid is None or cond.conditional_frame_timestep is None:
             raise ValueError("a Predict2.5 net samples with UniPC: pass grid and conditional_frame_timestep")
         noise = (flow.multiview_initial_noise(tuple(latent.shape), views, seed) if views else
                  flow.initial_noise(tuple(latent.shape), seed)).to(device)
-        x0 = flow.sample(net, noise, crossattn_emb, neg_crossattn_emb, guidance, latent, mask, grid, num_steps,
-                         conditional_frame_timestep, camera=camera)
+        x0 = flow.sample(net, noise, cond, guidance, grid, num_steps)
         return vae.decode((split_views(x0, views) if views else x0).to(video_B_3_T_H_W.dtype))
-    if grid is not None or conditional_frame_timestep is not None:
+    if grid is not None or cond.conditional_frame_timestep is not None:
         raise ValueError("grid / conditional_frame_timestep are Predict2.5 sampler settings; this is a Predict2 net")
-    x0_fn = guided_x0_fn(net, crossattn_emb, neg_crossattn_emb, guidance=guidance, gt_frames=latent,
-                         condition_mask_B_1_T_H_W=mask)
+    x0_fn = guided_x0_fn(net, cond, guidance=guidance)
     noise = initial_noise(tuple(latent.shape), seed=seed).to(device)
     return vae.decode(sample(x0_fn, noise, num_steps=num_steps).to(video_B_3_T_H_W.dtype))
 
@@ -390,9 +391,11 @@ def main(argv=None):
     neg, neg_source = data.negative_embedding(cfg.data, text.shape[0], dim, standin=standin_text(cfg.config, cfg.data),
                                               path=cfg.neg_prompt_emb, text_encoder=text_encoder)
     print(f"sample: negative prompt: {neg_source}", flush=True)
-    p25 = dict(grid=cfg.grid, conditional_frame_timestep=cfg.conditional_frame_timestep) if is_p25(mcfg) else {}
-    generated = generate(net, vae, video.to(dtype), text[None].to(device), neg[None].to(device), cfg.steps,
-                         cfg.guidance, cfg.seed, camera=camera, **p25)
+    p25 = is_p25(mcfg)
+    cond = Condition(crossattn_emb=text[None].to(device), neg_crossattn_emb=neg[None].to(device), camera=camera,
+                     conditional_frame_timestep=cfg.conditional_frame_timestep if p25 else None)
+    generated = generate(net, vae, video.to(dtype), cond, cfg.steps, cfg.guidance, cfg.seed,
+                         grid=cfg.grid if p25 else None)
     write_mp4(cfg.out, views_side_by_side(generated) if camera is not None else generated[0], fps=cfg.fps)
     sampler = f"UniPC {cfg.grid} grid, conditional-frame timestep {cfg.conditional_frame_timestep}, " if p25 else ""
     print(f"sample: wrote {cfg.out} ({cfg.frames} frames, {cfg.height}x{cfg.width}, {cfg.steps} steps, {sampler}"

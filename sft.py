@@ -5,6 +5,7 @@ Predict2 (EDM): sigma log-normal x sqrt(latent frames), 1-2 conditioning frames,
 upstream's Predict2Video2WorldModel). Predict2.5: the rectified-flow loss of flow.py (flow.training_loss).
 Contents, top to bottom: seeds -> the loss -> one step -> the schedule -> the held-out loss -> the objective.
 """
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
@@ -37,13 +38,14 @@ def draw_sample_noise(cfg, latent_C_T_H_W, seed):
     return float(sigma), eps, n_cond, drop_text
 
 
-def training_loss(net, cfg, latent, text_emb, seeds, camera=None):
+def training_loss(net, cfg, latent, cond, seeds):
     """Predict2.5 configs: flow.training_loss. Predict2: (1+s)^2/s^2 |x0_hat - x0|^2 equals |v_hat - (eps - x0)|^2
-    exactly; we use the velocity form (no 1e8 weights at small sigma). Conditioning frames add 0 (replaced)."""
+    exactly; we use the velocity form (no 1e8 weights at small sigma). Conditioning frames add 0 (replaced).
+    cond: the batch's record (train.condition_of); its conditioning frames are redrawn per sample here."""
     if is_p25(get_config(cfg.config)):  # a camera net: views stacked on time, agibot's frame-init mask
-        mask_fn = None if camera is None else lambda x, n: flow.multiview_condition_mask(x, len(data.VIEW_ORDER), n)
-        return flow.training_loss(net, latent, text_emb, seeds, cfg.text_dropout, cfg.conditional_frame_timestep,
-                                  camera, mask_fn)
+        views = len(data.VIEW_ORDER)
+        mask_fn = None if cond.camera is None else lambda x, n: flow.multiview_condition_mask(x, views, n)
+        return flow.training_loss(net, latent, cond, seeds, cfg.text_dropout, mask_fn)
     draws = [draw_sample_noise(cfg, latent[b], s) for b, s in enumerate(seeds)]
     sigma = torch.tensor([d[0] for d in draws], device=latent.device)
     eps = torch.stack([d[1] for d in draws]).to(latent.device)
@@ -51,8 +53,9 @@ def training_loss(net, cfg, latent, text_emb, seeds, camera=None):
     keep_text = torch.tensor([0.0 if d[3] else 1.0 for d in draws], device=latent.device).view(-1, 1, 1)
     x_sigma = latent + sigma.view(-1, 1, 1, 1, 1) * eps
     mask = condition_mask(latent, n_cond)
-    _, velocity = denoise(net, x_sigma, sigma, text_emb * keep_text, gt_frames=latent,
-                          condition_mask_B_1_T_H_W=mask)
+    drawn = dataclasses.replace(cond, crossattn_emb=cond.crossattn_emb * keep_text, gt_frames=latent,
+                                condition_mask=mask)
+    _, velocity = denoise(net, x_sigma, sigma, drawn)
     err = (velocity - (eps - latent)).square() * (1 - mask)
     return err.mean() * cfg.loss_scale
 
@@ -63,10 +66,11 @@ def sft_step(net, optimizer, trainable, cfg, next_batch, step, rank, world):
     and the optimizer state stay as they were); the third value is then its likely cause (nonfinite_cause)."""
     loss_sum, bad_batch = 0.0, False
     for micro in range(cfg.grad_accum):
-        latent, text, camera = next_batch()
-        bad_batch |= not all(bool(torch.isfinite(x).all()) for x in (latent, text, camera) if x is not None)
+        latent, cond = next_batch()
+        inputs = (latent, cond.crossattn_emb, cond.camera)
+        bad_batch |= not all(bool(torch.isfinite(x).all()) for x in inputs if x is not None)
         seeds = [sample_seed(cfg.seed, step, (micro * world + rank) * cfg.batch_size + b) for b in range(len(latent))]
-        loss = training_loss(net, cfg, latent, text, seeds, camera) / cfg.grad_accum
+        loss = training_loss(net, cfg, latent, cond, seeds) / cfg.grad_accum
         loss.backward()
         loss_sum += loss.item()
     grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
@@ -109,8 +113,8 @@ def lr_at(cfg, step):
 @torch.no_grad()
 def evaluate(net, cfg, batches):
     """Held-out loss on fixed clips with fixed noise: comparable across checkpoints and runs."""
-    losses = [training_loss(net, cfg, latent, text, [sample_seed(cfg.seed, "eval", i, b) for b in range(len(latent))],
-                            camera) for i, (latent, text, camera) in enumerate(batches)]
+    losses = [training_loss(net, cfg, latent, cond, [sample_seed(cfg.seed, "eval", i, b) for b in range(len(latent))])
+              for i, (latent, cond) in enumerate(batches)]
     return {"eval_loss": all_mean(torch.stack(losses).mean().item(), batches[0][0].device)}
 
 

@@ -27,7 +27,7 @@ import sac
 from grpo import GRPOConfig
 from camera import fallback_cameras, views_map
 from data import VIEW_ORDER
-from model import condition_mask, get_config, is_p25, matmul_peak, model_flops
+from model import Condition, condition_mask, get_config, is_p25, matmul_peak, model_flops
 from sample import TINY_CONFIGS, split_views
 
 VIEWS = len(VIEW_ORDER)  # a camera net's views (robot/multiview-agibot: 3)
@@ -150,8 +150,8 @@ def make_condition(cfg: SmokeConfig, mcfg, latent_shape, device):
         mask = flow.multiview_condition_mask(gt, VIEWS, cfg.cond_frames)
     else:
         mask = condition_mask(gt, cfg.cond_frames)
-    return grpo.Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt, condition_mask=mask,
-                          key=("smoke-episode", "smoke task"), **extra)
+    return Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt, condition_mask=mask,
+                     key=("smoke-episode", "smoke task"), **extra)
 
 
 # -----------------------------------------------------------------------------

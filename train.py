@@ -48,7 +48,7 @@ import vae as vae_lib
 from build import NetSpec, frozen_linears, materialise, meta_net, trainable
 from camera import views_map
 from grpo import GRPOConfig
-from model import condition_mask, get_config, is_p25, matmul_peak, model_flops, num_params
+from model import Condition, condition_mask, get_config, is_p25, matmul_peak, model_flops, num_params
 from nft import NFTConfig
 from sample import TINY_CONFIGS, generate, stack_views, standin_text, tiny_data, write_mp4
 
@@ -469,8 +469,20 @@ def claim_run(run):
     return lock
 
 
+def condition_of(cfg, latent, text, camera):
+    """The conditioning record of a batch (the one producer, docs/conditioning.md): its prompt, its clean latent with
+    the first latent frame as the conditioning frame (a camera net: agibot's frame-init mask over the views stacked
+    on time, and their Pluecker map) and, for Predict2.5, the run's conditional_frame_timestep. SFT redraws the mask
+    per sample (sft.training_loss); RL adds the negative prompt and a key per clip (rl.conditions)."""
+    views = len(data.VIEW_ORDER) if camera is not None else 0
+    mask = flow.multiview_condition_mask(latent, views, 1) if views else condition_mask(latent, 1)
+    timestep = cfg.conditional_frame_timestep if is_p25(get_config(cfg.config)) else None
+    return Condition(crossattn_emb=text, gt_frames=latent, condition_mask=mask, camera=camera,
+                     conditional_frame_timestep=timestep)
+
+
 def make_encoder(run, vae):
-    """to_latent(batch) -> (latent, text, camera): views are encoded one by one and stacked on latent time, with
+    """to_latent(batch) -> (latent, its Condition): views are encoded one by one and stacked on latent time, with
     their Pluecker map built here on the device (~570 MB fp32 per 93x432x768 sample: too big for the DataLoader);
     camera None for a grid net. --cache-latents keeps encoded clips in memory by (video, start frame)."""
     cfg, device, views, latent_cache = run.cfg, run.device, run.views, {}
@@ -479,17 +491,19 @@ def make_encoder(run, vae):
         keys = list(zip(batch["stem"], batch["start"].tolist()))
         camera = None if not views else views_map(batch["w2c"].to(device), batch["intrinsics"].to(device),
                                                   cfg.height, cfg.width).to(run.compute_dtype)
+        text = batch["text_emb"].to(device)
         if "latent" in batch:  # --latents: encoded by cache.py exactly as below (views already stacked)
-            return batch["latent"].to(device).float(), batch["text_emb"].to(device), camera
-        if not (cfg.cache_latents and all(k in latent_cache for k in keys)):
+            latent = batch["latent"].to(device).float()
+        elif not (cfg.cache_latents and all(k in latent_cache for k in keys)):
             with torch.no_grad():
                 video = batch["video"].to(device, run.compute_dtype)
                 latent = vae.encode(video.flatten(0, 1) if views else video).float()
             latent = stack_views(latent, views) if views else latent
-            if not cfg.cache_latents:
-                return latent, batch["text_emb"].to(device), camera
-            latent_cache.update(zip(keys, latent))
-        return torch.stack([latent_cache[k] for k in keys]), batch["text_emb"].to(device), camera
+            if cfg.cache_latents:
+                latent_cache.update(zip(keys, latent))
+        else:
+            latent = torch.stack([latent_cache[k] for k in keys])
+        return latent, condition_of(cfg, latent, text, camera)
     return to_latent
 
 
@@ -560,10 +574,9 @@ def held_out_batches(run, dataset, n_train, to_latent):
 
 def check_init(run, net, batch):
     """Prove that the pretrained weights went in before training (ckpt.init_guard)."""
-    latent, text, camera = batch
-    mask = flow.multiview_condition_mask(latent, run.views, 1) if run.views else condition_mask(latent, 1)
+    latent, cond = batch
     with cp.disabled(net):  # its noise is drawn per global rank: each rank runs its own whole sample (no grad)
-        loss, zero_loss = ckpt.guard_loss(net, latent, text, mask, camera=camera)
+        loss, zero_loss = ckpt.guard_loss(net, latent, cond)
     ckpt.init_guard(loss, zero_loss, max_ratio=run.cfg.guard_max_ratio, source=run.cfg.init)
 
 
@@ -733,13 +746,14 @@ def write_sample(net, vae, dataset, index, cfg, neg_text, guidance, path, master
     device = next(net.parameters()).device
     video = item["video"].to(device, next(vae.parameters()).dtype)  # [3,T,H,W], or [V,3,T,H,W] for a camera net
     text = item["text_emb"][None].to(device)
-    p25 = dict(grid=flow.checkpoint_defaults(cfg.init, cfg.config)[0],
-               conditional_frame_timestep=cfg.conditional_frame_timestep) if is_p25(get_config(cfg.config)) else {}
+    p25 = is_p25(get_config(cfg.config))
     camera = None if "w2c" not in item else views_map(item["w2c"].to(device), item["intrinsics"].to(device),
                                                       cfg.height, cfg.width)[None].to(video.dtype)
     video = video if camera is not None else video[None]
-    generated = generate(net, vae, video, text, neg_text.to(device), cfg.sample_steps, guidance, cfg.seed,
-                         camera=camera, **p25).to(video.dtype)
+    cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg_text.to(device), camera=camera,
+                     conditional_frame_timestep=cfg.conditional_frame_timestep if p25 else None)
+    generated = generate(net, vae, video, cond, cfg.sample_steps, guidance, cfg.seed,
+                         grid=flow.checkpoint_defaults(cfg.init, cfg.config)[0] if p25 else None).to(video.dtype)
     if master:  # left: data, right: generated; views one above the other
         write_mp4(path, torch.cat(list(torch.cat([video, generated], dim=-1)), dim=-2))
         print(f"sample: {path} (left: data, right: generated from its first frame)", flush=True)

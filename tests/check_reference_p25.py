@@ -18,6 +18,7 @@ import json
 import os
 import random
 import re
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -25,7 +26,7 @@ from safetensors.torch import load_file
 
 from check_reference import BOUND, MISSING, build_dit_case, max_abs
 import flow
-from model import condition_mask
+from model import Condition, condition_mask
 
 GRID_SIGMA_BOUND = 1e-7  # the reference README: fp32 sigmas are 3e-8 from the float64 formula
 UNIPC_BOUND = 1e-5  # the README: a float64 implementation of the formulas moves the states by 1.4e-6
@@ -194,15 +195,15 @@ def check_loss_run(book, p, spec, network):
     mask = condition_mask(x0, n_cond)
     seen = {}
 
-    def recording_net(x, t, crossattn_emb, **kwargs):
-        out = network(x, t, crossattn_emb, **kwargs)
-        seen.update(x=x, t=t, mask=kwargs["condition_mask_B_1_T_H_W"], out=out)
+    def recording_net(x, t, cond):
+        out = network(x, t, cond)
+        seen.update(x=x, t=t, mask=cond.condition_mask, out=out)
         return out
 
+    cond = Condition(text, gt_frames=x0, condition_mask=mask, conditional_frame_timestep=cft)
     with torch.no_grad():
-        per_instance = flow.loss_given_draws(recording_net, x0, text, eps, timesteps, mask, cft)
-        velocity_pred = flow.velocity(network, book.ref[p + "out.xt_B_C_T_H_W"], timesteps, text, gt_frames=x0,
-                                      noise=eps, condition_mask_B_1_T_H_W=mask, conditional_frame_timestep=cft)
+        per_instance = flow.loss_given_draws(recording_net, x0, cond, eps, timesteps)
+        velocity_pred = flow.velocity(network, book.ref[p + "out.xt_B_C_T_H_W"], timesteps, cond, eps)
     book.relative(p + "out.per_instance_loss_B", per_instance, LOSS_RTOL)
     book.relative(p + "out.loss", per_instance.mean(), LOSS_RTOL)
     book.compare(p + "out.net_input_condition_mask_B_1_T_H_W", seen["mask"], 0.0)
@@ -249,14 +250,14 @@ def check_sampler(json_path, network):
         book.compare(p + "sigmas_fp32", sigmas, GRID_SIGMA_BOUND)
         book.compare(p + "timesteps_int64", timesteps, 0.0)
         # the whole run, as sample.py runs it
+        cond = Condition(emb, neg, x0, mask, conditional_frame_timestep=cft)
         states = {}
         with torch.no_grad():
-            final = flow.sample(network, noise, emb, neg, guidance, x0, mask, grid, spec["num_steps"], cft,
+            final = flow.sample(network, noise, cond, guidance, grid, spec["num_steps"],
                                 callback=lambda i, x, x0_pred: states.__setitem__(i, (x, x0_pred)))
         recorded = step_indices(book.ref, re.escape(p) + r"step(\d+)\.latents_after")
         if sorted(states) != recorded:
             book.results.append((f"{p}: flow.sample ran steps {sorted(states)}, the reference {recorded}", MISSING, 0))
-        cond = dict(gt_frames=x0, condition_mask_B_1_T_H_W=mask, noise=noise, conditional_frame_timestep=cft)
         for i in sorted(set(states) & set(recorded)):
             s = f"{p}step{i}."
             book.compare(s + "latents_after", states[i][0], SAMPLER_BOUND)
@@ -268,12 +269,12 @@ def check_sampler(json_path, network):
             x = noise if i == 0 else book.ref[f"{p}step{i - 1}.latents_after"]
             t = timesteps[i].expand(x.shape[0])
             with torch.no_grad():
-                book.compare(s + "v_guided", flow.guided_velocity(network, x, t, emb, neg, guidance, **cond),
+                book.compare(s + "v_guided", flow.guided_velocity(network, x, t, cond, guidance, noise=noise),
                              SAMPLER_BOUND, s + "v_guided (given the stored latents)")
                 for name, text in (("v_cond", emb), ("v_uncond", neg)):
                     if s + name in book.ref:
-                        book.compare(s + name, flow.velocity(network, x, t, text, **cond), BOUND,
-                                     s + name + " (given the stored latents)")
+                        v = flow.velocity(network, x, t, replace(cond, crossattn_emb=text), noise)
+                        book.compare(s + name, v, BOUND, s + name + " (given the stored latents)")
         # upstream returns the last x0 as is: its conditional frames hold (1 - sigma_0) noise + sigma_0 gt (the
         # exact solution for the constant velocity noise - gt); flow.sample's last state is that, its return puts
         # gt back on the conditional frames

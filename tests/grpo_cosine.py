@@ -20,7 +20,7 @@ import data  # noqa: E402
 import grpo  # noqa: E402
 import vae as vae_lib  # noqa: E402
 from lora import add_lora  # noqa: E402
-from model import DiT, condition_mask, get_config  # noqa: E402
+from model import Condition, DiT, condition_mask, get_config  # noqa: E402
 
 
 def flat(tensors):
@@ -51,7 +51,7 @@ def main():
     codec = vae_lib.build_vae("tiny", "", torch.device("cpu"), torch.float32)
     item = data.GridClips(args.data, 9, 64, 112, text_len=16, text_dim=1024, text="standin")[(0, 0)]
     latent = codec.encode(item["video"][None]).float()
-    cond = grpo.Condition(crossattn_emb=item["text_emb"][None], neg_crossattn_emb=torch.zeros(1, 16, 1024),
+    cond = Condition(crossattn_emb=item["text_emb"][None], neg_crossattn_emb=torch.zeros(1, 16, 1024),
                           gt_frames=latent, condition_mask=condition_mask(latent, 1))
     shape = tuple(latent.shape[1:])
 

@@ -25,7 +25,7 @@ import ckpt
 import resume
 from dist_utils import run_dist
 from lora import add_lora
-from model import DiT, denoise, get_config
+from model import Condition, DiT, denoise, get_config
 from run_utils import in_process
 
 # tiny, with an odd dim 0 (crossattn_proj.0: 33 rows -> 17 + 16 on 2 ranks)
@@ -68,7 +68,7 @@ def train_step(net, opt, step):
     g = torch.Generator().manual_seed(1000 * step + (dist.get_rank() if dist.is_initialized() else 0))
     x0, eps = torch.randn(1, 16, 1, 4, 4, generator=g), torch.randn(1, 16, 1, 4, 4, generator=g)
     sigma = torch.rand(1, generator=g) * 3
-    _, velocity = denoise(net, x0 + sigma * eps, sigma, torch.randn(1, 3, 40, generator=g))
+    _, velocity = denoise(net, x0 + sigma * eps, sigma, Condition(torch.randn(1, 3, 40, generator=g)))
     loss = ((velocity - (eps - x0)) ** 2).mean()
     loss.backward()
     opt.step()
@@ -547,7 +547,7 @@ def test_init_guard_separates_random_init_from_loaded_weights(tmp_path):
     x0, emb = batch(8)  # the fixed guard batch
     torch.manual_seed(0)
     net = DiT(cfg)
-    ratio_random = ckpt.guard_loss(net, x0, emb)
+    ratio_random = ckpt.guard_loss(net, x0, Condition(emb))
     with pytest.raises(ckpt.CheckpointError, match="looks like random init"):
         ckpt.init_guard(*ratio_random, source="random")
     opt = torch.optim.Adam(net.parameters(), lr=3e-3)
@@ -555,7 +555,7 @@ def test_init_guard_separates_random_init_from_loaded_weights(tmp_path):
         x, c = batch(16)
         sigma = torch.exp(torch.randn(16, generator=g) * 1.2)
         eps = torch.randn(x.shape, generator=g)
-        _, velocity = denoise(net, x + sigma.view(-1, 1, 1, 1, 1) * eps, sigma, c)
+        _, velocity = denoise(net, x + sigma.view(-1, 1, 1, 1, 1) * eps, sigma, Condition(c))
         ((velocity - (eps - x)) ** 2).mean().backward()
         opt.step()
         opt.zero_grad()
@@ -564,9 +564,9 @@ def test_init_guard_separates_random_init_from_loaded_weights(tmp_path):
         fresh = DiT(cfg)
     fresh.to_empty(device="cpu")
     fresh.init_weights()
-    not_loaded = ckpt.guard_loss(fresh, x0, emb)
+    not_loaded = ckpt.guard_loss(fresh, x0, Condition(emb))
     ckpt.load(fresh, str(tmp_path / "warm.safetensors"))
-    loaded = ckpt.guard_loss(fresh, x0, emb)
+    loaded = ckpt.guard_loss(fresh, x0, Condition(emb))
     ratio = ckpt.init_guard(*loaded, source="warm")
     print(f"guard ratios: random {ratio_random[0] / ratio_random[1]:.3f}, init_weights"
           f" {not_loaded[0] / not_loaded[1]:.3f}, loaded {ratio:.3f} (threshold {ckpt.GUARD_MAX_RATIO})")
@@ -575,5 +575,5 @@ def test_init_guard_separates_random_init_from_loaded_weights(tmp_path):
     # with conditioning frames (video2world): they are excluded, and the guard still runs
     x2 = torch.cat([x0, x0], dim=2)
     from model import condition_mask
-    loss, zero = ckpt.guard_loss(fresh, x2, emb, condition_mask=condition_mask(x2, 1))
+    loss, zero = ckpt.guard_loss(fresh, x2, Condition(emb, condition_mask=condition_mask(x2, 1)))
     assert 0 < loss < zero

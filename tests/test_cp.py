@@ -15,7 +15,7 @@ import cp
 import sac
 from dist_utils import run_dist
 from lora import add_lora
-from model import DiT, condition_mask, get_config
+from model import Condition, DiT, condition_mask, get_config
 from run_utils import in_process, script
 
 
@@ -46,7 +46,7 @@ def _forward_backward(rank, world, config, cp_size, mode="plain"):
 
     def run():
         net.zero_grad(set_to_none=True)
-        out = net(x, t, text, condition_mask_B_1_T_H_W=mask, camera_B_T_Hp_Wp_C=camera)
+        out = net(x, t, Condition(text, condition_mask=mask, camera=camera))
         (out * weight).sum().backward()
         return out.detach(), {n: p.grad.clone() for n, p in net.named_parameters() if p.requires_grad}
     out_ref, grads_ref = run()
@@ -106,7 +106,7 @@ def _refusals(rank, world):
         try:
             cp.enable(net, cp.make_mesh("cpu", world, cp_size)[2])
             x, t, text, mask, _, _ = _inputs(net.cfg, T=T)
-            net(x + shift, t, text, condition_mask_B_1_T_H_W=mask)
+            net(x + shift, t, Condition(text, condition_mask=mask))
             errors.append("ran")
         except (ValueError, RuntimeError) as e:
             errors.append(str(e))
@@ -278,8 +278,8 @@ def _grpo_update(rank, world, cp_size):
     full = (lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t)
     g = torch.Generator().manual_seed(10 + dp_rank)  # a clip and prompt per dp group
     emb, gt = torch.randn(2, 8, 1024, generator=g), torch.randn(1, *GRPO_LATENT, generator=g)
-    cond = grpo.Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt,
-                          condition_mask=condition_mask(gt, 1), key=(dp_rank, 0))
+    cond = Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt,
+                     condition_mask=condition_mask(gt, 1), key=(dp_rank, 0))
     cfg = grpo.GRPOConfig(num_steps=3)
     optimizer = grpo.lora_optimizer(net, params, cfg)
     grads = []

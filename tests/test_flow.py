@@ -4,6 +4,7 @@ upstream code at cosmos-predict2.5 7e5ffc83 on CPU in fp32: p25_unipc_ref, p25_t
 the p25_v2w_proj network they were made with (tests/data/flow_p25_v2w_proj.weights.safetensors), plus properties."""
 import math
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from safetensors.torch import load_file
 
 import ckpt
 import flow
-from model import DiT, DiTConfig, condition_mask
+from model import Condition, DiT, DiTConfig, condition_mask
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 REF = load_file(os.path.join(DATA, "flow_ref.safetensors"))
@@ -76,8 +77,9 @@ def test_loss_given_recorded_draws(net, run, cft):
     mask = condition_mask(x0, REF[p + "draw.n_cond_B"])
     assert torch.equal(flow.net_time(timesteps, mask, cft) / flow.TIMESTEP_SCALE, REF[p + "out.net_input_timesteps"])
     with torch.no_grad():
-        per_sample = flow.loss_given_draws(net, x0, REF[p + "draw.crossattn_emb_after_dropout"],
-                                           REF[p + "draw.epsilon_B_C_T_H_W"], timesteps, mask, cft)
+        cond = Condition(REF[p + "draw.crossattn_emb_after_dropout"], condition_mask=mask,
+                         conditional_frame_timestep=cft)
+        per_sample = flow.loss_given_draws(net, x0, cond, REF[p + "draw.epsilon_B_C_T_H_W"], timesteps)
     torch.testing.assert_close(per_sample, REF[p + "out.per_instance_loss_B"], rtol=1e-5, atol=0)
     torch.testing.assert_close(per_sample.mean(), REF[p + "out.loss"][0], rtol=1e-5, atol=0)
 
@@ -88,20 +90,20 @@ def test_conditional_frames_add_exact_zeros(net):
     mask = condition_mask(x0, torch.tensor([1, 2]))
     text = torch.randn(2, 12, 120)
     with torch.no_grad():
-        v = flow.velocity(net, eps * 0.7 + x0 * 0.3, torch.tensor([700.0, 700.0]), text, gt_frames=x0,
-                          condition_mask_B_1_T_H_W=mask, noise=eps, conditional_frame_timestep=0.1)
+        v = flow.velocity(net, eps * 0.7 + x0 * 0.3, torch.tensor([700.0, 700.0]),
+                          Condition(text, gt_frames=x0, condition_mask=mask, conditional_frame_timestep=0.1), eps)
     assert torch.equal((v - (eps - x0)) * mask, torch.zeros_like(v))
     with pytest.raises(ValueError, match="gt_frames"):
-        flow.velocity(net, x0, torch.tensor([1.0, 1.0]), text, condition_mask_B_1_T_H_W=mask)
+        flow.velocity(net, x0, torch.tensor([1.0, 1.0]), Condition(text, condition_mask=mask))
 
 
 def test_training_loss_seeded_and_differentiable(net):
     latent = torch.randn(2, 16, 3, 4, 4, generator=torch.Generator().manual_seed(3))
     text = torch.randn(2, 12, 120)
-    a = flow.training_loss(net, latent, text, [11, 12], text_dropout=0.2)
-    b = flow.training_loss(net, latent, text, [11, 12], text_dropout=0.2)
+    a = flow.training_loss(net, latent, Condition(text), [11, 12], text_dropout=0.2)
+    b = flow.training_loss(net, latent, Condition(text), [11, 12], text_dropout=0.2)
     assert torch.equal(a, b) and a.requires_grad  # a graph to train through
-    assert not torch.equal(a, flow.training_loss(net, latent, text, [11, 13], text_dropout=0.2))
+    assert not torch.equal(a, flow.training_loss(net, latent, Condition(text), [11, 13], text_dropout=0.2))
 
 
 # ---------------------------------------------------------------------------------------------- sampler
@@ -164,8 +166,9 @@ def test_sampler_parity(net, run, grid, steps, cft):
     mask = condition_mask(x0, 1)
     noise = flow.initial_noise(tuple(x0.shape), 0)
     states = {}
-    out = flow.sample(net, noise, REF["sampler.in.crossattn_emb"], REF["sampler.in.neg_crossattn_emb"], 7.0, x0,
-                      mask, grid, steps, cft, callback=lambda i, x, _: states.__setitem__(i, x))
+    cond = Condition(REF["sampler.in.crossattn_emb"], REF["sampler.in.neg_crossattn_emb"], x0, mask,
+                     conditional_frame_timestep=cft)
+    out = flow.sample(net, noise, cond, 7.0, grid, steps, callback=lambda i, x, _: states.__setitem__(i, x))
     for i in (0, 1, 2):
         torch.testing.assert_close(states[i], REF[f"sampler.{run}.step{i}.latents_after"], rtol=0, atol=3e-4)
     final = REF[f"sampler.{run}.final_latents"]
@@ -179,10 +182,10 @@ def test_sampler_parity(net, run, grid, steps, cft):
 def test_sampler_velocities_given_the_stored_latents(net):
     x0 = REF["sampler.in.x0_latent_B_C_T_H_W"]
     noise = flow.initial_noise(tuple(x0.shape), 0)
-    cond = dict(gt_frames=x0, condition_mask_B_1_T_H_W=condition_mask(x0, 1), noise=noise)
     with torch.no_grad():
         for name, emb in (("v_cond", "crossattn_emb"), ("v_uncond", "neg_crossattn_emb")):
-            v = flow.velocity(net, noise, torch.tensor([999]), REF[f"sampler.in.{emb}"], **cond)
+            cond = Condition(REF[f"sampler.in.{emb}"], gt_frames=x0, condition_mask=condition_mask(x0, 1))
+            v = flow.velocity(net, noise, torch.tensor([999]), cond, noise)
             torch.testing.assert_close(v, REF[f"sampler.shift5_N10.step0.{name}"], rtol=0, atol=2e-5)
 
 
@@ -211,15 +214,15 @@ def test_multiview_initial_noise_is_one_draw_per_view():
 def test_camera_reaches_the_net():
     seen = {}
 
-    def fake_net(x, t, emb, condition_mask_B_1_T_H_W=None, fps=None, padding_mask_B_1_H_W=None, **kw):
-        seen.update(kw)
+    def fake_net(x, t, cond):
+        seen.update(camera=cond.camera)
         return torch.zeros_like(x[:, :16])
     camera = torch.ones(1, 2, 1, 1, 1536)
-    flow.velocity(fake_net, torch.zeros(1, 16, 2, 2, 2), torch.tensor([500]), None, camera=camera)
-    assert seen["camera_B_T_Hp_Wp_C"] is camera
+    flow.velocity(fake_net, torch.zeros(1, 16, 2, 2, 2), torch.tensor([500]), Condition(None, camera=camera))
+    assert seen["camera"] is camera
     seen.clear()
-    flow.velocity(fake_net, torch.zeros(1, 16, 2, 2, 2), torch.tensor([500]), None)
-    assert seen == {}
+    flow.velocity(fake_net, torch.zeros(1, 16, 2, 2, 2), torch.tensor([500]), Condition(None))
+    assert seen == {"camera": None}
 
 
 def test_multiview_camera_loss_and_sampler_run_on_a_camera_net():
@@ -236,14 +239,16 @@ def test_multiview_camera_loss_and_sampler_run_on_a_camera_net():
     camera = torch.randn(1, 6, 2, 3, 1536)
     mask_fn = lambda x, n: flow.multiview_condition_mask(x, 3, n)  # noqa: E731
     with torch.no_grad():
-        a = flow.training_loss(cam_net, latent, text, [5], 0.0, 0.1, camera=camera, condition_mask_fn=mask_fn)
-        b = flow.training_loss(cam_net, latent, text, [5], 0.0, 0.1, camera=camera * 2, condition_mask_fn=mask_fn)
+        cond = Condition(text, conditional_frame_timestep=0.1, camera=camera)
+        a = flow.training_loss(cam_net, latent, cond, [5], 0.0, condition_mask_fn=mask_fn)
+        b = flow.training_loss(cam_net, latent, replace(cond, camera=camera * 2), [5], 0.0, condition_mask_fn=mask_fn)
         assert torch.isfinite(a) and a != b
-        out = flow.sample(cam_net, flow.initial_noise((1, 16, 6, 4, 6), 0), text, torch.zeros_like(text), 7.0,
-                          latent, mask_fn(latent, 1), "shift", 2, 0.1, camera=camera)
+        cond = replace(cond, neg_crossattn_emb=torch.zeros_like(text), gt_frames=latent,
+                       condition_mask=mask_fn(latent, 1))
+        out = flow.sample(cam_net, flow.initial_noise((1, 16, 6, 4, 6), 0), cond, 7.0, "shift", 2)
     assert torch.equal(out[:, :, [0, 2, 4]], latent[:, :, [0, 2, 4]])  # the views' first latents are kept
     with pytest.raises(ValueError, match="camera"):
-        flow.velocity(cam_net, latent, torch.tensor([500]), text)
+        flow.velocity(cam_net, latent, torch.tensor([500]), Condition(text))
 
 
 # ---------------------------------------------------------------------------------------------- GRPO step

@@ -10,7 +10,7 @@ import grpo
 import train
 from dist_utils import run_dist
 from lora import LoRALinear, add_lora
-from model import build_model, condition_mask, get_config
+from model import Condition, build_model, condition_mask, get_config
 from test_grpo import LATENT, perturb_lora_b, rollout, tiny_policy
 
 
@@ -54,7 +54,7 @@ def test_quantize_base_swaps_the_frozen_weights_only():
     t = torch.full((1, LATENT[1]), 0.5)
     text = torch.randn(1, 8, 1024)
     mask = condition_mask(x, 1)
-    out_ref = net(x, t, text, mask)
+    out_ref = net(x, t, Condition(text, condition_mask=mask))
     out_ref.square().mean().backward()
     grads_ref = [p.grad.clone() for p in params]
     for p in params:
@@ -64,7 +64,7 @@ def test_quantize_base_swaps_the_frozen_weights_only():
     assert set(net.state_dict()) == keys - {f"{b}.weight" for b in base}  # adapters + the rest, unchanged keys
     assert fp8.fp8_bytes(net) == sum(m.weight_fp8.numel() + 4 * m.out_features for m in net.modules()
                                      if isinstance(m, LoRALinear))
-    out = net(x, t, text, mask)
+    out = net(x, t, Condition(text, condition_mask=mask))
     out.square().mean().backward()
     assert 1e-4 < rel(out, out_ref) < 0.05
     # tiny widths (K = 64..256) average little of e4m3's per-element error: ~10% on the adapters' gradients here

@@ -8,7 +8,7 @@ import cp
 import flow
 import grpo
 from lora import add_lora, set_lora_enabled
-from model import build_model, condition_mask, get_config
+from model import Condition, build_model, condition_mask, get_config
 from sample import karras_sigmas
 
 LATENT = (16, 3, 4, 4)  # C, T, H, W: 3 latent frames, the first one conditioning
@@ -25,7 +25,7 @@ def tiny_condition(seed=0, text_tokens=8, cond_frames=1):
     g = torch.Generator().manual_seed(seed)
     emb = torch.randn(2, text_tokens, 1024, generator=g)
     gt = torch.randn(1, *LATENT, generator=g)
-    return grpo.Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt,
+    return Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt,
                           condition_mask=condition_mask(gt, cond_frames), key=("ep0", "pick"))
 
 
@@ -457,7 +457,7 @@ def p25_condition(seed=0, cft=-1.0):
     g = torch.Generator().manual_seed(seed)
     emb = torch.randn(2, 8, get_config("p25-tiny").crossattn_proj_in_channels, generator=g)
     gt = torch.randn(1, *LATENT, generator=g)
-    return grpo.Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt,
+    return Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt,
                           condition_mask=condition_mask(gt, 1), key=("ep0", "pick"), conditional_frame_timestep=cft)
 
 
@@ -503,8 +503,7 @@ def test_p25_eta_zero_rollout_is_the_rf_euler_sampler():
     x = noise = ro.states[0, :1]
     with torch.no_grad():
         for i in range(4):
-            v = flow.guided_velocity(net, x, torch.tensor([ro.timesteps[i]]), cond.crossattn_emb,
-                                     cond.neg_crossattn_emb, cfg.guidance, gt_frames=cond.gt_frames, noise=noise,
-                                     condition_mask_B_1_T_H_W=cond.condition_mask, conditional_frame_timestep=0.1)
+            assert cond.conditional_frame_timestep == 0.1
+            v = flow.guided_velocity(net, x, torch.tensor([ro.timesteps[i]]), cond, cfg.guidance, noise=noise)
             x = x + (ro.sigmas[i + 1] - ro.sigmas[i]) * v
             torch.testing.assert_close(ro.states[0, i + 1: i + 2], x, atol=1e-5, rtol=1e-5)

@@ -7,7 +7,7 @@ import torch
 
 import check_reference
 from lora import LoRALinear, add_lora, set_lora_enabled
-from model import DiT, build_model, condition_mask, denoise, get_config, num_params
+from model import Condition, DiT, build_model, condition_mask, denoise, get_config, num_params
 
 REF = os.path.join(os.path.dirname(__file__), "data", "reference")
 DIT_CASES = sorted(p for p in glob.glob(os.path.join(REF, "*.json"))
@@ -71,7 +71,7 @@ def test_no_wrapper_segments_and_gradients_reach_every_parameter():
     torch.manual_seed(0)
     net = build_model(get_config("tiny"))
     x, t, ctx = tiny_inputs(net.cfg)
-    net(x, t, ctx, condition_mask(x, 1)).square().mean().backward()
+    net(x, t, Condition(ctx, condition_mask=condition_mask(x, 1))).square().mean().backward()
     names = [n for n, _ in net.named_parameters()] + list(net.state_dict())
     assert not [n for n in names if "_checkpoint_wrapped_module" in n or "_orig_mod" in n or n.startswith("module.")]
     no_grad = [n for n, p in net.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
@@ -83,12 +83,12 @@ def test_lora_trains_only_adapters_and_starts_at_base():
     net = build_model(get_config("tiny"))
     x, t, ctx = tiny_inputs(net.cfg)
     with torch.no_grad():
-        base = net(x, t, ctx)
+        base = net(x, t, Condition(ctx))
     params = add_lora(net, rank=4, alpha=8)
     assert isinstance(net.blocks[0].mlp.layer1, LoRALinear)
     with torch.no_grad():
-        assert torch.equal(net(x, t, ctx), base)  # lora_b starts at zero
-    net(x, t, ctx).square().mean().backward()
+        assert torch.equal(net(x, t, Condition(ctx)), base)  # lora_b starts at zero
+    net(x, t, Condition(ctx)).square().mean().backward()
     got = {n for n, p in net.named_parameters() if p.grad is not None}
     assert got == {n for n, p in net.named_parameters() if p.requires_grad}
     assert all(".lora_" in n for n in got)
@@ -96,9 +96,9 @@ def test_lora_trains_only_adapters_and_starts_at_base():
     with torch.no_grad():
         for p in params:
             p.add_(0.1)
-        moved = net(x, t, ctx)
+        moved = net(x, t, Condition(ctx))
         set_lora_enabled(net, False)
-        assert torch.equal(net(x, t, ctx), base)  # adapters off = the reference policy
+        assert torch.equal(net(x, t, Condition(ctx)), base)  # adapters off = the reference policy
         set_lora_enabled(net, True)
         assert not torch.equal(moved, base)
 
@@ -115,7 +115,7 @@ def test_bf16_model_rope_equals_fp32_and_output_close():
     assert a16.dtype == torch.float32 and torch.equal(a16, a32)
     x, t, ctx = tiny_inputs(net.cfg)
     with torch.no_grad():
-        y32, y16 = net(x, t, ctx), net16(x, t, ctx)
+        y32, y16 = net(x, t, Condition(ctx)), net16(x, t, Condition(ctx))
     assert y16.dtype == torch.bfloat16
     assert (y16.float() - y32).abs().max() < 0.1 * y32.abs().max()
 
@@ -129,7 +129,7 @@ def test_denoise_replaces_conditioning_frames_and_is_velocity_parameterised():
     x_sigma = x0 + sigma.view(-1, 1, 1, 1, 1) * eps
     mask = condition_mask(x0, torch.tensor([1, 2]))
     with torch.no_grad():
-        x0_hat, velocity = denoise(net, x_sigma, sigma, ctx, gt_frames=x0, condition_mask_B_1_T_H_W=mask)
+        x0_hat, velocity = denoise(net, x_sigma, sigma, Condition(ctx, gt_frames=x0, condition_mask=mask))
     assert torch.equal(x0_hat[0, :, :1], x0[0, :, :1]) and torch.equal(x0_hat[1, :, :2], x0[1, :, :2])
     t_ = (sigma / (1 + sigma)).view(-1, 1, 1, 1, 1)
     expected = (1 - t_) * x_sigma - t_ * velocity
@@ -140,11 +140,31 @@ def test_bad_inputs_are_clear_errors():
     net = build_model(get_config("tiny"))
     x, t, ctx = tiny_inputs(net.cfg, H=9)
     with pytest.raises(ValueError, match="not divisible by patch"):
-        net(x, t[:, :1], ctx)
+        net(x, t[:, :1], Condition(ctx))
     x, t, ctx = tiny_inputs(net.cfg)
     with pytest.raises(ValueError, match="timesteps"):
-        net(x, torch.rand(2, 2), ctx)
+        net(x, torch.rand(2, 2), Condition(ctx))
     with pytest.raises(ValueError, match="unknown DiT config"):
         get_config("v2w-3b")
     with pytest.raises(ValueError, match="not understood"):
         check_reference.config_from_upstream("MiniTrainDIT", {"model_channels": 64, "bogus": 1})
+
+
+def test_condition_survives_fsdp2_input_handling():
+    """FSDP2's root pre-forward hook rebuilds dataclass inputs field by field (torch.distributed.utils.
+    _apply_to_tensors: the mixed-precision cast when cast_forward_inputs is on): tensors are cast, None fields,
+    the fps float and the key tuple stay, and the net's output is that of the cast inputs."""
+    from functools import partial
+
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _cast_fp_tensor
+    from torch.distributed.utils import _apply_to_tensors
+    net = build_model(get_config("tiny"))
+    x, t, ctx = tiny_inputs(net.cfg)
+    cond = Condition(ctx, condition_mask=condition_mask(x, 1), fps=24.0, key=("episode", 3))
+    cast = _apply_to_tensors(partial(_cast_fp_tensor, torch.bfloat16), cond)
+    assert isinstance(cast, Condition) and cast is not cond
+    assert cast.crossattn_emb.dtype == cast.condition_mask.dtype == torch.bfloat16
+    assert (cast.gt_frames, cast.camera, cast.fps, cast.key) == (None, None, 24.0, ("episode", 3))
+    with torch.no_grad():
+        want = net(x, t, Condition(ctx.bfloat16(), condition_mask=condition_mask(x, 1).bfloat16(), fps=24.0))
+        assert torch.equal(net(x, t, cast), want)

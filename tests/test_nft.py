@@ -5,7 +5,7 @@ import torch
 import grpo
 import nft
 from lora import add_lora, set_lora_enabled
-from model import build_model, condition_mask, get_config
+from model import Condition, build_model, condition_mask, get_config
 
 LATENT = (16, 3, 4, 4)  # C, T, H, W: 3 latent frames, the first one conditioning
 
@@ -20,7 +20,7 @@ def tiny_condition(seed=0, config="tiny", cft=None):
     g = torch.Generator().manual_seed(seed)
     emb = torch.randn(2, 8, get_config(config).crossattn_proj_in_channels, generator=g)
     gt = torch.randn(1, *LATENT, generator=g)
-    return grpo.Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt,
+    return Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt,
                           condition_mask=condition_mask(gt, 1), key=("ep0", "pick"), conditional_frame_timestep=cft)
 
 

@@ -13,7 +13,7 @@ import check_reference
 import ckpt
 from camera import fallback_cameras, plucker_map
 from lora import add_lora
-from model import DiT, build_model, condition_mask, config_from_upstream, get_config, is_p25, model_flops, num_params
+from model import Condition, DiT, build_model, condition_mask, config_from_upstream, get_config, is_p25, model_flops, num_params
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 ATOL = 2e-5  # the reference README's bound for network outputs (other CPU kernels move them 2.4e-6)
@@ -125,16 +125,16 @@ def test_camera_is_required_exactly_when_the_config_has_a_cam_encoder():
     agibot, base = build_model(get_config("p25-tiny-agibot")), build_model(get_config("p25-tiny"))
     x, t, text, cam = tiny_batch(agibot.cfg)
     with pytest.raises(ValueError, match="camera_channels=1536"):
-        agibot(x, t, text)
+        agibot(x, t, Condition(text))
     with pytest.raises(ValueError, match="camera_channels=0"):
-        base(x, t, text, camera_B_T_Hp_Wp_C=cam)
+        base(x, t, Condition(text, camera=cam))
     with pytest.raises(ValueError, match=r"expected \(1, 3, 2, 3, 1536\)"):
-        agibot(x, t, text, camera_B_T_Hp_Wp_C=cam[:, :2])
+        agibot(x, t, Condition(text, camera=cam[:, :2]))
     w2c, intrinsics = fallback_cameras(2, 3, 32, 48)
     rig = plucker_map(w2c, intrinsics, 32, 48)  # two cameras 0.5 apart
     with torch.no_grad():
-        y = agibot(x, t, text, camera_B_T_Hp_Wp_C=rig[:1])
-        moved = agibot(x, t, text, camera_B_T_Hp_Wp_C=rig[1:])
+        y = agibot(x, t, Condition(text, camera=rig[:1]))
+        moved = agibot(x, t, Condition(text, camera=rig[1:]))
     assert y.shape == x.shape and not torch.equal(y, moved)  # the camera reaches the output
 
 
@@ -142,7 +142,7 @@ def test_every_parameter_gets_gradient_and_lora_keeps_the_camera_frozen():
     torch.manual_seed(0)
     net = build_model(get_config("p25-tiny-agibot"))
     x, t, text, cam = tiny_batch(net.cfg)
-    net(x, t, text, condition_mask(x, 1), camera_B_T_Hp_Wp_C=cam).square().mean().backward()
+    net(x, t, Condition(text, condition_mask=condition_mask(x, 1), camera=cam)).square().mean().backward()
     no_grad = [n for n, p in net.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
     assert not no_grad, no_grad
     add_lora(net, rank=2)
@@ -163,7 +163,7 @@ def test_fp32_time_modulation_runs_the_time_path_in_fp32_in_a_bf16_model():
         seen = {}
         h = net.blocks[0].register_forward_pre_hook(lambda m, args: seen.update(emb=args[1], lora=args[4]))
         with torch.no_grad():
-            y = net(x, t, text, camera_B_T_Hp_Wp_C=cam)
+            y = net(x, t, Condition(text, camera=cam))
         h.remove()
         return y, seen["emb"], seen["lora"]
 

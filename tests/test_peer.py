@@ -19,7 +19,7 @@ import bench  # noqa: E402
 import peer  # noqa: E402
 import peer_net  # noqa: E402
 from lora import add_lora  # noqa: E402
-from model import DiT, condition_mask, get_config  # noqa: E402
+from model import Condition, DiT, condition_mask, get_config  # noqa: E402
 from vae import WanVAE, get_vae_config  # noqa: E402
 
 CPU = ["--device", "cpu", "--dtype", "float32", "--config", "tiny", "--frames", "9", "--height", "64", "--width", "64",
@@ -66,7 +66,7 @@ def test_dit_same_function_and_gradients(lora):
     x, t, text, mask, pad = dit_inputs()
     out = {}
     for name, model in (("ours", net), ("theirs", wrapped)):
-        y = model(x, t, text, condition_mask_B_1_T_H_W=mask, padding_mask_B_1_H_W=pad)
+        y = model(x, t, Condition(text, condition_mask=mask, padding_mask=pad))
         (y.square().mean()).backward()
         out[name] = y.detach()
     # bit-equal on CPU today; 1e-6 still sees diffusers' own q/k RMSNorm eps (1e-5: 1.3e-6 here)
@@ -78,10 +78,10 @@ def test_dit_same_function_and_gradients(lora):
     for k, grad in ours_grads.items():
         assert peer_net.compare(their_grads[k], grad)["rel_rms"] < 1e-5, k
     with torch.no_grad():  # controls: the padding channel is live, and a wrong key map shows
-        assert peer_net.compare(wrapped(x, t, text, mask, padding_mask_B_1_H_W=1 - pad), out["theirs"])["rel_rms"] > 1e-3
+        assert peer_net.compare(wrapped(x, t, Condition(text, condition_mask=mask, padding_mask=1 - pad)), out["theirs"])["rel_rms"] > 1e-3
         attn = theirs.transformer_blocks[0].attn1
         attn.to_q.weight, attn.to_k.weight = attn.to_k.weight, attn.to_q.weight
-        assert peer_net.compare(wrapped(x, t, text, mask, padding_mask_B_1_H_W=pad), out["theirs"])["rel_rms"] > 1e-3
+        assert peer_net.compare(wrapped(x, t, Condition(text, condition_mask=mask, padding_mask=pad)), out["theirs"])["rel_rms"] > 1e-3
 
 
 def _storages(model):

@@ -18,7 +18,7 @@ import sample
 import train
 from ckpt import CheckpointError
 from lora import add_lora
-from model import DiT, get_config
+from model import Condition, DiT, get_config
 from run_utils import check, in_process, suggested
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -193,7 +193,7 @@ def test_a_lora_run_exports_adapters_or_the_merged_network_and_says_which(lora_r
     assert ckpt.load(plain, str(tmp_path / "merged.safetensors")).ok  # strict: plain keys, no adapters
     x, t, text = torch.randn(1, 16, 3, 8, 14), torch.full((1,), 0.5), torch.randn(1, 16, 1024)
     with torch.no_grad():
-        torch.testing.assert_close(plain(x, t, text), lora_net(x, t, text), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(plain(x, t, Condition(text)), lora_net(x, t, Condition(text)), rtol=1e-5, atol=1e-5)
     proc = in_process(resume, ["export", step, str(tmp_path / "r.pt"), "--ema", "--merge-lora"])
     assert proc.returncode == 2 and "--ema: the run of" in proc.stderr and "kept no EMA" in proc.stderr
     check(in_process(resume, ["export", step, str(tmp_path / "r.pt"), "--merge-lora"]))  # what that says to do

@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import bench
 import sac
 from lora import add_lora
-from model import build_model, condition_mask, denoise, get_config, model_flops
+from model import Condition, build_model, condition_mask, denoise, get_config, model_flops
 
 
 class OpCounter(TorchDispatchMode):
@@ -53,7 +53,7 @@ def step(model, mode, every=1):
     model.zero_grad(set_to_none=True)
     x0, eps, text, mask = batch()
     sigma = torch.tensor([0.8])
-    _, velocity = denoise(model, x0 + sigma * eps, sigma, text, gt_frames=x0, condition_mask_B_1_T_H_W=mask)
+    _, velocity = denoise(model, x0 + sigma * eps, sigma, Condition(text, gt_frames=x0, condition_mask=mask))
     loss = ((velocity - (eps - x0)) ** 2 * (1 - mask)).mean()
     with OpCounter() as counter:
         loss.backward()
@@ -143,8 +143,8 @@ def test_full_recompute_runs_with_and_without_grad():
     sac.apply(model, "block")
     x0, eps, text, mask = batch()
     with torch.no_grad():
-        _, v_nograd = denoise(model, x0, torch.tensor([0.5]), text, gt_frames=x0, condition_mask_B_1_T_H_W=mask)
-    _, v = denoise(model, x0, torch.tensor([0.5]), text, gt_frames=x0, condition_mask_B_1_T_H_W=mask)
+        _, v_nograd = denoise(model, x0, torch.tensor([0.5]), Condition(text, gt_frames=x0, condition_mask=mask))
+    _, v = denoise(model, x0, torch.tensor([0.5]), Condition(text, gt_frames=x0, condition_mask=mask))
     v.square().mean().backward()
     assert torch.equal(v.detach(), v_nograd)
     assert all(p.grad is not None for p in model.parameters())
@@ -185,7 +185,7 @@ def test_flop_formula_matches_flop_counter():
     model = build_model(cfg)
     x0, _, text, mask = batch()
     with FlopCounterMode(display=False) as fc:
-        model(x0, torch.tensor([[0.1, 0.5]]), text, condition_mask_B_1_T_H_W=mask)  # per-frame t, as denoise()
+        model(x0, torch.tensor([[0.1, 0.5]]), Condition(text, condition_mask=mask))  # per-frame t, as denoise()
     counted = fc.get_total_flops()
     fwd, step_3x, needed = model_flops(cfg, tuple(x0.shape), text.shape[1])
     L, S, D = 2 * 4 * 4, text.shape[1], cfg.model_channels
@@ -274,7 +274,7 @@ def test_apply_per_block_equals_uniform_modes():
     model.zero_grad(set_to_none=True)
     x0, eps, text, mask = batch()
     sigma = torch.tensor([0.8])
-    _, velocity = denoise(model, x0 + sigma * eps, sigma, text, gt_frames=x0, condition_mask_B_1_T_H_W=mask)
+    _, velocity = denoise(model, x0 + sigma * eps, sigma, Condition(text, gt_frames=x0, condition_mask=mask))
     ((velocity - (eps - x0)) ** 2 * (1 - mask)).mean().backward()
     assert torch.equal(velocity.detach(), out0)
     assert all(torch.equal(p.grad, grads0[n]) for n, p in model.named_parameters())
@@ -292,7 +292,7 @@ def test_measure_block_costs_on_cpu():
     model.blocks[0].register_forward_pre_hook(lambda m, args: captured.setdefault("args", args))
     x0, _, text, mask = batch()
     with torch.no_grad():
-        denoise(model, x0, torch.tensor([0.5]), text, gt_frames=x0, condition_mask_B_1_T_H_W=mask)
+        denoise(model, x0, torch.tensor([0.5]), Condition(text, gt_frames=x0, condition_mask=mask))
     costs = sac.measure_block_costs(model.blocks[0], captured["args"], reps=1)
     again = sac.measure_block_costs(model.blocks[0], captured["args"], reps=1)
     assert [c.saved_bytes for c in costs.values()] == [c.saved_bytes for c in again.values()]

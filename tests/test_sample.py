@@ -114,19 +114,21 @@ def test_p25_cli_samples_with_unipc_and_refuses_unipc_flags_for_predict2(tmp_pat
 def test_generate_p25_is_flow_sample_decoded():
     import flow
     import vae as vae_lib
-    from model import build_model, condition_mask, get_config
+    from model import Condition, build_model, condition_mask, get_config
     torch.manual_seed(0)
     net, vae = build_model(get_config("p25-tiny")).eval(), vae_lib.build_vae("tiny", "", torch.device("cpu"),
                                                                                torch.float32)
     video = torch.rand(1, 3, 9, 32, 32) * 2 - 1
     text, neg = torch.randn(1, 4, 96), torch.randn(1, 4, 96)
-    got = sample.generate(net, vae, video, text, neg, 2, 7.0, 3, grid="shift", conditional_frame_timestep=0.1)
+    cond = Condition(text, neg, conditional_frame_timestep=0.1)
+    got = sample.generate(net, vae, video, cond, 2, 7.0, 3, grid="shift")
     latent = vae.encode(video).float()
-    x0 = flow.sample(net, flow.initial_noise(tuple(latent.shape), 3), text, neg, 7.0, latent, condition_mask(latent, 1),
-                     "shift", 2, 0.1)
+    x0 = flow.sample(net, flow.initial_noise(tuple(latent.shape), 3),
+                     Condition(text, neg, latent, condition_mask(latent, 1), conditional_frame_timestep=0.1),
+                     7.0, "shift", 2)
     assert torch.equal(got, vae.decode(x0))
     with pytest.raises(ValueError, match="pass grid"):
-        sample.generate(net, vae, video, text, neg, 2)
+        sample.generate(net, vae, video, cond, 2)
 
 
 def test_views_side_by_side_and_split_views():
