@@ -35,20 +35,20 @@ if not any(a == "--vs" or a.startswith("--vs=") for a in sys.argv[1:]):
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import ckpt  # noqa: E402
 import cli  # noqa: E402
 import cp  # noqa: E402
+import peer  # noqa: E402  (bench.py --vs; peer.py imports benchstep, never bench)
 import plan  # noqa: E402
 import sac  # noqa: E402
-from lora import LORA_TARGETS, add_lora  # noqa: E402
-import flow  # noqa: E402
+from benchstep import build, emit, latent_shape, make_batch, timer, train_step  # noqa: E402
+from collectives import shard_model  # noqa: E402
+from lora import LORA_TARGETS, add_lora, quantize_base, target_linears  # noqa: E402
 import fp8  # noqa: E402
-from flow import multiview_condition_mask  # noqa: E402
-from camera import fallback_cameras, views_map  # noqa: E402
-from model import (DiT, condition_mask, denoise, get_config, is_p25, matmul_peak, model_flops,  # noqa: E402
-                   num_params)
+from model import DiT, get_config, matmul_peak, model_flops, num_params  # noqa: E402
 
 
 @dataclass
@@ -111,100 +111,6 @@ def parse_args(argv=None):
 
 
 # -----------------------------------------------------------------------------
-# FLOPs
-
-
-def latent_shape(b: BenchConfig):
-    if (b.frames - 1) % 4 or b.height % 8 or b.width % 8:
-        raise ValueError(f"frames-1 must be divisible by 4 and height/width by 8, got {b.frames}x{b.height}x{b.width}")
-    if b.views < 1:
-        raise ValueError(f"--views must be >= 1, got {b.views}")
-    return (1, 16, b.views * (1 + (b.frames - 1) // 4), b.height // 8, b.width // 8)
-
-
-def _timer(device):
-    """Start a timer; calling the result returns seconds elapsed (CUDA events on the GPU)."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-
-        def stop():
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        return stop
-    t0 = time.perf_counter()
-    return lambda: time.perf_counter() - t0
-
-
-# -----------------------------------------------------------------------------
-# Model, batch, step
-
-
-def build(b: BenchConfig, device, dtype, modes):
-    """Meta -> dtype -> (LoRA, adapters in fp32) -> empty on device -> random init -> (fp8 base) -> checkpointing
-    `modes` per block -> compile. Returns model and trainables."""
-    cfg = get_config(b.config)
-    with torch.device("meta"):
-        model = DiT(cfg).to(dtype)
-    trainable = add_lora(model, b.lora) if b.lora else list(model.parameters())
-    if b.fp8 and not b.lora:
-        fp8.convert_trainable(model, LORA_TARGETS)
-    model.to_empty(device=device)
-    g = torch.Generator(device=device).manual_seed(b.seed)
-    model.init_weights(generator=g)
-    if b.fp8:
-        fp8.quantize_base(model)  # frees the bf16 base; the fp8 copy was allocated beside it
-    sac.apply_per_block(model, modes)
-    if b.compile:
-        for block in model.blocks:
-            block.compile()  # compiles Block._call_impl in place: no _orig_mod segment in any key
-    return model, trainable
-
-
-def make_batch(b: BenchConfig, cfg, device, dtype):
-    g = torch.Generator(device=device).manual_seed(b.seed + 1)
-    shape = latent_shape(b)
-    x0 = torch.randn(shape, device=device, generator=g)
-    eps = torch.randn(shape, device=device, generator=g)
-    text = torch.randn(1, b.text_len, cfg.crossattn_proj_in_channels, device=device, generator=g).to(dtype)
-    sigma = torch.ones(1, device=device)
-    if b.views > 1:  # agibot's frame-init mask; a camera map of the fallback rig (its cost is the shape's, not the values')
-        mask = multiview_condition_mask(x0, b.views, b.cond_frames)
-    else:
-        mask = condition_mask(x0, b.cond_frames)
-    batch = dict(x0=x0, eps=eps, text=text, sigma=sigma, mask=mask, offload=b.offload)
-    if is_p25(cfg):
-        batch["timesteps"] = torch.full((1,), 500.0, device=device)  # 1000 sigma, sigma = 0.5
-    if cfg.camera_channels:
-        w2c, intrinsics = fallback_cameras(b.views, shape[2] // b.views, b.height, b.width)
-        camera = views_map(w2c, intrinsics, b.height, b.width)[None]
-        batch["camera"] = camera.to(device, dtype)
-    return batch
-
-
-def train_step(model, batch, trainable, measure=None):
-    """Rectified-flow loss on the generated frames, backward; no optimizer step (as in the anchor's numbers)."""
-    for p in trainable:
-        p.grad = None
-    x0, eps, mask = batch["x0"], batch["eps"], batch["mask"]
-    offload = torch.autograd.graph.save_on_cpu(pin_memory=True) if batch.get("offload") else contextlib.nullcontext()
-    with offload:
-        if "timesteps" in batch:  # Predict2.5: the rectified-flow loss of flow.py (the same net calls)
-            loss = flow.loss_given_draws(model, x0, batch["text"], eps, batch["timesteps"], mask,
-                                         camera=batch.get("camera")).mean()
-        else:
-            x_sigma = x0 + batch["sigma"].view(-1, 1, 1, 1, 1) * eps
-            _, velocity = denoise(model, x_sigma, batch["sigma"], batch["text"], gt_frames=x0,
-                                  condition_mask_B_1_T_H_W=mask)
-            loss = ((velocity - (eps - x0)) ** 2 * (1 - mask)).mean()
-    if measure is not None:  # bytes held between forward and backward: the saved activations (+ loss graph)
-        measure["act_bytes"] = torch.cuda.memory_allocated() - measure["before"]
-    loss.backward()
-    return loss
-
-
-# -----------------------------------------------------------------------------
 # Planner (--world N): one train.py step as rank 0 of N ranks, on this one device; the formulas are in plan.py
 
 
@@ -213,8 +119,6 @@ def run_plan(b: BenchConfig, shard=True):
     (collectives are no-ops of the right shapes, so this device holds exactly rank 0's shards and runs the real
     kernels); W = 1: a real one-rank group, as train.py on one GPU. shard=False: no process group (train.py on a CPU
     without torchrun), for comparison."""
-    import torch.distributed as dist
-    import train  # here, not at the top: train.py imports data, VAE and GRPO code the benchmark does not need
     device, cuda = torch.device(b.device), b.device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32  # train.py's compute dtype (fp32 master weights)
     torch.manual_seed(b.seed)
@@ -226,7 +130,7 @@ def run_plan(b: BenchConfig, shard=True):
     if b.lora:
         add_lora(net, b.lora)
     elif b.fp8:  # train.py --fp8 of a full fine-tune (LoRA's fp8 base is refused in main: planned in bf16)
-        fp8.convert_trainable(net, LORA_TARGETS)
+        fp8.convert_trainable(target_linears(net, LORA_TARGETS))
     formula = [plan.state_formula(net, world, r) for r in range(world)]
     traffic = plan.fsdp_traffic(net, world, dtype, b.link_gb_s)
     res = dict(plan=True, config=b.config, world=world, sharded=shard, lora=b.lora, compile=b.compile,
@@ -258,7 +162,7 @@ def run_plan(b: BenchConfig, shard=True):
     try:
         if shard:
             cp.enable(net, cp.make_mesh(device.type, world, cp_size)[2])  # as train.py: before compile and FSDP
-            train.shard_model(net, device, cp_size)  # the function train.py shards with
+            shard_model(net, device, cp_size)  # the function train.py shards with
         net.to_empty(device=device)
         net.init_weights()
         trainable = [p for p in net.parameters() if p.requires_grad]  # after fully_shard: the DTensor parameters
@@ -287,7 +191,7 @@ def run_plan(b: BenchConfig, shard=True):
             torch.cuda.reset_peak_memory_stats()
         times = []
         for _ in range(b.steps):
-            t = _timer(device)
+            t = timer(device)
             loss = step()
             times.append(t())
         if set(modes) != {"none"}:
@@ -424,7 +328,7 @@ def run(b: BenchConfig):
         res["trainable_params"] = sum(p.numel() for p in trainable)
         sac.reset_counters()
         for i in range(b.warmup):
-            t = _timer(device)
+            t = timer(device)
             train_step(model, batch, trainable)
             res.setdefault("warmup_s", []).append(round(t(), 3))
         if set(modes) & {"mm", "attn", "selective"}:
@@ -436,7 +340,7 @@ def run(b: BenchConfig):
         times = []
         for i in range(b.steps):
             measure = {"before": torch.cuda.memory_allocated()} if cuda and i == 0 else None
-            t = _timer(device)
+            t = timer(device)
             loss = train_step(model, batch, trainable, measure)
             times.append(t())
             if measure:
@@ -464,14 +368,6 @@ def run(b: BenchConfig):
         res.update(status="OOM", error=str(e).split("\n")[0][:300],
                    peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None)
     return res
-
-
-def emit(res, out):
-    line = json.dumps(res)
-    print(line, flush=True)
-    if out:
-        with open(out, "a") as f:
-            f.write(line + "\n")
 
 
 def sweep(b: BenchConfig, argv):
@@ -513,7 +409,7 @@ def parity(b: BenchConfig):
         net = check_reference.build_dit_case(case, stem + ".weights.safetensors").to(b.device, dtype)
         if quantized:  # as `--lora R --fp8` holds it: fresh adapters (B = 0: the same function), the base in fp8
             add_lora(net, 4)
-            fp8.quantize_base(net)
+            quantize_base(net)
         kwargs = check_reference.call_kwargs(case["call"]["forward_kwargs"], io, net.cfg)
         kwargs = {k: v.to(b.device) if torch.is_tensor(v) else v for k, v in kwargs.items()}
         activity = torch.profiler.ProfilerActivity.CUDA if b.device.startswith("cuda") else torch.profiler.ProfilerActivity.CPU
@@ -626,7 +522,6 @@ def main(argv=None):
                          "`python bench.py --world 8 --config tiny --device cpu --dtype float32 --frames 9 --height 64 "
                          "--width 112 --text-len 16`")
     if b.vs:  # the same step on diffusers (peer.py: the only importer of diffusers, a benchmark-only dependency)
-        import peer
         return peer.main(b)
     if b.fp8 and b.lora and b.world:
         raise ValueError("--fp8 --lora with --world: not planned (train.py --fp8 holds the frozen base whole on every "

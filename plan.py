@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fp8 as fp8_lib
 import sac
-from lora import LORA_TARGETS, LoRALinear, add_lora
+from lora import LORA_TARGETS, LoRALinear, add_lora, quantize_base, target_linears
 from model import Block, DiT, condition_mask
 
 
@@ -140,13 +140,13 @@ def auto_plan(net, world, device, dtype, latent, text_len, lora, mem_budget_gib,
     if lora:
         add_lora(wrapped, lora)
     elif fp8:
-        fp8_lib.convert_trainable(wrapped, LORA_TARGETS)
+        fp8_lib.convert_trainable(target_linears(wrapped, LORA_TARGETS))
     block.to_empty(device=device)
     with torch.no_grad():
         for p in block.parameters():
             p.normal_(std=0.02)
     if lora and fp8:
-        fp8_lib.quantize_base(wrapped)
+        quantize_base(wrapped)
     real = lambda t: torch.randn(t.shape, device=device).to(t.dtype) if torch.is_tensor(t) else t  # noqa: E731
     costs = sac.measure_block_costs(block, [tuple(map(real, a)) if isinstance(a, tuple) else real(a)
                                             for a in captured["args"]])

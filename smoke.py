@@ -18,16 +18,20 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+import ckpt
 import cli
 import grpo
+import inits
 import reward
+import sac
 from grpo import GRPOConfig
 from lora import add_lora
 import flow
-from camera import fallback_cameras, views_map
+from camera import fallback_cameras, split_views, views_map
 from data import VIEW_ORDER
 from model import DiT, condition_mask, get_config, is_p25, matmul_peak, model_flops
-from sample import TINY_CONFIGS, split_views
+from sample import TINY_CONFIGS
+from vae import WanVAE, get_vae_config
 
 VIEWS = len(VIEW_ORDER)  # a camera net's views (robot/multiview-agibot: 3)
 
@@ -124,18 +128,15 @@ def build_policy(cfg: SmokeConfig, device, dtype):
     torch.manual_seed(cfg.seed)
     net.init_weights()
     if cfg.init != "random":  # strict: every key of the base net, before the adapters exist
-        import ckpt
         ckpt.load(net, cfg.init)
     torch.manual_seed(cfg.seed + 1)
     params = add_lora(net, cfg.lora_rank, cfg.lora_alpha)
     if cfg.sac != "none":
-        import sac
         sac.apply(net, cfg.sac)
     return net, params
 
 
 def build_vae(cfg: SmokeConfig, device, dtype):
-    from vae import WanVAE, get_vae_config
     name = cfg.vae if cfg.vae != "auto" else ("tiny" if cfg.config in TINY_CONFIGS else "real")
     torch.manual_seed(cfg.seed + 2)
     with torch.device(device):
@@ -151,7 +152,7 @@ def make_condition(cfg: SmokeConfig, mcfg, latent_shape, device):
     gt = torch.randn(1, *latent_shape, generator=g, device=device)
     extra = {}
     if is_p25(mcfg):
-        extra["conditional_frame_timestep"] = flow.checkpoint_defaults(cfg.init, cfg.config)[1]
+        extra["conditional_frame_timestep"] = inits.checkpoint_defaults(cfg.init, cfg.config)[1]
     if mcfg.camera_channels:
         w2c, intrinsics = fallback_cameras(VIEWS, latent_shape[1] // VIEWS, cfg.height, cfg.width)
         extra["camera"] = views_map(w2c, intrinsics, cfg.height, cfg.width)[None].to(device)
@@ -221,7 +222,6 @@ def main(argv=None):
     update_seconds = phases.rows[-1][1]
     sac_check = None
     if cfg.sac != "none":
-        import sac
         try:  # raises when the mode's save list matched no kernel that ran: report it as a failed criterion
             sac_check = (sac.check_first_step(cfg.sac), True)
         except RuntimeError as err:

@@ -32,12 +32,14 @@ from tqdm import tqdm
 import cache
 import ckpt
 import cli
+import collectives
 import cp
 import data
 import flow
 import formats
 import fp8
 import grpo
+import inits
 import lerobot
 import nft
 import resume
@@ -45,14 +47,16 @@ import reward
 import plan
 import rl
 import sac
+import sample as sampling
 import stitch
 import vae as vae_lib
 from grpo import GRPOConfig
 from nft import NFTConfig
-from lora import LORA_TARGETS, LoRALinear, add_lora
+from lora import LORA_TARGETS, LoRALinear, add_lora, check_fp8_shapes, quantize_base, target_linears
 from model import DiT, condition_mask, denoise, get_config, is_p25, matmul_peak, model_flops, num_params
-from camera import views_map
-from sample import TINY_CONFIGS, split_views, stack_views, standin_text, tiny_data  # tiny configs and their text
+from camera import stack_views, views_map
+from collectives import all_mean, any_rank, ranks_any, shard_model
+from sample import TINY_CONFIGS, standin_text, tiny_data  # tiny configs and their text
 
 # -----------------------------------------------------------------------------
 # Config: every field is a --flag (cli.py: the comment is its --help); unknown flags are an error. 0 / "" / -1 mean
@@ -185,7 +189,7 @@ def validate(cfg, given=None):
     if cfg.save_every < 0:
         raise ValueError(f"--save-every {cfg.save_every}: >= 0 (0 = only at the end and on a signal)")
     if is_p25(mcfg) and "conditional_frame_timestep" not in given:  # upstream's value for the checkpoint
-        cfg.conditional_frame_timestep = flow.checkpoint_defaults(cfg.init, cfg.config)[1]
+        cfg.conditional_frame_timestep = inits.checkpoint_defaults(cfg.init, cfg.config)[1]
     if cfg.conditional_frame_timestep != -1 and not 0 <= cfg.conditional_frame_timestep < 1000:
         raise ValueError(f"--conditional-frame-timestep {cfg.conditional_frame_timestep}: -1 (the noisy frames' "
                          "time) or a timestep in [0, 1000) (0.1: t = 1e-4)")
@@ -348,35 +352,6 @@ def training_loss(net, cfg, latent, text_emb, seeds, camera=None):
     return err.mean() * cfg.loss_scale
 
 
-# -----------------------------------------------------------------------------
-# Distributed model: FSDP2 per block, then the final layer, then the root (torchtitan's order)
-
-
-def shard_model(net, device, cp=1, ignored=None):
-    """FSDP2 over all ranks. With --cp C the mesh is the flattened dp x cp (torchtitan's dp_shard_cp: memory per rank
-    falls with C too), and gradients are summed over the C ranks of a sample and averaged over the dp samples only.
-    `ignored` parameters stay whole on every rank (--fp8: the frozen base, replaced by fp8 buffers after loading)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    world = dist.get_world_size()
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",) if cp == 1 else ("dp_cp",))
-    # fp32 master weights, bf16 compute on GPUs, fp32 gradient reduction. cast_forward_inputs=False: the fp32 diffusion
-    # time must not be rounded to bf16 on its way into a block (t = 0.9995 would arrive as 1.0).
-    compute = torch.bfloat16 if device.type == "cuda" else torch.float32
-    mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32, cast_forward_inputs=False)
-    last = len(net.blocks) - 1
-    for i, block in enumerate(net.blocks):
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < last,  # backward starts at the last
-                    ignored_params=ignored)
-    fully_shard(net.final_layer, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
-    fully_shard(net, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
-    if cp > 1:  # each cp rank holds its frames' part of a sample's gradient: sum those, mean over the dp samples
-        for unit in [*net.blocks, net.final_layer, net]:  # a SUM reduce-scatter, then / dp (gloo has no PREMUL_SUM)
-            unit.set_gradient_divide_factor(world // cp)
-            unit.set_force_sum_reduction_for_comms(True)
-    return net
-
-
 def lr_at(cfg, step):
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
@@ -426,26 +401,6 @@ def on_signal(stop, signum, say):
 def ignore_sigint(worker_id):
     """DataLoader workers share the terminal's process group: a Ctrl-C for the run must not kill them mid-step."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def all_mean(value, device):
-    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-        t /= dist.get_world_size()
-    return t.item()
-
-
-def any_rank(flag, device):
-    return ranks_any([flag], device)[0]
-
-
-def ranks_any(flags, device):
-    """[bool]: for each flag, whether it is set on any rank (one collective)."""
-    t = torch.tensor([int(f) for f in flags], device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [bool(v) for v in t.tolist()]
 
 
 def resume_keys(cfg):
@@ -602,14 +557,14 @@ def main(argv=None):
         raise ValueError(f"--holdout {holdout} leaves no video of {len(dataset)} in {cfg.data} to train on")
 
     # run directory: claimed (one train.py per --out), settings checked against its checkpoint, then config.json
-    lock = ckpt.agree(f"claiming --out {cfg.out}", lambda: resume.claim_out(cfg.out) if master else None)
-    resume_path, changed = ckpt.agree("checking the run's saved settings", lambda: check_resume_settings(cfg.out, cfg),
+    lock = collectives.agree(f"claiming --out {cfg.out}", lambda: resume.claim_out(cfg.out) if master else None)
+    resume_path, changed = collectives.agree("checking the run's saved settings", lambda: check_resume_settings(cfg.out, cfg),
                                       share=True)
     if changed:
         say(f"resume: settings changed since {resume_path}, applied from its step on: "
             + ", ".join(f"{cli.flag(k)} {old} -> {new}" for k, (old, new) in changed.items()))
     if cfg.init != "random":  # hub names resolve (and download) now, before any model is built
-        ckpt.agree(f"resolving --init {cfg.init}", lambda: ckpt.resolve_source(cfg.init))
+        collectives.agree(f"resolving --init {cfg.init}", lambda: ckpt.resolve_source(cfg.init))
     if master:
         resume.write_atomic(os.path.join(cfg.out, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=1))
     terms = reward.parse_rewards(cfg.reward) if cfg.objective != "sft" else None
@@ -656,14 +611,14 @@ def main(argv=None):
         for m in frozen_base:
             m.weight = torch.nn.Parameter(m.weight.to(compute_dtype), requires_grad=False)
         if cfg.fp8:
-            fp8.check_shapes(net)
+            check_fp8_shapes(net)
     elif cfg.fp8:
-        fp8.convert_trainable(net, LORA_TARGETS)  # same keys; the GEMMs of the LoRA targets' Linears go fp8
+        fp8.convert_trainable(target_linears(net, LORA_TARGETS))  # same keys; the GEMMs of the LoRA targets' Linears go fp8
     sac_modes = sac.block_modes(cfg.sac, cfg.sac_every, mcfg.num_blocks)
     if cfg.sac == "auto":  # one block measured under every mode at this run's shape; rank 0's choice for all ranks
         latent = (cfg.batch_size, mcfg.in_channels, max(views, 1) * (1 + (cfg.frames - 1) // 4), cfg.height // 8,
                   cfg.width // 8)
-        auto = ckpt.agree("--sac auto", lambda: plan.auto_plan(net, world, device, compute_dtype, latent, cfg.text_len,
+        auto = collectives.agree("--sac auto", lambda: plan.auto_plan(net, world, device, compute_dtype, latent, cfg.text_len,
                                                                cfg.lora, cfg.mem_budget, cfg.fp8)[1], share=True)
         say(auto.why)
         sac_modes = auto.modes
@@ -684,7 +639,7 @@ def main(argv=None):
                   allow_missing=(ckpt.LORA_KEYS,) if cfg.lora else ())
     n_params = num_params(net)
     if cfg.fp8 and cfg.lora:  # after the load: the base went in whole (and was checked), then is quantised in place
-        fp8.quantize_base(net)
+        quantize_base(net)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     trainable = [p for p in net.parameters() if p.requires_grad]
@@ -858,12 +813,11 @@ def main(argv=None):
 @torch.no_grad()
 def write_sample(net, vae, dataset, index, cfg, neg_text, path, master):
     """Generate a clip from the first frame of a fixed (held-out, if any) video; save it beside the truth."""
-    import sample as sampling
     item = dataset[(index, 0)]
     device = next(net.parameters()).device
     video = item["video"].to(device, next(vae.parameters()).dtype)  # [3,T,H,W], or [V,3,T,H,W] for a camera net
     text = item["text_emb"][None].to(device)
-    p25 = dict(grid=flow.checkpoint_defaults(cfg.init, cfg.config)[0],
+    p25 = dict(grid=inits.checkpoint_defaults(cfg.init, cfg.config)[0],
                conditional_frame_timestep=cfg.conditional_frame_timestep) if is_p25(get_config(cfg.config)) else {}
     camera = None if "w2c" not in item else views_map(item["w2c"].to(device), item["intrinsics"].to(device),
                                                       cfg.height, cfg.width)[None].to(video.dtype)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import bench
+import collectives
 import plan
-import train
 from dist_utils import run_dist
 from lora import add_lora
 from model import DiT, get_config
@@ -75,7 +75,7 @@ def _gloo_step(rank, world):
     for lora in (0, 3):  # r = 3: adapters with 3 rows split 2 + 1, so the ranks differ
         torch.manual_seed(0)
         net = meta_model(lora)
-        train.shard_model(net, torch.device("cpu"))
+        collectives.shard_model(net, torch.device("cpu"))
         net.to_empty(device="cpu")
         net.init_weights()
         trainable = [p for p in net.parameters() if p.requires_grad]

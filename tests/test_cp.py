@@ -260,7 +260,7 @@ def _grpo_update(rank, world, cp_size):
     """grpo.train_step of one group per dp group, under train.shard_model as train.py runs it (no dist: plain net).
     Returns (metrics, the LoRA gradients of the optimizer step, the updated LoRA weights), all full tensors."""
     import grpo
-    from train import shard_model
+    from collectives import shard_model
     torch.manual_seed(0)
     net = DiT(get_config("tiny"))
     net.init_weights()
