@@ -58,7 +58,7 @@ class BenchConfig:
     every: int = 1  # checkpoint every N-th block only
     lora: int = 0  # LoRA rank; 0 = full fine-tune
     fp8: bool = False  # fp8 GEMMs in the block Linears, as train.py --fp8 (LoRA: the frozen base stored in fp8)
-    frames: int = 93  # pixel frames; latent T = 1 + (frames - 1) // 4
+    frames: int = 93  # pixel frames; latent T = vae.latent_frames(frames)
     height: int = 432  # pixels
     width: int = 768  # pixels
     text_len: int = 512  # text-embedding tokens

@@ -31,7 +31,7 @@ from camera import fallback_cameras, split_views, views_map
 from data import VIEW_ORDER
 from model import DiT, condition_mask, get_config, is_p25, matmul_peak, model_flops
 from sample import TINY_CONFIGS
-from vae import WanVAE, get_vae_config
+from vae import WanVAE, get_vae_config, latent_frames
 
 VIEWS = len(VIEW_ORDER)  # a camera net's views (robot/multiview-agibot: 3)
 
@@ -174,7 +174,7 @@ def main(argv=None):
              "bf16": torch.bfloat16}[cfg.dtype]
     count_flops = {"auto": device.type == "cuda", "true": True, "false": False}[cfg.count_flops]
     views = VIEWS if get_config(cfg.config).camera_channels else 1  # a camera net: the views stacked on latent time
-    latent_shape = (16, views * (1 + (cfg.frames - 1) // 4), cfg.height // 8, cfg.width // 8)
+    latent_shape = (16, views * latent_frames(cfg.frames), cfg.height // 8, cfg.width // 8)
     gcfg = cfg.grpo
     K, N = gcfg.group_size, gcfg.num_steps
     print(f"smoke config: {asdict(cfg)}")

@@ -159,7 +159,7 @@ def validate(cfg, given=None):
         raise ValueError(f"--objective {cfg.objective!r}: valid are {', '.join(rl.OBJECTIVES)}")
     unused = {}
     views = len(data.VIEW_ORDER) if mcfg.camera_channels else 1  # stacked on latent time, split with it
-    cp.check_split(cfg.cp, cfg.config, mcfg.num_heads, (1 + (cfg.frames - 1) // 4) * views, cfg.frames)
+    cp.check_split(cfg.cp, cfg.config, mcfg.num_heads, vae_lib.latent_frames(cfg.frames) * views, cfg.frames)
     if cfg.cp > 1 and cfg.objective == "nft":
         raise ValueError(f"--cp {cfg.cp} with --objective nft: NFT's rewards, advantages and loss scale count global "
                          "ranks, not cp groups (not done yet; GRPO composes with --cp); use --cp 1")
@@ -616,7 +616,7 @@ def main(argv=None):
         fp8.convert_trainable(target_linears(net, LORA_TARGETS))  # same keys; the GEMMs of the LoRA targets' Linears go fp8
     sac_modes = sac.block_modes(cfg.sac, cfg.sac_every, mcfg.num_blocks)
     if cfg.sac == "auto":  # one block measured under every mode at this run's shape; rank 0's choice for all ranks
-        latent = (cfg.batch_size, mcfg.in_channels, max(views, 1) * (1 + (cfg.frames - 1) // 4), cfg.height // 8,
+        latent = (cfg.batch_size, mcfg.in_channels, max(views, 1) * vae_lib.latent_frames(cfg.frames), cfg.height // 8,
                   cfg.width // 8)
         auto = collectives.agree("--sac auto", lambda: plan.auto_plan(net, world, device, compute_dtype, latent, cfg.text_len,
                                                                cfg.lora, cfg.mem_budget, cfg.fp8)[1], share=True)
@@ -715,7 +715,7 @@ def main(argv=None):
         signal.signal(sig, lambda signum, frame: on_signal(stop, signum, say))
 
     peak = matmul_peak(device, torch.bfloat16) / 1e12 if device.type == "cuda" else None  # TFLOP/s
-    latent_shape = (1, 16, max(views, 1) * (1 + (cfg.frames - 1) // 4), cfg.height // 8, cfg.width // 8)
+    latent_shape = (1, 16, max(views, 1) * vae_lib.latent_frames(cfg.frames), cfg.height // 8, cfg.width // 8)
     tokens = latent_shape[2] * (cfg.height // 16) * (cfg.width // 16)
     # per rank: a cp group shares each sample's FLOPs (attention too: all tokens, 1/cp of the heads)
     flops_per_step = model_flops(mcfg, latent_shape, cfg.text_len, cfg.lora)[2] * cfg.batch_size * cfg.grad_accum \
