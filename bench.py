@@ -13,7 +13,7 @@ Without --world: forward + backward, no optimizer step. The model is built on `m
 GPU with random weights (no download), and trained on random latents [1, 16, T, H/8, W/8] (T = 1 + (frames-1)/4, the
 Wan VAE's compression) with a 512 x 1024 text embedding and the video2world condition mask. Model FLOPs come from the
 explicit formula in `model.model_flops`; MFU is against a bf16 matmul peak measured in the same process.
-With --world N: train.py's step (fp32 master weights, train.shard_model's FSDP2, bf16 compute, AdamW) as rank 0 of N
+With --world N: train.py's step (fp32 master weights, collectives.shard_model's FSDP2, bf16 compute, AdamW) as rank 0 of N
 ranks under a fake process group: per-rank memory, compute s/step, FSDP bytes moved and a projected step time
 (docs/memory.md, "Before you queue a job"). An out-of-memory is reported as status "OOM", not a crash. With --cp C
 rank 0 runs its 1/C of the frames through cp.py's all-to-alls (the fake group hands its input back), so memory and

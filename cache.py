@@ -559,8 +559,8 @@ class LatentClips(Dataset):
                              "cache.py finished; rerun cache.py")
         latent = f.get_slice("latent")
         views = len(data.VIEW_ORDER) if self.views else 1
-        want = [len(entry["starts"]), vae_lib.get_vae_config(self.vae).z_dim, views * vae_lib.latent_frames(self.frames),
-                self.height // 8, self.width // 8]
+        want = [len(entry["starts"]), vae_lib.get_vae_config(self.vae).z_dim,
+                views * vae_lib.latent_frames(self.frames), self.height // 8, self.width // 8]
         if list(latent.get_shape()) != want or latent.get_dtype() != {"bf16": "BF16", "fp32": "F32"}[self.dtype]:
             raise ValueError(f"{path}: latents {latent.get_dtype()} {latent.get_shape()}, this run needs "
                              f"{self.dtype} {want} ({self.frames}x{self.height}x{self.width} clips): not this "

@@ -10,7 +10,7 @@ So here: every source is resolved or rejected, every rank must be reading the sa
 before any tensor is copied, all ranks agree on the outcome and raise together, the bytes read are checked against
 what the file records about itself (a .pt's zip CRCs, a step directory's save-time checksums), and after loading
 every local shard is checked against the file's bytes.
-Contents: ranks agree (and read the same file) -> strict report -> loading -> init guard -> CLI.
+Contents: every rank reads the same file -> strict report -> loading -> init guard -> CLI.
 Where a source comes from (named inits, hub downloads, a path resolved or rejected) is inits.py; reading and checking
 the files themselves (formats, CRCs, checksums) is formats.py.
 """

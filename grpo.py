@@ -464,7 +464,7 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     Under torch.distributed (FSDP2: every forward is a collective) every rank runs the same number of micro-steps
     per chunk: a rank with fewer real micro-steps pads with zero-weight ones (they run, and add nothing). Each real
     micro-step's loss is scaled by dp / (real micro-steps of the chunk in all dp groups), so the mean over dp groups
-    that FSDP reduces (train.shard_model: a sum over the cp_size ranks of a cp group, which hold the same rollouts
+    that FSDP reduces (collectives.shard_model: a sum over the cp_size ranks of a cp group, which hold the same rollouts
     and advantages, / dp) is the mean over real micro-steps. A chunk with no real micro-step on any rank is skipped on every
     rank alike: no forward, and no optimizer step (Adam's momentum and weight decay would still move the weights).
 
@@ -670,7 +670,7 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
     needs pixels. seed: this dp group's rollout noise; window_seed: the same on every rank. cp_size: ranks per cp
     group (--cp: they run the same rollouts, each forward split by cp.py; one copy of their rewards counts, so their
     advantages and micro-steps agree, or the all-to-alls would deadlock). agree(what, fn): runs the
-    scoring so that a failure on one rank raises on every rank (ckpt.agree) instead of leaving the others waiting.
+    scoring so that a failure on one rank raises on every rank (collectives.agree) instead of leaving the others waiting.
     Returns (stats of grpo_update, metrics: rewards over all ranks, advantages, means over all ranks, s per phase).
     """
     device = conds[0].crossattn_emb.device

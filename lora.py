@@ -38,7 +38,7 @@ class LoRALinear(nn.Linear):
         nn.init.zeros_(self.lora_b.weight)  # the adapted model starts exactly at the base model
 
     def forward(self, x):
-        if getattr(self, "weight_fp8", None) is not None:  # fp8.quantize_base: the frozen base in fp8 GEMMs
+        if getattr(self, "weight_fp8", None) is not None:  # lora.quantize_base: the frozen base in fp8 GEMMs
             out = fp8.linear(x, self.weight_fp8, self.weight_scale, self.bias)
         else:
             out = super().forward(x)

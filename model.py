@@ -491,7 +491,8 @@ class DiT(nn.Module):
     @torch.no_grad()
     def init_weights(self, generator=None):
         """Random init (for `--init random` and after `to_empty`); loaded checkpoints overwrite all of it."""
-        adapters = adapter_seed(generator)  # drawn first: the draws below consume the generator by each rank's shard size
+        # drawn first: the draws below consume the generator by each rank's shard size
+        adapters = adapter_seed(generator)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=module.in_features ** -0.5, generator=generator)

@@ -1,6 +1,6 @@
 """Will my job fit? Per-rank memory, FSDP2 and --cp traffic of a train.py step, and the --sac auto checkpointing plan.
 
-The formulas follow train.shard_model exactly (dim-0 shards of ceil(rows / N) rows; blocks 0..n-2 resharded after
+The formulas follow collectives.shard_model exactly (dim-0 shards of ceil(rows / N) rows; blocks 0..n-2 resharded after
 forward, the last block, final_layer and the root kept; bf16 all-gathers on the GPU, fp32 reduce-scatters of the
 trainable grads); tests/test_bench.py checks them against a real gloo run and against the bytes the collectives are
 handed. bench.py --world N runs the step itself (rank 0 under a fake process group) and prints both; train.py
@@ -31,7 +31,7 @@ class CollectiveBytes(TorchDispatchMode):
 
 
 def fsdp_units(net):
-    """(name, parameters, all-gathers per step) per FSDP2 unit, as train.shard_model wraps them: blocks 0..n-2 are
+    """(name, parameters, all-gathers per step) per FSDP2 unit, as collectives.shard_model wraps them: blocks 0..n-2 are
     resharded after forward, so gathered again in backward; the last block, final_layer and the root are kept."""
     inner = {id(p) for m in [*net.blocks, net.final_layer] for p in m.parameters()}
     last = len(net.blocks) - 1

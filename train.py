@@ -558,8 +558,8 @@ def main(argv=None):
 
     # run directory: claimed (one train.py per --out), settings checked against its checkpoint, then config.json
     lock = collectives.agree(f"claiming --out {cfg.out}", lambda: resume.claim_out(cfg.out) if master else None)
-    resume_path, changed = collectives.agree("checking the run's saved settings", lambda: check_resume_settings(cfg.out, cfg),
-                                      share=True)
+    resume_path, changed = collectives.agree("checking the run's saved settings",
+                                             lambda: check_resume_settings(cfg.out, cfg), share=True)
     if changed:
         say(f"resume: settings changed since {resume_path}, applied from its step on: "
             + ", ".join(f"{cli.flag(k)} {old} -> {new}" for k, (old, new) in changed.items()))
@@ -613,13 +613,15 @@ def main(argv=None):
         if cfg.fp8:
             check_fp8_shapes(net)
     elif cfg.fp8:
-        fp8.convert_trainable(target_linears(net, LORA_TARGETS))  # same keys; the GEMMs of the LoRA targets' Linears go fp8
+        # same keys; the GEMMs of the LoRA targets' Linears go fp8
+        fp8.convert_trainable(target_linears(net, LORA_TARGETS))
     sac_modes = sac.block_modes(cfg.sac, cfg.sac_every, mcfg.num_blocks)
     if cfg.sac == "auto":  # one block measured under every mode at this run's shape; rank 0's choice for all ranks
-        latent = (cfg.batch_size, mcfg.in_channels, max(views, 1) * vae_lib.latent_frames(cfg.frames), cfg.height // 8,
-                  cfg.width // 8)
-        auto = collectives.agree("--sac auto", lambda: plan.auto_plan(net, world, device, compute_dtype, latent, cfg.text_len,
-                                                               cfg.lora, cfg.mem_budget, cfg.fp8)[1], share=True)
+        latent = (cfg.batch_size, mcfg.in_channels, max(views, 1) * vae_lib.latent_frames(cfg.frames),
+                  cfg.height // 8, cfg.width // 8)
+        auto = collectives.agree("--sac auto", lambda: plan.auto_plan(net, world, device, compute_dtype, latent,
+                                                                      cfg.text_len, cfg.lora, cfg.mem_budget,
+                                                                      cfg.fp8)[1], share=True)
         say(auto.why)
         sac_modes = auto.modes
     sac.apply_per_block(net, sac_modes)

@@ -114,7 +114,8 @@ def test_trainable_linear_fp8_gemms_exact_weight_gradient():
     model.blocks = torch.nn.ModuleList([torch.nn.Module()])
     model.blocks[0].mlp = torch.nn.Module()
     model.blocks[0].mlp.layer1 = lin
-    assert fp8.convert_trainable(lora.target_linears(model, ("mlp.layer1",))) == 1 and isinstance(lin, fp8.Fp8Linear)
+    assert fp8.convert_trainable(lora.target_linears(model, ("mlp.layer1",))) == 1
+    assert isinstance(lin, fp8.Fp8Linear)
     assert set(model.state_dict()) == {"blocks.0.mlp.layer1.weight"}
     x = torch.randn(2, 50, 256, generator=g)
     x_ref = x.clone().requires_grad_(True)
