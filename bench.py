@@ -13,7 +13,7 @@ Without --world: forward + backward, no optimizer step. The model is built on `m
 GPU with random weights (no download), and trained on random latents [1, 16, T, H/8, W/8] (T = 1 + (frames-1)/4, the
 Wan VAE's compression) with a 512 x 1024 text embedding and the video2world condition mask. Model FLOPs come from the
 explicit formula in `model.model_flops`; MFU is against a bf16 matmul peak measured in the same process.
-With --world N: train.py's step (fp32 master weights, train.shard_model's FSDP2, bf16 compute, AdamW) as rank 0 of N
+With --world N: train.py's step (fp32 master weights, collectives.shard_model's FSDP2, bf16 compute, AdamW) as rank 0 of N
 ranks under a fake process group: per-rank memory, compute s/step, FSDP bytes moved and a projected step time
 (docs/memory.md, "Before you queue a job"). An out-of-memory is reported as status "OOM", not a crash. With --cp C
 rank 0 runs its 1/C of the frames through cp.py's all-to-alls (the fake group hands its input back), so memory and
@@ -35,21 +35,19 @@ if not any(a == "--vs" or a.startswith("--vs=") for a in sys.argv[1:]):
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import build  # noqa: E402
 import ckpt  # noqa: E402
 import cli  # noqa: E402
 import cp  # noqa: E402
+import peer  # noqa: E402  (bench.py --vs; peer.py imports benchstep, never bench)
 import plan  # noqa: E402
 import sac  # noqa: E402
-from lora import add_lora  # noqa: E402
-import flow  # noqa: E402
-import fp8  # noqa: E402
-from flow import multiview_condition_mask  # noqa: E402
-from camera import fallback_cameras, views_map  # noqa: E402
-from model import (Condition, DiT, condition_mask, denoise, get_config, is_p25, matmul_peak,  # noqa: E402
-                   model_flops, num_params)
+from benchstep import build_net, emit, latent_shape, make_batch, timer, train_step  # noqa: E402
+from lora import add_lora, quantize_base  # noqa: E402
+from model import DiT, get_config, matmul_peak, model_flops, num_params  # noqa: E402
 
 
 @dataclass
@@ -59,7 +57,7 @@ class BenchConfig:
     every: int = 1  # checkpoint every N-th block only
     lora: int = 0  # LoRA rank; 0 = full fine-tune
     fp8: bool = False  # fp8 GEMMs in the block Linears, as train.py --fp8 (LoRA: the frozen base stored in fp8)
-    frames: int = 93  # pixel frames; latent T = 1 + (frames - 1) // 4
+    frames: int = 93  # pixel frames; latent T = vae.latent_frames(frames)
     height: int = 432  # pixels
     width: int = 768  # pixels
     text_len: int = 512  # text-embedding tokens
@@ -112,86 +110,6 @@ def parse_args(argv=None):
 
 
 # -----------------------------------------------------------------------------
-# FLOPs
-
-
-def latent_shape(b: BenchConfig):
-    if (b.frames - 1) % 4 or b.height % 8 or b.width % 8:
-        raise ValueError(f"frames-1 must be divisible by 4 and height/width by 8, got {b.frames}x{b.height}x{b.width}")
-    if b.views < 1:
-        raise ValueError(f"--views must be >= 1, got {b.views}")
-    return (1, 16, b.views * (1 + (b.frames - 1) // 4), b.height // 8, b.width // 8)
-
-
-def _timer(device):
-    """Start a timer; calling the result returns seconds elapsed (CUDA events on the GPU)."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-
-        def stop():
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        return stop
-    t0 = time.perf_counter()
-    return lambda: time.perf_counter() - t0
-
-
-# -----------------------------------------------------------------------------
-# Model, batch, step
-
-
-def build_net(b: BenchConfig, device, dtype, modes):
-    """The network (build.py) in `dtype` throughout (no fp32 masters: a step without an optimizer), its random
-    init, checkpointing `modes` per block, compiled with --compile. Returns model and trainables."""
-    net = build.build(build.NetSpec(b.config, lora=b.lora, fp8=b.fp8, sac_modes=tuple(modes), compile=b.compile,
-                                    dtype=dtype, seed=b.seed), device)
-    return net, build.trainable(net)
-
-
-def make_batch(b: BenchConfig, cfg, device, dtype):
-    g = torch.Generator(device=device).manual_seed(b.seed + 1)
-    shape = latent_shape(b)
-    x0 = torch.randn(shape, device=device, generator=g)
-    eps = torch.randn(shape, device=device, generator=g)
-    text = torch.randn(1, b.text_len, cfg.crossattn_proj_in_channels, device=device, generator=g).to(dtype)
-    sigma = torch.ones(1, device=device)
-    if b.views > 1:  # agibot's frame-init mask; a camera map of the fallback rig (its cost is the shape's, not the values')
-        mask = multiview_condition_mask(x0, b.views, b.cond_frames)
-    else:
-        mask = condition_mask(x0, b.cond_frames)
-    camera = None
-    if cfg.camera_channels:
-        w2c, intrinsics = fallback_cameras(b.views, shape[2] // b.views, b.height, b.width)
-        camera = views_map(w2c, intrinsics, b.height, b.width)[None].to(device, dtype)
-    cond = Condition(crossattn_emb=text, gt_frames=x0, condition_mask=mask, camera=camera)
-    batch = dict(x0=x0, eps=eps, sigma=sigma, cond=cond, offload=b.offload)
-    if is_p25(cfg):
-        batch["timesteps"] = torch.full((1,), 500.0, device=device)  # 1000 sigma, sigma = 0.5
-    return batch
-
-
-def train_step(model, batch, trainable, measure=None):
-    """Rectified-flow loss on the generated frames, backward; no optimizer step (as in the anchor's numbers)."""
-    for p in trainable:
-        p.grad = None
-    x0, eps, cond = batch["x0"], batch["eps"], batch["cond"]
-    offload = torch.autograd.graph.save_on_cpu(pin_memory=True) if batch.get("offload") else contextlib.nullcontext()
-    with offload:
-        if "timesteps" in batch:  # Predict2.5: the rectified-flow loss of flow.py (the same net calls)
-            loss = flow.loss_given_draws(model, x0, cond, eps, batch["timesteps"]).mean()
-        else:
-            x_sigma = x0 + batch["sigma"].view(-1, 1, 1, 1, 1) * eps
-            _, velocity = denoise(model, x_sigma, batch["sigma"], cond)
-            loss = ((velocity - (eps - x0)) ** 2 * (1 - cond.condition_mask)).mean()
-    if measure is not None:  # bytes held between forward and backward: the saved activations (+ loss graph)
-        measure["act_bytes"] = torch.cuda.memory_allocated() - measure["before"]
-    loss.backward()
-    return loss
-
-
-# -----------------------------------------------------------------------------
 # Planner (--world N): one train.py step as rank 0 of N ranks, on this one device; the formulas are in plan.py
 
 
@@ -213,7 +131,6 @@ def run_plan(b: BenchConfig, shard=True):
     (collectives are no-ops of the right shapes, so this device holds exactly rank 0's shards and runs the real
     kernels); W = 1: a real one-rank group, as train.py on one GPU. shard=False: no process group (train.py on a CPU
     without torchrun), for comparison."""
-    import torch.distributed as dist
     device, cuda = torch.device(b.device), b.device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32  # train.py's compute dtype (fp32 master weights)
     torch.manual_seed(b.seed)
@@ -271,7 +188,7 @@ def run_plan(b: BenchConfig, shard=True):
             torch.cuda.reset_peak_memory_stats()
         times = []
         for _ in range(b.steps):
-            t = _timer(device)
+            t = timer(device)
             loss = step()
             times.append(t())
         if set(modes) != {"none"}:
@@ -409,7 +326,7 @@ def run(b: BenchConfig):
         res["trainable_params"] = sum(p.numel() for p in trainable)
         sac.reset_counters()
         for i in range(b.warmup):
-            t = _timer(device)
+            t = timer(device)
             train_step(model, batch, trainable)
             res.setdefault("warmup_s", []).append(round(t(), 3))
         if set(modes) & {"mm", "attn", "selective"}:
@@ -421,7 +338,7 @@ def run(b: BenchConfig):
         times = []
         for i in range(b.steps):
             measure = {"before": torch.cuda.memory_allocated()} if cuda and i == 0 else None
-            t = _timer(device)
+            t = timer(device)
             loss = train_step(model, batch, trainable, measure)
             times.append(t())
             if measure:
@@ -449,14 +366,6 @@ def run(b: BenchConfig):
         res.update(status="OOM", error=str(e).split("\n")[0][:300],
                    peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None)
     return res
-
-
-def emit(res, out):
-    line = json.dumps(res)
-    print(line, flush=True)
-    if out:
-        with open(out, "a") as f:
-            f.write(line + "\n")
 
 
 def sweep(b: BenchConfig, argv):
@@ -498,7 +407,7 @@ def parity(b: BenchConfig):
         net = check_reference.build_dit_case(case, stem + ".weights.safetensors").to(b.device, dtype)
         if quantized:  # as `--lora R --fp8` holds it: fresh adapters (B = 0: the same function), the base in fp8
             add_lora(net, 4)
-            fp8.quantize_base(net)
+            quantize_base(net)
         kwargs = check_reference.call_kwargs(case["call"]["forward_kwargs"], io, net.cfg)
         kwargs = {k: v.to(b.device) if torch.is_tensor(v) else v for k, v in kwargs.items()}
         activity = torch.profiler.ProfilerActivity.CUDA if b.device.startswith("cuda") else torch.profiler.ProfilerActivity.CPU
@@ -611,7 +520,6 @@ def main(argv=None):
                          "`python bench.py --world 8 --config tiny --device cpu --dtype float32 --frames 9 --height 64 "
                          "--width 112 --text-len 16`")
     if b.vs:  # the same step on diffusers (peer.py: the only importer of diffusers, a benchmark-only dependency)
-        import peer
         return peer.main(b)
     if b.fp8 and b.lora and b.world:
         raise ValueError("--fp8 --lora with --world: not planned (train.py --fp8 holds the frozen base whole on every "

@@ -3,7 +3,7 @@
 The order is torchtitan's and matters (docs/memory.md):
     meta build -> LoRA / freeze (frozen base in the compute dtype) -> fp8 -> activation checkpointing per block
     -> context parallel -> compile per block -> FSDP2 -> materialise -> seeded init -> strict load -> fp8 base
-Everything up to FSDP works on the meta device, so nothing is allocated until the shards are; a planner that must
+FSDP2 is collectives.shard_model. Everything up to FSDP works on the meta device, so nothing is allocated until the shards are; a planner that must
 see the adapted meta network (`--sac auto`, bench.py's memory formulas) calls `meta_net`, then `materialise`.
 """
 from dataclasses import dataclass
@@ -15,7 +15,8 @@ import ckpt
 import cp
 import fp8
 import sac
-from lora import LORA_TARGETS, LoRALinear, add_lora
+from collectives import shard_model
+from lora import LORA_TARGETS, LoRALinear, add_lora, check_fp8_shapes, quantize_base, target_linears
 from model import DiT, get_config
 
 
@@ -46,9 +47,9 @@ def meta_net(spec: NetSpec):
         for m in frozen_linears(net):
             m.weight = torch.nn.Parameter(m.weight.to(spec.base_dtype or spec.dtype), requires_grad=False)
         if spec.fp8:
-            fp8.check_shapes(net)
+            check_fp8_shapes(net)
     elif spec.fp8:
-        fp8.convert_trainable(net, LORA_TARGETS)  # same keys; the GEMMs of the LoRA targets' Linears go fp8
+        fp8.convert_trainable(target_linears(net, LORA_TARGETS))  # same keys; the targets' GEMMs go fp8
     return net
 
 
@@ -73,7 +74,7 @@ def materialise(net, spec: NetSpec, device, cp_group=None, cp_size=1, verbose=Tr
     if spec.init != "random":
         ckpt.load(net, spec.init, ema=spec.ema, allow_missing=(ckpt.LORA_KEYS,) if spec.lora else (), verbose=verbose)
     if spec.fp8 and spec.lora:  # after the load: the base went in whole (and was checked), then is quantised
-        fp8.quantize_base(net)
+        quantize_base(net)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return net
@@ -87,28 +88,3 @@ def build(spec: NetSpec, device, cp_group=None, cp_size=1, verbose=True):
 def trainable(net):
     """The parameters the optimizer steps (after FSDP: the DTensor ones)."""
     return [p for p in net.parameters() if p.requires_grad]
-
-
-def shard_model(net, device, cp=1, ignored=None):
-    """FSDP2 over all ranks. With --cp C the mesh is the flattened dp x cp (torchtitan's dp_shard_cp: memory per rank
-    falls with C too), and gradients are summed over the C ranks of a sample and averaged over the dp samples only.
-    `ignored` parameters stay whole on every rank (--fp8: the frozen base, replaced by fp8 buffers after loading)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    world = dist.get_world_size()
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",) if cp == 1 else ("dp_cp",))
-    # fp32 master weights, bf16 compute on GPUs, fp32 gradient reduction. cast_forward_inputs=False: the fp32
-    # diffusion time must not be rounded to bf16 on its way into a block (t = 0.9995 would arrive as 1.0).
-    compute = torch.bfloat16 if device.type == "cuda" else torch.float32
-    mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32, cast_forward_inputs=False)
-    last = len(net.blocks) - 1
-    for i, block in enumerate(net.blocks):
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < last,  # backward starts at the last
-                    ignored_params=ignored)
-    fully_shard(net.final_layer, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
-    fully_shard(net, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
-    if cp > 1:  # each cp rank holds its frames' part of a sample's gradient: sum those, mean over the dp samples
-        for unit in [*net.blocks, net.final_layer, net]:  # a SUM reduce-scatter, then / dp (gloo has no PREMUL_SUM)
-            unit.set_gradient_divide_factor(world // cp)
-            unit.set_force_sum_reduction_for_comms(True)
-    return net

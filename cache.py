@@ -44,7 +44,11 @@ from torch.utils.data import DataLoader, Dataset
 
 import cli
 import data
+import rundir
 import vae as vae_lib
+from camera import stack_views
+from formats import identity
+from video import write_atomic
 
 FORMAT = "nanocosmos-latent-cache-v2"  # bump when the bytes written for one key change (v2: per-window sums)
 READ_KEY = ("format", "vae", "vae_config", "vae_ckpt", "frames", "height", "width", "layout", "camera_params",
@@ -140,8 +144,7 @@ def make_key(data_dir: str, layout: str, vae: str, vae_ckpt: str, frames: int, h
     if vae not in vae_lib.VAE_CONFIGS:
         raise ValueError(f"vae={vae!r}: expected one of {sorted(vae_lib.VAE_CONFIGS)}")
     if vae == "real":
-        from formats import identity  # ckpt.py's file identity; formats pulls in torch.distributed.checkpoint (~2 s)
-        ckpt = identity(vae_ckpt)
+        ckpt = identity(vae_ckpt)  # ckpt.py's file identity
     else:
         ckpt = "none (vae.build_vae's seeded random weights)"
     return {"format": FORMAT, "vae": vae, "vae_config": repr(vae_lib.get_vae_config(vae)), "vae_ckpt": ckpt,
@@ -200,9 +203,7 @@ def read_cache_json(cache_dir: str) -> dict:
 
 
 def lock_out(out: str):
-    """Rank 0's claim on CACHE/.lock for the whole build (rundir.claim: a second cache.py on it is refused; imported
-    here: rundir.py pulls in torch.distributed.checkpoint (~2 s), which a reader of the cache never needs)."""
-    import rundir
+    """Rank 0's claim on CACHE/.lock for the whole build (rundir.claim: a second cache.py on it is refused)."""
     os.makedirs(out, exist_ok=True)
     return rundir.claim(os.path.join(out, ".lock"), f"--out {out} is in use by a running cache.py ({{holder}}): wait "
                         "for it to finish, or use another --out")
@@ -266,10 +267,8 @@ def cached_entry(path: str, khash: str, sha1: str) -> tuple:
 
 
 def write_blob(path: str, blob: bytes):
-    """resume.write_atomic (a killed run leaves the old file or a .tmp, never a partial file under the name); imported
-    here: resume.py pulls in torch.distributed.checkpoint (~2 s) for every process that reads the cache."""
-    import resume
-    resume.write_atomic(path, blob)
+    """video.write_atomic (a killed run leaves the old file or a .tmp, never a partial file under the name)."""
+    write_atomic(path, blob)
 
 
 def rank0_check(fn, distributed: bool):
@@ -316,8 +315,6 @@ def encode_videos(cfg: CacheConfig, clips, todo: list, khash: str, device: torch
     """Encode every window of the videos clips.videos[i] for i in todo and write one file per video: returns
     ({stem: index entry}, {stem: ClipError text}, {"videos", "windows", "bytes", "seconds"} of this rank)."""
     views = len(data.VIEW_ORDER) if isinstance(clips, data.ViewClips) else 0
-    if views:
-        from sample import stack_views  # train.py's own stacking; sample.py pulls in the DiT (~3 s): views only
     vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, device, vae_lib.DTYPES[dtype])
     items = [(i, s) for i in todo for s in window_starts(clips.videos[i].frames, cfg.frames, cfg.stride)]
     loader = DataLoader(Windows(clips, items), batch_size=None, num_workers=cfg.workers,
@@ -562,8 +559,8 @@ class LatentClips(Dataset):
                              "cache.py finished; rerun cache.py")
         latent = f.get_slice("latent")
         views = len(data.VIEW_ORDER) if self.views else 1
-        want = [len(entry["starts"]), vae_lib.get_vae_config(self.vae).z_dim, views * ((self.frames - 1) // 4 + 1),
-                self.height // 8, self.width // 8]
+        want = [len(entry["starts"]), vae_lib.get_vae_config(self.vae).z_dim,
+                views * vae_lib.latent_frames(self.frames), self.height // 8, self.width // 8]
         if list(latent.get_shape()) != want or latent.get_dtype() != {"bf16": "BF16", "fp32": "F32"}[self.dtype]:
             raise ValueError(f"{path}: latents {latent.get_dtype()} {latent.get_shape()}, this run needs "
                              f"{self.dtype} {want} ({self.frames}x{self.height}x{self.width} clips): not this "

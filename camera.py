@@ -3,6 +3,7 @@
 The agibot network adds, in every block, `cam_encoder(camera)` to the self-attention input of each token; `camera`
 holds the Pluecker rays of the 16x16 pixels under the token (a latent token is 2x2 latent pixels = 16x16 video
 pixels), flattened to 6*16*16 = 1536 channels. Layout names: B batch, T frames, H/W pixels, Hp/Wp tokens.
+Also the multi-view latent layout (split_views / stack_views) of cache.py, sample.py, train.py and the RL code.
 """
 import math
 
@@ -73,3 +74,26 @@ def fallback_cameras(num_views, num_frames, height, width):
     w2c[..., 0, 3] = -offsets[:, None]  # t = -R c with R = I
     intrinsics = torch.tensor([focal, focal, width / 2, height / 2]).expand(num_views, num_frames, 4).clone()
     return w2c, intrinsics
+
+
+# -----------------------------------------------------------------------------
+# Multi-view latents: views stacked on latent time (flow.py's layout) <-> one latent per view (the VAE's)
+
+
+def split_views(latent_B_C_VT_H_W, num_views):
+    """A multi-view latent (views stacked on latent time, flow.py's layout) -> [B*V, C, T, H, W], view-major per sample,
+    so the VAE decodes every view on its own (it is causal in time)."""
+    B, C, VT, H, W = latent_B_C_VT_H_W.shape
+    if VT % num_views:
+        raise ValueError(f"{VT} latent frames are not {num_views} views stacked on time")
+    return latent_B_C_VT_H_W.reshape(B, C, num_views, VT // num_views, H, W).transpose(1, 2).reshape(
+        B * num_views, C, VT // num_views, H, W)
+
+
+def stack_views(latent_BV_C_T_H_W, num_views):
+    """The inverse of split_views: per-view latents [B*V, C, T, H, W] (view-major per sample) -> [B, C, V*T, H, W]."""
+    BV, C, T, H, W = latent_BV_C_T_H_W.shape
+    if BV % num_views:
+        raise ValueError(f"{BV} latents are not whole samples of {num_views} views")
+    return latent_BV_C_T_H_W.reshape(BV // num_views, num_views, C, T, H, W).transpose(1, 2).reshape(
+        BV // num_views, C, num_views * T, H, W)

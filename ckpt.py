@@ -10,7 +10,7 @@ So here: every source is resolved or rejected, every rank must be reading the sa
 before any tensor is copied, all ranks agree on the outcome and raise together, the bytes read are checked against
 what the file records about itself (a .pt's zip CRCs, a step directory's save-time checksums), and after loading
 every local shard is checked against the file's bytes.
-Contents: ranks agree (and read the same file) -> strict report -> loading -> init guard -> CLI.
+Contents: every rank reads the same file -> strict report -> loading -> init guard -> CLI.
 Where a source comes from (named inits, hub downloads, a path resolved or rejected) is inits.py; reading and checking
 the files themselves (formats, CRCs, checksums) is formats.py.
 """
@@ -27,11 +27,11 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: `except Exception` misses it
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor
 
 import cli
 import inits
+from collectives import agree, gather, local_rows, rank, say, world_size
 from formats import (CheckpointError, bitsum, check_sums, crc_range, crc_shift, dcp_call, identity, open_source,
                      read_rows, tensor_crc, verify_bytes)
 from inits import check_init_config, resolve_source
@@ -50,56 +50,7 @@ RELEASE_PREFIXES = ("net", "net_ema")
 LORA_KEYS = r"\.lora_[ab]\.weight$"  # allow_missing pattern for loading a base checkpoint into a LoRA model
 
 # -----------------------------------------------------------------------------
-# Ranks agree on every outcome (resume.py's collectives use these too), and read the same file
-
-
-def rank():
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def world_size():
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def say(*args):
-    if rank() == 0:
-        print(*args, flush=True)
-
-
-def agree(what, fn, share=False):
-    """Run fn on every rank. If it raised anywhere, every rank raises CheckpointError with the first failure's text,
-    so no rank is left waiting in a collective. share=True returns rank 0's (picklable) result on every rank."""
-    err, result = None, None
-    try:
-        result = fn()
-    except (Exception, CheckpointException) as e:
-        err = e
-    if isinstance(err, CheckpointException):  # DCP's text is a traceback per rank: keep the exceptions only
-        msg = f"{what}: DCP failed: " + "; ".join(f"rank {r}: {type(e).__name__}: {e}"
-                                                  for r, (e, _) in sorted(err.failures.items()))
-    elif err is not None:
-        msg = f"{what}: {err if isinstance(err, CheckpointError) else f'{type(err).__name__}: {err}'}"
-    if world_size() == 1:
-        if isinstance(err, CheckpointError):
-            raise err
-        if err is not None:
-            raise CheckpointError(msg) from err
-        return result
-    gathered = [None] * world_size()
-    dist.all_gather_object(gathered, (None if err is None else msg, result if share and err is None else None))
-    failed = [r for r, (m, _) in enumerate(gathered) if m is not None]
-    if failed:  # the same text on every rank
-        raise CheckpointError(f"failed on rank(s) {failed}; rank {failed[0]}: {gathered[failed[0]][0]}") from err
-    return gathered[0][1] if share else result
-
-
-def gather(value):
-    """Every rank's (picklable) value, on every rank."""
-    if world_size() == 1:
-        return [value]
-    out = [None] * world_size()
-    dist.all_gather_object(out, value)
-    return out
+# Ranks read the same file (the collectives that make every rank agree: collectives.py)
 
 
 def _same_file_everywhere(source, path, ident):
@@ -328,27 +279,6 @@ def build_report(model_entries, file_entries, source, ema=None, allow_missing=()
 # Loading: every rank reads and copies only its own rows, checksumming them on the way; then the sums are combined
 # across ranks and checked against the file's own record (zip CRCs, save-time checksums), and the local shards
 # against the bytes copied
-
-
-def local_rows(value):
-    """(local tensor, lo, hi, counts) for a model tensor: the dim-0 rows this rank holds (torch.chunk semantics,
-    as FSDP2's Shard(0)), and whether this rank adds its rows to the global checksum (one copy of each row)."""
-    if not isinstance(value, DTensor):
-        return value, 0, (value.shape[0] if value.dim() else 1), rank() == 0
-    lo, hi, counts = 0, value.shape[0], True
-    coord = value.device_mesh.get_coordinate()
-    for i, placement in enumerate(value.placements):
-        if isinstance(placement, Replicate):
-            counts = counts and coord[i] == 0
-        elif isinstance(placement, Shard) and placement.dim == 0:
-            k = math.ceil((hi - lo) / value.device_mesh.size(i))
-            lo, hi = min(lo + coord[i] * k, hi), min(lo + coord[i] * k + k, hi)
-        else:
-            raise CheckpointError(f"unsupported placement {placement} (only Shard(0) and Replicate)")
-    local = value.to_local()
-    if tuple(local.shape) != (hi - lo, *value.shape[1:]):
-        raise CheckpointError(f"local shard {tuple(local.shape)} is not rows {lo}:{hi} of {tuple(value.shape)}")
-    return local, lo, hi, counts
 
 
 def _finite(t):

@@ -19,7 +19,8 @@ Rules this relies on, checked where they can be:
 - the loss is computed identically on every cp rank from the gathered output, so the gather's backward only takes
   this rank's slice of the (identical) gradient: no communication, and each rank's parameter gradient is the part
   of the sample's gradient that its frames contribute. Summed over the cp group it is the no-CP gradient; FSDP2
-  averages over all dp x cp ranks, so train.shard_model sets the divide factor to dp (mean over samples only).
+  averages over all dp x cp ranks, so collectives.shard_model sets the divide factor to dp (mean over samples only).
+The collectives over the dp groups of this layout (dp_coords, gather_groups, sum_groups) are collectives.py's.
 """
 from contextlib import contextmanager
 
@@ -41,34 +42,6 @@ def make_mesh(device_type, world, cp):
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh(device_type, (world // cp, cp), mesh_dim_names=("dp", "cp"))
     return rank // cp, world // cp, mesh.get_group("cp")
-
-
-def dp_coords(cp):
-    """(dp_rank, dp_world) of this rank when cp groups are cp consecutive ranks (make_mesh's layout)."""
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    return rank // cp, world // cp
-
-
-def gather_groups(local, cp=1):
-    """[..., n] -> [..., dp * n]: each dp group's tensor in dp rank order, taken from the first rank of its cp group.
-
-    RL's rewards: the cp ranks of a group ran the same rollouts, so one copy per group enters the statistics, and
-    what is derived from it (the advantages) is the same on all of them (the loss must be: this file's docstring).
-    The buffers are allocated on local's device, which must be the process group's (CUDA under NCCL: an all_gather
-    into host memory is not a supported call)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return local
-    parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, local.contiguous())
-    return torch.cat(parts[::cp], dim=-1)
-
-
-def sum_groups(t, cp=1):
-    """All-reduce sum of `t` in place over the dp groups (over all ranks, / cp: a cp group's ranks hold copies)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-        t /= cp
-    return t
 
 
 def check_split(cp, config, num_heads, latent_frames, frames):

@@ -49,6 +49,8 @@ import safetensors.torch
 import torch
 from torch.utils.data import Dataset, Sampler
 
+import camera
+import vae
 from video import ClipError, probe_video, read_clip, sha1_file
 
 NEGATIVE_STEM = "negative_prompt"  # t5.py writes the negative prompt's embedding as t5_xxl/negative_prompt.pickle
@@ -514,8 +516,8 @@ class ViewClips(Dataset):
                              "all 'real' or all 'absent': restitch the folder")
         self.fallback = None
         if kinds == {"absent"}:
-            import camera  # the fallback rig, agreed with camera.py's docstring
-            self.fallback = camera.fallback_cameras(len(VIEW_ORDER), (frames - 1) // 4 + 1, height, width)
+            # the fallback rig, agreed with camera.py's docstring
+            self.fallback = camera.fallback_cameras(len(VIEW_ORDER), vae.latent_frames(frames), height, width)
         self.text_paths, read = text_files(root, self.videos, text, text_encoder, text_len, text_dim)
         reasons = Counter(reason.split(":")[0] for reason in self.skipped.values())
         print(f"ViewClips: {root}: {len(self.videos)} episodes x {len(VIEW_ORDER)} views {' '.join(VIEW_ORDER)} "
@@ -554,7 +556,7 @@ class ViewClips(Dataset):
                                     "(changed since stitch.py wrote it)")
                 self.verified.add(view.stem)
         start = int(rng.integers(0, video.frames - self.frames + 1))
-        latent_frames = start + 4 * np.arange((self.frames - 1) // 4 + 1)
+        latent_frames = start + 4 * np.arange(vae.latent_frames(self.frames))
         if self.fallback is not None:
             w2c, intrinsics = (t.clone() for t in self.fallback)
         else:

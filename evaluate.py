@@ -27,7 +27,7 @@ import cache
 import ckpt
 import cli
 import data
-import flow
+import inits
 import resume
 import reward
 import sample
@@ -271,7 +271,7 @@ def evaluate_run(run, stems, cfg, terms, device, size):
     neg, neg_source = data.negative_embedding(run.cfg["data"], run.cfg["text_len"], mcfg.crossattn_proj_in_channels,
                                               standin=settings["text"] == "standin",
                                               text_encoder=settings["text_encoder"])
-    p25 = dict(grid=flow.checkpoint_defaults(run.cfg["init"], run.cfg["config"])[0],
+    p25 = dict(grid=inits.checkpoint_defaults(run.cfg["init"], run.cfg["config"])[0],
                conditional_frame_timestep=run.cfg["conditional_frame_timestep"]) if is_p25(mcfg) else {}
     grid, timestep = p25.get("grid"), p25.get("conditional_frame_timestep")
     print(f"evaluate: {run.checkpoint}{' (EMA)' if cfg.ema else ''}: {run.family}, guidance {run.guidance}, "

@@ -308,17 +308,3 @@ def step_mean(x, x0, sigma, sigma_next, alpha):
     (fp32; the same op order in rollout and training)."""
     c = alpha / sigma
     return c * x + (1.0 - sigma_next - c * (1.0 - sigma)) * x0
-
-
-# -----------------------------------------------------------------------------
-# Upstream's per-checkpoint sampler settings (spec §4.2): 2B post-trained samples on the Karras grid with its
-# conditional frames at timestep 0.1, agibot (frame-init sampler: shift grid) at 0.1, every other 2.5 file on the
-# shift grid with one timestep for all frames. A release file is recognised by its name or its uuid.
-P25_2B_POST_UUID = "81edfebe-bd6a-4039-8c1d-737df1a790bf"
-
-
-def checkpoint_defaults(init, config):
-    """(grid, conditional_frame_timestep) upstream uses for the checkpoint `init` in the DiT config `config`."""
-    post_2b = init == "p25-2b-post" or P25_2B_POST_UUID in init
-    agibot = "agibot" in config or "agibot" in init
-    return ("karras" if post_2b else "shift"), (0.1 if post_2b or agibot else -1.0)

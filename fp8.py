@@ -148,11 +148,9 @@ class Fp8Linear(nn.Linear):
         return out if self.bias is None else out + self.bias.to(out.dtype)
 
 
-def convert_trainable(model, targets):
-    """Swap the block Linears named by `targets` (lora.LORA_TARGETS) to Fp8Linear in place; keys unchanged. Works on
-    meta (before FSDP and compile). Returns how many were swapped."""
-    import lora
-    linears = lora.target_linears(model, targets)
+def convert_trainable(linears):
+    """Swap the Linears of `linears` ([(name, nn.Linear)]: lora.target_linears(model, lora.LORA_TARGETS)) to Fp8Linear
+    in place; keys unchanged. Works on meta (before FSDP and compile). Returns how many were swapped."""
     check_features(linears)
     for _, module in linears:
         module.__class__ = Fp8Linear
@@ -172,12 +170,6 @@ def quantize_weight(weight):
     return w_fp8, scale.view(-1)
 
 
-def check_shapes(model):
-    """The adapted Linears of a LoRA model (lora.add_lora), checked as check_features does."""
-    import lora
-    check_features([(name, m) for name, m in model.named_modules() if isinstance(m, lora.LoRALinear)])
-
-
 def check_features(linears):
     """torch._scaled_mm needs K and N multiples of 16 on CUDA: say which Linear breaks it, before any work."""
     bad = [f"{name} ({m.out_features}x{m.in_features})" for name, m in linears
@@ -185,29 +177,6 @@ def check_features(linears):
     if bad:
         raise ValueError(f"--fp8: fp8 GEMMs need in/out features that are multiples of 16; {', '.join(bad[:4])} are "
                          "not: train this config without --fp8")
-
-
-@torch.no_grad()
-def quantize_base(model):
-    """Every LoRALinear of `model` (lora.add_lora) swaps its frozen weight for an fp8 copy, in place.
-
-    The fp32/bf16 weight Parameter is deleted (that is the memory saved); the fp8 weight and its scale are non-persistent
-    buffers, so state_dict() holds the adapters and every other key as before minus the adapted Linears' base weights
-    (a LoRA run saves adapters only; the base comes from --init). Returns the number of Linears converted."""
-    import lora
-    n = 0
-    for module in model.modules():
-        if isinstance(module, lora.LoRALinear) and "weight" in module._parameters:
-            weight = module._parameters.pop("weight")
-            if weight.requires_grad:
-                raise ValueError("fp8.quantize_base: an adapted Linear's base weight is trainable; only a frozen base "
-                                 "(lora.add_lora) can be held in fp8")
-            w_fp8, w_scale = quantize_weight(weight)
-            del weight
-            module.register_buffer("weight_fp8", w_fp8, persistent=False)
-            module.register_buffer("weight_scale", w_scale, persistent=False)
-            n += 1
-    return n
 
 
 def stored_bytes(weight):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-import cp
+import collectives
 import flow
 from lora import set_lora_enabled
 from model import Condition, denoise, uncond
@@ -448,7 +448,7 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     Under torch.distributed (FSDP2: every forward is a collective) every rank runs the same number of micro-steps
     per chunk: a rank with fewer real micro-steps pads with zero-weight ones (they run, and add nothing). Each real
     micro-step's loss is scaled by dp / (real micro-steps of the chunk in all dp groups), so the mean over dp groups
-    that FSDP reduces (train.shard_model: a sum over the cp_size ranks of a cp group, which hold the same rollouts
+    that FSDP reduces (collectives.shard_model: a sum over the cp_size ranks of a cp group, which hold the same rollouts
     and advantages, / dp) is the mean over real micro-steps. A chunk with no real micro-step on any rank is skipped on every
     rank alike: no forward, and no optimizer step (Adam's momentum and weight decay would still move the weights).
 
@@ -457,7 +457,7 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     step grad_norm (before clipping) and grads_outside_params (must be 0). A non-finite grad norm skips that
     optimizer step and is counted in nonfinite_steps.
     """
-    dp = (dist.get_world_size() if dist.is_initialized() else 1) // cp_size
+    dp = collectives.world_size() // cp_size
     items = [(g, k) for g, adv in enumerate(advantages) for k in range(len(adv))
              if float(adv[k]) != 0.0 or not cfg.drop_zero_advantage]
     stats = {"trajectories": len(items), "micro_steps": 0, "padded_steps": 0, "opt_steps": 0, "skipped_chunks": 0,
@@ -473,7 +473,7 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     longest, total = local.clone(), local.clone()
     if dist.is_initialized() and dist.get_world_size() > 1:  # before any forward: every rank decides the same
         dist.all_reduce(longest, op=dist.ReduceOp.MAX)
-        cp.sum_groups(total, cp_size)
+        collectives.sum_groups(total, cp_size)
     if cfg.recompute_old_logp and total.sum() > 0:
         for g in sorted({g for g, _ in items}):
             recompute_old_log_probs(net, rollouts[g], cfg)
@@ -615,10 +615,7 @@ def agreed_names(scores):
     """The reward component names, the same for every group on every rank (collective), or a ValueError listing them:
     the rewards are gathered by position, so differing names would mix components or hang the gather."""
     mine = sorted({tuple(sorted(s)) for s in scores})  # one entry when every group has the same names
-    everyone = [mine]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        everyone = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, mine)
+    everyone = collectives.gather(mine)
     if len(everyone[0]) != 1 or any(e != everyone[0] for e in everyone):
         raise ValueError("reward components differ between clips or ranks (" + "; ".join(
             f"rank {r}: {' / '.join(map(str, map(list, e)))}" for r, e in enumerate(everyone)) + "): every reward "
@@ -642,8 +639,8 @@ def score_groups(x0s, score, decode, cfg, timed, agree=None, cp_size=1):
     scores = agree("scoring the rollouts", score_all) if agree is not None else score_all()
     names = agreed_names(scores)
     local = torch.stack([torch.cat([s[n].float().reshape(-1) for s in scores]).to(device) for n in names])
-    everyone = cp.gather_groups(local, cp_size).double().cpu()  # [names, dp * groups * K], dp-rank-major
-    rank, world = cp.dp_coords(cp_size)  # --cp: a cp group's ranks scored the same rollouts; one copy counts
+    everyone = collectives.gather_groups(local, cp_size).double().cpu()  # [names, dp * groups * K], dp-rank-major
+    rank, world = collectives.dp_coords(cp_size)  # --cp: a cp group's ranks scored the same rollouts; one copy counts
     keys = [(r, g) for r in range(world) for g in range(len(x0s)) for _ in range(cfg.group_size)]
     rewards = everyone[names.index("reward")]
     advantages = group_advantages(rewards, keys, eps=cfg.adv_eps, clip=cfg.adv_clip, global_std=cfg.global_std,
@@ -665,7 +662,7 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
     needs pixels. seed: this dp group's rollout noise; window_seed: the same on every rank. cp_size: ranks per cp
     group (--cp: they run the same rollouts, each forward split by cp.py; one copy of their rewards counts, so their
     advantages and micro-steps agree, or the all-to-alls would deadlock). agree(what, fn): runs the
-    scoring so that a failure on one rank raises on every rank (ckpt.agree) instead of leaving the others waiting.
+    scoring so that a failure on one rank raises on every rank (collectives.agree) instead of leaving the others waiting.
     Returns (stats of grpo_update, metrics: rewards over all ranks, advantages, means over all ranks, s per phase).
     """
     device = conds[0].crossattn_emb.device
@@ -684,13 +681,13 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
                                                cp_size=cp_size))
     times["optimizer"] = stats["optimizer_s"]
     times["update"] -= stats["optimizer_s"]
-    dp = (dist.get_world_size() if dist.is_initialized() else 1) // cp_size
+    dp = collectives.world_size() // cp_size
     # means over every dp group's real micro-steps (a rank may have none); a cp group's ranks hold copies
     sums = torch.tensor([stats[k] * stats["micro_steps"] for k in ("loss", "clipfrac_in_update", "approx_kl_in_update",
                                                                    "kl")]
                         + [stats["micro_steps"], stats["trajectories"], stats["padded_steps"]]
                         + [stats[k] or 0.0 for k in ("clipfrac", "approx_kl")], dtype=torch.float64, device=device)
-    cp.sum_groups(sums, cp_size)
+    collectives.sum_groups(sums, cp_size)
     n = max(1.0, float(sums[4]))
     probed = stats["clipfrac"] is not None  # an update that stepped (the same on every rank)
     metrics = {"loss": float(sums[0]) / n, **reward_metrics, "first_ratio": stats["first_ratio"],

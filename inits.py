@@ -1,44 +1,72 @@
 """Where weights come from: named inits pinned to hub revisions, hub downloads, a source resolved to a local path.
 
 Every source is resolved or rejected here (ckpt.load and ckpt.py check call resolve_source); formats.py then reads
-the file and ckpt.py loads it. check_init_config: the model config each named init loads into.
+the file and ckpt.py loads it. Each named init is one record (INITS: its pinned URL, the DiT config it loads into,
+its sampler grid and conditional-frame timestep); check_init_config and checkpoint_defaults read them.
 """
 import os
-from dataclasses import fields
+from dataclasses import dataclass, fields
 
 from formats import STEP_RE, CheckpointError, denied, weight_map
 from model import DiTConfig, get_config
 
 # Released checkpoints (cosmos_dit.md §7.1: flat dicts, `net.` keys, bf16), pinned to the revisions upstream's own
 # downloader pins (nvidia-cosmos/cosmos-predict2 scripts/download_checkpoints.py, REPO_ID_MAPPING, commit 877dc68),
-# so that every rank and every run reads the same bytes.
+# so that every rank and every run reads the same bytes. Cosmos-Predict2.5 (EMA weights, bf16, `net.` keys): pinned
+# to the revisions of upstream's own registry (nvidia-cosmos/cosmos-predict2.5
+# packages/cosmos-oss/cosmos_oss/checkpoints_predict2.py, release 1.5.0); 2B post-trained is the default of upstream's
+# inference, the pre-trained files are what its recipes fine-tune.
+# Upstream's per-checkpoint sampler settings (spec §4.2): 2B post-trained samples on the Karras grid with its
+# conditional frames at timestep 0.1, agibot (frame-init sampler: shift grid) at 0.1, every other file on the shift
+# grid with one timestep for all frames (-1). All Predict2 video2world files of one size share one config
+# (docs/predict2.md); load() refuses any config but the record's.
+
+
+@dataclass(frozen=True)
+class NamedInit:
+    url: str  # hf://ORG/REPO/FILE@REVISION
+    config: str  # the DiT config (model.CONFIGS) it loads into
+    grid: str = "shift"  # the sampler's sigma grid upstream samples it on: shift | karras
+    conditional_frame_timestep: float = -1.0  # the conditional frames' timestep (-1: the same as the others')
+
+
 _REVISIONS = {"2B": "f50c09f5d8ab133a90cac3f4886a6471e9ba3f18", "14B": "03b03a377fede782647afac998f674d9f358e319"}
 _V2W = "hf://nvidia/Cosmos-Predict2-{size}-Video2World/model-{res}p-{fps}fps.pt@{rev}"
-NAMED_INITS = {f"{size.lower()}-{res}p-{fps}fps": _V2W.format(size=size, res=res, fps=fps, rev=rev)
-               for size, rev in _REVISIONS.items() for res in (480, 720) for fps in (16, 10)}
-NAMED_INITS["droid"] = ("hf://nvidia/Cosmos-Predict2-14B-Sample-GR00T-Dreams-DROID/model-480p-16fps.pt"
-                        "@ebc29d30a3fab504bcc779a85bca073d14ad39f9")
-# Cosmos-Predict2.5 (EMA weights, bf16, `net.` keys), pinned to the revisions of upstream's own registry
-# (nvidia-cosmos/cosmos-predict2.5 packages/cosmos-oss/cosmos_oss/checkpoints_predict2.py, release 1.5.0).
-# 2B post-trained is the default of upstream's inference; the pre-trained files are what its recipes fine-tune.
 _P25_2B, _P25_14B = "hf://nvidia/Cosmos-Predict2.5-2B/", "hf://nvidia/Cosmos-Predict2.5-14B/"
-NAMED_INITS.update({
-    "p25-2b-pre": _P25_2B + "base/pre-trained/d20b7120-df3e-4911-919d-db6e08bad31c_ema_bf16.pt"
-                            "@15a82a2ec231bc318692aa0456a36537c806e7d4",
-    "p25-2b-post": _P25_2B + "base/post-trained/81edfebe-bd6a-4039-8c1d-737df1a790bf_ema_bf16.pt"
-                             "@15a82a2ec231bc318692aa0456a36537c806e7d4",
-    "p25-14b-pre": _P25_14B + "base/pre-trained/54937b8c-29de-4f04-862c-e67b04ec41e8_ema_bf16.pt"
-                              "@03eb354f35eae0d6e0c1be3c9f94d8551e125570",
-    "p25-14b-post": _P25_14B + "base/post-trained/e21d2a49-4747-44c8-ba44-9f6f9243715f_ema_bf16.pt"
-                               "@2bc4ca5ba5a20b9858a7ddb856bc82d70b030fbe",
-    "p25-2b-agibot": _P25_2B + "robot/multiview-agibot/f740321e-2cd6-4370-bbfe-545f4eca2065_ema_bf16.pt"
-                               "@fbe72c18d152053029a19db3b211cf78671ad422",
-})
-# The model config each named init loads into (load() refuses any other); all Predict2 video2world files of one size
-# share one config (docs/predict2.md).
-INIT_CONFIGS = {**{name: f"v2w-{name.split('-')[0]}" for name in NAMED_INITS if name[:3] in ("2b-", "14b")},
-                "droid": "v2w-14b", "p25-2b-pre": "p25-2b", "p25-2b-post": "p25-2b", "p25-14b-pre": "p25-14b",
-                "p25-14b-post": "p25-14b", "p25-2b-agibot": "p25-2b-agibot"}
+P25_2B_POST_UUID = "81edfebe-bd6a-4039-8c1d-737df1a790bf"
+INITS = {
+    **{f"{size.lower()}-{res}p-{fps}fps": NamedInit(_V2W.format(size=size, res=res, fps=fps, rev=rev),
+                                                    f"v2w-{size.lower()}")
+       for size, rev in _REVISIONS.items() for res in (480, 720) for fps in (16, 10)},
+    "droid": NamedInit("hf://nvidia/Cosmos-Predict2-14B-Sample-GR00T-Dreams-DROID/model-480p-16fps.pt"
+                       "@ebc29d30a3fab504bcc779a85bca073d14ad39f9", "v2w-14b"),
+    "p25-2b-pre": NamedInit(_P25_2B + "base/pre-trained/d20b7120-df3e-4911-919d-db6e08bad31c_ema_bf16.pt"
+                                      "@15a82a2ec231bc318692aa0456a36537c806e7d4", "p25-2b"),
+    "p25-2b-post": NamedInit(_P25_2B + f"base/post-trained/{P25_2B_POST_UUID}_ema_bf16.pt"
+                                       "@15a82a2ec231bc318692aa0456a36537c806e7d4", "p25-2b", "karras", 0.1),
+    "p25-14b-pre": NamedInit(_P25_14B + "base/pre-trained/54937b8c-29de-4f04-862c-e67b04ec41e8_ema_bf16.pt"
+                                        "@03eb354f35eae0d6e0c1be3c9f94d8551e125570", "p25-14b"),
+    "p25-14b-post": NamedInit(_P25_14B + "base/post-trained/e21d2a49-4747-44c8-ba44-9f6f9243715f_ema_bf16.pt"
+                                         "@2bc4ca5ba5a20b9858a7ddb856bc82d70b030fbe", "p25-14b"),
+    "p25-2b-agibot": NamedInit(_P25_2B + "robot/multiview-agibot/f740321e-2cd6-4370-bbfe-545f4eca2065_ema_bf16.pt"
+                                         "@fbe72c18d152053029a19db3b211cf78671ad422", "p25-2b-agibot", "shift", 0.1),
+}
+NAMED_INITS = {name: init.url for name, init in INITS.items()}
+INIT_CONFIGS = {name: init.config for name, init in INITS.items()}
+
+
+def checkpoint_defaults(init, config):
+    """(grid, conditional_frame_timestep) upstream uses for the checkpoint `init` in the DiT config `config`."""
+    named = INITS.get(init)
+    if named is not None and named.config == config:
+        return named.grid, named.conditional_frame_timestep
+    # Any other source is matched by name: a path or hf:// URL of a released file (a local copy, a mirror) holds no
+    # record, so the 2B post-trained file is known by its uuid and agibot by its config (the frame-init sampler is
+    # the network's) or its file name; a named init built into another config (which load() refuses) by its URL.
+    source = NAMED_INITS.get(init, init)
+    post_2b = P25_2B_POST_UUID in source
+    agibot = "agibot" in config or "agibot" in source
+    return ("karras" if post_2b else "shift"), (0.1 if post_2b or agibot else -1.0)
 
 
 def resolve_source(init, offline=None):

@@ -12,6 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fp8
+from collectives import local_rows
+from model import adapter_seed
 
 
 class LoRALinear(nn.Linear):
@@ -29,15 +31,14 @@ class LoRALinear(nn.Linear):
     def reset_lora(self, seed):
         """A's values depend on `seed` only, never on how FSDP shards A: drawn whole on the CPU, each rank copies its
         rows (a draw on the sharded tensor would give every layout, e.g. another --cp, a different model)."""
-        import ckpt  # ckpt -> model -> lora: imported when used
         full = torch.empty(self.lora_a.weight.shape)
         nn.init.kaiming_uniform_(full, a=math.sqrt(5), generator=torch.Generator().manual_seed(seed))
-        local, lo, hi, _ = ckpt.local_rows(self.lora_a.weight.data)
+        local, lo, hi, _ = local_rows(self.lora_a.weight.data)
         local.copy_(full[lo:hi])
         nn.init.zeros_(self.lora_b.weight)  # the adapted model starts exactly at the base model
 
     def forward(self, x):
-        if getattr(self, "weight_fp8", None) is not None:  # fp8.quantize_base: the frozen base in fp8 GEMMs
+        if getattr(self, "weight_fp8", None) is not None:  # lora.quantize_base: the frozen base in fp8 GEMMs
             out = fp8.linear(x, self.weight_fp8, self.weight_scale, self.bias)
         else:
             out = super().forward(x)
@@ -70,7 +71,7 @@ def add_lora(model, rank, alpha=None, targets=LORA_TARGETS):
     alpha = float(rank if alpha is None else alpha)
     model.requires_grad_(False)
     adapted = []
-    seed = lora_seed()
+    seed = adapter_seed()
     for name, module in target_linears(model, targets):
         module.__class__ = LoRALinear  # keeps the same weight Parameter object and its key
         module.add_adapter(rank, alpha, seed + len(adapted))
@@ -81,18 +82,6 @@ def add_lora(model, rank, alpha=None, targets=LORA_TARGETS):
     for p in params:
         p.requires_grad_(True)
     return params
-
-
-def lora_seed(generator=None):
-    """The adapters' base seed, one draw from `generator` (default: torch's global CPU generator); adapter i gets
-    seed + i, so the values follow the seed alone."""
-    return int(torch.randint(2 ** 62, (), generator=generator, device=generator.device if generator else "cpu"))
-
-
-def reset_all(model, seed):
-    """Fresh adapters for every LoRALinear: A Kaiming-uniform from seed + i, B = 0."""
-    for i, module in enumerate(m for m in model.modules() if isinstance(m, LoRALinear)):
-        module.reset_lora(seed + i)
 
 
 def set_lora_enabled(model, enabled):
@@ -113,3 +102,34 @@ def merged_state_dict(model):
             delta = m.lora_b.weight.float() @ m.lora_a.weight.float() * m.scale
             state[name + ".weight"] = (m.weight.float() + delta).to(m.weight.dtype)
     return state
+
+
+# -----------------------------------------------------------------------------
+# --fp8 with LoRA: the frozen base held in e4m3 (fp8.py's GEMMs run it in LoRALinear.forward)
+
+
+def check_fp8_shapes(model):
+    """The adapted Linears of a LoRA model (add_lora), checked as fp8.check_features does."""
+    fp8.check_features([(name, m) for name, m in model.named_modules() if isinstance(m, LoRALinear)])
+
+
+@torch.no_grad()
+def quantize_base(model):
+    """Every LoRALinear of `model` (add_lora) swaps its frozen weight for an fp8 copy, in place.
+
+    The fp32/bf16 weight Parameter is deleted (that is the memory saved); the fp8 weight and its scale are non-persistent
+    buffers, so state_dict() holds the adapters and every other key as before minus the adapted Linears' base weights
+    (a LoRA run saves adapters only; the base comes from --init). Returns the number of Linears converted."""
+    n = 0
+    for module in model.modules():
+        if isinstance(module, LoRALinear) and "weight" in module._parameters:
+            weight = module._parameters.pop("weight")
+            if weight.requires_grad:
+                raise ValueError("lora.quantize_base: an adapted Linear's base weight is trainable; only a frozen base "
+                                 "(add_lora) can be held in fp8")
+            w_fp8, w_scale = fp8.quantize_weight(weight)
+            del weight
+            module.register_buffer("weight_fp8", w_fp8, persistent=False)
+            module.register_buffer("weight_scale", w_scale, persistent=False)
+            n += 1
+    return n

@@ -34,7 +34,6 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import cp
-from lora import lora_seed, reset_all
 
 # -----------------------------------------------------------------------------
 # Config
@@ -500,6 +499,12 @@ class FinalLayer(nn.Module):
 # The network
 
 
+def adapter_seed(generator=None):
+    """The LoRA adapters' base seed (lora.add_lora, DiT.init_weights), one draw from `generator` (default: torch's
+    global CPU generator); adapter i gets seed + i, so the values follow the seed alone."""
+    return int(torch.randint(2 ** 62, (), generator=generator, device=generator.device if generator else "cpu"))
+
+
 class DiT(nn.Module):
     """forward(x [B,16,T,H,W], timesteps [B] or [B,T'], crossattn_emb [B,N,Dc]) -> velocity [B,16,T,H,W]."""
 
@@ -528,7 +533,8 @@ class DiT(nn.Module):
     @torch.no_grad()
     def init_weights(self, generator=None):
         """Random init (for `--init random` and after `to_empty`); loaded checkpoints overwrite all of it."""
-        adapters = lora_seed(generator)  # drawn first: the draws below consume the generator by each rank's shard size
+        # drawn first: the draws below consume the generator by each rank's shard size
+        adapters = adapter_seed(generator)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=module.in_features ** -0.5, generator=generator)
@@ -545,7 +551,9 @@ class DiT(nn.Module):
             for p in self.extra_pos_embedder.parameters():
                 nn.init.normal_(p, std=0.02, generator=generator)
         self.pos_embedder.reset_buffers()
-        reset_all(self, adapters)  # LoRA adapters, if any were added before materialising
+        # LoRA adapters (lora.py), if any were added before materialising: adapter i from seed + i, as add_lora draws
+        for i, module in enumerate(m for m in self.modules() if hasattr(m, "reset_lora")):
+            module.reset_lora(adapters + i)
 
     def forward(self, x_B_C_T_H_W, t_B_T, cond: Condition):
         """The velocity [B, C, T, H, W] at net time t_B_T ([B], [B,1] or [B,T'] in (0, 1)) given the record `cond`

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+import collectives
 import flow
 import grpo
 from lora import set_lora_enabled
@@ -318,7 +319,7 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
         copy_values(old, params)
     else:
         update_old(old, params, decay)
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    world = collectives.world_size()
     sums = torch.tensor([stats[k] for k in ("loss", "kl", "data_loss", "old_deviation")], dtype=torch.float64,
                         device=device)
     if world > 1:

@@ -11,9 +11,9 @@ peer_net.py. The DiT case runs its sides one after the other, each in a new proc
 leaves (flags, the SDPA priority order, compile caches, allocator state, memory) reaches another:
 - ours: `python bench.py` with the same step flags, exactly what BENCHMARKS.md measures;
 - diffusers (`--vs-side peer`): peer_net.to_diffusers: a CosmosTransformer3DModel built by diffusers from its
-  config, our seeded weights copied into its own parameters; bench.train_step drives it behind our DiT.forward
-  signature (PeerNet): the same batch (bench.make_batch), EDM preconditioning and loss (model.denoise), forward +
-  backward, no optimizer step, the median of --steps after --warmup (bench._timer), the peak by
+  config, our seeded weights copied into its own parameters; benchstep.train_step drives it behind our DiT.forward
+  signature (PeerNet): the same batch (benchstep.make_batch), EDM preconditioning and loss (model.denoise), forward +
+  backward, no optimizer step, the median of --steps after --warmup (benchstep.timer), the peak by
   max_memory_allocated after a reset. After the timed steps one eager forward of each network gives `parity`. LoRA:
   our lora.LoRALinear on their Linears by the same class swap (the adapter code is ours on both sides);
 - stock (`--vs-standalone`, or `--vs-side stock` alone): a diffusers user's step: the model from its config with
@@ -56,7 +56,7 @@ import torch._inductor.config
 from torch._dynamo.utils import counters
 from torch.nn.attention import SDPBackend, _cur_sdpa_kernel_backends
 
-import bench
+import benchstep
 import cli
 import sac
 from model import get_config
@@ -67,6 +67,7 @@ from vae import WanVAE, get_vae_config
 PEFT_MISSING = ("--lora with stock diffusers (--vs-standalone, --vs-side stock) needs PEFT, diffusers' LoRA backend "
                 "(pip install peft>=0.17.0); or drop --vs-standalone")
 CASES = ("diffusers", "diffusers-vae")
+BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.py")  # each side's command
 SIDES = ("peer", "stock")
 # environment variables that change a step's kernels or allocator, recorded in each side's global_state
 ENV_KNOBS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "DIFFUSERS_ATTN_BACKEND",
@@ -97,7 +98,7 @@ def time_steps(step, b, device):
             torch.cuda.reset_peak_memory_stats()
         times = []
         for _ in range(b.steps):
-            t = bench._timer(device)
+            t = benchstep.timer(device)
             loss = step()
             times.append(t())
         if not torch.isfinite(loss):
@@ -135,7 +136,7 @@ def sdpa_choice(cfg, b, device, dtype):
     """The SDPA backend torch's dispatcher picks in this process for the step's self-attention (its tokens, heads
     and head size, diffusers' [B, S, H, D] layout, with grad). Asked after the timed steps: the asking sets torch's
     lazy default order (cuDNN first on Hopper) where no SDPA call has yet."""
-    _, _, T, H, W = bench.latent_shape(b)
+    _, _, T, H, W = benchstep.latent_shape(b)
     tokens = T // cfg.patch_temporal * (H // cfg.patch_spatial) * (W // cfg.patch_spatial)
     q = torch.empty(1, tokens, cfg.num_heads, cfg.head_dim, device=device, dtype=dtype, requires_grad=True)
     choice = torch._fused_sdp_choice(*(q.transpose(1, 2),) * 3)
@@ -171,8 +172,8 @@ def run_peer(b):
     cfg = get_config(b.config)
     peer = to_diffusers(weights(b, device, dtype))  # our copy is freed on return
     _free(device)
-    batch, wrapped = bench.make_batch(b, cfg, device, dtype), PeerNet(peer, cfg)
-    res = time_diffusers(peer, b, cfg, lambda trainable: bench.train_step(wrapped, batch, trainable))
+    batch, wrapped = benchstep.make_batch(b, cfg, device, dtype), PeerNet(peer, cfg)
+    res = time_diffusers(peer, b, cfg, lambda trainable: benchstep.train_step(wrapped, batch, trainable))
     if res["status"] == "ok":
         for p in peer.parameters():
             p.grad = None
@@ -185,7 +186,7 @@ def run_peer(b):
 def stock_inputs(b, cfg, device, dtype):
     """The diffusers call's keyword arguments and the loss's target and weights for bench's batch, computed once:
     what a training loop hands the network each step (model.denoise's preconditioning, run here on a recorder)."""
-    batch, seen = bench.make_batch(b, cfg, device, dtype), {}
+    batch, seen = benchstep.make_batch(b, cfg, device, dtype), {}
 
     def record(x, t, cond):
         seen.update(diffusers_inputs(cfg, dtype, x, t, cond))
@@ -256,7 +257,7 @@ def side_command(b, side):
     drop = {"vs", "vs_side", "vs_standalone", "vs_tolerance", "sweep", "out", "timeout"} | ({"tf32"} if side != "ours"
                                                                                            else set())
     vs = [] if side == "ours" else ["--vs", b.vs, "--vs-side", side]
-    return [sys.executable, os.path.abspath(bench.__file__), *vs, *_flags(b, drop)]
+    return [sys.executable, BENCH, *vs, *_flags(b, drop)]
 
 
 def run_dit(b):
@@ -307,7 +308,7 @@ def _measure(fn, b, device):
         torch.cuda.reset_peak_memory_stats()
     base, times = torch.cuda.memory_allocated() if cuda else 0, []
     for _ in range(b.steps):
-        t = bench._timer(device)
+        t = benchstep.timer(device)
         fn()  # the result is dropped at once: every call starts from the same live memory
         times.append(t())
     peak = _gib(torch.cuda.max_memory_allocated() - base) if cuda else None
@@ -403,7 +404,7 @@ def sweep_commands(b):
     cmds = []
     for entry in SWEEP:  # the VAE runs eager on both sides, in one process
         drop = skip | ({"compile", "vs_standalone", "vs_tolerance"} if "diffusers-vae" in entry else set())
-        cmds.append([sys.executable, os.path.abspath(bench.__file__), "--vs", "diffusers", *_flags(b, drop),
+        cmds.append([sys.executable, BENCH, "--vs", "diffusers", *_flags(b, drop),
                      *entry.split()])
     return cmds
 
@@ -413,7 +414,7 @@ def sweep(b):
     for cmd in sweep_commands(b):
         row = _run_json(cmd, b.timeout * (2 + b.vs_standalone))  # --timeout is per side (process) of a case
         row["cmd"] = "python bench.py " + " ".join(cmd[2:])
-        bench.emit(row, b.out)
+        benchstep.emit(row, b.out)
         rows.append(row)
     print(table(rows), flush=True)
     return rows
@@ -436,7 +437,7 @@ def check(b):
         raise ValueError("--sac auto does nothing with --vs (diffusers has one recompute mode to set against ours): "
                          "pick none | block | mm | attn | selective")
     sac.validate(b.sac, b.every)
-    bench.latent_shape(b)
+    benchstep.latent_shape(b)
     if b.steps < 1 or b.warmup < 0:
         raise ValueError(f"--steps {b.steps} must be >= 1 and --warmup {b.warmup} >= 0")
     if b.vs == "diffusers-vae" and (b.lora or b.compile or b.vs_side or b.vs_standalone):
@@ -473,10 +474,10 @@ def main(b):
         row.update(side=b.vs_side, config=b.config, lora=b.lora, sac=b.sac, compile=b.compile, torch=torch.__version__,
                    diffusers=import_diffusers().__version__, gpu=torch.cuda.get_device_name() if b.device == "cuda"
                    else b.device)
-        return bench.emit(row, b.out)
+        return benchstep.emit(row, b.out)
     row = run_dit(b) if b.vs == "diffusers" else run_vae(b)
     print(table([row]), flush=True)
-    bench.emit(row, b.out)
+    benchstep.emit(row, b.out)
     if b.vs_standalone:
         check_agreement(row, b.vs_tolerance)
     return row

@@ -196,7 +196,7 @@ def diffusers_inputs(cfg, dtype, x_B_C_T_H_W, t_B_T, cond):
 
 
 class PeerNet(nn.Module):
-    """diffusers' transformer behind our DiT.forward signature, so model.denoise and bench.train_step drive it."""
+    """diffusers' transformer behind our DiT.forward signature, so model.denoise and benchstep.train_step drive it."""
 
     def __init__(self, peer, cfg):
         super().__init__()
@@ -216,7 +216,7 @@ def weights(b, device, dtype):
 
 
 def velocity(net, batch):
-    """The network output of bench.train_step's Predict2 loss on `batch` (EDM preconditioning by model.denoise)."""
+    """The network output of benchstep.train_step's Predict2 loss on `batch` (EDM preconditioning by model.denoise)."""
     x_sigma = batch["x0"] + batch["sigma"].view(-1, 1, 1, 1, 1) * batch["eps"]
     return denoise(net, x_sigma, batch["sigma"], batch["cond"])[1]
 

@@ -1,6 +1,6 @@
 """Will my job fit? Per-rank memory, FSDP2 and --cp traffic of a train.py step, and the --sac auto checkpointing plan.
 
-The formulas follow train.shard_model exactly (dim-0 shards of ceil(rows / N) rows; blocks 0..n-2 resharded after
+The formulas follow collectives.shard_model exactly (dim-0 shards of ceil(rows / N) rows; blocks 0..n-2 resharded after
 forward, the last block, final_layer and the root kept; bf16 all-gathers on the GPU, fp32 reduce-scatters of the
 trainable grads); tests/test_bench.py checks them against a real gloo run and against the bytes the collectives are
 handed. bench.py --world N runs the step itself (rank 0 under a fake process group) and prints both; train.py
@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fp8 as fp8_lib
 import sac
-from lora import LORA_TARGETS, LoRALinear, add_lora
+from lora import LORA_TARGETS, LoRALinear, add_lora, quantize_base, target_linears
 from model import Block, Condition, DiT, condition_mask
 
 
@@ -31,7 +31,7 @@ class CollectiveBytes(TorchDispatchMode):
 
 
 def fsdp_units(net):
-    """(name, parameters, all-gathers per step) per FSDP2 unit, as train.shard_model wraps them: blocks 0..n-2 are
+    """(name, parameters, all-gathers per step) per FSDP2 unit, as collectives.shard_model wraps them: blocks 0..n-2 are
     resharded after forward, so gathered again in backward; the last block, final_layer and the root are kept."""
     inner = {id(p) for m in [*net.blocks, net.final_layer] for p in m.parameters()}
     last = len(net.blocks) - 1
@@ -141,13 +141,13 @@ def auto_plan(net, world, device, dtype, latent, text_len, lora, mem_budget_gib,
     if lora:
         add_lora(wrapped, lora)
     elif fp8:
-        fp8_lib.convert_trainable(wrapped, LORA_TARGETS)
+        fp8_lib.convert_trainable(target_linears(wrapped, LORA_TARGETS))
     block.to_empty(device=device)
     with torch.no_grad():
         for p in block.parameters():
             p.normal_(std=0.02)
     if lora and fp8:
-        fp8_lib.quantize_base(wrapped)
+        quantize_base(wrapped)
     real = lambda t: torch.randn(t.shape, device=device).to(t.dtype) if torch.is_tensor(t) else t  # noqa: E731
     costs = sac.measure_block_costs(block, [tuple(map(real, a)) if isinstance(a, tuple) else real(a)
                                             for a in captured["args"]])

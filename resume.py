@@ -41,10 +41,11 @@ from torch.distributed.tensor import DTensor
 import build
 import ckpt
 import cli
-from ckpt import (CheckpointError, agree, build_report, gather, local_rows, model_entries, open_source, rank, say,
-                  world_size)
+from ckpt import CheckpointError, build_report, model_entries, open_source
+from collectives import agree, gather, local_rows, rank, say, world_size
 from formats import STEP_RE, bitsum, check_sums, dcp_call, denied, read_meta
 from lora import merged_state_dict
+from video import fsync_dir, write_atomic
 
 # Top-level DCP keys of a training checkpoint; extra_state groups take any other plain name
 TRAINING_KEYS = ("model", "optim", "rng")
@@ -52,26 +53,6 @@ DELETING = ".deleting"  # rotate(): a step directory being deleted
 
 # -----------------------------------------------------------------------------
 # The latest pointer, complete checkpoints, rotation
-
-
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path, text):
-    """tmp + fsync + rename + fsync(dir): the file is either the old one or complete, never truncated. text: str or
-    bytes."""
-    tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}.tmp"
-    with open(tmp, "wb" if isinstance(text, bytes) else "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)  # atomic: a reader sees the old or the new content, never a truncated file
-    _fsync_dir(os.path.dirname(path) or ".")
 
 
 def commit_latest(out_dir, name):
@@ -338,7 +319,7 @@ def save(out_dir, step, model, optimizer=None, extra=None, keep=3, lora_only=Fal
             raise CheckpointError(f"{tmp}: DCP returned without writing .metadata")
         disk_full_named(tmp, lambda: write_atomic(f"{tmp}/meta.json", json.dumps(meta, indent=1)))
         os.rename(tmp, final)  # the directory appears under its final name only when complete
-        _fsync_dir(out_dir)
+        fsync_dir(out_dir)
         commit_latest(out_dir, name)
         rotate(out_dir, keep)
     agree(f"committing {final}", finish)

@@ -13,14 +13,17 @@ import torch
 import torch.distributed as dist
 
 import cli
+import collectives
 import data
 import flow
 import grpo
+import inits
 import nft
 import reward
 import sft
+from camera import split_views
 from model import map_tensors
-from sample import guided_x0_fn, karras_sigmas, sample, split_views
+from sample import guided_x0_fn, karras_sigmas, sample
 
 # -----------------------------------------------------------------------------
 # The objective table: each RL objective's config field in TrainConfig, its step, and the knobs a resumed run may
@@ -147,17 +150,12 @@ def step_of(net, vae, optimizer, params, cfg, batch, neg_text, terms, update, ra
     if cfg.objective == "grpo":
         _, metrics = grpo.train_step(net, optimizer, params, conds, shape, cfg.grpo, score, decoder(vae, terms, views),
                                      seed=seed(update, "rollout", rank), window_seed=seed(update, "window"),
-                                     agree=reward_agree(), cp_size=cfg.cp)
+                                     agree=collectives.agree, cp_size=cfg.cp)
     else:
         _, metrics = nft.train_step(net, optimizer, params, list(old.values()), conds, shape, cfg.nft, score,
                                     decoder(vae, terms, views), seed=seed(update, "rollout", rank), update=update,
-                                    agree=reward_agree())
+                                    agree=collectives.agree)
     return metrics
-
-
-def reward_agree():
-    import ckpt  # ckpt -> model: ckpt.agree raises a scoring failure on every rank together
-    return ckpt.agree
 
 
 # -----------------------------------------------------------------------------
@@ -174,7 +172,7 @@ def policy_samples(net, cond, shape, steps, guidance, generator, init, config):
     if cond.conditional_frame_timestep is None:
         x0_fn = guided_x0_fn(net, cond, guidance)
         return sample(x0_fn, noise * float(karras_sigmas(steps)[0]), num_steps=steps).float()
-    grid = flow.checkpoint_defaults(init, config)[0]
+    grid = inits.checkpoint_defaults(init, config)[0]
     return flow.sample(net, noise, cond, guidance, grid, steps).float()
 
 

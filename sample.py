@@ -23,8 +23,16 @@ import torch
 import torch.nn.functional as F
 
 import build
+import ckpt
 import cli
+import data
 import flow
+import formats
+import inits
+import lerobot
+import resume
+import vae as vae_lib
+from camera import split_views, stack_views, views_map
 from model import Condition, condition_mask, denoise, get_config, is_p25, uncond
 
 SIGMA_MIN, SIGMA_MAX, RHO = 0.002, 80.0, 7.0
@@ -137,25 +145,6 @@ def views_side_by_side(video_V_3_T_H_W):
     return torch.cat(list(video_V_3_T_H_W), dim=-1)
 
 
-def split_views(latent_B_C_VT_H_W, num_views):
-    """A multi-view latent (views stacked on latent time, flow.py's layout) -> [B*V, C, T, H, W], view-major per sample,
-    so the VAE decodes every view on its own (it is causal in time)."""
-    B, C, VT, H, W = latent_B_C_VT_H_W.shape
-    if VT % num_views:
-        raise ValueError(f"{VT} latent frames are not {num_views} views stacked on time")
-    return latent_B_C_VT_H_W.reshape(B, C, num_views, VT // num_views, H, W).transpose(1, 2).reshape(
-        B * num_views, C, VT // num_views, H, W)
-
-
-def stack_views(latent_BV_C_T_H_W, num_views):
-    """The inverse of split_views: per-view latents [B*V, C, T, H, W] (view-major per sample) -> [B, C, V*T, H, W]."""
-    BV, C, T, H, W = latent_BV_C_T_H_W.shape
-    if BV % num_views:
-        raise ValueError(f"{BV} latents are not whole samples of {num_views} views")
-    return latent_BV_C_T_H_W.reshape(BV // num_views, num_views, C, T, H, W).transpose(1, 2).reshape(
-        BV // num_views, C, num_views * T, H, W)
-
-
 @torch.no_grad()
 def generate(net, vae, video_B_3_T_H_W, cond: Condition, num_steps=35, guidance=7.0, seed=0,
              num_conditional_frames=1, grid=None):
@@ -163,7 +152,7 @@ def generate(net, vae, video_B_3_T_H_W, cond: Condition, num_steps=35, guidance=
     alone), generate the rest from noise, decode. Returns the generated video in the VAE's dtype.
     cond: the prompt (crossattn_emb, neg_crossattn_emb) and, for a camera net, the camera; its gt_frames and
     condition_mask are set here from the video. Predict2.5 nets need grid (shift | karras) and
-    cond.conditional_frame_timestep (-1 or 0.1; flow.checkpoint_defaults); Predict2 nets refuse them. A camera net
+    cond.conditional_frame_timestep (-1 or 0.1; inits.checkpoint_defaults); Predict2 nets refuse them. A camera net
     (agibot) takes one sample's views as the batch, video [V,3,T,H,W], and its Pluecker map cond.camera
     [1, V*T_latent, H/16, W/16, 1536]: the views are stacked on latent time, sampled jointly (frame-init mask, one
     noise draw for every view) and returned decoded per view, [V,3,T,H,W]."""
@@ -235,7 +224,6 @@ def run_settings(path):
         with open(os.path.join(path, "config.json")) as f:
             return json.load(f)
     if os.path.isfile(os.path.join(path, "meta.json")) and os.path.isfile(os.path.join(path, ".metadata")):
-        import formats
         extra = formats.read_meta(path)["extra"]
         return extra.get("config") if isinstance(extra, dict) and isinstance(extra.get("config"), dict) else None
     return None
@@ -243,7 +231,6 @@ def run_settings(path):
 
 def check_ckpt(ckpt, given):
     """--ckpt names something sample.py can load, said in one line before any model is built."""
-    import inits
     if ckpt == "random" or ckpt in inits.NAMED_INITS or ckpt.startswith("hf://") or os.path.exists(ckpt):
         return
     if "ckpt" not in given:
@@ -287,7 +274,7 @@ def parse_config(argv):
         raise ValueError(f"--image does nothing with --config {cfg.config}: a multi-view net starts from the first "
                          "frame and cameras of every view of the first episode in --data (stitch.py --layout views)")
     if is_p25(mcfg):
-        grid, timestep = flow.checkpoint_defaults(run_p25.get("init", cfg.ckpt), cfg.config)  # a run: as trained
+        grid, timestep = inits.checkpoint_defaults(run_p25.get("init", cfg.ckpt), cfg.config)  # a run: as trained
         cfg.grid = cfg.grid or grid
         if "conditional_frame_timestep" not in given:
             cfg.conditional_frame_timestep = run_p25.get("conditional_frame_timestep", timestep)
@@ -309,7 +296,6 @@ def parse_config(argv):
         if getattr(cfg, name) and not os.path.isfile(getattr(cfg, name)):
             raise ValueError(f"{cli.flag(name)} {getattr(cfg, name)}: no such file")
     if mcfg.camera_channels or not cfg.image:  # --data is read: a raw LeRobot folder is named as such
-        import lerobot
         unstitched = lerobot.unstitched(cfg.data, "--data")
         if unstitched:
             raise ValueError(unstitched)
@@ -334,7 +320,6 @@ def load_first_frame(cfg):
                              "(or gray) png or jpg")
         frame = torch.from_numpy(pixels[..., :3].copy())
     else:
-        import data
         if not os.path.isdir(cfg.data):
             raise ValueError(f"--data {cfg.data}: no such folder to take the first frame from: pass --image FILE (the "
                              "tiny default's folder appears after one `python train.py`)")
@@ -350,10 +335,6 @@ def load_first_frame(cfg):
 
 
 def main(argv=None):
-    import ckpt
-    import data
-    import resume
-    import vae as vae_lib
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -377,7 +358,6 @@ def main(argv=None):
     text_encoder = "reason1" if is_p25(mcfg) and cfg.config not in TINY_CONFIGS else "t5"
     camera = None
     if mcfg.camera_channels:  # the first episode of a views folder: each view's first frame and its cameras
-        from camera import views_map
         views = data.ViewClips(cfg.data, cfg.frames, cfg.height, cfg.width, text="standin", text_len=16,
                                text_dim=dim)[(0, 0)]
         first = views["video"][:, :, :1].to(device)
@@ -403,5 +383,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    import ckpt
     cli.main(main, user_errors=(ValueError, OSError, ckpt.CheckpointError))

@@ -11,10 +11,10 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 import data
 import flow
+from collectives import all_mean, any_rank, ranks_any
 from model import condition_mask, denoise, get_config, is_p25
 
 def sample_seed(*keys):
@@ -116,26 +116,6 @@ def evaluate(net, cfg, batches):
     losses = [training_loss(net, cfg, latent, cond, [sample_seed(cfg.seed, "eval", i, b) for b in range(len(latent))])
               for i, (latent, cond) in enumerate(batches)]
     return {"eval_loss": all_mean(torch.stack(losses).mean().item(), batches[0][0].device)}
-
-
-def all_mean(value, device):
-    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-        t /= dist.get_world_size()
-    return t.item()
-
-
-def any_rank(flag, device):
-    return ranks_any([flag], device)[0]
-
-
-def ranks_any(flags, device):
-    """[bool]: for each flag, whether it is set on any rank (one collective)."""
-    t = torch.tensor([int(f) for f in flags], device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [bool(v) for v in t.tolist()]
 
 
 # -----------------------------------------------------------------------------

@@ -22,13 +22,15 @@ import build
 import cli
 import flow
 import grpo
+import inits
 import reward
 import sac
 from grpo import GRPOConfig
-from camera import fallback_cameras, views_map
+from camera import fallback_cameras, split_views, views_map
 from data import VIEW_ORDER
 from model import Condition, condition_mask, get_config, is_p25, matmul_peak, model_flops
-from sample import TINY_CONFIGS, split_views
+from sample import TINY_CONFIGS
+from vae import WanVAE, get_vae_config, latent_frames
 
 VIEWS = len(VIEW_ORDER)  # a camera net's views (robot/multiview-agibot: 3)
 
@@ -127,7 +129,6 @@ def build_policy(cfg: SmokeConfig, device, dtype):
 
 
 def build_vae(cfg: SmokeConfig, device, dtype):
-    from vae import WanVAE, get_vae_config
     name = cfg.vae if cfg.vae != "auto" else ("tiny" if cfg.config in TINY_CONFIGS else "real")
     torch.manual_seed(cfg.seed + 2)
     with torch.device(device):
@@ -143,7 +144,7 @@ def make_condition(cfg: SmokeConfig, mcfg, latent_shape, device):
     gt = torch.randn(1, *latent_shape, generator=g, device=device)
     extra = {}
     if is_p25(mcfg):
-        extra["conditional_frame_timestep"] = flow.checkpoint_defaults(cfg.init, cfg.config)[1]
+        extra["conditional_frame_timestep"] = inits.checkpoint_defaults(cfg.init, cfg.config)[1]
     if mcfg.camera_channels:
         w2c, intrinsics = fallback_cameras(VIEWS, latent_shape[1] // VIEWS, cfg.height, cfg.width)
         extra["camera"] = views_map(w2c, intrinsics, cfg.height, cfg.width)[None].to(device)
@@ -165,7 +166,7 @@ def main(argv=None):
              "bf16": torch.bfloat16}[cfg.dtype]
     count_flops = {"auto": device.type == "cuda", "true": True, "false": False}[cfg.count_flops]
     views = VIEWS if get_config(cfg.config).camera_channels else 1  # a camera net: the views stacked on latent time
-    latent_shape = (16, views * (1 + (cfg.frames - 1) // 4), cfg.height // 8, cfg.width // 8)
+    latent_shape = (16, views * latent_frames(cfg.frames), cfg.height // 8, cfg.width // 8)
     gcfg = cfg.grpo
     K = gcfg.group_size
     print(f"smoke config: {asdict(cfg)}")

@@ -51,7 +51,7 @@ import cli
 from lerobot import (SLOTS, Episode, Source, camera_summary, check_frames_table, open_source, read_cameras,
                      select_episodes)
 from synthetic import make_synthetic  # --synthetic; train.py's tiny default calls stitch.make_synthetic
-from video import check_ffmpeg, ffmpeg_exe, probe_video, sha1_file
+from video import check_ffmpeg, ffmpeg_exe, probe_video, sha1_file, write_atomic
 
 RECIPE_VERSION = 1  # bump when the code changes the bytes written for the same recipe
 DROID_TEMPLATE = (
@@ -372,12 +372,6 @@ def load_records(path: str, valid) -> dict:
                 if valid(rec):
                     records[rec["stem"]] = rec
     return records
-
-
-def write_atomic(path: str, text: str):
-    with open(path + ".tmp", "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
 
 
 def jsonl(records: dict) -> str:

@@ -31,10 +31,12 @@ from tqdm import tqdm
 import cache
 import ckpt
 import cli
+import collectives
 import cp
 import data
 import flow
 import fp8
+import inits
 import lerobot
 import resume
 import rundir
@@ -46,11 +48,11 @@ import sft
 import stitch
 import vae as vae_lib
 from build import NetSpec, frozen_linears, materialise, meta_net, trainable
-from camera import views_map
+from camera import stack_views, views_map
 from grpo import GRPOConfig
 from model import Condition, condition_mask, get_config, is_p25, matmul_peak, model_flops, num_params
 from nft import NFTConfig
-from sample import TINY_CONFIGS, generate, stack_views, standin_text, tiny_data, write_mp4
+from sample import TINY_CONFIGS, generate, standin_text, tiny_data, write_mp4
 
 # -----------------------------------------------------------------------------
 # Config: every field is a --flag (cli.py: the comment is its --help); unknown flags are an error. 0 / "" / -1 mean
@@ -146,7 +148,7 @@ def validate(cfg, given=None):
         raise ValueError(f"--objective {cfg.objective!r}: valid are {', '.join(rl.OBJECTIVES)}")
     unused = {}
     views = len(data.VIEW_ORDER) if mcfg.camera_channels else 1  # stacked on latent time, split with it
-    cp.check_split(cfg.cp, cfg.config, mcfg.num_heads, (1 + (cfg.frames - 1) // 4) * views, cfg.frames)
+    cp.check_split(cfg.cp, cfg.config, mcfg.num_heads, vae_lib.latent_frames(cfg.frames) * views, cfg.frames)
     if cfg.cp > 1 and cfg.objective == "nft":
         raise ValueError(f"--cp {cfg.cp} with --objective nft: NFT's rewards, advantages and loss scale count global "
                          "ranks, not cp groups (not done yet; GRPO composes with --cp); use --cp 1")
@@ -176,7 +178,7 @@ def validate(cfg, given=None):
     if cfg.save_every < 0:
         raise ValueError(f"--save-every {cfg.save_every}: >= 0 (0 = only at the end and on a signal)")
     if is_p25(mcfg) and "conditional_frame_timestep" not in given:  # upstream's value for the checkpoint
-        cfg.conditional_frame_timestep = flow.checkpoint_defaults(cfg.init, cfg.config)[1]
+        cfg.conditional_frame_timestep = inits.checkpoint_defaults(cfg.init, cfg.config)[1]
     if cfg.conditional_frame_timestep != -1 and not 0 <= cfg.conditional_frame_timestep < 1000:
         raise ValueError(f"--conditional-frame-timestep {cfg.conditional_frame_timestep}: -1 (the noisy frames' "
                          "time) or a timestep in [0, 1000) (0.1: t = 1e-4)")
@@ -278,8 +280,6 @@ def setup_distributed(cfg):
 
 
 
-def latent_frames(frames):
-    return 1 + (frames - 1) // 4
 
 
 def ema_beta(step, rate):
@@ -324,12 +324,6 @@ def on_signal(stop, signum, say):
 def ignore_sigint(worker_id):
     """DataLoader workers share the terminal's process group: a Ctrl-C for the run must not kill them mid-step."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-
-
-
-
 
 
 def resume_keys(cfg):
@@ -455,15 +449,15 @@ def claim_run(run):
     """The run directory: claimed (one train.py per --out), settings checked against its checkpoint, the --init
     resolved (hub names download now, before any model is built), then config.json. Returns the lock."""
     cfg = run.cfg
-    lock = ckpt.agree(f"claiming --out {cfg.out}", lambda: rundir.claim_out(cfg.out) if run.master else None)
-    resume_path, changed = ckpt.agree("checking the run's saved settings",
+    lock = collectives.agree(f"claiming --out {cfg.out}", lambda: rundir.claim_out(cfg.out) if run.master else None)
+    resume_path, changed = collectives.agree("checking the run's saved settings",
                                       lambda: rundir.check_resume_settings(cfg.out, cfg, resume_keys(cfg), TrainConfig()),
                                       share=True)
     if changed:
         run.say(f"resume: settings changed since {resume_path}, applied from its step on: "
                 + ", ".join(f"{cli.flag(k)} {old} -> {new}" for k, (old, new) in changed.items()))
     if cfg.init != "random":
-        ckpt.agree(f"resolving --init {cfg.init}", lambda: ckpt.resolve_source(cfg.init))
+        collectives.agree(f"resolving --init {cfg.init}", lambda: ckpt.resolve_source(cfg.init))
     if run.master:
         resume.write_atomic(os.path.join(cfg.out, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=1))
     return lock
@@ -515,9 +509,9 @@ def build_net(run):
     net = meta_net(spec)
     spec.sac_modes = sac.block_modes(cfg.sac, cfg.sac_every, mcfg.num_blocks)
     if cfg.sac == "auto":  # rank 0's choice for all ranks
-        latent = (cfg.batch_size, mcfg.in_channels, max(run.views, 1) * latent_frames(cfg.frames), cfg.height // 8,
+        latent = (cfg.batch_size, mcfg.in_channels, max(run.views, 1) * vae_lib.latent_frames(cfg.frames), cfg.height // 8,
                   cfg.width // 8)
-        auto = ckpt.agree("--sac auto", lambda: plan.auto_plan(net, run.world, run.device, run.compute_dtype, latent,
+        auto = collectives.agree("--sac auto", lambda: plan.auto_plan(net, run.world, run.device, run.compute_dtype, latent,
                                                                cfg.text_len, cfg.lora, cfg.mem_budget, cfg.fp8)[1],
                           share=True)
         run.say(auto.why)
@@ -658,7 +652,7 @@ def step_counts(loop):
     """(tokens, FLOPs) per rank and step: a cp group shares each sample's FLOPs (attention: all tokens, 1/cp of the
     heads)."""
     cfg, views = loop.run.cfg, loop.run.views
-    shape = (1, 16, max(views, 1) * latent_frames(cfg.frames), cfg.height // 8, cfg.width // 8)
+    shape = (1, 16, max(views, 1) * vae_lib.latent_frames(cfg.frames), cfg.height // 8, cfg.width // 8)
     tokens = shape[2] * (cfg.height // 16) * (cfg.width // 16) * cfg.batch_size * cfg.grad_accum
     return tokens, model_flops(get_config(cfg.config), shape, cfg.text_len, cfg.lora)[2] * cfg.batch_size * \
         cfg.grad_accum / cfg.cp
@@ -722,7 +716,7 @@ def train_loop(loop, start_step):
     nonfinite = 0  # skipped (NaN/Inf) steps in a row
     for step in bar:
         row, done = one_step(loop, step, start_step, peak), step + 1
-        stopping = sft.any_rank(stop["signal"] is not None, run.device)
+        stopping = collectives.any_rank(stop["signal"] is not None, run.device)
         if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps or stopping:
             save_and_evaluate(loop, row, done)
         elif cfg.eval_every and done % cfg.eval_every == 0:
@@ -753,7 +747,7 @@ def write_sample(net, vae, dataset, index, cfg, neg_text, guidance, path, master
     cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg_text.to(device), camera=camera,
                      conditional_frame_timestep=cfg.conditional_frame_timestep if p25 else None)
     generated = generate(net, vae, video, cond, cfg.sample_steps, guidance, cfg.seed,
-                         grid=flow.checkpoint_defaults(cfg.init, cfg.config)[0] if p25 else None).to(video.dtype)
+                         grid=inits.checkpoint_defaults(cfg.init, cfg.config)[0] if p25 else None).to(video.dtype)
     if master:  # left: data, right: generated; views one above the other
         write_mp4(path, torch.cat(list(torch.cat([video, generated], dim=-1)), dim=-2))
         print(f"sample: {path} (left: data, right: generated from its first frame)", flush=True)

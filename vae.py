@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import ckpt
 import cli
 
 # -----------------------------------------------------------------------------
@@ -38,6 +39,11 @@ LATENT_MEAN = [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.55
                0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921]
 LATENT_STD = [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
               3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160]
+
+
+def latent_frames(frames):
+    """Latent frames of a `frames`-frame video: the first frame alone, then one per 4 (the tokenizers' time factor)."""
+    return 1 + (frames - 1) // 4
 
 
 def check_window(window, time_factor=4):
@@ -479,7 +485,6 @@ def build_vae(name, ckpt_path, device, dtype):
     ckpt.load; `tiny` is the LinearCodec (no checkpoint, identical in every process, so sample.py decodes what
     train.py encoded). VAE_CONFIGS["tiny"] is the Wan architecture at width 8, for tests and benchmarks only."""
     if name == "real":
-        import ckpt  # ckpt imports the DiT; only the real tokenizer needs it
         vae = WanVAE(get_vae_config("real"))
         ckpt.load(vae, ckpt_path)
     elif name == "tiny":

@@ -1,15 +1,37 @@
 """Video files through the bundled ffmpeg (imageio-ffmpeg): the executable and its codecs, probing, sha1, reading.
 
 stitch.py writes videos with these and verifies them; data.py checks them at first use and reads its clips with
-read_clip (the exact frames, never resized unless asked).
+read_clip (the exact frames, never resized unless asked). Also the one atomic file write (write_atomic) of
+stitch.py's manifests and resume.py's / cache.py's run files: a leaf every writer can import.
 """
 import hashlib
+import os
 import re
 import subprocess
 import tempfile
 
 import imageio_ffmpeg
 import numpy as np
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path, text):
+    """tmp + fsync + rename + fsync(dir): the file is either the old one or complete, never truncated. text: str
+    (written as UTF-8, newlines untranslated) or bytes."""
+    tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(text if isinstance(text, bytes) else text.encode("utf-8"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)  # atomic: a reader sees the old or the new content, never a truncated file
+    fsync_dir(os.path.dirname(path) or ".")
 
 
 def ffmpeg_exe() -> str:

@@ -9,8 +9,8 @@ import torch
 
 import build
 import bench
+import collectives
 import plan
-import train
 from dist_utils import run_dist
 from lora import add_lora
 from model import DiT, get_config
@@ -76,7 +76,7 @@ def _gloo_step(rank, world):
     for lora in (0, 3):  # r = 3: adapters with 3 rows split 2 + 1, so the ranks differ
         torch.manual_seed(0)
         net = meta_model(lora)
-        build.shard_model(net, torch.device("cpu"))
+        collectives.shard_model(net, torch.device("cpu"))
         net.to_empty(device="cpu")
         net.init_weights()
         trainable = [p for p in net.parameters() if p.requires_grad]

@@ -339,7 +339,7 @@ def test_two_gloo_ranks_encode_each_video_once(folders, built, tmp_path):
 
 
 def test_views_round_trip_with_their_cameras(folders, tmp_path):
-    from sample import stack_views
+    from camera import stack_views
     views, out = str(folders / "views"), tmp_path / "views"
     summary = cache.build(config(views, out), CPU)
     assert (summary["videos"], summary["windows"]) == (3, 5)

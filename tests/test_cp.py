@@ -257,10 +257,10 @@ GRPO_LATENT = (16, 4, 4, 4)  # C, T, H, W: 4 latent frames (2 per cp rank), the 
 
 
 def _grpo_update(rank, world, cp_size):
-    """grpo.train_step of one group per dp group, under train.shard_model as train.py runs it (no dist: plain net).
+    """grpo.train_step of one group per dp group, under collectives.shard_model as train.py runs it (no dist: plain net).
     Returns (metrics, the LoRA gradients of the optimizer step, the updated LoRA weights), all full tensors."""
     import grpo
-    from build import shard_model
+    from collectives import shard_model
     torch.manual_seed(0)
     net = DiT(get_config("tiny"))
     net.init_weights()
@@ -308,7 +308,7 @@ def _same_update(got, ref):
 
 
 def test_grpo_update_equals_the_no_cp_update():
-    """--cp 2 on 2 ranks (train.shard_model's FSDP2) equals one process: rewards, advantages, ratio exactly 1, LoRA
+    """--cp 2 on 2 ranks (collectives.shard_model's FSDP2) equals one process: rewards, advantages, ratio exactly 1, LoRA
     gradients and updated weights to fp32 rounding."""
     ref = _grpo_update(0, 1, 1)
     assert ref[0]["reward_std"] > 0 and ref[0]["micro_steps"] > 0 and ref[0]["opt_steps"] == 1

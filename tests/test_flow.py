@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 import ckpt
 import flow
+import inits
 from model import Condition, DiT, DiTConfig, condition_mask
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -148,12 +149,12 @@ def test_unipc_is_exact_for_a_constant_velocity():
 
 
 def test_checkpoint_defaults_follow_the_spec_table():
-    assert flow.checkpoint_defaults("p25-2b-post", "p25-2b") == ("karras", 0.1)
+    assert inits.checkpoint_defaults("p25-2b-post", "p25-2b") == ("karras", 0.1)
     post = "/ckpt/81edfebe-bd6a-4039-8c1d-737df1a790bf_ema_bf16.pt"  # a local copy of the 2B post-trained file
-    assert flow.checkpoint_defaults(post, "p25-2b") == ("karras", 0.1)
+    assert inits.checkpoint_defaults(post, "p25-2b") == ("karras", 0.1)
     for init in ("p25-2b-pre", "p25-14b-pre", "p25-14b-post", "random"):
-        assert flow.checkpoint_defaults(init, "p25-2b") == ("shift", -1.0)
-    assert flow.checkpoint_defaults("p25-2b-agibot", "p25-2b-agibot") == ("shift", 0.1)  # frame-init sampler
+        assert inits.checkpoint_defaults(init, "p25-2b") == ("shift", -1.0)
+    assert inits.checkpoint_defaults("p25-2b-agibot", "p25-2b-agibot") == ("shift", 0.1)  # frame-init sampler
 
 
 def test_initial_noise_is_numpy_unit_variance():

@@ -4,9 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import build
+import collectives
 import fp8
 import grpo
+import lora
 import train
 from dist_utils import run_dist
 from lora import LoRALinear, add_lora
@@ -59,7 +60,7 @@ def test_quantize_base_swaps_the_frozen_weights_only():
     grads_ref = [p.grad.clone() for p in params]
     for p in params:
         p.grad = None
-    n = fp8.quantize_base(net)
+    n = lora.quantize_base(net)
     assert n == len(base) == 20
     assert set(net.state_dict()) == keys - {f"{b}.weight" for b in base}  # adapters + the rest, unchanged keys
     assert fp8.fp8_bytes(net) == sum(m.weight_fp8.numel() + 4 * m.out_features for m in net.modules()
@@ -72,7 +73,7 @@ def test_quantize_base_swaps_the_frozen_weights_only():
     assert rel(flat, torch.cat([g.flatten() for g in grads_ref])) < 0.15
     assert all(rel(p.grad, g) < 0.3 for p, g in zip(params, grads_ref))
     assert [p for p in net.parameters() if p.requires_grad] == params  # the adapters still train, nothing else
-    assert fp8.quantize_base(net) == 0  # idempotent: nothing left to swap
+    assert lora.quantize_base(net) == 0  # idempotent: nothing left to swap
 
 
 def test_trainable_base_and_bad_shapes_are_refused():
@@ -80,20 +81,20 @@ def test_trainable_base_and_bad_shapes_are_refused():
     add_lora(net, 4)
     next(m for m in net.modules() if isinstance(m, LoRALinear)).weight.requires_grad_(True)
     with pytest.raises(ValueError, match="trainable"):
-        fp8.quantize_base(net)
+        lora.quantize_base(net)
     odd = torch.nn.Sequential()
     odd.blocks = torch.nn.ModuleList([torch.nn.Module()])
     odd.blocks[0].mlp = torch.nn.Module()
     odd.blocks[0].mlp.layer1 = torch.nn.Linear(24, 40, bias=False)
     add_lora(odd, 2, targets=("mlp.layer1",))
     with pytest.raises(ValueError, match="multiples of 16.*blocks.0.mlp.layer1 \\(40x24\\)"):
-        fp8.check_shapes(odd)
+        lora.check_fp8_shapes(odd)
 
 
 def test_grpo_first_ratio_is_exactly_one_on_the_fp8_path():
     net, params = tiny_policy()
     perturb_lora_b(params)
-    fp8.quantize_base(net)  # rollout and training both run the fp8 base
+    lora.quantize_base(net)  # rollout and training both run the fp8 base
     cfg = grpo.GRPOConfig(num_steps=4, kl_coef=0.004)
     ro = rollout(net, cfg)
     opt = grpo.lora_optimizer(net, params, cfg)
@@ -113,7 +114,8 @@ def test_trainable_linear_fp8_gemms_exact_weight_gradient():
     model.blocks = torch.nn.ModuleList([torch.nn.Module()])
     model.blocks[0].mlp = torch.nn.Module()
     model.blocks[0].mlp.layer1 = lin
-    assert fp8.convert_trainable(model, ("mlp.layer1",)) == 1 and isinstance(lin, fp8.Fp8Linear)
+    assert fp8.convert_trainable(lora.target_linears(model, ("mlp.layer1",))) == 1
+    assert isinstance(lin, fp8.Fp8Linear)
     assert set(model.state_dict()) == {"blocks.0.mlp.layer1.weight"}
     x = torch.randn(2, 50, 256, generator=g)
     x_ref = x.clone().requires_grad_(True)
@@ -146,7 +148,7 @@ def _sharded_lora(rank, ws):
     with torch.device("meta"):
         net = build_model(get_config("tiny"))
     add_lora(net, 4)
-    build.shard_model(net, torch.device("cpu"))
+    collectives.shard_model(net, torch.device("cpu"))
     net.to_empty(device="cpu")
     torch.manual_seed(0)
     net.init_weights()

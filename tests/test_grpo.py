@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-import cp
+import collectives
 import flow
 import grpo
 from lora import add_lora, set_lora_enabled
@@ -412,7 +412,8 @@ def _fsdp_update(rank, ws, advantages_per_rank, opt_steps):
     params = [p for p in net.parameters() if p.requires_grad]
     cfg = grpo.GRPOConfig(num_steps=4, opt_steps_per_update=opt_steps)
     ro = rollout(net, cfg, seed=rank)
-    gathered = cp.gather_groups(torch.tensor([float(rank), 10.0 + rank]))  # buffers on the tensor's (group's) device
+    # buffers on the tensor's (group's) device
+    gathered = collectives.gather_groups(torch.tensor([float(rank), 10.0 + rank]))
     opt = grpo.lora_optimizer(net, params, cfg)
     before = [p.detach().full_tensor().clone() for p in params]
     stats = grpo.grpo_update(net, opt, params, [ro], [torch.tensor(advantages_per_rank[rank])], cfg,

@@ -196,7 +196,7 @@ def _fsdp_nft(rank, ws):
     perturb(params)  # before sharding: the same full values on every rank
     mesh = init_device_mesh("cpu", (ws,))
     last = len(net.blocks) - 1
-    for i, block in enumerate(net.blocks):  # train.shard_model's layout: the last block, final layer and root stay
+    for i, block in enumerate(net.blocks):  # collectives.shard_model's layout: the last block, final layer and root stay
         fully_shard(block, mesh=mesh, reshard_after_forward=i < last)  # unsharded after a forward
     fully_shard(net.final_layer, mesh=mesh, reshard_after_forward=False)
     fully_shard(net, mesh=mesh, reshard_after_forward=False)

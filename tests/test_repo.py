@@ -1,8 +1,11 @@
 """The repository stands alone: no tracked file sends the reader to a folder a user's clone does not have, and every
-docs/*.md that a tracked file cites exists.
+docs/*.md that a tracked file cites exists. Its modules import one another downward: no cycle, and no function
+imports one of ours (optional third-party dependencies may be imported where they are used).
 
 What a reader needs from the specs and reference data we developed against lives in docs/ and tests/data/.
 """
+import ast
+import glob
 import os
 import re
 import subprocess
@@ -59,3 +62,55 @@ def test_cited_docs_exist():
 def test_tests_run_in_an_empty_directory_outside_the_checkout():
     """conftest.empty_cwd: a checkout's out/ (from `python train.py`) or data/ never changes a test's result."""
     assert os.path.realpath(os.getcwd()) != os.path.realpath(ROOT) and os.listdir(os.getcwd()) == []
+
+
+def own_imports():
+    """({module: {our modules it imports anywhere}}, ["file:line: function imports module"]) of the top-level *.py."""
+    files = sorted(glob.glob(os.path.join(ROOT, "*.py")))
+    ours = {os.path.basename(f)[:-3] for f in files}
+    graph, inside = {}, []
+    for path in files:
+        name = os.path.basename(path)[:-3]
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+
+        def imported(node):
+            if isinstance(node, ast.Import):
+                return [a.name.split(".")[0] for a in node.names]
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                return [node.module.split(".")[0]]
+            return []
+        graph[name] = {m for node in ast.walk(tree) for m in imported(node) if m in ours and m != name}
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inside += [f"{name}.py:{node.lineno}: {fn.name} imports {m}" for node in ast.walk(fn)
+                           for m in imported(node) if m in ours]
+    return graph, sorted(set(inside))
+
+
+def import_cycles(graph):
+    """Each cycle of `graph` once, as [a, b, ..., a] (depth-first: a back edge closes one)."""
+    cycles, state = [], {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return cycles
+
+
+def test_imports_go_downward():
+    """Our modules import each other at the top of the file, along a graph without cycles (counting imports anywhere
+    in a file), so that what a module needs is visible in its header and none is loaded half-initialised."""
+    graph, inside = own_imports()
+    assert {"model", "lora", "ckpt"} <= set(graph)  # the scan found the repository's modules
+    cycles = import_cycles(graph)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+    assert not inside, "functions import our modules (import them at the top): " + "; ".join(inside)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import camera
 import sample
 import train
 from run_utils import check, in_process, script
@@ -136,16 +137,16 @@ def test_views_side_by_side_and_split_views():
     video = sample.views_side_by_side(views)
     assert video.shape == (3, 2, 4, 15) and video[0, 0, 0].tolist() == [0] * 5 + [1] * 5 + [2] * 5
     latent = torch.arange(6.0)[None, None, :, None, None].expand(2, 16, 6, 2, 2)  # 3 views x 2 latents, stacked on T
-    split = sample.split_views(latent, 3)
+    split = camera.split_views(latent, 3)
     assert split.shape == (6, 16, 2, 2, 2) and split[:3, 0, :, 0, 0].tolist() == [[0, 1], [2, 3], [4, 5]]
     with pytest.raises(ValueError, match="not 4 views"):
-        sample.split_views(latent, 4)
+        camera.split_views(latent, 4)
 
 
 def test_stack_views_inverts_split_views():
     latent = torch.randn(2, 4, 3 * 5, 2, 3)
-    per_view = sample.split_views(latent, 3)
+    per_view = camera.split_views(latent, 3)
     assert per_view.shape == (6, 4, 5, 2, 3) and torch.equal(per_view[4], latent[1, :, 5:10])  # sample 1, view 1
-    assert torch.equal(sample.stack_views(per_view, 3), latent)
+    assert torch.equal(camera.stack_views(per_view, 3), latent)
     with pytest.raises(ValueError, match="whole samples"):
-        sample.stack_views(per_view[:5], 3)
+        camera.stack_views(per_view[:5], 3)

@@ -1,0 +1,98 @@
+"""The measured step shared by bench.py and peer.py: the latent shape, a timer, our model built for a step, its batch,
+the forward + backward timed (no optimizer step), and one JSON line out.
+
+bench.py times it on our DiT; peer.py drives diffusers' network through the same batch and step (PeerNet), so each
+side of `python bench.py --vs diffusers` measures the same thing. `b` is a bench.BenchConfig.
+"""
+import contextlib
+import json
+import time
+
+import torch
+
+import build
+import flow
+from camera import fallback_cameras, views_map
+from flow import multiview_condition_mask
+from model import Condition, condition_mask, denoise, is_p25
+from vae import latent_frames
+
+
+def latent_shape(b):
+    if (b.frames - 1) % 4 or b.height % 8 or b.width % 8:
+        raise ValueError(f"frames-1 must be divisible by 4 and height/width by 8, got {b.frames}x{b.height}x{b.width}")
+    if b.views < 1:
+        raise ValueError(f"--views must be >= 1, got {b.views}")
+    return (1, 16, b.views * latent_frames(b.frames), b.height // 8, b.width // 8)
+
+
+def timer(device):
+    """Start a timer; calling the result returns seconds elapsed (CUDA events on the GPU)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+
+        def stop():
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        return stop
+    t0 = time.perf_counter()
+    return lambda: time.perf_counter() - t0
+
+
+def build_net(b, device, dtype, modes):
+    """The network (build.py) in `dtype` throughout (no fp32 masters: a step without an optimizer), its random
+    init, checkpointing `modes` per block, compiled with --compile. Returns model and trainables."""
+    net = build.build(build.NetSpec(b.config, lora=b.lora, fp8=b.fp8, sac_modes=tuple(modes), compile=b.compile,
+                                    dtype=dtype, seed=b.seed), device)
+    return net, build.trainable(net)
+
+
+def make_batch(b, cfg, device, dtype):
+    g = torch.Generator(device=device).manual_seed(b.seed + 1)
+    shape = latent_shape(b)
+    x0 = torch.randn(shape, device=device, generator=g)
+    eps = torch.randn(shape, device=device, generator=g)
+    text = torch.randn(1, b.text_len, cfg.crossattn_proj_in_channels, device=device, generator=g).to(dtype)
+    sigma = torch.ones(1, device=device)
+    if b.views > 1:  # agibot's frame-init mask; a camera map of the fallback rig (its cost is the shape's, not the values')
+        mask = multiview_condition_mask(x0, b.views, b.cond_frames)
+    else:
+        mask = condition_mask(x0, b.cond_frames)
+    camera = None
+    if cfg.camera_channels:
+        w2c, intrinsics = fallback_cameras(b.views, shape[2] // b.views, b.height, b.width)
+        camera = views_map(w2c, intrinsics, b.height, b.width)[None].to(device, dtype)
+    cond = Condition(crossattn_emb=text, gt_frames=x0, condition_mask=mask, camera=camera)
+    batch = dict(x0=x0, eps=eps, sigma=sigma, cond=cond, offload=b.offload)
+    if is_p25(cfg):
+        batch["timesteps"] = torch.full((1,), 500.0, device=device)  # 1000 sigma, sigma = 0.5
+    return batch
+
+
+def train_step(model, batch, trainable, measure=None):
+    """Rectified-flow loss on the generated frames, backward; no optimizer step (as in the anchor's numbers)."""
+    for p in trainable:
+        p.grad = None
+    x0, eps, cond = batch["x0"], batch["eps"], batch["cond"]
+    offload = torch.autograd.graph.save_on_cpu(pin_memory=True) if batch.get("offload") else contextlib.nullcontext()
+    with offload:
+        if "timesteps" in batch:  # Predict2.5: the rectified-flow loss of flow.py (the same net calls)
+            loss = flow.loss_given_draws(model, x0, cond, eps, batch["timesteps"]).mean()
+        else:
+            x_sigma = x0 + batch["sigma"].view(-1, 1, 1, 1, 1) * eps
+            _, velocity = denoise(model, x_sigma, batch["sigma"], cond)
+            loss = ((velocity - (eps - x0)) ** 2 * (1 - cond.condition_mask)).mean()
+    if measure is not None:  # bytes held between forward and backward: the saved activations (+ loss graph)
+        measure["act_bytes"] = torch.cuda.memory_allocated() - measure["before"]
+    loss.backward()
+    return loss
+
+
+def emit(res, out):
+    line = json.dumps(res)
+    print(line, flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
