@@ -52,7 +52,7 @@ def num_conditional_frames(uniform, num_latent_frames, probs=CONDITIONAL_FRAMES_
 
 
 def draw_sample(latent_C_T_H_W, seed, text_dropout):
-    """(normal, eps, n_cond, drop_text) of one training sample from its own seed (train.sample_seed)."""
+    """(normal, eps, n_cond, drop_text) of one training sample from its own seed (sft.sample_seed)."""
     g = torch.Generator().manual_seed(seed)
     normal = torch.randn((), generator=g)
     eps = torch.randn(latent_C_T_H_W.shape, generator=g)
