@@ -85,6 +85,17 @@ def build(spec: NetSpec, device, cp_group=None, cp_size=1, verbose=True):
     return materialise(meta_net(spec), spec, device, cp_group, cp_size, verbose)
 
 
+def describe(net, spec: NetSpec, n_params):
+    """What was built, for the start-up line: parameters (n_params: counted before fp8 replaced the frozen base by
+    buffers), trainable ones, LoRA, fp8."""
+    n_trainable = sum(p.numel() for p in trainable(net))
+    lora = f" (LoRA r={spec.lora})" if spec.lora else ""
+    fp8_note = ", fp8 GEMMs (weights and their gradients bf16/fp32)" if spec.fp8 else ""
+    if spec.fp8 and spec.lora:
+        fp8_note = f", frozen base of {len(frozen_linears(net))} Linears in fp8 ({fp8.fp8_bytes(net) / 2 ** 30:.2f} GiB)"
+    return f"{n_params:,} parameters, {n_trainable:,} trainable{lora}{fp8_note}"
+
+
 def trainable(net):
     """The parameters the optimizer steps (after FSDP: the DTensor ones)."""
     return [p for p in net.parameters() if p.requires_grad]

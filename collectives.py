@@ -9,6 +9,7 @@ ranks): `dp_coords`, `gather_groups` (one copy of each cp group's tensor) and `s
 The name is not dist.py: every file aliases torch.distributed as `dist`.
 """
 import math
+import os
 
 import torch
 import torch.distributed as dist
@@ -169,3 +170,25 @@ def sum_groups(t, cp=1):
         dist.all_reduce(t)
         t /= cp
     return t
+
+
+def setup_distributed(cfg):
+    """(distributed, rank, world, device): the torchrun environment's process group, one device per rank; one GPU
+    without torchrun gets a 1-rank group, so FSDP2 does the bf16 compute as on many."""
+    device_type = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    distributed = "RANK" in os.environ or device_type == "cuda"
+    if distributed:
+        if "RANK" not in os.environ:  # one GPU without torchrun: a 1-rank group, so FSDP2 does the bf16 compute too
+            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local = int(os.environ.get("LOCAL_RANK", 0))
+    else:
+        rank, world, local = 0, 1, 0
+    device = torch.device(device_type, local) if device_type == "cuda" else torch.device("cpu")
+    if device_type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return distributed, rank, world, device

@@ -1,7 +1,8 @@
 """The run directory around the checkpoints (resume.py): one process per OUT, its settings, its metrics.
 
 claim / claim_out: a POSIX lock that dies with its process (a second train.py on one --out is refused in one line);
-check_resume_settings and config_hash: what a resumed run must keep; MetricsLog: metrics.jsonl (a kill never loses
+check_resume_settings and config_hash: what a resumed run must keep; on_signal / count_nonfinite: how a run stops
+(a signal: after the step, saved; divergence: one line naming the cause); MetricsLog: metrics.jsonl (a kill never loses
 a row: load_history re-logs the one saved with the checkpoint), wandb, and the plot loss.png (matplotlib, optional).
 """
 import dataclasses
@@ -10,7 +11,9 @@ import fcntl
 import hashlib
 import importlib.util
 import json
+import math
 import os
+import signal
 import socket
 
 import numpy as np
@@ -191,3 +194,55 @@ def plot_metrics(path, history, held_out=True):
     fig.savefig(path + ".tmp.png", dpi=100)
     plt.close(fig)
     os.replace(path + ".tmp.png", path)
+
+
+# -----------------------------------------------------------------------------
+# How a run stops: a signal finishes the step and saves; divergence stops it naming the cause
+
+
+def stop_on_signals(say):
+    """{"signal": None}, set by SIGTERM / SIGUSR1 / SIGINT (on_signal): the loop finishes its step, saves, exits 0."""
+    stop = {"signal": None}
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: on_signal(stop, signum, say))
+    return stop
+
+
+def on_signal(stop, signum, say):
+    """A stop request, acted on after the step (then saved, exit 0); a second Ctrl-C aborts at once (cli.main: one
+    line, exit 130), losing the steps since the last save."""
+    if signum == signal.SIGINT and stop["signal"] == signal.SIGINT:
+        raise KeyboardInterrupt
+    if signum == signal.SIGINT:
+        say("\ntrain: Ctrl-C: finishing this step, then saving and exiting 0 (Ctrl-C again: abort now, losing the "
+            "steps since the last save)")
+    stop["signal"] = signum
+
+
+def ignore_sigint(worker_id):
+    """DataLoader workers share the terminal's process group: a Ctrl-C for the run must not kill them mid-step."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def nonfinite_eval(result, path):
+    """'' for a finite held-out evaluation, else the WARNING that the save line ends with."""
+    bad = [k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)]
+    return f"; WARNING: a NaN/Inf held-out {', '.join(bad)}: {path} is `latest`, but rotation keeps the newest " \
+        "checkpoint with a finite evaluation (resume.rotate)" if bad else ""
+
+
+def count_nonfinite(row, streak, cfg):
+    """Steps in a row with skipped (NaN/Inf) updates, ending at row's; FloatingPointError, one line naming the step
+    and the likely cause, when they reach --max-nonfinite (the row is logged first)."""
+    if not row.get("nonfinite_steps"):
+        return 0
+    streak += 1
+    if streak >= cfg.max_nonfinite:
+        knob = f"--{cfg.objective}-lr {getattr(cfg, cfg.objective).lr:g}" if cfg.objective != "sft" else "--lr"
+        cause = row.get("nonfinite") or f"NaN/Inf {cfg.objective.upper()} gradients ({knob} too high?)"
+        raise FloatingPointError(
+            f"step {row['step']}: {streak} steps in a row with a NaN/Inf loss or gradient norm (--max-nonfinite "
+            f"{cfg.max_nonfinite}), each skipped: {cause}. The weights are those before step {row['step'] - streak + 1}"
+            f" and every checkpoint in {cfg.out} holds finite weights: resume from it with a lower learning rate, or "
+            "fix the data")
+    return streak

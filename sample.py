@@ -179,6 +179,27 @@ def generate(net, vae, video_B_3_T_H_W, cond: Condition, num_steps=35, guidance=
     return vae.decode(sample(x0_fn, noise, num_steps=num_steps).to(video_B_3_T_H_W.dtype))
 
 
+@torch.no_grad()
+def write_sample(net, vae, dataset, index, cfg, neg_text, guidance, path, master):
+    """train.py's sample videos: a clip generated from the first frame of a fixed (held-out, if any) video of
+    `dataset`, written beside the truth. cfg: the run's TrainConfig."""
+    item = dataset[(index, 0)]
+    device = next(net.parameters()).device
+    video = item["video"].to(device, next(vae.parameters()).dtype)  # [3,T,H,W], or [V,3,T,H,W] for a camera net
+    text = item["text_emb"][None].to(device)
+    p25 = is_p25(get_config(cfg.config))
+    camera = None if "w2c" not in item else views_map(item["w2c"].to(device), item["intrinsics"].to(device),
+                                                      cfg.height, cfg.width)[None].to(video.dtype)
+    video = video if camera is not None else video[None]
+    cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg_text.to(device), camera=camera,
+                     conditional_frame_timestep=cfg.conditional_frame_timestep if p25 else None)
+    generated = generate(net, vae, video, cond, cfg.sample_steps, guidance, cfg.seed,
+                         grid=inits.checkpoint_defaults(cfg.init, cfg.config)[0] if p25 else None).to(video.dtype)
+    if master:  # left: data, right: generated; views one above the other
+        write_mp4(path, torch.cat(list(torch.cat([video, generated], dim=-1)), dim=-2))
+        print(f"sample: {path} (left: data, right: generated from its first frame)", flush=True)
+
+
 # -----------------------------------------------------------------------------
 # CLI
 

@@ -10,6 +10,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 import data
@@ -108,6 +109,14 @@ def lr_at(cfg, step):
         return cfg.lr * (step + 1) / cfg.warmup
     progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     return cfg.lr * (cfg.lr_min_ratio + (1 - cfg.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def ema_beta(step, rate):
+    """Upstream's power EMA: beta = (1 - 1/(step+1))^(gamma+1), gamma the largest real root of
+    x^3 + 7x^2 + (16 - s^-2) x + (12 - s^-2)."""
+    roots = np.roots([1, 7, 16 - rate ** -2, 12 - rate ** -2])
+    gamma = max(r.real for r in roots if abs(r.imag) < 1e-9)
+    return (1 - 1 / (step + 1)) ** (gamma + 1)
 
 
 @torch.no_grad()

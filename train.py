@@ -16,14 +16,12 @@ One script, top to bottom: config -> setup -> data -> run directory -> model -> 
 import dataclasses
 import importlib.util
 import json
-import math
 import os
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
@@ -35,7 +33,6 @@ import collectives
 import cp
 import data
 import flow
-import fp8
 import inits
 import lerobot
 import resume
@@ -47,12 +44,12 @@ import sac
 import sft
 import stitch
 import vae as vae_lib
-from build import NetSpec, frozen_linears, materialise, meta_net, trainable
+from build import NetSpec, describe, materialise, meta_net, trainable
 from camera import stack_views, views_map
 from grpo import GRPOConfig
 from model import Condition, condition_mask, get_config, is_p25, matmul_peak, model_flops, num_params
 from nft import NFTConfig
-from sample import TINY_CONFIGS, generate, standin_text, tiny_data, write_mp4
+from sample import TINY_CONFIGS, standin_text, tiny_data, write_sample
 
 # -----------------------------------------------------------------------------
 # Config: every field is a --flag (cli.py: the comment is its --help); unknown flags are an error. 0 / "" / -1 mean
@@ -251,48 +248,7 @@ def synthetic_data(cfg):
 
 
 # -----------------------------------------------------------------------------
-# Setup: torchrun environment -> process group; one device per rank
-
-
-def setup_distributed(cfg):
-    device_type = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    distributed = "RANK" in os.environ or device_type == "cuda"
-    if distributed:
-        if "RANK" not in os.environ:  # one GPU without torchrun: a 1-rank group, so FSDP2 does the bf16 compute too
-            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
-        rank, world = dist.get_rank(), dist.get_world_size()
-        local = int(os.environ.get("LOCAL_RANK", 0))
-    else:
-        rank, world, local = 0, 1, 0
-    device = torch.device(device_type, local) if device_type == "cuda" else torch.device("cpu")
-    if device_type == "cuda":
-        torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    return distributed, rank, world, device
-
-
-
-
-
-
-
-
-
-
-def ema_beta(step, rate):
-    """Upstream's power EMA: beta = (1 - 1/(step+1))^(gamma+1), gamma the largest real root of
-    x^3 + 7x^2 + (16 - s^-2) x + (12 - s^-2)."""
-    roots = np.roots([1, 7, 16 - rate ** -2, 12 - rate ** -2])
-    gamma = max(r.real for r in roots if abs(r.imag) < 1e-9)
-    return (1 - 1 / (step + 1)) ** (gamma + 1)
-
-
-# -----------------------------------------------------------------------------
-# Small helpers for the loop: the tiny dataset, resume settings, evaluation, one SFT / GRPO step
-# (the run directory's lock, metrics log, loss.png and evaluation markers live in resume.py)
+# The tiny default's data and the settings a resumed run keeps (the rest of the run directory: rundir.py)
 
 
 def make_tiny_dataset(root, views=False):
@@ -310,22 +266,6 @@ def make_tiny_dataset(root, views=False):
                       layout="views" if views else "grid")
 
 
-def on_signal(stop, signum, say):
-    """A stop request, acted on after the step (then saved, exit 0); a second Ctrl-C aborts at once (cli.main: one
-    line, exit 130), losing the steps since the last save."""
-    if signum == signal.SIGINT and stop["signal"] == signal.SIGINT:
-        raise KeyboardInterrupt
-    if signum == signal.SIGINT:
-        say("\ntrain: Ctrl-C: finishing this step, then saving and exiting 0 (Ctrl-C again: abort now, losing the "
-            "steps since the last save)")
-    stop["signal"] = signum
-
-
-def ignore_sigint(worker_id):
-    """DataLoader workers share the terminal's process group: a Ctrl-C for the run must not kill them mid-step."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def resume_keys(cfg):
     """The settings a resumed run must share with the saved one (shapes, init, data, objective, GRPO's sampler and
     objective); all others (steps, optimizer, memory and logging settings) may change and are reported."""
@@ -334,38 +274,6 @@ def resume_keys(cfg):
     if cfg.objective != "sft":
         keys += rl.resume_keys(cfg)
     return keys
-
-
-
-
-
-
-
-
-
-
-def nonfinite_eval(result, path):
-    """'' for a finite held-out evaluation, else the WARNING that the save line ends with."""
-    bad = [k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)]
-    return f"; WARNING: a NaN/Inf held-out {', '.join(bad)}: {path} is `latest`, but rotation keeps the newest " \
-        "checkpoint with a finite evaluation (resume.rotate)" if bad else ""
-
-
-def count_nonfinite(row, streak, cfg):
-    """Steps in a row with skipped (NaN/Inf) updates, ending at row's; FloatingPointError, one line naming the step
-    and the likely cause, when they reach --max-nonfinite (the row is logged first)."""
-    if not row.get("nonfinite_steps"):
-        return 0
-    streak += 1
-    if streak >= cfg.max_nonfinite:
-        knob = f"--{cfg.objective}-lr {getattr(cfg, cfg.objective).lr:g}" if cfg.objective != "sft" else "--lr"
-        cause = row.get("nonfinite") or f"NaN/Inf {cfg.objective.upper()} gradients ({knob} too high?)"
-        raise FloatingPointError(
-            f"step {row['step']}: {streak} steps in a row with a NaN/Inf loss or gradient norm (--max-nonfinite "
-            f"{cfg.max_nonfinite}), each skipped: {cause}. The weights are those before step {row['step'] - streak + 1}"
-            f" and every checkpoint in {cfg.out} holds finite weights: resume from it with a lower learning rate, or "
-            "fix the data")
-    return streak
 
 
 # -----------------------------------------------------------------------------
@@ -403,7 +311,7 @@ USER_ERRORS = (ValueError, OSError, ckpt.CheckpointError, FloatingPointError)  #
 
 
 def setup(cfg):
-    distributed, rank, world, device = setup_distributed(cfg)
+    distributed, rank, world, device = collectives.setup_distributed(cfg)
     dp_rank, dp_world, cp_group = cp.make_mesh(device.type, world, cfg.cp)
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     views = len(data.VIEW_ORDER) if get_config(cfg.config).camera_channels else 0
@@ -520,13 +428,8 @@ def build_net(run):
         run.say(f"init: RANDOM weights (--init random): {cfg.config} trains from scratch")
     n_params = num_params(net)  # before fp8 replaces the frozen base by buffers
     materialise(net, spec, run.device, run.cp_group, cfg.cp)
-    n_frozen = len(frozen_linears(net))
-    run.say(f"model: {cfg.config}, {n_params:,} parameters, {sum(p.numel() for p in trainable(net)):,} trainable"
-            f"{f' (LoRA r={cfg.lora})' if cfg.lora else ''}"
-            + (f", frozen base of {n_frozen} Linears in fp8 ({fp8.fp8_bytes(net) / 2 ** 30:.2f} GiB)"
-               if cfg.fp8 and cfg.lora else ", fp8 GEMMs (weights and their gradients bf16/fp32)" if cfg.fp8 else "")
-            + f", sac={cfg.sac}/{cfg.sac_every}, {run.world} rank(s) on {run.device.type}"
-            + (f" (dp {run.dp_world} x cp {cfg.cp})" if cfg.cp > 1 else ""))
+    run.say(f"model: {cfg.config}, {describe(net, spec, n_params)}, sac={cfg.sac}/{cfg.sac_every}, {run.world} "
+            f"rank(s) on {run.device.type}" + (f" (dp {run.dp_world} x cp {cfg.cp})" if cfg.cp > 1 else ""))
     return net, spec.sac_modes
 
 
@@ -602,7 +505,7 @@ def main(argv=None):
     start_step = restore(run, net, objective, sampler, extra_state)
     loader = iter(torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler,
                                               num_workers=cfg.workers, persistent_workers=cfg.workers > 0,
-                                              worker_init_fn=ignore_sigint if cfg.workers else None))
+                                              worker_init_fn=rundir.ignore_sigint if cfg.workers else None))
     eval_ids, batches = held_out_batches(run, dataset, n_train, to_latent)
     held_out = lambda: objective.held_out(batches)  # noqa: E731
     step_dir = os.path.join(cfg.out, f"step_{start_step:08d}")
@@ -668,7 +571,7 @@ def one_step(loop, step, start_step, peak):
     row = {"lr": lr, **loop.objective.step(step, loop.next_batch)}
     if loop.ema is not None and "skipped" not in row:  # a skipped update left the weights as they were
         with torch.no_grad():
-            torch._foreach_lerp_(loop.ema, [p.detach() for p in loop.params], 1 - ema_beta(step, cfg.ema))
+            torch._foreach_lerp_(loop.ema, [p.detach() for p in loop.params], 1 - sft.ema_beta(step, cfg.ema))
     if step == start_step and set(loop.sac_modes) != {"none"}:
         sac.check_first_step(loop.sac_modes)  # the save lists matched the kernels that really ran
     if run.device.type == "cuda":
@@ -696,15 +599,13 @@ def save_and_evaluate(loop, row, done):
         resume.write_eval_marker(path, dict(result, step=done))
         run.say(f"step {done}: loss {row['loss']:.4f}, " + ", ".join(f"{k} {v:.4g}" for k, v in result.items()
                                                       if k in ("eval_loss", "eval_reward"))
-                + f" -> {path}" + nonfinite_eval(result, path))
+                + f" -> {path}" + rundir.nonfinite_eval(result, path))
 
 
 def train_loop(loop, start_step):
     """Steps start_step..cfg.steps; returns the metrics history."""
     cfg, run = loop.run.cfg, loop.run
-    stop = {"signal": None}  # SIGTERM / SIGUSR1 (schedulers' pre-emption notice) and Ctrl-C: finish, save, exit 0
-    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: on_signal(stop, signum, run.say))
+    stop = rundir.stop_on_signals(run.say)  # SIGTERM, SIGUSR1 (pre-emption notices), Ctrl-C: finish, save, exit 0
     peak = matmul_peak(run.device, torch.bfloat16) / 1e12 if run.device.type == "cuda" else None  # TFLOP/s
     log = rundir.MetricsLog(cfg, run, start_step, loop.has_holdout, rundir.config_hash(cfg, resume_keys(cfg)))
     if loop.objective.eval_at_start and start_step == 0:  # once: a restart keeps it
@@ -724,33 +625,13 @@ def train_loop(loop, start_step):
         log.write(row)  # after the save: a row is logged once its step is safe or the run went on past it
         if run.master:
             bar.set_postfix(**loop.objective.bar(row), s_it=f"{row['s_per_step']:.2f}")
-        nonfinite = count_nonfinite(row, nonfinite, cfg)
+        nonfinite = rundir.count_nonfinite(row, nonfinite, cfg)
         if cfg.sample_every and done % cfg.sample_every == 0:
             loop.write_sample(done)
         if stopping:
             run.say(f"stopping after step {done} on {signal.Signals(stop['signal']).name}: checkpoint saved, exit 0")
             break
     return log.history
-
-
-@torch.no_grad()
-def write_sample(net, vae, dataset, index, cfg, neg_text, guidance, path, master):
-    """Generate a clip from the first frame of a fixed (held-out, if any) video; save it beside the truth."""
-    item = dataset[(index, 0)]
-    device = next(net.parameters()).device
-    video = item["video"].to(device, next(vae.parameters()).dtype)  # [3,T,H,W], or [V,3,T,H,W] for a camera net
-    text = item["text_emb"][None].to(device)
-    p25 = is_p25(get_config(cfg.config))
-    camera = None if "w2c" not in item else views_map(item["w2c"].to(device), item["intrinsics"].to(device),
-                                                      cfg.height, cfg.width)[None].to(video.dtype)
-    video = video if camera is not None else video[None]
-    cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg_text.to(device), camera=camera,
-                     conditional_frame_timestep=cfg.conditional_frame_timestep if p25 else None)
-    generated = generate(net, vae, video, cond, cfg.sample_steps, guidance, cfg.seed,
-                         grid=inits.checkpoint_defaults(cfg.init, cfg.config)[0] if p25 else None).to(video.dtype)
-    if master:  # left: data, right: generated; views one above the other
-        write_mp4(path, torch.cat(list(torch.cat([video, generated], dim=-1)), dim=-2))
-        print(f"sample: {path} (left: data, right: generated from its first frame)", flush=True)
 
 
 if __name__ == "__main__":

@@ -139,12 +139,12 @@ def test_sigterm_and_ctrl_c_save_and_exit_zero(grid, tmp_path, sig):
 
 def test_a_second_ctrl_c_aborts_at_once():
     stop, said = {"signal": None}, []
-    train.on_signal(stop, signal.SIGINT, said.append)
+    rundir.on_signal(stop, signal.SIGINT, said.append)
     assert stop["signal"] == signal.SIGINT and "Ctrl-C again: abort now" in said[0]
     with pytest.raises(KeyboardInterrupt):  # cli.main turns it into one line, exit 130
-        train.on_signal(stop, signal.SIGINT, said.append)
+        rundir.on_signal(stop, signal.SIGINT, said.append)
     stop = {"signal": signal.SIGTERM}  # a scheduler's stop, then one Ctrl-C: still a graceful stop
-    train.on_signal(stop, signal.SIGINT, said.append)
+    rundir.on_signal(stop, signal.SIGINT, said.append)
     assert stop["signal"] == signal.SIGINT
 
 
