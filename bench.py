@@ -46,13 +46,14 @@ import peer  # noqa: E402  (bench.py --vs; peer.py imports benchstep, never benc
 import plan  # noqa: E402
 import sac  # noqa: E402
 from benchstep import build_net, emit, latent_shape, make_batch, timer, train_step  # noqa: E402
+from inits import get_config  # noqa: E402
 from lora import add_lora, quantize_base  # noqa: E402
-from model import DiT, get_config, matmul_peak, model_flops, num_params  # noqa: E402
+from model import DiT, matmul_peak, model_flops, num_params  # noqa: E402
 
 
 @dataclass
 class BenchConfig:
-    config: str = "v2w-2b"  # DiT config (model.CONFIGS)
+    config: str = "v2w-2b"  # DiT config (inits.CONFIGS)
     sac: str = "selective"  # activation checkpointing: none | block | mm | attn | selective | auto (docs/memory.md)
     every: int = 1  # checkpoint every N-th block only
     lora: int = 0  # LoRA rank; 0 = full fine-tune

@@ -14,7 +14,8 @@ import build
 import flow
 from camera import fallback_cameras, views_map
 from flow import multiview_condition_mask
-from model import Condition, condition_mask, denoise, is_p25
+from inits import is_p25
+from model import Condition, condition_mask, denoise
 from vae import latent_frames
 
 

@@ -16,14 +16,15 @@ import cp
 import fp8
 import sac
 from collectives import shard_model
+from inits import get_config
 from lora import LORA_TARGETS, LoRALinear, add_lora, check_fp8_shapes, quantize_base, target_linears
-from model import DiT, get_config
+from model import DiT
 
 
 @dataclass
 class NetSpec:
     """What to build. Every entry point fills one from its own config."""
-    config: str  # model.get_config name
+    config: str  # inits.get_config name
     init: str = "random"  # random (the seeded init_weights) or anything ckpt.load takes
     ema: bool = None  # ckpt.load's ema: None = the file's only weights, True / False = its EMA / raw weights
     lora: int = 0  # adapter rank; 0 = every parameter trains

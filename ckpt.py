@@ -34,9 +34,9 @@ import inits
 from collectives import agree, gather, local_rows, rank, say, world_size
 from formats import (CheckpointError, bitsum, check_sums, crc_range, crc_shift, dcp_call, identity, open_source,
                      read_rows, tensor_crc, verify_bytes)
-from inits import check_init_config, resolve_source
+from inits import CONFIGS, check_init_config, get_config, resolve_source
 from lora import add_lora
-from model import CONFIGS, DiT, denoise, get_config
+from model import DiT, denoise
 
 NAMED_INITS, INIT_CONFIGS = inits.NAMED_INITS, inits.INIT_CONFIGS  # read as ckpt.* by train.py and the tests
 
@@ -148,7 +148,7 @@ class LoadReport:
     dtype_conversions: dict = field(default_factory=dict)  # "bf16->fp32": count
     taken_from: dict = field(default_factory=dict)  # prefix -> count, when a key may come from several (ema., model.)
     checksum: int = None  # after loading: of the file's bytes of every loaded tensor, independent of world size
-    model_config: str = ""  # the model's name in model.CONFIGS, for the wrong-network hint ("" = not a named config)
+    model_config: str = ""  # its name in inits.CONFIGS, for the wrong-network hint ("" = not a named config)
     ERRORS = ("missing", "unexpected", "shape_mismatch", "dtype_errors", "non_tensor", "collisions")
 
     @property
@@ -373,7 +373,7 @@ def _check_crcs(src, mapping, keys, crcs, owners):
 
 
 def config_name(cfg):
-    """The name of a DiTConfig in model.CONFIGS ("" for an unnamed one)."""
+    """The name of a DiTConfig in CONFIGS ("" for an unnamed one)."""
     return next((name for name, c in CONFIGS.items() if c == cfg), "")
 
 

@@ -33,7 +33,8 @@ import reward
 import sample
 import vae as vae_lib
 from camera import views_map
-from model import Condition, get_config, is_p25
+from inits import get_config, is_p25
+from model import Condition
 
 CAMERAS = ("ext_1", "ext_2", "wrist")  # stitch.py's grid cells: top-left, top-right, bottom-left (bottom-right black)
 SSIM_WINDOW, SSIM_SIGMA, SSIM_C1, SSIM_C2 = 11, 1.5, 0.01 ** 2, 0.03 ** 2  # Wang et al. 2004, intensities in [0, 1]

@@ -6,8 +6,7 @@ checked against tensors produced by the upstream code (tests/check_reference.py)
 C channels, T/H/W latent frames/rows/cols, L tokens, D model width, d head width.
 
 Cosmos-Predict2.5 (configs p25-*) is the same network plus the Reason1 text projection (crossattn_proj), and for
-robot/multiview-agibot a per-block cam_encoder fed by camera.plucker_map. The net always takes t in (0,1); upstream
-2.5 feeds 1000 t and scales it by 0.001 inside (DiTConfig.timestep_scale records that; flow.py converts).
+robot/multiview-agibot a per-block cam_encoder fed by camera.plucker_map (t: see DiTConfig.timestep_scale).
 fp32_time_modulation is upstream's "Wan fp32 strategy" written as explicit fp32 GEMMs (linear_fp32) instead of a CUDA
 fp32 autocast: the time embedding, the adaLN modulations and the whole final layer run in fp32 in a bf16 model (its
 output is then fp32), shift/scale/gate are cast to the activation dtype; on any device (upstream cannot run a bf16
@@ -16,11 +15,7 @@ model on CPU at all), a no-op in an fp32 model. Its other part, q/k in fp32 for 
 Context parallelism (--cp, cp.py): under cp.enable a DiT computes its rank's share of the latent frames, and each
 self-attention exchanges q, k, v and its output with the other ranks of the cp group (Ulysses all-to-all).
 
-Everything a generation is conditioned on besides the noisy latent and its time travels as one `Condition` record,
-from the code that builds it from a batch down to DiT.forward (docs/conditioning.md).
-
-Contents, top to bottom: config -> conditioning record -> building blocks -> DiT -> rectified-flow denoiser
--> FLOPs. LoRA: lora.py.
+Contents, top to bottom: Condition -> blocks -> DiT -> denoiser -> FLOPs. DiTConfig: inits.py; LoRA: lora.py.
 """
 import math
 import time
@@ -34,126 +29,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import cp
-
-# -----------------------------------------------------------------------------
-# Config
-
-
-@dataclass(frozen=True)
-class DiTConfig:
-    model_channels: int = 64  # D
-    num_blocks: int = 2
-    num_heads: int = 2
-    mlp_ratio: float = 4.0
-    in_channels: int = 16  # latent channels, before the condition / padding-mask channels are appended
-    out_channels: int = 16
-    patch_spatial: int = 2
-    patch_temporal: int = 1
-    video2world: bool = True  # MinimalV1LVGDiT: one extra input channel marking the conditioning frames
-    concat_padding_mask: bool = True
-    crossattn_emb_channels: int = 1024  # T5-XXL width
-    crossattn_proj_in_channels: int = 1024  # != crossattn_emb_channels adds crossattn_proj (Linear+GELU)
-    use_adaln_lora: bool = True
-    adaln_lora_dim: int = 256
-    max_img_h: int = 240  # RoPE / learnable-pos-emb table sizes, in latent pixels
-    max_img_w: int = 240
-    max_frames: int = 128
-    rope_h_extrapolation_ratio: float = 1.0
-    rope_w_extrapolation_ratio: float = 1.0
-    rope_t_extrapolation_ratio: float = 1.0
-    rope_enable_fps_modulation: bool = False
-    extra_per_block_abs_pos_emb: bool = False
-    # Predict2.5. Our net always takes t in (0,1); upstream 2.5 nets take 1000*t and multiply by timestep_scale
-    # inside, so the field only records which convention a checkpoint was trained with (1 or 0.001, see is_p25)
-    timestep_scale: float = 1.0
-    fp32_time_modulation: bool = False  # upstream's "Wan fp32 strategy": t-embedding, adaLN GEMMs, final layer in fp32
-    camera_channels: int = 0  # > 0: per-block cam_encoder Linear(camera_channels -> D) (robot/multiview-agibot: 1536)
-
-    @property
-    def head_dim(self):
-        return self.model_channels // self.num_heads
-
-
-_RELEASE = dict(max_img_h=240, max_img_w=240, max_frames=128, use_adaln_lora=True, adaln_lora_dim=256)
-CONFIGS = {
-    # CPU-fast: tests and the built-in tiny default of train.py / smoke.py
-    "tiny": DiTConfig(model_channels=64, num_blocks=2, num_heads=2, adaln_lora_dim=16),
-    "tiny-h4": DiTConfig(model_channels=64, num_blocks=2, num_heads=4, adaln_lora_dim=16),  # 4 heads: --cp 4 tests
-    "t2i-0.6b": DiTConfig(model_channels=1280, num_blocks=20, num_heads=20, video2world=False, **_RELEASE,
-                          rope_h_extrapolation_ratio=4.0, rope_w_extrapolation_ratio=4.0),
-    "t2i-2b": DiTConfig(model_channels=2048, num_blocks=28, num_heads=16, video2world=False, **_RELEASE,
-                        rope_h_extrapolation_ratio=4.0, rope_w_extrapolation_ratio=4.0),
-    "t2i-14b": DiTConfig(model_channels=5120, num_blocks=36, num_heads=40, video2world=False, **_RELEASE,
-                         rope_h_extrapolation_ratio=4.0, rope_w_extrapolation_ratio=4.0),
-    "v2w-2b": DiTConfig(model_channels=2048, num_blocks=28, num_heads=16, **_RELEASE,
-                        rope_h_extrapolation_ratio=3.0, rope_w_extrapolation_ratio=3.0),
-    "v2w-14b": DiTConfig(model_channels=5120, num_blocks=36, num_heads=40, **_RELEASE,
-                         rope_h_extrapolation_ratio=2.0, rope_w_extrapolation_ratio=2.0,
-                         rope_t_extrapolation_ratio=5.0 / 6.0),
-}
-# Cosmos-Predict2.5 (Reason1 text: 28 layers x 3584 concatenated, projected to 1024); RoPE (h,w,t) = (3,3,1) at 14B too
-_P25 = dict(timestep_scale=0.001, fp32_time_modulation=True, rope_h_extrapolation_ratio=3.0,
-            rope_w_extrapolation_ratio=3.0)
-CONFIGS.update({
-    "p25-2b": DiTConfig(model_channels=2048, num_blocks=28, num_heads=16, crossattn_proj_in_channels=100352,
-                        **_RELEASE, **_P25),
-    "p25-14b": DiTConfig(model_channels=5120, num_blocks=36, num_heads=40, crossattn_proj_in_channels=100352,
-                         **_RELEASE, **_P25),
-    "p25-2b-agibot": DiTConfig(model_channels=2048, num_blocks=28, num_heads=16, crossattn_proj_in_channels=100352,
-                               camera_channels=1536, **_RELEASE, **_P25),
-    # CPU-fast stand-ins: text 96 wide (3 fake layers x 32), projected to 32; the camera map keeps its real width
-    "p25-tiny": DiTConfig(model_channels=64, num_blocks=2, num_heads=2, adaln_lora_dim=16, crossattn_emb_channels=32,
-                          crossattn_proj_in_channels=96, **_P25),
-    "p25-tiny-agibot": DiTConfig(model_channels=64, num_blocks=2, num_heads=2, adaln_lora_dim=16,
-                                 crossattn_emb_channels=32, crossattn_proj_in_channels=96, camera_channels=1536, **_P25),
-})
-
-# Upstream constructor kwargs that carry no meaning for this network (rope3d is the only positional scheme;
-# the attention backend is a kernel choice; fps bounds and extra_*_extrapolation ratios are unused upstream).
-_UPSTREAM_IGNORED = {"pos_emb_cls", "pos_emb_learnable", "pos_emb_interpolation", "atten_backend", "min_fps", "max_fps",
-                     "extra_h_extrapolation_ratio", "extra_w_extrapolation_ratio", "extra_t_extrapolation_ratio",
-                     "sac_config", "use_crossattn_projection", "use_wan_fp32_strategy"}
-_UPSTREAM_CLASSES = {"MiniTrainDIT": (False, 0), "MinimalV1LVGDiT": (True, 0),  # (video2world, camera_channels)
-                     "CameraMiniTrainDIT": (False, 1536), "CameraMiniTrainDITwithConditionalMask": (True, 1536)}
-
-
-def config_from_upstream(class_name, kwargs):
-    """Map an upstream constructor call (class name, kwargs) to a DiTConfig; unknown kwargs are an error."""
-    name = class_name.rsplit(".", 1)[-1]
-    if name not in _UPSTREAM_CLASSES:
-        raise ValueError(f"unsupported upstream class {class_name!r}: expected one of {sorted(_UPSTREAM_CLASSES)}")
-    ours = {f.name for f in fields(DiTConfig)} - {"video2world", "fp32_time_modulation", "camera_channels"}
-    unknown = set(kwargs) - ours - _UPSTREAM_IGNORED
-    if unknown:
-        raise ValueError(f"upstream kwargs not understood by DiTConfig: {sorted(unknown)}")
-    if kwargs.get("pos_emb_cls", "rope3d") != "rope3d":
-        raise ValueError(f"only pos_emb_cls='rope3d' is implemented, got {kwargs['pos_emb_cls']!r}")
-    if kwargs.get("timestep_scale", 1.0) not in (1.0, 0.001):
-        raise ValueError(f"timestep_scale={kwargs['timestep_scale']!r}: only 1 (Predict2) and 0.001 (Predict2.5)")
-    values = {k: v for k, v in kwargs.items() if k in ours}
-    emb = values.get("crossattn_emb_channels", 1024)
-    values.setdefault("crossattn_proj_in_channels", emb)  # Predict2: a projection exists iff the widths differ
-    if kwargs.get("use_crossattn_projection") is False:  # Predict2.5 says it explicitly
-        values["crossattn_proj_in_channels"] = emb  # and ignores the in-width without the projection
-    elif kwargs.get("use_crossattn_projection") and values["crossattn_proj_in_channels"] == emb:
-        raise ValueError(f"use_crossattn_projection with in-width == crossattn_emb_channels ({emb}) is not supported")
-    # the class default is True, every release sets it False; keep the class default when the key is absent
-    values.setdefault("rope_enable_fps_modulation", True)
-    video2world, camera_channels = _UPSTREAM_CLASSES[name]
-    return DiTConfig(video2world=video2world, camera_channels=camera_channels,
-                     fp32_time_modulation=bool(kwargs.get("use_wan_fp32_strategy", False)), **values)
-
-
-def is_p25(cfg):
-    """True for a Cosmos-Predict2.5 network (rectified-flow training, Reason1 text, UniPC sampling)."""
-    return cfg.timestep_scale == 0.001
-
-
-def get_config(name, **overrides):
-    if name not in CONFIGS:
-        raise ValueError(f"unknown DiT config {name!r}; valid: {sorted(CONFIGS)}")
-    return replace(CONFIGS[name], **overrides)
-
+from inits import DiTConfig
 
 # -----------------------------------------------------------------------------
 # The conditioning record: one per batch (or per RL group), the same object from its producer to DiT.forward

@@ -59,7 +59,7 @@ from torch.nn.attention import SDPBackend, _cur_sdpa_kernel_backends
 import benchstep
 import cli
 import sac
-from model import get_config
+from inits import get_config
 from peer_net import (PeerNet, build_stock, compare, diffusers_inputs, diffusers_lora_targets, import_diffusers,
                       their_decode, their_encode, to_diffusers, transformer_kwargs, vae_to_diffusers, velocity, weights)
 from vae import WanVAE, get_vae_config

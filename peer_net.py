@@ -17,8 +17,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import build
+from inits import is_p25
 from lora import LORA_TARGETS, LoRALinear, add_lora
-from model import Condition, denoise, is_p25
+from model import Condition, denoise
 from vae import LATENT_MEAN, LATENT_STD
 
 MISSING = "bench.py --vs diffusers needs diffusers (pip install diffusers==0.42.1); it is a benchmark-only dependency"

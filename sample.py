@@ -33,7 +33,8 @@ import lerobot
 import resume
 import vae as vae_lib
 from camera import split_views, stack_views, views_map
-from model import Condition, condition_mask, denoise, get_config, is_p25, uncond
+from inits import get_config, is_p25
+from model import Condition, condition_mask, denoise, uncond
 
 SIGMA_MIN, SIGMA_MAX, RHO = 0.002, 80.0, 7.0
 TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot")  # CPU-fast configs: tiny VAE, 9x64x112, the stand-in prompt
@@ -207,7 +208,7 @@ def write_sample(net, vae, dataset, index, cfg, neg_text, guidance, path, master
 @dataclasses.dataclass
 class SampleConfig:
     ckpt: str = "out"  # a train.py run dir (rebuilt as trained, newest checkpoint), anything ckpt.load takes (droid, a path, hf://...), or random
-    config: str = ""  # DiT config (model.CONFIGS); default: the run's, or tiny
+    config: str = ""  # DiT config (inits.CONFIGS); default: the run's, or tiny
     ema: bool = False  # --ema: the EMA weights (a run's --ema, or a release file's net_ema. copy); --no-ema: the raw net. copy of a file holding both
     vae: str = ""  # tiny | real (default: the run's, or tiny for the tiny config, else real)
     vae_ckpt: str = ""  # tokenizer.pth for --vae real (default: the run's)

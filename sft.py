@@ -16,7 +16,8 @@ import torch
 import data
 import flow
 from collectives import all_mean, any_rank, ranks_any
-from model import condition_mask, denoise, get_config, is_p25
+from inits import get_config, is_p25
+from model import condition_mask, denoise
 
 def sample_seed(*keys):
     """A 63-bit seed from a tuple of counters: every random draw depends only on (seed, step, sample, purpose),

@@ -28,7 +28,8 @@ import sac
 from grpo import GRPOConfig
 from camera import fallback_cameras, split_views, views_map
 from data import VIEW_ORDER
-from model import Condition, condition_mask, get_config, is_p25, matmul_peak, model_flops
+from inits import get_config, is_p25
+from model import Condition, condition_mask, matmul_peak, model_flops
 from sample import TINY_CONFIGS
 from vae import WanVAE, get_vae_config, latent_frames
 
@@ -37,7 +38,7 @@ VIEWS = len(VIEW_ORDER)  # a camera net's views (robot/multiview-agibot: 3)
 
 @dataclass(frozen=True)
 class SmokeConfig:
-    config: str = "tiny"  # model.py config name (p25-*: rectified-flow rollouts; a camera net: 3 views stacked on time)
+    config: str = "tiny"  # inits.CONFIGS name (p25-*: rectified flow; camera nets: 3 views stacked on time)
     device: str = "cpu"  # cpu | cuda
     dtype: str = "auto"  # base weights: auto = bf16 on cuda, fp32 on cpu; fp32 | bf16. LoRA is always fp32
     frames: int = 9  # pixel frames, 4k + 1 (93 -> 24 latent frames)

@@ -47,7 +47,8 @@ import vae as vae_lib
 from build import NetSpec, describe, materialise, meta_net, trainable
 from camera import stack_views, views_map
 from grpo import GRPOConfig
-from model import Condition, condition_mask, get_config, is_p25, matmul_peak, model_flops, num_params
+from inits import get_config, is_p25
+from model import Condition, condition_mask, matmul_peak, model_flops, num_params
 from nft import NFTConfig
 from sample import TINY_CONFIGS, standin_text, tiny_data, write_sample
 
@@ -58,7 +59,7 @@ from sample import TINY_CONFIGS, standin_text, tiny_data, write_sample
 
 @dataclass
 class TrainConfig:
-    config: str = "tiny"  # DiT config (model.CONFIGS): tiny, v2w-2b, v2w-14b, p25-tiny, p25-2b, p25-14b, ...
+    config: str = "tiny"  # DiT config (inits.CONFIGS): tiny, v2w-2b, v2w-14b, p25-tiny, p25-2b, p25-14b, ...
     init: str = ""  # droid | 2b-480p-16fps | 14b-720p-10fps | PATH | hf://org/repo/file@rev | random ("" = random for tiny)
     ema_weights: str = ""  # net | net_ema: which copy of a release file that holds both ("" = the only one); net_ema on a step dir: its saved EMA
     guard_max_ratio: float = 0.75  # init guard: iteration-0 loss / zero-velocity loss must stay below (random ~1.6)

@@ -35,7 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ckpt  # noqa: E402
 import sample  # noqa: E402
 from camera import plucker_map  # noqa: E402
-from model import Condition, DiT, Timesteps, config_from_upstream, condition_mask, denoise, get_config  # noqa: E402
+from inits import config_from_upstream, get_config  # noqa: E402
+from model import Condition, DiT, Timesteps, condition_mask, denoise  # noqa: E402
 
 BOUND = 2e-5
 CAMERA_BOUND = 1e-6  # the reference README: fp64 from-formula Pluecker rays differ by 3.8e-7
@@ -299,7 +300,8 @@ def check_sampler_step(path):
 
 
 def check_components(json_path):
-    from model import DiTConfig, RopePositions
+    from inits import DiTConfig
+    from model import RopePositions
     info = json.load(open(json_path))
     ref = load_file(json_path[: -len(".json")] + ".safetensors")
     results = []

@@ -19,8 +19,9 @@ import ckpt  # noqa: E402
 import data  # noqa: E402
 import grpo  # noqa: E402
 import vae as vae_lib  # noqa: E402
+from inits import get_config  # noqa: E402
 from lora import add_lora  # noqa: E402
-from model import Condition, DiT, condition_mask, get_config  # noqa: E402
+from model import Condition, DiT, condition_mask  # noqa: E402
 
 
 def flat(tensors):

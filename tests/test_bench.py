@@ -12,8 +12,9 @@ import bench
 import collectives
 import plan
 from dist_utils import run_dist
+from inits import get_config
 from lora import add_lora
-from model import DiT, get_config
+from model import DiT
 
 SMALL = ["--device", "cpu", "--dtype", "float32", "--config", "tiny", "--frames", "5", "--height", "64", "--width",
          "64", "--text-len", "8", "--steps", "1", "--warmup", "0"]

@@ -24,8 +24,9 @@ import bench
 import ckpt
 import resume
 from dist_utils import run_dist
+from inits import get_config
 from lora import add_lora
-from model import Condition, DiT, denoise, get_config
+from model import Condition, DiT, denoise
 from run_utils import in_process
 
 # tiny, with an odd dim 0 (crossattn_proj.0: 33 rows -> 17 + 16 on 2 ranks)

@@ -14,8 +14,9 @@ import torch.distributed as dist
 import cp
 import sac
 from dist_utils import run_dist
+from inits import get_config
 from lora import add_lora
-from model import Condition, DiT, condition_mask, get_config
+from model import Condition, DiT, condition_mask
 from run_utils import in_process, script
 
 

@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 import ckpt
 import flow
 import inits
-from model import Condition, DiT, DiTConfig, condition_mask
+from inits import DiTConfig
+from model import Condition, DiT, condition_mask
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 REF = load_file(os.path.join(DATA, "flow_ref.safetensors"))
@@ -229,7 +230,8 @@ def test_camera_reaches_the_net():
 def test_multiview_camera_loss_and_sampler_run_on_a_camera_net():
     """p25-tiny-agibot: views stacked on time, the frame-init mask, a camera map per latent frame; the camera moves
     the loss (it reaches every block), and a missing camera is refused by the net."""
-    from model import build_model, get_config
+    from inits import get_config
+    from model import build_model
     torch.manual_seed(0)
     cam_net = build_model(get_config("p25-tiny-agibot"))
     with torch.no_grad():

@@ -10,8 +10,9 @@ import grpo
 import lora
 import train
 from dist_utils import run_dist
+from inits import get_config
 from lora import LoRALinear, add_lora
-from model import Condition, build_model, condition_mask, get_config
+from model import Condition, build_model, condition_mask
 from test_grpo import LATENT, perturb_lora_b, rollout, tiny_policy
 
 

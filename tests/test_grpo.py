@@ -7,8 +7,9 @@ import torch
 import collectives
 import flow
 import grpo
+from inits import get_config
 from lora import add_lora, set_lora_enabled
-from model import Condition, build_model, condition_mask, get_config
+from model import Condition, build_model, condition_mask
 from sample import karras_sigmas
 
 LATENT = (16, 3, 4, 4)  # C, T, H, W: 3 latent frames, the first one conditioning

@@ -20,8 +20,9 @@ import ckpt
 import formats
 import resume
 from formats import CheckpointError
+from inits import get_config
 from lora import add_lora
-from model import DiT, get_config
+from model import DiT
 from run_utils import in_process, script
 
 CFG = get_config("tiny")

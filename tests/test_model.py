@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import check_reference
+from inits import get_config
 from lora import LoRALinear, add_lora, set_lora_enabled
-from model import Condition, DiT, build_model, condition_mask, denoise, get_config, num_params
+from model import Condition, DiT, build_model, condition_mask, denoise, num_params
 
 REF = os.path.join(os.path.dirname(__file__), "data", "reference")
 DIT_CASES = sorted(p for p in glob.glob(os.path.join(REF, "*.json"))

@@ -12,8 +12,9 @@ from safetensors.torch import load_file
 import check_reference
 import ckpt
 from camera import fallback_cameras, plucker_map
+from inits import config_from_upstream, get_config, is_p25
 from lora import add_lora
-from model import Condition, DiT, build_model, condition_mask, config_from_upstream, get_config, is_p25, model_flops, num_params
+from model import Condition, DiT, build_model, condition_mask, model_flops, num_params
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 ATOL = 2e-5  # the reference README's bound for network outputs (other CPU kernels move them 2.4e-6)

@@ -18,8 +18,9 @@ pytest.importorskip("diffusers")
 import bench  # noqa: E402
 import peer  # noqa: E402
 import peer_net  # noqa: E402
+from inits import get_config  # noqa: E402
 from lora import add_lora  # noqa: E402
-from model import Condition, DiT, condition_mask, get_config  # noqa: E402
+from model import Condition, DiT, condition_mask  # noqa: E402
 from vae import WanVAE, get_vae_config  # noqa: E402
 
 CPU = ["--device", "cpu", "--dtype", "float32", "--config", "tiny", "--frames", "9", "--height", "64", "--width", "64",

@@ -17,8 +17,9 @@ import rundir
 import sample
 import train
 from ckpt import CheckpointError
+from inits import get_config
 from lora import add_lora
-from model import Condition, DiT, get_config
+from model import Condition, DiT
 from run_utils import check, in_process, suggested
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +33,8 @@ import os, sys, time
 sys.path.insert(0, sys.argv[3])
 import torch, resume
 import torch.distributed.checkpoint.filesystem as fs
-from model import DiT, get_config
+from inits import get_config
+from model import DiT
 out, point = sys.argv[1], sys.argv[2]
 torch.manual_seed(0)
 net = DiT(get_config("tiny"))

@@ -14,8 +14,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import bench
 import sac
+from inits import get_config
 from lora import add_lora
-from model import Condition, build_model, condition_mask, denoise, get_config, model_flops
+from model import Condition, build_model, condition_mask, denoise, model_flops
 
 
 class OpCounter(TorchDispatchMode):

@@ -72,7 +72,8 @@ def test_sample_from_a_lora_run_with_ema(tiny_grid, tmp_path):
 
 def test_no_ema_picks_the_raw_copy_of_a_file_holding_both(tmp_path):
     """--no-ema works for a release file that holds net. and net_ema.; without a choice it is an error."""
-    from model import DiT, get_config
+    from inits import get_config
+    from model import DiT
     net = DiT(get_config("tiny"))
     torch.manual_seed(0)
     net.init_weights()
@@ -115,7 +116,8 @@ def test_p25_cli_samples_with_unipc_and_refuses_unipc_flags_for_predict2(tmp_pat
 def test_generate_p25_is_flow_sample_decoded():
     import flow
     import vae as vae_lib
-    from model import Condition, build_model, condition_mask, get_config
+    from inits import get_config
+    from model import Condition, build_model, condition_mask
     torch.manual_seed(0)
     net, vae = build_model(get_config("p25-tiny")).eval(), vae_lib.build_vae("tiny", "", torch.device("cpu"),
                                                                                torch.float32)

@@ -170,7 +170,8 @@ def test_fsdp_two_gloo_ranks_match_one_process(grid, trained_file, tmp_path):
 
 
 def test_init_guard_passes_trained_weights_and_stops_rerandomised_ones(grid, trained_file, tmp_path):
-    from model import DiT, get_config
+    from inits import get_config
+    from model import DiT
     from safetensors.torch import save_file
     proc = run(["--data", grid, "--out", str(tmp_path / "ft"), "--steps", "1", "--init", trained_file])
     assert "init guard" in proc.stdout
@@ -543,7 +544,8 @@ def test_nonfinite_sft_steps_are_skipped_logged_and_stop_the_run(grid, tmp_path,
     rows = metrics(out)
     assert sorted(rows) == [1, 2, 3] and all(r["skipped"] == "nonfinite" and r["nonfinite_steps"] == 1
                                              for r in rows.values())
-    from model import DiT, get_config
+    from inits import get_config
+    from model import DiT
     with torch.device("meta"):
         init = DiT(get_config("tiny"))
     init.to_empty(device="cpu")
