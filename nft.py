@@ -28,9 +28,9 @@ import torch.distributed as dist
 import collectives
 import flow
 import grpo
+import scoring
 from lora import set_lora_enabled
 from model import Condition, denoise, map_tensors
-from reward import group_advantages
 from sample import guided_x0_fn, karras_sigmas, sample
 
 # -----------------------------------------------------------------------------
@@ -296,16 +296,16 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
     (update 0 starts from old == theta). score, decode, agree: as grpo.train_step.
     Returns (stats of nft_update, metrics averaged over all ranks, s per phase)."""
     device = conds[0].crossattn_emb.device
-    times, timed = grpo.phase_timer(device)
+    times, timed = scoring.phase_timer(device)
     generator = torch.Generator(device=device).manual_seed(seed)
     old_is_current = update == 0 or decay_at(cfg, update - 1) == 0  # the last refresh copied theta exactly
     with adapters(net, params, old) if not old_is_current else nullcontext():
         x0s = [timed("rollout", lambda: rollout_group(net, cond, latent_shape, cfg, generator)) for cond in conds]
     if agree is not None:  # before any decode or reward: a NaN sample is named as such, on every rank
-        agree("checking the rollouts", lambda: grpo.check_samples(x0s, conds))
+        agree("checking the rollouts", lambda: scoring.check_samples(x0s, conds))
     else:
-        grpo.check_samples(x0s, conds)
-    mine, reward_metrics = grpo.score_groups(x0s, score, decode, cfg, timed, agree)
+        scoring.check_samples(x0s, conds)
+    mine, reward_metrics = scoring.score_groups(x0s, score, decode, cfg, timed, agree)
     if reward_metrics["adv_std"] == 0:  # every advantage on every rank is 0 (all-tie groups): nothing to learn, and
         # the same on every rank (gathered); no forward and no optimizer step (AdamW's decay would still move weights)
         stats = {"loss": 0.0, "kl": 0.0, "data_loss": 0.0, "old_deviation": 0.0, "micro_steps": 0, "skipped": 1,

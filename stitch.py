@@ -268,6 +268,8 @@ def camera_file(out: str, stem: str) -> str:
 
 
 def run_episode(stem: str, ep: Episode) -> dict:
+    """stitch_episode's work (it catches what this raises): the checks in the order of their cost, then the
+    renames into place; a skip renames nothing (stitch_episode removes the .tmp files)."""
     source, cfg, fits = _CTX["source"], _CTX["cfg"], _CTX["fits"]
     fps, cams = source.fps, source.cams
     skip = lambda reason, detail: {"skip": {"stem": stem, "source": source.name, "episode_index": ep.index,  # noqa
@@ -284,36 +286,12 @@ def run_episode(stem: str, ep: Episode) -> dict:
     (H, W), views = parse_size(cfg.size), cfg.layout == "views"
     files = video_files(_CTX["out"], stem, cfg.layout)
     video = os.path.join(_CTX["out"], "videos", stem + (".{view}.mp4" if views else ".mp4"))
-    with tempfile.TemporaryFile("w+", errors="replace") as log:
-        command = episode_command(ep, source, cfg, fits, [*x264_args(cfg.crf, cfg.preset), "-f", "mp4", "-y",
-                                                          video + ".tmp"], log_times=True)
-        rc = subprocess.run(command, stderr=log).returncode
-        if rc != 0:
-            tail = log_tail(log)
-            log.seek(0)
-            # the disk, not the episode (ffmpeg prints strerror): named, and retried by a rerun
-            full = [(errno.errorcode[n], line.strip()) for line in log for n in WRITE_ERRNOS if os.strerror(n) in line]
-            if full:
-                return skip("write_error", f"{full[0][0]} writing {video}.tmp: ffmpeg rc {rc}: {full[0][1]}")
-            return skip("ffmpeg_error", f"ffmpeg rc {rc}: {tail}")
-        log.seek(0)
-        text = log.read()
-    # alignment by timestamp: kept frame j of each camera must be the source frame at from_timestamp + j*stride/fps
-    times = {s: np.array(re.findall(rf"\[showinfo@{s} @ [^\]]*\] n:\s*\d+ pts:\s*\S+ pts_time:(\S+)", text), float)
-             for s in SLOTS}
-    counts = {s: len(t) for s, t in times.items()}
-    n_want = (ep.length - 1) // cfg.stride + 1
-    n_floor = (max(ep.length - 2, 1) - 1) // cfg.stride + 1  # a camera may be up to 2 source frames short
-    short = min(SLOTS, key=counts.get)
-    if counts[short] < n_floor:  # the shortest camera ended the grid; the others were not read to their end
-        return skip("cam_len_mismatch", f"{cams[short]} gave {counts[short]} frames, the parquet length {ep.length} "
-                                        f"makes {n_want} at stride {cfg.stride}")
-    for s in SLOTS:
-        expect = ep.segments[s][1] + np.arange(counts[s]) * cfg.stride / float(fps)
-        off = np.flatnonzero(np.abs(times[s] - expect) >= 0.5 / float(fps))
-        if len(off):
-            return skip("misaligned", f"{cams[s]}: kept frame {off[0]} is the source frame at {times[s][off[0]]} s, "
-                                      f"expected {expect[off[0]]:.4f} s (dropped or repeated source frames?)")
+    text, problem = encode_episode(ep, source, cfg, fits, video)
+    if problem:
+        return skip(*problem)
+    counts, short, problem = kept_frames(text, ep, source, cfg)
+    if problem:
+        return skip(*problem)
     n, min_frames = counts[short], cfg.min_frames or cfg.frames
     if n < min_frames:
         return skip("too_short_after_decode", f"{n} frames decoded, need {min_frames}")
@@ -354,6 +332,50 @@ def run_episode(stem: str, ep: Episode) -> dict:
     if views:  # which views in which order, and whether cameras/<stem>.npz holds their real parameters
         record.update(views={s: written[s] for s in SLOTS}, cameras=cameras)
     return {"done": record}
+
+
+def encode_episode(ep: Episode, source: Source, cfg: StitchConfig, fits: dict, video: str) -> tuple:
+    """(ffmpeg's log, None) once video + ".tmp" is written, or (None, (reason, detail)) when ffmpeg failed."""
+    with tempfile.TemporaryFile("w+", errors="replace") as log:
+        command = episode_command(ep, source, cfg, fits, [*x264_args(cfg.crf, cfg.preset), "-f", "mp4", "-y",
+                                                          video + ".tmp"], log_times=True)
+        rc = subprocess.run(command, stderr=log).returncode
+        if rc != 0:
+            tail = log_tail(log)
+            log.seek(0)
+            # the disk, not the episode (ffmpeg prints strerror): named, and retried by a rerun
+            full = [(errno.errorcode[n], line.strip()) for line in log for n in WRITE_ERRNOS if os.strerror(n) in line]
+            if full:
+                return None, ("write_error",
+                              f"{full[0][0]} writing {video}.tmp: ffmpeg rc {rc}: {full[0][1]}")
+            return None, ("ffmpeg_error", f"ffmpeg rc {rc}: {tail}")
+        log.seek(0)
+        return log.read(), None
+
+
+def kept_frames(text: str, ep: Episode, source: Source, cfg: StitchConfig) -> tuple:
+    """(frames per camera, the shortest camera, None or (reason, detail)) from ffmpeg's showinfo log: a skip
+    when a camera ends early or a kept frame is not the source frame its timestamp should be."""
+    fps, cams = source.fps, source.cams
+    # alignment by timestamp: kept frame j of each camera must be the source frame at from_timestamp + j*stride/fps
+    times = {s: np.array(re.findall(rf"\[showinfo@{s} @ [^\]]*\] n:\s*\d+ pts:\s*\S+ pts_time:(\S+)", text), float)
+             for s in SLOTS}
+    counts = {s: len(t) for s, t in times.items()}
+    n_want = (ep.length - 1) // cfg.stride + 1
+    n_floor = (max(ep.length - 2, 1) - 1) // cfg.stride + 1  # a camera may be up to 2 source frames short
+    short = min(SLOTS, key=counts.get)
+    if counts[short] < n_floor:  # the shortest camera ended the grid; the others were not read to their end
+        return counts, short, ("cam_len_mismatch", f"{cams[short]} gave {counts[short]} frames, the "
+                                                   f"parquet length {ep.length} makes {n_want} at stride "
+                                                   f"{cfg.stride}")
+    for s in SLOTS:
+        expect = ep.segments[s][1] + np.arange(counts[s]) * cfg.stride / float(fps)
+        off = np.flatnonzero(np.abs(times[s] - expect) >= 0.5 / float(fps))
+        if len(off):
+            return counts, short, ("misaligned", f"{cams[s]}: kept frame {off[0]} is the source frame at "
+                                                 f"{times[s][off[0]]} s, expected {expect[off[0]]:.4f} s "
+                                                 "(dropped or repeated source frames?)")
+    return counts, short, None
 
 
 # ----------------------------------------------------------------------------------------- the whole dataset
@@ -411,30 +433,9 @@ def stitch(src: str, out: str, **overrides) -> dict:
         views = ", ".join(f"{s}={k}" for s, k in source.cams.items())
         print(f"stitch: views {views}; {camera_summary(source, camera_params)}")
     check_ffmpeg()
-    H, W = parse_size(cfg.size)
-    template, template_id = prompt_template(cfg.prompt, cfg.layout)
+    recipe, recipe_hash, template, template_id = recipe_of(cfg)
+    prepare_out(out, cfg, recipe, recipe_hash)
     min_frames = cfg.min_frames or cfg.frames
-    recipe = {"version": RECIPE_VERSION, "stride": cfg.stride, "size": [H, W], "min_frames": min_frames,
-              "fit": cfg.fit, "prompt_template": template, "prompt_template_id": template_id, "crf": cfg.crf,
-              "preset": cfg.preset, "codec": "libx264", "pix_fmt": "yuv420p"}
-    if cfg.layout == "views":  # only here, so a grid recipe (and its hash) stays what it always was
-        recipe.update(layout="views", camera_params=cfg.camera_params)
-    recipe_hash = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
-    for sub in ("videos", "metas") + (("cameras",) if cfg.layout == "views" else ()):
-        os.makedirs(os.path.join(out, sub), exist_ok=True)
-        for name in os.listdir(os.path.join(out, sub)):  # leftovers of a killed run
-            if name.endswith(".tmp"):
-                os.remove(os.path.join(out, sub, name))
-    recipe_path = os.path.join(out, "RECIPE.json")
-    if os.path.exists(recipe_path):
-        with open(recipe_path, encoding="utf-8") as f:
-            old = json.load(f)
-        if old.get("recipe_hash") != recipe_hash:
-            raise ValueError(f"{out} was built with another recipe ({recipe_path}: {old}); a different stride, size, "
-                             f"prompt, fit, crf or layout needs a new output folder. This run: {recipe}")
-    else:
-        write_atomic(recipe_path, json.dumps({**recipe, "recipe_hash": recipe_hash,
-                                              "ffmpeg": imageio_ffmpeg.get_ffmpeg_version()}, indent=1))
     manifest_path, skips_path = os.path.join(out, "manifest.jsonl"), os.path.join(out, "skips.jsonl")
     # done = a manifest line whose videos are still there with the recorded sizes (renamed in complete), and its
     # camera file when it has one
@@ -476,26 +477,7 @@ def stitch(src: str, out: str, **overrides) -> dict:
 
         for rec in pre_skips:
             record("skip", rec)
-        workers = cfg.workers or os.cpu_count() or 1
-        serial = workers == 1 or len(jobs) <= 1
-        # spawn: pool workers start clean, without our open files (specs/data.md 3.7)
-        with contextlib.nullcontext() if serial else ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker, initargs=(ctx,)) as pool:
-            if serial:
-                _init_worker(ctx)
-            results = (stitch_episode(*job) for job in jobs) if serial else \
-                (f.result() for f in as_completed([pool.submit(stitch_episode, *job) for job in jobs]))
-            terminal, t0, this_run = sys.stdout.isatty(), time.time(), Counter()
-            for k, result in enumerate(tqdm(results, total=len(jobs), desc=f"stitch {source.name}", unit="ep",
-                                            disable=not terminal), 1):
-                record(*next(iter(result.items())))
-                this_run.update(result.keys())
-                if not terminal and cfg.progress_every and k % cfg.progress_every == 0:  # the summary ends it
-                    rate = k / max(time.time() - t0, 1e-9)
-                    eta = (len(jobs) - k) / rate
-                    print(f"stitch {source.name}: {k}/{len(jobs)} episodes ({this_run['done']} written, "
-                          f"{this_run['skip']} skipped), {rate:.2f} ep/s, ETA {int(eta // 3600)}h"
-                          f"{int(eta % 3600 // 60):02d}m{int(eta % 60):02d}s", flush=True)
+        run_jobs(jobs, ctx, cfg, source.name, record)
     write_atomic(manifest_path, jsonl(done))
     write_atomic(skips_path, jsonl(skips))
     write_atomic(os.path.join(out, "metadata.csv"), metadata_csv(done))
@@ -510,6 +492,66 @@ def stitch(src: str, out: str, **overrides) -> dict:
     if written + summary["skipped"] != len(episodes):
         raise RuntimeError(f"stitch: counts do not add up, an episode was neither written nor skipped: {summary}")
     return summary
+
+
+def recipe_of(cfg: StitchConfig) -> tuple:
+    """(recipe, its hash, prompt template, its id): what decides the bytes written, kept in RECIPE.json."""
+    H, W = parse_size(cfg.size)
+    template, template_id = prompt_template(cfg.prompt, cfg.layout)
+    min_frames = cfg.min_frames or cfg.frames
+    recipe = {"version": RECIPE_VERSION, "stride": cfg.stride, "size": [H, W], "min_frames": min_frames,
+              "fit": cfg.fit, "prompt_template": template, "prompt_template_id": template_id, "crf": cfg.crf,
+              "preset": cfg.preset, "codec": "libx264", "pix_fmt": "yuv420p"}
+    if cfg.layout == "views":  # only here, so a grid recipe (and its hash) stays what it always was
+        recipe.update(layout="views", camera_params=cfg.camera_params)
+    recipe_hash = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    return recipe, recipe_hash, template, template_id
+
+
+def prepare_out(out: str, cfg: StitchConfig, recipe: dict, recipe_hash: str):
+    """out's folders without a killed run's .tmp files, and its RECIPE.json: a folder built by another recipe
+    is refused, not mixed into."""
+    for sub in ("videos", "metas") + (("cameras",) if cfg.layout == "views" else ()):
+        os.makedirs(os.path.join(out, sub), exist_ok=True)
+        for name in os.listdir(os.path.join(out, sub)):  # leftovers of a killed run
+            if name.endswith(".tmp"):
+                os.remove(os.path.join(out, sub, name))
+    recipe_path = os.path.join(out, "RECIPE.json")
+    if os.path.exists(recipe_path):
+        with open(recipe_path, encoding="utf-8") as f:
+            old = json.load(f)
+        if old.get("recipe_hash") != recipe_hash:
+            raise ValueError(f"{out} was built with another recipe ({recipe_path}: {old}); a different stride, size, "
+                             f"prompt, fit, crf or layout needs a new output folder. This run: {recipe}")
+    else:
+        write_atomic(recipe_path, json.dumps({**recipe, "recipe_hash": recipe_hash,
+                                              "ffmpeg": imageio_ffmpeg.get_ffmpeg_version()}, indent=1))
+
+
+def run_jobs(jobs: list, ctx: dict, cfg: StitchConfig, name: str, record):
+    """record(kind, rec) of each job's stitch_episode as it ends: here for one worker or job, else in a pool;
+    progress is a bar on a terminal, else a line every --progress-every episodes."""
+    workers = cfg.workers or os.cpu_count() or 1
+    serial = workers == 1 or len(jobs) <= 1
+    # spawn: pool workers start clean, without our open files (specs/data.md 3.7)
+    with contextlib.nullcontext() if serial else ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+            initargs=(ctx,)) as pool:
+        if serial:
+            _init_worker(ctx)
+        results = (stitch_episode(*job) for job in jobs) if serial else \
+            (f.result() for f in as_completed([pool.submit(stitch_episode, *job) for job in jobs]))
+        terminal, t0, this_run = sys.stdout.isatty(), time.time(), Counter()
+        for k, result in enumerate(tqdm(results, total=len(jobs), desc=f"stitch {name}", unit="ep",
+                                        disable=not terminal), 1):
+            record(*next(iter(result.items())))
+            this_run.update(result.keys())
+            if not terminal and cfg.progress_every and k % cfg.progress_every == 0:  # the summary ends it
+                rate = k / max(time.time() - t0, 1e-9)
+                eta = (len(jobs) - k) / rate
+                print(f"stitch {name}: {k}/{len(jobs)} episodes ({this_run['done']} written, "
+                      f"{this_run['skip']} skipped), {rate:.2f} ep/s, ETA {int(eta // 3600)}h"
+                      f"{int(eta % 3600 // 60):02d}m{int(eta % 60):02d}s", flush=True)
 
 
 def outcome_problem(summary: dict, max_skip_fraction: float, out: str) -> str | None:
