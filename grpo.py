@@ -31,7 +31,6 @@ import collectives
 import flow
 from lora import set_lora_enabled
 from model import Condition, denoise, uncond
-from reward import group_advantages  # noqa: F401 (grpo.group_advantages: smoke.py, README, tests)
 from sample import karras_sigmas
 from scoring import check_samples, phase_timer, score_groups
 

@@ -204,7 +204,7 @@ def main(argv=None):
     with phases("reward"):
         scores = reward.grid_rewards(video)
     rewards = scores["reward"]
-    advantages = grpo.group_advantages(rewards, [cond.key] * K, eps=gcfg.adv_eps, clip=gcfg.adv_clip,
+    advantages = reward.group_advantages(rewards, [cond.key] * K, eps=gcfg.adv_eps, clip=gcfg.adv_clip,
                                        global_std=gcfg.global_std, ddof=gcfg.std_ddof)
     print(f"video {tuple(video.shape)}, rewards {rewards.tolist()}, advantages {advantages.tolist()}")
     print("raw reward statistics: " + ", ".join(f"{k} {v.tolist()}" for k, v in scores.items() if k != "reward"))
