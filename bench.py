@@ -8,6 +8,7 @@
     python bench.py --world 8 --config v2w-14b --sac block           # the planner: a table, then one JSON line
     python bench.py --world 8 --config v2w-14b --sac auto --mem-budget 75   # fastest checkpointing mix in 75 GiB
     python bench.py --world 8 --cp 8 --config v2w-14b --height 704 --width 1280 --sac block   # 720p, one sample on 8
+    python bench.py --grpo 4 --config v2w-14b --lora 32 --fp8 --sac block --compile   # GRPO's calls, per layout
 
 Without --world: forward + backward, no optimizer step. The model is built on `meta`, materialised in bf16 on the
 GPU with random weights (no download), and trained on random latents [1, 16, T, H/8, W/8] (T = 1 + (frames-1)/4, the
@@ -40,13 +41,15 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import build  # noqa: E402
 import ckpt  # noqa: E402
+import grpo  # noqa: E402
 import cli  # noqa: E402
 import cp  # noqa: E402
 import peer  # noqa: E402  (bench.py --vs; peer.py imports benchstep, never bench)
 import plan  # noqa: E402
+import rollout  # noqa: E402
 import sac  # noqa: E402
 from benchstep import build_net, emit, latent_shape, make_batch, timer, train_step  # noqa: E402
-from inits import get_config  # noqa: E402
+from inits import get_config, is_p25  # noqa: E402
 from lora import add_lora, quantize_base  # noqa: E402
 from model import DiT, matmul_peak, model_flops, num_params  # noqa: E402
 
@@ -91,6 +94,8 @@ class BenchConfig:
     vs_side: str = ""  # --vs diffusers: one side alone here: peer (diffusers, our weights) | stock (a diffusers user's)
     vs_standalone: bool = False  # --vs diffusers: also time stock diffusers; fail if it and the in-bench side differ
     vs_tolerance: float = 0.03  # --vs-standalone: the largest |standalone / in-bench - 1| accepted
+    grpo: int = 0  # K >= 2: instead of a step, GRPO's network calls at this shape (Predict2 nets, needs --lora):
+    # a rollout step of K states in each rollout_batch layout, the KL reference, one training micro-step
 
 
 # The BENCHMARKS.md table: v2w-2b full fine-tune under every mode, v2w-14b LoRA r=32 under block and attn.
@@ -369,6 +374,64 @@ def run(b: BenchConfig):
     return res
 
 
+# -----------------------------------------------------------------------------
+# GRPO's network calls (--grpo K): what one update's phases cost per sample, per rollout layout (docs/grpo.md §13)
+
+
+def run_grpo(b: BenchConfig):
+    """s per call and per sample through the net, the median of --steps after --warmup (compile): a rollout step's
+    two CFG branches of K states (rollout.branch_predictions, no autograd) in each layout, the KL reference of one
+    state (LoRA off, layout cfg), and one training micro-step (grpo.training_log_prob: the cond branch with
+    autograd, the uncond reused, then backward). Peak memory per phase."""
+    device, dtype = torch.device(b.device), getattr(torch, b.dtype)
+    torch.manual_seed(b.seed)
+    cfg = get_config(b.config)
+    net, trainable = build_net(b, device, dtype, sac.block_modes(b.sac, b.every, cfg.num_blocks))
+    batch = make_batch(b, cfg, device, dtype)
+    K, shape = b.grpo, latent_shape(b)[1:]
+    g = torch.Generator(device=device).manual_seed(b.seed + 2)
+    cond = dataclasses.replace(batch["cond"], neg_crossattn_emb=torch.randn(
+        batch["cond"].crossattn_emb.shape, device=device, generator=g).to(dtype))
+    gcfg = grpo.GRPOConfig(group_size=K, num_steps=2, recompute_old_logp=True)
+    sigmas = [80.0, 40.0, 0.002]
+    (alpha, beta), last = rollout.step_coefficients("ddim_eta", 80.0, 40.0, 0.5), (0.002, 0.0)
+    states = sigmas[0] * torch.randn(K, 3, *shape, device=device, generator=g)
+    ro = rollout.Rollout(cond=cond, sigmas=sigmas, alphas=[alpha, last[0]], betas=[beta, last[1]], train_steps=[0],
+                         states=states, log_probs=torch.zeros(K, 2, device=device), x0_final=None,
+                         uncond={(k, 0): torch.randn(1, *shape, device=device, generator=g) for k in range(K)},
+                         old_log_probs=torch.zeros(K, 2, device=device))
+
+    def micro_step():
+        logp, _ = grpo.training_log_prob(net, ro, [0], 0, gcfg, reuse_uncond=True)
+        logp.sum().backward()
+        for p in trainable:
+            p.grad = None
+    calls = {f"rollout_{layout}": (lambda layout=layout: rollout.branch_predictions(
+        net, states[:, 0], states[:, 0], 0, ro.grid, cond, dataclasses.replace(gcfg, rollout_batch=layout)), 2 * K)
+        for layout in rollout.ROLLOUT_BATCHES}
+    calls["reference_cfg"] = (lambda: grpo.reference_mean(net, ro, 0, 0, dataclasses.replace(
+        gcfg, rollout_batch="cfg")), 2)
+    calls["train_micro_step"] = (micro_step, 1)
+    res = dict(config=b.config, lora=b.lora, fp8=b.fp8, compile=b.compile, sac=b.sac, K=K, latent=list(shape),
+               torch=torch.__version__, gpu=torch.cuda.get_device_name() if device.type == "cuda" else "cpu")
+    for name, (fn, samples) in calls.items():
+        for _ in range(b.warmup):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(b.steps):
+            t = timer(device)
+            fn()
+            times.append(t())
+        med = statistics.median(times)
+        res[name] = dict(s=round(med, 4), s_per_sample=round(med / samples, 4), samples=samples,
+                         peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda"
+                         else None)
+    return res
+
+
 def sweep(b: BenchConfig, argv):
     """Each SWEEP entry in its own process (an OOM or a crash in one leaves the others running)."""
     skip = {"--sweep", "--out", "--config", "--sac", "--lora", "--every", "--timeout"}  # the entry sets these
@@ -535,6 +598,11 @@ def main(argv=None):
     if b.cp != 1:
         raise ValueError(f"--cp {b.cp} needs --world N (the planner runs train.py's CP step as rank 0 of N)")
     check_views(b)
+    if b.grpo:
+        if b.grpo < 2 or not b.lora or is_p25(get_config(b.config)):
+            raise ValueError(f"--grpo {b.grpo}: needs K >= 2, --lora RANK and a Predict2 config (v2w-*, tiny); "
+                             f"got --lora {b.lora} --config {b.config}")
+        return emit(run_grpo(b), b.out)
     if b.ckpt_load:
         if not b.dir or b.format not in ("pt", "safetensors"):
             raise ValueError(f"--ckpt-load needs --dir DIR and --format pt|safetensors, got {b.dir!r} {b.format!r}")

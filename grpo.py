@@ -1,21 +1,20 @@
 """GRPO post-training of the video DiT with LoRA: Flow-GRPO's objective on Cosmos-Predict2's (and 2.5's) sampler.
 
-docs/grpo.md has the derivation (§10: Predict2.5, whose RF step math is flow.step_mean / flow.edm_sigma). In short:
-Predict2 is a rectified-flow net behind an EDM-sigma interface (state x = x0 + sigma * eps). A rollout walks N
-Karras sigmas with a stochastic first-order x0 step ("DDIM-eta"):
+docs/grpo.md has the derivation (§10: Predict2.5). rollout.py samples K trajectories of a group with a stochastic
+step whose transitions are exact Gaussians and stores their log-densities; this file recomputes them with
+gradients and maximises Flow-GRPO's clipped surrogate with group-normalised advantages, optionally with a KL to
+the LoRA-disabled base.
 
-    x' = mean + beta * z,  mean = c * x + (1 - c) * x0_hat(x, sigma),  c = alpha / sigma,  alpha^2 + beta^2 = sigma'^2
+By default rollout and training call the *same* function on the *same* stored tensors with B = 1 per network call
+(cond and uncond as separate calls), so before the first optimizer step logp_new == logp_old bit for bit and the
+ratio is exactly 1 (docs/grpo.md, "ratio == 1"). The fast path (docs/grpo.md §13) batches the rollout's calls
+(rollout_batch) and compiles: it rounds differently, so recompute_old_logp takes logp_old from the training forward
+itself, which at one optimizer step per update is the update's own forward (free); the ratio is again exactly 1
+and `rollout_logp_gap` reports how far the sampler's log-probs were. Either way the update reuses what theta_old
+already computed: the rollout's uncond predictions of the trained steps, and (same_latent) one forward for the
+trajectories that share a step's state.
 
-so every transition is an exact Gaussian whose log-density we store (fp32, averaged over the generated, i.e.
-non-conditioning, latent elements). Training recomputes the same log-density with gradients and maximises
-Flow-GRPO's clipped surrogate with group-normalised advantages, optionally with a KL to the LoRA-disabled base.
-
-Rollout and training call the *same* function on the *same* stored tensors with B = 1 per network call (cond and
-uncond as separate calls), so before the first optimizer step logp_new == logp_old bit for bit and the ratio is
-exactly 1 (docs/grpo.md, "ratio == 1"). Keep it that way: no batching of CFG branches, no compile,
-no merged LoRA in the rollout; if you add any of these, set recompute_old_logp.
-
-Contents, top to bottom: config -> conditions -> step coefficients and log-prob -> rollout -> loss -> update ->
+Contents, top to bottom: config -> loss -> update ->
 one update of a training run (train_step: rollouts, decode, rewards, advantages over all ranks
 (scoring.score_groups, shared with nft.py), update), which train.py calls; there is no trainer class.
 """
@@ -28,10 +27,10 @@ import torch
 import torch.distributed as dist
 
 import collectives
-import flow
 from lora import set_lora_enabled
-from model import Condition, denoise, uncond
-from sample import karras_sigmas
+from model import uncond
+from rollout import (ROLLOUT_BATCHES, SDE_TYPES, Rollout, branch_predictions, draw_window_start, gaussian_log_prob,
+                     generated_mask, guide, mean_of, predict, rollout_group)
 from scoring import check_samples, phase_timer, score_groups
 
 # -----------------------------------------------------------------------------
@@ -62,7 +61,11 @@ class GRPOConfig:
     opt_steps_per_update: int = 1  # optimizer steps per batch of rollouts; > 1 makes the later ones off-policy
     drop_zero_advantage: bool = True  # skip trajectories with A == 0 (all-tie groups); under FSDP every rank must
     # then still run the same number of micro-steps: disable it, or equalise the counts in train.py
-    recompute_old_logp: bool = False  # recompute logp_old in the training layout before updating (see docstring)
+    recompute_old_logp: bool = False  # logp_old from the training forward (its layout and kernels), not the rollout:
+    # free at opt_steps_per_update 1 (the update's own forward, theta == theta_old), else one no-update pass
+    rollout_batch: str = "none"  # rollout network calls: none = B = 1 per state and branch (training's layout: ratio
+    # 1 bit for bit); cfg = cond + uncond in one B = 2 call; group = a group's states and branches in one call
+    # (B = 2K); cfg and group round unlike training, so they need recompute_old_logp
     offload_activations: bool = False  # keep the training forward's saved tensors in (pinned) host memory until
     # backward; with sac "block" these are the block inputs: ~11.9 GiB at 14B, 93x432x768, for ~5-10% time
     lr: float = 1e-4  # AdamW learning rate over the LoRA adapters, constant after the warm-up (Flow-GRPO's Wan recipe)
@@ -81,6 +84,8 @@ class GRPOConfig:
             raise ValueError(f"sde_type={self.sde_type!r}; valid: {SDE_TYPES}")
         if not 0.0 <= self.eta <= 1.0:
             raise ValueError(f"eta={self.eta} outside [0, 1]")
+        if self.rollout_batch not in ROLLOUT_BATCHES:
+            raise ValueError(f"rollout_batch={self.rollout_batch!r}; valid: {', '.join(ROLLOUT_BATCHES)}")
         if self.pg_step_weight not in STEP_WEIGHTS:
             raise ValueError(f"pg_step_weight={self.pg_step_weight!r}; valid: {', '.join(STEP_WEIGHTS)}")
         if self.std_ddof not in (0, 1):
@@ -110,218 +115,11 @@ class GRPOConfig:
         return tuple(self.window_range) if self.window_range else (0, self.num_steps // 2)
 
 
-SDE_TYPES = ("ddim_eta", "cps")
 STEP_WEIGHTS = ("unit", "exact", "beta2")
-DETERMINISTIC_STD = 1e-8  # a step with beta below this is an ODE step: no noise, no log-prob, not trained
-MIN_TRAIN_STD = 1e-6  # trained steps must have at least this much noise (the smallest at eta 0.5, N 8 is ~1e-3)
-LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
 # -----------------------------------------------------------------------------
-# Conditions (model.Condition): built once per group, cached, and reused by rollout, training and the KL reference.
-# Re-encoding text or frames (T5, VAE) or calling a conditioner with dropout would change bits and break ratio == 1.
-# cond.conditional_frame_timestep set (-1 or 0.1) marks a Predict2.5 net: RF rollouts (docs/grpo.md §10).
-
-
-def generated_mask(cond: Condition, latent_shape, device):
-    """[1, 1, T, H, W] fp32: 1 on generated latent frames, 0 on conditioning frames (excluded from log-probs)."""
-    C, T, H, W = latent_shape
-    if cond.condition_mask is None:
-        return torch.ones(1, 1, T, H, W, device=device)
-    if tuple(cond.condition_mask.shape) != (1, 1, T, H, W):
-        raise ValueError(f"condition_mask {tuple(cond.condition_mask.shape)} does not match latent {latent_shape}")
-    return 1.0 - cond.condition_mask.float()
-
-
-def guided_x0(net, x, sigma, cond: Condition, guidance, uncond_grad=False):
-    """x0 prediction with Predict2's CFG, x0_c + g (x0_c - x0_u), as two separate B = 1 network calls.
-
-    The uncond branch runs without autograd unless uncond_grad: its value is identical either way, but no
-    activations are kept for it (the gradient becomes (1 + g) d x0_c instead of (1 + g) d x0_c - g d x0_u).
-    """
-    sigma_B = torch.full((x.shape[0],), sigma, dtype=torch.float32, device=x.device)
-    x0_cond, _ = denoise(net, x, sigma_B, cond)
-    if guidance == 0:
-        return x0_cond
-    if cond.neg_crossattn_emb is None:
-        raise ValueError(f"guidance={guidance} needs cond.neg_crossattn_emb (an empty negative prompt makes CFG a "
-                         "no-op; use Predict2's default negative prompt)")
-    with torch.set_grad_enabled(uncond_grad and torch.is_grad_enabled()):
-        x0_uncond, _ = denoise(net, x, sigma_B, uncond(cond))
-    return x0_cond + guidance * (x0_cond - x0_uncond)
-
-
-# -----------------------------------------------------------------------------
-# The stochastic step and its exact log-density
-
-
-def step_coefficients(sde_type, sigma, sigma_next, eta, rectified=False):
-    """(alpha, beta) in float64 for x' = x0_hat + alpha * eps_hat + beta * z, with alpha^2 + beta^2 = sigma'^2.
-
-    ddim_eta: beta = eta * sigma' * sqrt(1 - sigma'^2 / sigma^2); eta = 1 is the exact posterior q(x_sigma' | x,
-    x0), eta = 0 is Predict2's Euler x0 step. cps: beta = sigma' * sin(eta * pi / 2), Flow-GRPO's "cps" step.
-    rectified (Predict2.5, sigma in [0, 1), x' = (1 - sigma') x0_hat + alpha eps_hat + beta z): the same, the ratio
-    in EDM units s = sigma / (1 - sigma); the step onto sigma' = 0 is deterministic (x' = x0_hat). docs/grpo.md §10.
-    """
-    if not (1 > sigma > sigma_next >= 0 if rectified else sigma > sigma_next > 0):
-        raise ValueError(f"need sigma > sigma_next {'>= 0, sigma < 1' if rectified else '> 0'}, got {sigma}, "
-                         f"{sigma_next}")
-    s, s_next = (flow.edm_sigma(sigma), flow.edm_sigma(sigma_next)) if rectified else (sigma, sigma_next)
-    if sde_type == "ddim_eta":  # RF: the ratio in EDM units (0 at sigma' = 0: the last step is deterministic)
-        beta = eta * sigma_next * math.sqrt(1.0 - s_next ** 2 / s ** 2)
-    elif sde_type == "cps":
-        beta = sigma_next * math.sin(eta * math.pi / 2)
-    else:
-        raise ValueError(f"sde_type={sde_type!r}; valid: {SDE_TYPES}")
-    if beta < DETERMINISTIC_STD:
-        return sigma_next, 0.0
-    return math.sqrt(sigma_next ** 2 - beta ** 2), beta
-
-
-def step_mean(x, x0, sigma, alpha):
-    """Gaussian mean c x + (1 - c) x0 with c = alpha / sigma (fp32; the same op order in rollout and training)."""
-    c = alpha / sigma
-    return c * x + (1.0 - c) * x0
-
-
-def gaussian_log_prob(x_next, mean, std, gen_mask):
-    """log N(x_next; mean, std^2) averaged over generated elements: [B] fp32. The gradient flows through mean only.
-
-    The mean (not the sum) over ~2e6 elements keeps ratios exp(mean delta) near 1 (Flow-GRPO does the same); the
-    constants are kept so E[logp] = -log(std) - 1.4189 can be checked. gen_mask: [B or 1, 1, T, H, W].
-    """
-    if std < MIN_TRAIN_STD:
-        raise ValueError(f"step std {std} < {MIN_TRAIN_STD}: a deterministic step has no log-prob")
-    squared = ((x_next.detach() - mean) ** 2 * gen_mask).sum(dim=(1, 2, 3, 4))
-    count = gen_mask.sum(dim=(1, 2, 3, 4)) * x_next.shape[1]
-    return -squared / count / (2.0 * std ** 2) - math.log(std) - LOG_SQRT_2PI
-
-
-# -----------------------------------------------------------------------------
-# Rollout: K trajectories of one group, one sample per network call (the training layout)
-
-
-@dataclass
-class Rollout:
-    cond: Condition
-    sigmas: list  # N + 1 python floats (float64): sigma_0 = 80 ... sigma_N = 0.002
-    alphas: list  # N
-    betas: list  # N; 0.0 marks a deterministic step
-    train_steps: list  # steps trained for this group
-    states: torch.Tensor  # [K, N + 1, C, T, H, W] fp32: x_0 = sigma_0 * noise (RF: the noise), ..., x_N
-    log_probs: torch.Tensor  # [K, N] fp32 log pi_old(x_{i+1} | x_i); NaN on deterministic steps
-    x0_final: torch.Tensor  # [K, C, T, H, W] fp32: the clean pass at sigma_N (RF: x_N), the sample to reward
-    timesteps: list = None  # Predict2.5 (RF): the net's int timesteps floor(1000 sigma_i); None: Predict2's EDM sigmas
-
-
-def transition_mean(net, x, step, rollout_grid, cond: Condition, cfg: GRPOConfig, noise, uncond_grad=False):
-    """The Gaussian mean of step `step` from state x: one function for rollout and training (ratio == 1).
-    rollout_grid = (sigmas, alphas, timesteps); noise = the trajectory's initial state (RF frame replacement)."""
-    sigmas, alphas, timesteps = rollout_grid
-    sigma = sigmas[step]
-    if timesteps is None:  # Predict2: EDM sigmas, CFG on x0
-        return step_mean(x, guided_x0(net, x, sigma, cond, cfg.guidance, uncond_grad), sigma, alphas[step])
-    if cfg.guidance != 0 and cond.neg_crossattn_emb is None:
-        raise ValueError(f"guidance={cfg.guidance} needs cond.neg_crossattn_emb (see guided_x0)")
-    timestep_B = torch.full((x.shape[0],), timesteps[step], dtype=torch.int64, device=x.device)
-    # Predict2.5: CFG on the velocity; conditional frames' velocity = noise - gt
-    v = flow.guided_velocity(net, x, timestep_B, cond, cfg.guidance, uncond_grad, noise=noise)
-    return flow.step_mean(x, x - sigma * v, sigma, sigmas[step + 1], alphas[step])
-
-
-def draw_window_start(cfg: GRPOConfig, generator):
-    """A Flow-GRPO-Fast window start, uniform over the starts that fit the window inside cfg.window."""
-    lo, hi = cfg.window
-    return lo + int(torch.randint(hi - cfg.window_size - lo + 1, (1,), generator=generator, device=generator.device))
-
-
-def step_noise_levels(cfg: GRPOConfig, generator, window_start=None):
-    """Per-step eta: cfg.eta everywhere, or (Flow-GRPO-Fast) only inside one window per group, starting at
-    window_start or, if None, at a start drawn from the generator."""
-    N = cfg.num_steps
-    if not cfg.window_size:
-        if window_start is not None:
-            raise ValueError("window_start given but window_size is 0")
-        return [cfg.eta] * N
-    lo, hi = cfg.window
-    if window_start is None:
-        window_start = draw_window_start(cfg, generator)
-    if not lo <= window_start <= hi - cfg.window_size:
-        raise ValueError(f"window_start {window_start} outside [{lo}, {hi - cfg.window_size}]")
-    return [cfg.eta if window_start <= i < window_start + cfg.window_size else 0.0 for i in range(N)]
-
-
-def steps_to_train(cfg: GRPOConfig, betas):
-    N = cfg.num_steps
-    if cfg.window_size:
-        steps = [i for i in range(N) if betas[i] > 0]
-    elif cfg.train_steps:
-        steps = sorted(set(cfg.train_steps))
-    else:
-        steps = [i for i in range(N - 1) if betas[i] > 0]
-    if N - 1 in steps:
-        raise ValueError(f"step {N - 1} (the last) must never be trained: its log-prob is ~700x more sensitive")
-    weak = [i for i in steps if betas[i] < MIN_TRAIN_STD]
-    if weak:
-        raise ValueError(f"train_steps {weak} have std < {MIN_TRAIN_STD} (deterministic): nothing to train")
-    return steps
-
-
-@torch.no_grad()
-def rollout_group(net, cond: Condition, latent_shape, cfg: GRPOConfig, generator, window_start=None):
-    """Sample K trajectories for one group. latent_shape: (C, T, H, W). generator: a torch.Generator on the device.
-
-    Conditioning elements get no noise (their mean is theta-independent), so they stay on Predict2's deterministic
-    path. Log-probs are computed from the stored next state, exactly as training will recompute them.
-    window_start (Flow-GRPO-Fast only) fixes the window instead of drawing it. Under FSDP every rank must run the
-    same number of forwards: pass the same start everywhere (same_latent skips the shared deterministic prefix).
-    """
-    N, K = cfg.num_steps, cfg.group_size
-    device = generator.device
-    rectified = cond.conditional_frame_timestep is not None  # Predict2.5: its sampler's shift-5 grid, N net calls
-    sigmas, timesteps = flow.time_grid("shift", N) if rectified else (karras_sigmas(N), None)
-    sigmas, timesteps = [float(s) for s in sigmas], (timesteps.tolist() if rectified else None)
-    etas = step_noise_levels(cfg, generator, window_start)
-    alphas, betas = zip(*(step_coefficients(cfg.sde_type, sigmas[i], sigmas[i + 1], etas[i], rectified)
-                          for i in range(N)))
-    grid = (sigmas, alphas, timesteps)
-    gen_mask = generated_mask(cond, latent_shape, device)
-    states = torch.empty(K, N + 1, *latent_shape, device=device)
-    log_probs = torch.full((K, N), float("nan"), device=device)
-    x0_final = torch.empty(K, *latent_shape, device=device)
-    first_random = next((i for i in range(N) if betas[i] > 0), N)
-
-    shared_noise = torch.randn(1, *latent_shape, generator=generator, device=device) if cfg.same_latent else None
-    for k in range(K):
-        start = 0
-        if shared_noise is not None and k > 0:  # the deterministic prefix is identical: compute it once
-            start = first_random
-            states[k, : start + 1] = states[0, : start + 1]
-        else:
-            noise = shared_noise if shared_noise is not None else torch.randn(
-                1, *latent_shape, generator=generator, device=device)
-            states[k, 0] = noise[0] if rectified else sigmas[0] * noise[0]  # RF: unit-variance noise at sigma_0
-        for i in range(start, N):
-            x = states[k, i: i + 1]
-            mean = transition_mean(net, x, i, grid, cond, cfg, noise=states[k, :1])
-            if betas[i] > 0:
-                z = torch.randn(mean.shape, generator=generator, device=device)
-                states[k, i + 1] = (mean + betas[i] * z * gen_mask)[0]
-                log_probs[k, i] = gaussian_log_prob(states[k, i + 1: i + 2], mean, betas[i], gen_mask)[0]
-            else:
-                states[k, i + 1] = mean[0]
-        if rectified:  # x_N is x0_hat already; the conditional frames get their clean latent back (flow.sample)
-            x0_final[k] = flow.with_conditional_frames(states[k, N: N + 1], cond.gt_frames, cond.condition_mask)[0]
-        else:
-            x0_final[k] = guided_x0(net, states[k, N: N + 1], sigmas[N], cond, cfg.guidance)[0]
-
-    return Rollout(cond=cond, sigmas=sigmas, alphas=list(alphas), betas=list(betas),
-                   train_steps=steps_to_train(cfg, betas), states=states, log_probs=log_probs, x0_final=x0_final,
-                   timesteps=timesteps)
-
-
-# -----------------------------------------------------------------------------
-# Loss for one (trajectory, step)
+# Loss for one (trajectory, step), or for the trajectories of a group that share the step's state
 
 
 def clipped_surrogate(log_prob, old_log_prob, advantage, clip_range):
@@ -331,58 +129,98 @@ def clipped_surrogate(log_prob, old_log_prob, advantage, clip_range):
     return loss, ratio
 
 
+def states_log_prob(net, rollout: Rollout, samples, step, cfg: GRPOConfig, reuse_uncond=False):
+    """log pi_theta(x_{i+1} | x_i) of trajectories `samples` at `step`, which share x_i (one of them, or a shared
+    state): one forward in the training layout (B = 1, with grad if enabled). reuse_uncond (theta == theta_old):
+    the rollout's uncond prediction instead of a forward. Returns (logp [len(samples)], mean [1, ...])."""
+    k0 = samples[0]
+    x = rollout.states[k0, step: step + 1]
+    noise = rollout.states[k0, :1]
+    pred_c = predict(net, x, step, rollout.grid, rollout.cond, noise)
+    pred_u = None
+    if cfg.guidance != 0:
+        if rollout.cond.neg_crossattn_emb is None:
+            raise ValueError(f"guidance={cfg.guidance} needs cond.neg_crossattn_emb (see branch_predictions)")
+        pred_u = rollout.uncond.get((k0, step)) if reuse_uncond and not cfg.uncond_grad and rollout.uncond else None
+        if pred_u is None:
+            with torch.set_grad_enabled(cfg.uncond_grad and torch.is_grad_enabled()):
+                pred_u = predict(net, x, step, rollout.grid, uncond(rollout.cond), noise)
+    mean = mean_of(guide(pred_c, pred_u, cfg.guidance), x, step, rollout.grid)
+    gen_mask = generated_mask(rollout.cond, tuple(x.shape[1:]), x.device)
+    beta = rollout.betas[step]
+    return torch.cat([gaussian_log_prob(rollout.states[k, step + 1: step + 2], mean, beta, gen_mask)
+                      for k in samples]), mean
+
+
 def step_log_prob(net, rollout: Rollout, sample, step, cfg: GRPOConfig):
     """Recompute log pi_theta(x_{i+1} | x_i) of a stored transition (with grad if enabled); returns (logp [1], mean)."""
-    x = rollout.states[sample, step: step + 1]
-    x_next = rollout.states[sample, step + 1: step + 2]
-    mean = transition_mean(net, x, step, (rollout.sigmas, rollout.alphas, rollout.timesteps), rollout.cond, cfg,
-                           noise=rollout.states[sample, :1], uncond_grad=cfg.uncond_grad)
-    beta = rollout.betas[step]
-    gen_mask = generated_mask(rollout.cond, tuple(x.shape[1:]), x.device)
-    return gaussian_log_prob(x_next, mean, beta, gen_mask), mean
+    return states_log_prob(net, rollout, [sample], step, cfg)
 
 
-def training_log_prob(net, rollout: Rollout, sample, step, cfg: GRPOConfig):
-    """step_log_prob as the update runs it: grad enabled, saved tensors optionally offloaded to host memory."""
+def training_log_prob(net, rollout: Rollout, samples, step, cfg: GRPOConfig, reuse_uncond=False):
+    """states_log_prob as the update runs it: grad enabled, saved tensors optionally offloaded to host memory."""
     device = rollout.states.device
     offload = torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda") if cfg.offload_activations \
         else nullcontext()
     with torch.enable_grad(), offload:  # checkpointed blocks save their inputs through these hooks too
-        return step_log_prob(net, rollout, sample, step, cfg)
+        return states_log_prob(net, rollout, samples, step, cfg, reuse_uncond)
+
+
+@torch.no_grad()
+def reference_mean(net, rollout: Rollout, sample, step, cfg: GRPOConfig):
+    """The step's mean under the reference (the same net with LoRA off), without autograd, in the rollout's layout
+    (cfg.rollout_batch): theta-independent, so any layout serves; "none" is the training layout."""
+    x = rollout.states[sample, step: step + 1]
+    set_lora_enabled(net, False)
+    try:
+        pred_c, pred_u = branch_predictions(net, x, rollout.states[sample, :1], step, rollout.grid, rollout.cond, cfg)
+    finally:
+        set_lora_enabled(net, True)
+    return mean_of(guide(pred_c, pred_u, cfg.guidance), x, step, rollout.grid)
 
 
 def reference_kl(net, rollout: Rollout, sample, step, mean, cfg: GRPOConfig):
     """Exact per-element KL(pi_theta || pi_ref) of the step, averaged over generated elements (same std, so only
-    the means differ). The reference is the same net with LoRA switched off, run without autograd."""
-    with torch.no_grad():
-        set_lora_enabled(net, False)
-        try:
-            _, mean_ref = step_log_prob(net, rollout, sample, step, cfg)
-        finally:
-            set_lora_enabled(net, True)
+    the means differ)."""
+    mean_ref = reference_mean(net, rollout, sample, step, cfg)
     gen_mask = generated_mask(rollout.cond, tuple(mean.shape[1:]), mean.device)
     squared = ((mean - mean_ref) ** 2 * gen_mask).sum(dim=(1, 2, 3, 4))
     count = gen_mask.sum(dim=(1, 2, 3, 4)) * mean.shape[1]
     return squared / count / (2.0 * rollout.betas[step] ** 2)
 
 
-def grpo_loss(net, rollout: Rollout, sample, step, advantage, cfg: GRPOConfig, step_weight=1.0):
-    """Loss of one (trajectory, trained step): step_weight * surrogate + kl_coef * KL. Returns (loss [1], info).
-
-    info holds the graph-carrying log_prob (for health checks) and detached ratio / kl.
-    """
-    log_prob, mean = training_log_prob(net, rollout, sample, step, cfg)
-    old = rollout.log_probs[sample, step]
+def old_log_prob(rollout: Rollout, sample, step, log_prob, cfg: GRPOConfig):
+    """The ratio's logp_old of a pair: the training forward's own (detached) value when recompute_old_logp trains one
+    optimizer step per update (theta == theta_old in every micro-step: the recompute costs nothing), kept for the
+    probe; else the stored one (the rollout's, or recompute_old_log_probs')."""
+    if cfg.recompute_old_logp and cfg.opt_steps_per_update == 1:
+        rollout.old_log_probs[sample, step] = log_prob.detach()
+        return log_prob.detach()
+    old = rollout.old_log_probs[sample, step]
     if not torch.isfinite(old):
         raise ValueError(f"no stored log-prob for sample {sample} step {step} (a deterministic step?)")
-    surrogate, ratio = clipped_surrogate(log_prob, old, float(advantage), cfg.clip_range)
-    loss = step_weight * surrogate
-    kl = None
-    if cfg.kl_coef > 0:
-        kl = reference_kl(net, rollout, sample, step, mean, cfg)
-        loss = loss + cfg.kl_coef * kl
-    return loss, {"log_prob": log_prob, "old_log_prob": old, "ratio": ratio.detach(),
-                  "kl": None if kl is None else kl.detach()}
+    return old
+
+
+def grpo_loss(net, rollout: Rollout, samples, step, advantages, cfg: GRPOConfig, step_weight=1.0,
+              reuse_uncond=False):
+    """Loss of trajectories `samples` (sharing the step's state; an int: one) at one trained step, one forward:
+    sum over them of step_weight * surrogate + kl_coef * KL. advantages: one per sample. Returns (loss [1], infos):
+    per sample the graph-carrying log_prob (for health checks), the rollout's and the ratio's old log-prob, and the
+    detached ratio / kl."""
+    single = isinstance(samples, int)
+    samples, advantages = ([samples], [advantages]) if single else (samples, advantages)
+    log_probs, mean = training_log_prob(net, rollout, samples, step, cfg, reuse_uncond)
+    kl = reference_kl(net, rollout, samples[0], step, mean, cfg) if cfg.kl_coef > 0 else None
+    loss, infos = 0.0, []
+    for j, (k, advantage) in enumerate(zip(samples, advantages)):
+        old = old_log_prob(rollout, k, step, log_probs[j: j + 1], cfg)
+        surrogate, ratio = clipped_surrogate(log_probs[j: j + 1], old, float(advantage), cfg.clip_range)
+        pair = step_weight * surrogate if kl is None else step_weight * surrogate + cfg.kl_coef * kl
+        loss = loss + pair
+        infos.append({"loss": pair.detach(), "log_prob": log_probs[j: j + 1], "rollout_log_prob": rollout.log_probs[k, step],
+                      "old_log_prob": old, "ratio": ratio.detach(), "kl": None if kl is None else kl.detach()})
+    return loss, (infos[0] if single else infos)
 
 
 # -----------------------------------------------------------------------------
@@ -404,12 +242,36 @@ def lr_at(cfg: GRPOConfig, update):
 
 
 def recompute_old_log_probs(net, rollout: Rollout, cfg: GRPOConfig):
-    """Overwrite logp_old of the trained steps by the training forward itself (grad mode included: some attention
-    kernels differ with and without autograd), discarding the graph. The fallback for rollouts run with another
-    layout or other kernels; the ratio is then 1 up to the rounding of the sampling distribution."""
-    for k in range(rollout.states.shape[0]):
-        for i in rollout.train_steps:
-            rollout.log_probs[k, i] = training_log_prob(net, rollout, k, i, cfg)[0].detach()[0]
+    """Overwrite logp_old (rollout.old_log_probs) of the trained steps by the training forward itself (grad mode
+    included: some attention kernels differ with and without autograd), discarding the graph: for rollouts run in
+    another layout or other kernels when an update takes several optimizer steps (with one, old_log_prob takes it
+    from the update's own forward for free). The ratio is then 1 up to the rounding of the sampling distribution."""
+    for i in rollout.train_steps:
+        for samples in share_state(rollout, range(rollout.states.shape[0]), i):
+            rollout.old_log_probs[samples, i] = training_log_prob(net, rollout, samples, i, cfg, True)[0].detach()
+
+
+def share_state(rollout: Rollout, samples, step):
+    """samples grouped by the state they start `step` from: one group if the step's state is shared, else one each."""
+    samples = list(samples)
+    return ([samples] if samples else []) if rollout.shares(step) else [[k] for k in samples]
+
+
+def micro_steps(items, rollouts, n_chunks):
+    """Per chunk, its micro-steps (g, [k, ...], i) in trajectory order: one forward each; the chunk's trajectories of
+    group g are merged into one at a trained step whose state they share (same_latent: the window's first step)."""
+    chunks = []
+    for c in range(n_chunks):
+        mine, chunk, merged = items[c::n_chunks], [], set()
+        for g, k in mine:
+            for i in rollouts[g].train_steps:
+                if not rollouts[g].shares(i):
+                    chunk.append((g, [k], i))
+                elif (g, i) not in merged:
+                    merged.add((g, i))
+                    chunk.append((g, [h for f, h in mine if f == g], i))
+        chunks.append(chunk)
+    return chunks
 
 
 def step_sensitivity(rollout: Rollout, step):
@@ -460,7 +322,7 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     dp = collectives.world_size() // cp_size
     items = [(g, k) for g, adv in enumerate(advantages) for k in range(len(adv))
              if float(adv[k]) != 0.0 or not cfg.drop_zero_advantage]
-    stats = {"trajectories": len(items), "micro_steps": 0, "padded_steps": 0, "opt_steps": 0, "skipped_chunks": 0,
+    stats = {"trajectories": len(items), "micro_steps": 0, "forwards": 0, "padded_steps": 0, "opt_steps": 0, "skipped_chunks": 0,
              "nonfinite_steps": 0, "grad_norm": [], "grads_outside_params": [], "loss": 0.0, "kl": 0.0,
              "clipfrac_in_update": 0.0, "approx_kl_in_update": 0.0, "clipfrac": None, "approx_kl": None,
              "first_logp_equal": None, "first_max_abs_dlogp": None,
@@ -468,15 +330,16 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     if generator is not None:
         items = [items[j] for j in torch.randperm(len(items), generator=generator).tolist()]
     n_chunks = cfg.opt_steps_per_update
-    micro = [[(g, k, i) for g, k in items[c::n_chunks] for i in rollouts[g].train_steps] for c in range(n_chunks)]
-    local = torch.tensor([len(m) for m in micro], dtype=torch.float64, device=rollouts[0].states.device)
-    longest, total = local.clone(), local.clone()
+    micro = micro_steps(items, rollouts, n_chunks)
+    device = rollouts[0].states.device
+    longest = torch.tensor([len(m) for m in micro], dtype=torch.float64, device=device)  # forwards
+    total = torch.tensor([sum(len(ks) for _, ks, _ in m) for m in micro], dtype=torch.float64, device=device)  # pairs
     if dist.is_initialized() and dist.get_world_size() > 1:  # before any forward: every rank decides the same
         dist.all_reduce(longest, op=dist.ReduceOp.MAX)
         collectives.sum_groups(total, cp_size)
-    if cfg.recompute_old_logp and total.sum() > 0:
-        for g in sorted({g for g, _ in items}):
-            recompute_old_log_probs(net, rollouts[g], cfg)
+    if cfg.recompute_old_logp and cfg.opt_steps_per_update > 1 and total.sum() > 0:
+        for rollout in rollouts:  # all of them: the same number of forwards on every rank
+            recompute_old_log_probs(net, rollout, cfg)
     weights = [step_weights(ro, cfg) for ro in rollouts]
     stats["first_logp_equal"], stats["first_max_abs_dlogp"] = True, 0.0
 
@@ -485,21 +348,24 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
             stats["skipped_chunks"] += 1
             continue
         n_micro, scale = int(longest[c]), dp / float(total[c])
-        padding = [(0, 0, rollouts[0].train_steps[0], 0.0)] * (n_micro - len(chunk)) if rollouts[0].train_steps \
-            else []
+        padding = [(0, [0], rollouts[0].train_steps[0], 0.0)] * (n_micro - len(chunk)) \
+            if rollouts[0].train_steps else []
         if len(chunk) + len(padding) != n_micro:
             raise RuntimeError(f"rank cannot pad its {len(chunk)} micro-steps to {n_micro}: no trainable step")
-        for done, (g, k, i, *dummy) in enumerate([m + (1.0,) for m in chunk] + padding, start=1):
+        for done, (g, ks, i, *dummy) in enumerate([m + (1.0,) for m in chunk] + padding, start=1):
             real = dummy[0] != 0.0
-            advantage = advantages[g][k] if real else 0.0
-            loss, info = grpo_loss(net, rollouts[g], k, i, advantage, cfg, weights[g][i])
+            advantage = [advantages[g][k] for k in ks] if real else [0.0]
+            loss, infos = grpo_loss(net, rollouts[g], ks, i, advantage, cfg, weights[g][i],
+                                    reuse_uncond=stats["opt_steps"] == 0)  # theta == theta_old until a step
             if set_grad_sync is not None:
                 set_grad_sync(done == n_micro)
             (loss * (scale if real else 0.0)).backward()
+            stats["forwards"] += 1
             if not real:
                 stats["padded_steps"] += 1
                 continue
-            record_micro_step(stats, loss, info, cfg)
+            for info in infos:
+                record_micro_step(stats, info, cfg)
         optimizer_step(net, optimizer, params, cfg, stats, c)
     for key in ("loss", "clipfrac_in_update", "approx_kl_in_update", "kl"):  # means over this rank's real micro-steps
         stats[key] /= max(1, stats["micro_steps"])
@@ -508,18 +374,20 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     return stats
 
 
-def record_micro_step(stats, loss, info, cfg: GRPOConfig):
-    """Add one real micro-step to grpo_update's stats, with the first chunk's health checks (theta == theta_old)."""
+def record_micro_step(stats, info, cfg: GRPOConfig):
+    """Add one real (trajectory, step) pair to grpo_update's stats, with the first chunk's health checks (theta ==
+    theta_old): its log-prob against the rollout's, bit for bit, and the ratio."""
     ratio, dlogp = info["ratio"], (info["log_prob"].detach() - info["old_log_prob"])
     if stats["first_ratio"] is None:
         stats["first_ratio"] = float(ratio)
         stats["logp_requires_grad"] = bool(info["log_prob"].requires_grad)
         stats["logp_has_grad_fn"] = info["log_prob"].grad_fn is not None
     if stats["opt_steps"] + stats["nonfinite_steps"] == 0:  # the first chunk that trains: theta == theta_old
-        stats["first_logp_equal"] &= bool(torch.equal(info["log_prob"].detach().reshape(()), info["old_log_prob"]))
-        stats["first_max_abs_dlogp"] = max(stats["first_max_abs_dlogp"], float(dlogp.abs()))
+        log_prob, sampled = info["log_prob"].detach().reshape(()), info["rollout_log_prob"]
+        stats["first_logp_equal"] &= bool(torch.equal(log_prob, sampled))
+        stats["first_max_abs_dlogp"] = max(stats["first_max_abs_dlogp"], float((log_prob - sampled).abs()))
     stats["micro_steps"] += 1
-    stats["loss"] += float(loss.detach())
+    stats["loss"] += float(info["loss"])
     stats["clipfrac_in_update"] += float((ratio - 1).abs() > cfg.clip_range)
     stats["approx_kl_in_update"] += 0.5 * float(dlogp) ** 2
     if info["kl"] is not None:
@@ -556,7 +424,7 @@ def probe_after_update(net, rollout: Rollout, cfg: GRPOConfig):
     update every ratio is 1 by construction (they would always read 0). Costs one no-grad forward (and its uncond
     branch) per trained step; rollout 0 has the same trained steps on every rank (window_starts), so FSDP's
     collectives stay in step."""
-    deltas = torch.stack([step_log_prob(net, rollout, 0, i, cfg)[0][0] - rollout.log_probs[0, i]
+    deltas = torch.stack([step_log_prob(net, rollout, 0, i, cfg)[0][0] - rollout.old_log_probs[0, i]
                           for i in rollout.train_steps]).double()
     return float(((deltas.exp() - 1).abs() > cfg.clip_range).double().mean()), float(0.5 * deltas.square().mean())
 
@@ -619,6 +487,9 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
                "kl_ref": float(sums[3]) / n if cfg.kl_coef > 0 else None,
                "grad_norm": stats["grad_norm"][-1] if stats["grad_norm"] else None,
                "trajectories": int(sums[5]), "micro_steps": int(sums[4]), "padded_steps": int(sums[6]),
+               "rollout_logp_gap": stats["first_max_abs_dlogp"] if stats["first_ratio"] is not None else None,
+               "rollout_calls": sum(ro.calls for ro in rollouts), "rollout_forwards": sum(ro.forwards for ro in rollouts),
+               "update_forwards": stats["forwards"],
                "opt_steps": stats["opt_steps"], "skipped_chunks": stats["skipped_chunks"]}
     metrics.update({f"s_{name}": times.get(name, 0.0) for name in ("rollout", "decode", "reward", "update",
                                                                     "optimizer")})

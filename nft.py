@@ -27,10 +27,10 @@ import torch.distributed as dist
 
 import collectives
 import flow
-import grpo
 import scoring
 from lora import set_lora_enabled
 from model import Condition, denoise, map_tensors
+from rollout import generated_mask
 from sample import guided_x0_fn, karras_sigmas, sample
 
 # -----------------------------------------------------------------------------
@@ -147,7 +147,7 @@ def rollout_group(net, cond: Condition, latent_shape, cfg: NFTConfig, generator)
     K = cfg.group_size
     noise = torch.randn(K, *latent_shape, generator=generator, device=generator.device)
     if cfg.guidance != 0 and cond.neg_crossattn_emb is None:
-        raise ValueError(f"nft guidance={cfg.guidance} needs cond.neg_crossattn_emb (see grpo.guided_x0)")
+        raise ValueError(f"nft guidance={cfg.guidance} needs cond.neg_crossattn_emb (see rollout.branch_predictions)")
     group = map_tensors(cond, lambda t: t.expand(K, *t.shape[1:]))  # expanded, not copied
     if cond.conditional_frame_timestep is None:
         x0_fn = guided_x0_fn(net, group, cfg.guidance)
@@ -220,7 +220,7 @@ def data_loss(net, cond: Condition, grid, generator):
     i = int(torch.randint(len(grid), (1,), generator=generator, device=generator.device))
     eps = torch.randn(cond.gt_frames.shape, generator=generator, device=generator.device)
     v, u, _ = forward_velocity(net, cond, cond.gt_frames.float(), eps, grid[i])
-    return masked_mean((v - u).square(), grpo.generated_mask(cond, tuple(v.shape[1:]), v.device))
+    return masked_mean((v - u).square(), generated_mask(cond, tuple(v.shape[1:]), v.device))
 
 
 def nft_update(net, optimizer, params, old, conds, x0s, advantages, cfg: NFTConfig, generator, old_is_current,
@@ -252,7 +252,7 @@ def nft_update(net, optimizer, params, old, conds, x0s, advantages, cfg: NFTConf
         cond, (i, eps) = conds[g], draws[g][k][j]
         v, u, t = forward_velocity(net, cond, x0s[g][k: k + 1].detach(), eps, grids[g][i])
         old_v = v.detach() if v_old is None else v_old[g][k][j]
-        gen_mask = grpo.generated_mask(cond, tuple(v.shape[1:]), v.device)
+        gen_mask = generated_mask(cond, tuple(v.shape[1:]), v.device)
         loss = nft_loss(v, old_v, u, t, optimality(advantages[g][k], cfg), gen_mask, cfg)
         stats["loss"] += float(loss.detach()) / len(micro)
         stats["old_deviation"] += float(masked_mean((v.detach() - old_v).square(), gen_mask)) / len(micro)

@@ -30,7 +30,7 @@ from sample import guided_x0_fn, karras_sigmas, sample
 # change (optimizer and memory settings); every other knob of its config must stay (train.resume_keys).
 
 MAY_CHANGE = {
-    "grpo": ("recompute_old_logp", "offload_activations", "lr", "warmup", "weight_decay", "betas", "max_grad_norm"),
+    "grpo": ("recompute_old_logp", "rollout_batch", "offload_activations", "lr", "warmup", "weight_decay", "betas", "max_grad_norm"),
     "nft": ("lr", "warmup", "weight_decay", "betas", "max_grad_norm"),
 }
 OBJECTIVES = ("sft",) + tuple(MAY_CHANGE)
@@ -62,10 +62,14 @@ def validate_objective(cfg, given):
     if cfg.objective == "grpo":
         if cfg.grpo.eta <= 0:
             raise ValueError(f"--grpo-eta {cfg.grpo.eta}: a noiseless rollout has no log-prob to train (use > 0)")
-        if cfg.compile and not cfg.grpo.recompute_old_logp:
-            if "grpo.recompute_old_logp" in given:  # a compiled training forward rounds unlike the eager rollout
-                raise ValueError("--compile with --no-grpo-recompute-old-logp: the compiled training graph rounds "
-                                 "differently from the rollout's, so the ratio would not start at 1")
+        # a compiled training graph, or batched rollout calls, round unlike the rollout's B = 1 eager calls
+        why = [w for w, on in (("--compile", cfg.compile),
+                               (f"--grpo-rollout-batch {cfg.grpo.rollout_batch}", cfg.grpo.rollout_batch != "none"))
+               if on]
+        if why and not cfg.grpo.recompute_old_logp:
+            if "grpo.recompute_old_logp" in given:
+                raise ValueError(f"{' and '.join(why)} with --no-grpo-recompute-old-logp: the rollout rounds unlike "
+                                 "the training forward, so the ratio would not start at 1")
             cfg.grpo = dataclasses.replace(cfg.grpo, recompute_old_logp=True)
     return unused
 

@@ -30,6 +30,7 @@ from camera import fallback_cameras, split_views, views_map
 from data import VIEW_ORDER
 from inits import get_config, is_p25
 from model import Condition, condition_mask, matmul_peak, model_flops
+from rollout import LOG_SQRT_2PI, rollout_group
 from sample import TINY_CONFIGS
 from vae import WanVAE, get_vae_config, latent_frames
 
@@ -191,7 +192,7 @@ def main(argv=None):
     cond = make_condition(cfg, mcfg, latent_shape, device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     with phases("rollout"), flop_count(count_flops) as counter:
-        rollout = grpo.rollout_group(net, cond, latent_shape, gcfg, generator)
+        rollout = rollout_group(net, cond, latent_shape, gcfg, generator)
     rollout_flops = counter.get_total_flops() if counter else None
     rollout_seconds = phases.rows[-1][1]
 
@@ -270,7 +271,7 @@ def smoke_criteria(cfg, mcfg, latent_shape, rollout, rewards, advantages, stats,
     sigma_check = []
     for i in range(N):
         if rollout.betas[i] > 0:
-            expected = -math.log(rollout.betas[i]) - grpo.LOG_SQRT_2PI - 0.5
+            expected = -math.log(rollout.betas[i]) - LOG_SQRT_2PI - 0.5
             sigma_check.append(abs(float(rollout.log_probs[:, i].mean()) - expected))
     adv_std = float(advantages.std(correction=0))
     expected_adv_std = expected_advantage_std(rewards, gcfg)

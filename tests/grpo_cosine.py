@@ -20,9 +20,21 @@ import data  # noqa: E402
 import grpo  # noqa: E402
 import vae as vae_lib  # noqa: E402
 from inits import get_config  # noqa: E402
+from model import uncond  # noqa: E402
 from lora import add_lora  # noqa: E402
 from model import Condition, DiT, condition_mask  # noqa: E402
+from rollout import generated_mask, guide, mean_of, predict, rollout_group  # noqa: E402
 
+
+
+def branches(net, x, step, grid, cond, cfg):
+    """(cond, uncond) predictions with autograd (the pathwise gradient; rollout.branch_predictions runs without)."""
+    return (predict(net, x, step, grid, cond, None),
+            predict(net, x, step, grid, uncond(cond), None) if cfg.guidance else None)
+
+
+def guided_mean(net, x, step, grid, cond, cfg):
+    return mean_of(guide(*branches(net, x, step, grid, cond, cfg), cfg.guidance), x, step, grid)
 
 def flat(tensors):
     return torch.cat([t.reshape(-1) for t in tensors])
@@ -63,23 +75,22 @@ def main():
         H, W = video.shape[-2:]
         return ((video[:, :, :, H // 2:, : W // 2] + 1) / 2).mean(dim=(1, 2, 3, 4))
     cfg = grpo.GRPOConfig(group_size=args.k, eta=args.eta)
-    probe = grpo.rollout_group(net, cond, shape, cfg, torch.Generator().manual_seed(0))
+    probe = rollout_group(net, cond, shape, cfg, torch.Generator().manual_seed(0))
     grid, betas = (probe.sigmas, probe.alphas, probe.timesteps), probe.betas
-    gen_mask = grpo.generated_mask(cond, shape, "cpu")
+    gen_mask = generated_mask(cond, shape, "cpu")
     g = torch.Generator().manual_seed(123)
     true = torch.zeros(sum(q.numel() for q in params))
     for _ in range(args.paths):
         x = probe.sigmas[0] * torch.randn(1, *shape, generator=g)
         for i in range(cfg.num_steps):
-            x = grpo.transition_mean(net, x, i, grid, cond, cfg, noise=None) + betas[i] * torch.randn(
-                1, *shape, generator=g) * gen_mask
-        true += flat(torch.autograd.grad(reward(grpo.guided_x0(net, x, probe.sigmas[-1], cond, cfg.guidance)).sum(),
-                                         params)) / args.paths
+            x = guided_mean(net, x, i, grid, cond, cfg) + betas[i] * torch.randn(1, *shape, generator=g) * gen_mask
+        x0 = guide(*branches(net, x, cfg.num_steps, grid, cond, cfg), cfg.guidance)
+        true += flat(torch.autograd.grad(reward(x0).sum(), params)) / args.paths
     steps = probe.train_steps
     per_step = {i: [] for i in steps}
     totals = {w: [] for w in grpo.STEP_WEIGHTS}
     for trial in range(args.trials):
-        ro = grpo.rollout_group(net, cond, shape, cfg, torch.Generator().manual_seed(1000 + trial))
+        ro = rollout_group(net, cond, shape, cfg, torch.Generator().manual_seed(1000 + trial))
         r = reward(ro.x0_final).detach()
         adv = (r - r.mean()) / (r.std(correction=0) + 1e-8)
         grads = {}

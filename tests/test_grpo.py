@@ -11,7 +11,8 @@ import reward
 from inits import get_config
 from lora import add_lora, set_lora_enabled
 from model import Condition, build_model, condition_mask
-from sample import karras_sigmas
+from rollout import LOG_SQRT_2PI, gaussian_log_prob, rollout_group, step_coefficients, step_mean
+from sample import guided_x0_fn, karras_sigmas
 
 LATENT = (16, 3, 4, 4)  # C, T, H, W: 3 latent frames, the first one conditioning
 
@@ -32,7 +33,7 @@ def tiny_condition(seed=0, text_tokens=8, cond_frames=1):
 
 
 def rollout(net, cfg, seed=0, cond=None):
-    return grpo.rollout_group(net, cond or tiny_condition(), LATENT, cfg, torch.Generator().manual_seed(seed))
+    return rollout_group(net, cond or tiny_condition(), LATENT, cfg, torch.Generator().manual_seed(seed))
 
 
 def perturb_lora_b(params, scale=0.05, seed=1):
@@ -51,11 +52,11 @@ def test_coefficients_preserve_the_noise_level():
     sig = karras_sigmas(8).tolist()
     for sde, eta in (("ddim_eta", 0.5), ("ddim_eta", 1.0), ("cps", 0.8)):
         for i in range(8):
-            a, b = grpo.step_coefficients(sde, sig[i], sig[i + 1], eta)
+            a, b = step_coefficients(sde, sig[i], sig[i + 1], eta)
             assert abs(a * a + b * b - sig[i + 1] ** 2) <= 1e-12 * sig[i + 1] ** 2
-    a, _ = grpo.step_coefficients("ddim_eta", sig[2], sig[3], 1.0)  # eta 1: the exact VE posterior mean
+    a, _ = step_coefficients("ddim_eta", sig[2], sig[3], 1.0)  # eta 1: the exact VE posterior mean
     assert abs(a - sig[3] ** 2 / sig[2]) < 1e-12
-    assert grpo.step_coefficients("ddim_eta", sig[2], sig[3], 0.0) == (sig[3], 0.0)
+    assert step_coefficients("ddim_eta", sig[2], sig[3], 0.0) == (sig[3], 0.0)
 
 
 def test_log_prob_equals_torch_normal():
@@ -63,7 +64,7 @@ def test_log_prob_equals_torch_normal():
     mean = 3 * torch.randn(2, *LATENT, generator=g)
     x_next = mean + 0.7 * torch.randn(2, *LATENT, generator=g)
     gen = 1 - condition_mask(mean[:1], 1)
-    got = grpo.gaussian_log_prob(x_next, mean, 0.7, gen)
+    got = gaussian_log_prob(x_next, mean, 0.7, gen)
     ref = torch.distributions.Normal(mean.double(), 0.7).log_prob(x_next.double())
     ref = (ref * gen.double()).sum(dim=(1, 2, 3, 4)) / (gen.sum() * LATENT[0])
     assert got.dtype == torch.float32 and got.shape == (2,)
@@ -76,16 +77,16 @@ def test_conditioning_elements_are_excluded_from_log_prob():
     x_next = mean + 0.3 * torch.randn(1, *LATENT, generator=g)
     mask = condition_mask(mean, 1)
     gen = 1 - mask
-    base = grpo.gaussian_log_prob(x_next, mean, 0.3, gen)
+    base = gaussian_log_prob(x_next, mean, 0.3, gen)
     changed = x_next + 100.0 * mask  # move only the conditioning frame
-    assert torch.equal(grpo.gaussian_log_prob(changed, mean, 0.3, gen), base)
+    assert torch.equal(gaussian_log_prob(changed, mean, 0.3, gen), base)
     # the divisor is |G| (generated elements), not all elements
     gen_only = ((x_next - mean)[:, :, 1:] ** 2).mean()
-    expected = -gen_only / (2 * 0.3 ** 2) - math.log(0.3) - grpo.LOG_SQRT_2PI
+    expected = -gen_only / (2 * 0.3 ** 2) - math.log(0.3) - LOG_SQRT_2PI
     torch.testing.assert_close(base[0], expected, atol=1e-6, rtol=0)
     # gradient wrt the mean: (x' - mu) / (beta^2 |G|) on generated elements, 0 on conditioning ones
     mean_req = mean.clone().requires_grad_(True)
-    grpo.gaussian_log_prob(x_next, mean_req, 0.3, gen).sum().backward()
+    gaussian_log_prob(x_next, mean_req, 0.3, gen).sum().backward()
     n_gen = gen.sum() * LATENT[0]
     torch.testing.assert_close(mean_req.grad, (x_next - mean) * gen / (0.3 ** 2 * n_gen), atol=1e-7, rtol=1e-5)
     assert torch.all(mean_req.grad[:, :, 0] == 0)
@@ -97,14 +98,14 @@ def test_log_prob_mean_matches_entropy_statistically():
     beta = 0.05
     x_next = mean + beta * torch.randn(mean.shape, generator=g)
     gen = torch.ones(1, 1, 8, 32, 32)
-    got = float(grpo.gaussian_log_prob(x_next, mean, beta, gen))
+    got = float(gaussian_log_prob(x_next, mean, beta, gen))
     n = mean.numel()
     assert abs(got - (-math.log(beta) - 1.4189385)) < 3 * 0.7071 / math.sqrt(n)
 
 
 def test_deterministic_step_has_no_log_prob():
     with pytest.raises(ValueError, match="deterministic"):
-        grpo.gaussian_log_prob(torch.zeros(1, *LATENT), torch.zeros(1, *LATENT), 0.0, torch.ones(1, 1, 3, 4, 4))
+        gaussian_log_prob(torch.zeros(1, *LATENT), torch.zeros(1, *LATENT), 0.0, torch.ones(1, 1, 3, 4, 4))
 
 
 def test_eta_zero_rollout_is_predict2_euler_and_untrainable():
@@ -114,7 +115,7 @@ def test_eta_zero_rollout_is_predict2_euler_and_untrainable():
     assert ro.train_steps == [] and torch.isnan(ro.log_probs).all() and torch.isfinite(ro.states).all()
     x = ro.states[0, 0:1]
     with torch.no_grad():
-        x0 = grpo.guided_x0(net, x, ro.sigmas[0], ro.cond, 0.0)
+        x0 = guided_x0_fn(net, ro.cond, 0.0)(x, torch.full((1,), ro.sigmas[0]))
     r = ro.sigmas[1] / ro.sigmas[0]
     torch.testing.assert_close(ro.states[0, 1:2], r * x + (1 - r) * x0, atol=1e-5, rtol=1e-6)
 
@@ -187,11 +188,30 @@ def test_offloaded_activations_give_identical_gradients():
 def test_recompute_old_log_probs_reproduces_the_rollout():
     net, params = tiny_policy()
     perturb_lora_b(params)
-    cfg = grpo.GRPOConfig(num_steps=4, recompute_old_logp=True)
+    cfg = grpo.GRPOConfig(num_steps=4, recompute_old_logp=True, opt_steps_per_update=2)
     ro = rollout(net, cfg)
-    stored = ro.log_probs.clone()
+    ro.old_log_probs.fill_(float("nan"))
     grpo.recompute_old_log_probs(net, ro, cfg)
-    assert torch.equal(ro.log_probs, stored) and not ro.log_probs.requires_grad
+    assert torch.equal(ro.old_log_probs[:, ro.train_steps], ro.log_probs[:, ro.train_steps])
+    assert not ro.old_log_probs.requires_grad
+
+
+def test_reused_uncond_is_the_recomputed_one():
+    """The update reuses the rollout's uncond predictions while theta == theta_old: the same log-prob bit for bit."""
+    net, params = tiny_policy()
+    perturb_lora_b(params)
+    cfg = grpo.GRPOConfig(num_steps=4)
+    ro = rollout(net, cfg)
+    assert sorted(ro.uncond) == [(k, i) for k in range(2) for i in ro.train_steps]
+    calls = []
+    net.register_forward_hook(lambda *_: calls.append(1))
+    for k, i in ro.uncond:
+        fresh, _ = grpo.training_log_prob(net, ro, [k], i, cfg)
+        assert len(calls) == 2
+        reused, _ = grpo.training_log_prob(net, ro, [k], i, cfg, reuse_uncond=True)
+        assert len(calls) == 3  # one forward: the cond branch
+        assert torch.equal(fresh.detach(), reused.detach()) and torch.equal(reused.detach()[0], ro.log_probs[k, i])
+        calls.clear()
 
 
 def test_gradients_reach_lora_only_before_the_step():
@@ -241,13 +261,13 @@ def test_zero_advantages_skip_the_update():
 def test_uncond_detach_same_value_different_gradient():
     net, params = tiny_policy()
     perturb_lora_b(params)
-    cond = tiny_condition()
-    x = 5 * torch.randn(1, *LATENT, generator=torch.Generator().manual_seed(3))
     grads = []
     for uncond_grad in (False, True):
-        x0 = grpo.guided_x0(net, x, 5.0, cond, 7.0, uncond_grad=uncond_grad)
-        x0.square().mean().backward()
-        grads.append((x0.detach(), [p.grad.clone() for p in params]))
+        cfg = grpo.GRPOConfig(num_steps=4, uncond_grad=uncond_grad)
+        ro = rollout(net, cfg)
+        logp, _ = grpo.training_log_prob(net, ro, [1], 2, cfg, reuse_uncond=True)  # uncond_grad: never reused
+        logp.sum().backward()
+        grads.append((logp.detach(), [p.grad.clone() for p in params]))
         for p in params:
             p.grad = None
     assert torch.equal(grads[0][0], grads[1][0])
@@ -380,14 +400,93 @@ def test_fast_window_with_shared_latent():
     x = ro.states[2, 0:1]
     with torch.no_grad():
         for i in range(start):
-            x = grpo.step_mean(x, grpo.guided_x0(net, x, ro.sigmas[i], ro.cond, cfg.guidance), ro.sigmas[i],
-                               ro.alphas[i])
+            x0 = guided_x0_fn(net, ro.cond, cfg.guidance)(x, torch.full((1,), ro.sigmas[i]))
+            x = step_mean(x, x0, ro.sigmas[i], ro.alphas[i])
     assert torch.equal(x[0], ro.states[2, start])
     # a fixed window start (the same on every FSDP rank)
-    fixed = grpo.rollout_group(net, ro.cond, LATENT, cfg, torch.Generator().manual_seed(5), window_start=2)
+    fixed = rollout_group(net, ro.cond, LATENT, cfg, torch.Generator().manual_seed(5), window_start=2)
     assert fixed.train_steps == [2, 3]
     with pytest.raises(ValueError, match="window_start"):
-        grpo.rollout_group(net, ro.cond, LATENT, cfg, torch.Generator(), window_start=4)
+        rollout_group(net, ro.cond, LATENT, cfg, torch.Generator(), window_start=4)
+
+
+# -----------------------------------------------------------------------------
+# The fast path: batched rollout calls, logp_old from the update's own forward, shared-state micro-steps
+
+
+def grads_of(params):
+    grads = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    return grads
+
+
+@pytest.mark.parametrize("layout", ["cfg", "group"])
+def test_batched_rollouts_draw_the_same_noise_and_need_recompute(layout):
+    net, params = tiny_policy()
+    perturb_lora_b(params)
+    exact = grpo.GRPOConfig(num_steps=4, group_size=3)
+    with pytest.raises(ValueError, match="recompute_old_logp"):
+        rollout(net, grpo.GRPOConfig(num_steps=4, rollout_batch=layout))
+    fast = grpo.GRPOConfig(num_steps=4, group_size=3, rollout_batch=layout, recompute_old_logp=True)
+    a, b = rollout(net, exact), rollout(net, fast)
+    torch.testing.assert_close(b.states, a.states, rtol=1e-4, atol=1e-4)  # the same noise, other rounding
+    torch.testing.assert_close(b.x0_final, a.x0_final, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(b.log_probs[:, :3], a.log_probs[:, :3], rtol=1e-5, atol=1e-5)
+    # 3 trajectories x (4 steps + the clean pass) x 2 branches: 30 samples in 30, 15 or 5 calls
+    assert (a.forwards, b.forwards) == (30, 30) and (a.calls, b.calls) == (30, {"cfg": 15, "group": 5}[layout])
+
+
+@pytest.mark.parametrize("layout", ["none", "group"])
+def test_old_log_probs_from_the_updates_own_forward(layout):
+    """recompute_old_logp at one optimizer step: ratio exactly 1, no extra forward, the same gradient as the exact
+    path's (which needs no recompute), and the gap to the sampler's log-probs reported."""
+    runs = {}
+    for recompute in (False, True):
+        net, params = tiny_policy()
+        perturb_lora_b(params)
+        cfg = grpo.GRPOConfig(num_steps=4, recompute_old_logp=recompute, max_grad_norm=1e9,
+                              rollout_batch=layout if recompute else "none")
+        ro = rollout(net, cfg)
+        calls = []
+        net.register_forward_hook(lambda *_: calls.append(1))
+        opt = torch.optim.SGD(params, lr=0.0)
+        stats = grpo.grpo_update(net, opt, params, [ro], [torch.tensor([1.0, -0.5])], cfg)
+        assert stats["first_ratio"] == 1.0 and stats["forwards"] == 6
+        assert len(calls) == 6 + 3 * 2  # 6 training forwards (uncond reused) + the probe's 3 steps x 2 branches
+        runs[recompute] = (stats, ro)
+    (exact, ro_exact), (fast, ro_fast) = runs[False], runs[True]
+    assert exact["first_logp_equal"] and exact["first_max_abs_dlogp"] == 0.0
+    assert fast["first_max_abs_dlogp"] < 1e-4 and (layout == "group" or fast["first_logp_equal"])
+    assert fast["grad_norm"][0] == pytest.approx(exact["grad_norm"][0], rel=1e-4)
+    trained = ro_fast.train_steps
+    assert torch.equal(ro_fast.old_log_probs[:, trained].isfinite(), torch.ones(2, len(trained), dtype=torch.bool))
+
+
+def test_trajectories_sharing_a_state_train_in_one_forward():
+    """same_latent: the window's first step starts every trajectory from one state, so the update runs it once
+    for the group (K - 1 forwards fewer) with the summed loss; the gradient is the per-trajectory sum's."""
+    net, params = tiny_policy()
+    perturb_lora_b(params)
+    cfg = grpo.GRPOConfig(num_steps=6, window_size=2, window_range=(1, 5), same_latent=True, group_size=3,
+                          kl_coef=0.01, max_grad_norm=1e9)
+    ro = rollout_group(net, tiny_condition(), LATENT, cfg, torch.Generator().manual_seed(4), window_start=2)
+    assert ro.shared_until == 2 and ro.shares(2) and not ro.shares(3)
+    # the rollout: steps 0..2 once (the shared prefix and the window's first step), 3..5 and the clean pass 3 times
+    assert ro.forwards == 2 * (3 + 3 * 4)
+    adv = torch.tensor([1.0, -0.5, 0.25])
+    weights = grpo.step_weights(ro, cfg)
+    for k in range(3):  # per (trajectory, step), as grpo_loss on one sample
+        for i in ro.train_steps:
+            loss, _ = grpo.grpo_loss(net, ro, k, i, float(adv[k]), cfg, weights[i], reuse_uncond=True)
+            loss.backward()
+    separate = grads_of(params)
+    stats = grpo.grpo_update(net, torch.optim.SGD(params, lr=0.0), params, [ro], [adv], cfg,
+                             set_grad_sync=lambda last: None)
+    assert stats["micro_steps"] == 6 and stats["forwards"] == 4  # step 2 once, step 3 per trajectory
+    assert stats["first_logp_equal"] and stats["first_ratio"] == 1.0
+    norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in separate])))
+    assert stats["grad_norm"][0] == pytest.approx(norm / 6, rel=1e-5)  # micro-steps scaled by 1 / (pairs)
 
 
 def test_lora_optimizer_refuses_other_trainable_params():
@@ -468,22 +567,22 @@ def test_p25_coefficients_preserve_the_noise_level_and_end_on_x0():
     sig = [float(s) for s in flow.time_grid("shift", 8)[0]]
     for sde, eta in (("ddim_eta", 0.5), ("ddim_eta", 1.0), ("cps", 0.7)):
         for i in range(7):
-            a, b = grpo.step_coefficients(sde, sig[i], sig[i + 1], eta, rectified=True)
+            a, b = step_coefficients(sde, sig[i], sig[i + 1], eta, rectified=True)
             assert b > 0 and math.isclose(a * a + b * b, sig[i + 1] ** 2, rel_tol=1e-12)
-        assert grpo.step_coefficients(sde, sig[7], 0.0, eta, rectified=True) == (0.0, 0.0)  # the step onto x0
+        assert step_coefficients(sde, sig[7], 0.0, eta, rectified=True) == (0.0, 0.0)  # the step onto x0
     # eta 1 is the exact posterior of the RF interpolation, i.e. the EDM one in s = sigma / (1 - sigma), scaled
     s, s_next = flow.edm_sigma(sig[2]), flow.edm_sigma(sig[3])
-    _, b = grpo.step_coefficients("ddim_eta", sig[2], sig[3], 1.0, rectified=True)
+    _, b = step_coefficients("ddim_eta", sig[2], sig[3], 1.0, rectified=True)
     assert math.isclose(b, (1 - sig[3]) * s_next * math.sqrt(1 - (s_next / s) ** 2), rel_tol=1e-12)
     with pytest.raises(ValueError, match="sigma < 1"):
-        grpo.step_coefficients("ddim_eta", 1.5, 0.5, 0.5, rectified=True)
+        step_coefficients("ddim_eta", 1.5, 0.5, 0.5, rectified=True)
 
 
 @pytest.mark.parametrize("cft", [-1.0, 0.1])
 def test_p25_rollout_first_ratio_is_one_bitwise(cft):
     net, params = p25_policy()
     cfg = grpo.GRPOConfig(num_steps=4, kl_coef=0.004)
-    ro = grpo.rollout_group(net, p25_condition(cft=cft), LATENT, cfg, torch.Generator().manual_seed(0))
+    ro = rollout_group(net, p25_condition(cft=cft), LATENT, cfg, torch.Generator().manual_seed(0))
     sigmas, timesteps = flow.time_grid("shift", 4)
     assert ro.sigmas == [float(s) for s in sigmas] and ro.timesteps == timesteps.tolist()
     assert ro.train_steps == [0, 1, 2] and ro.betas[3] == 0.0 and torch.isfinite(ro.log_probs[:, :3]).all()
@@ -501,7 +600,7 @@ def test_p25_eta_zero_rollout_is_the_rf_euler_sampler():
     net, _ = p25_policy()
     cfg = grpo.GRPOConfig(num_steps=4, eta=0.0)
     cond = p25_condition(cft=0.1)
-    ro = grpo.rollout_group(net, cond, LATENT, cfg, torch.Generator().manual_seed(0))
+    ro = rollout_group(net, cond, LATENT, cfg, torch.Generator().manual_seed(0))
     assert ro.train_steps == [] and torch.isnan(ro.log_probs).all()
     x = noise = ro.states[0, :1]
     with torch.no_grad():
