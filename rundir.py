@@ -200,10 +200,13 @@ def plot_metrics(path, history, held_out=True):
 # How a run stops: a signal finishes the step and saves; divergence stops it naming the cause
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)  # a scheduler's stop, its warning, Ctrl-C
+
+
 def stop_on_signals(say):
     """{"signal": None}, set by SIGTERM / SIGUSR1 / SIGINT (on_signal): the loop finishes its step, saves, exits 0."""
     stop = {"signal": None}
-    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, lambda signum, frame: on_signal(stop, signum, say))
     return stop
 
@@ -219,8 +222,13 @@ def on_signal(stop, signum, say):
     stop["signal"] = signum
 
 
-def ignore_sigint(worker_id):
-    """DataLoader workers share the terminal's process group: a Ctrl-C for the run must not kill them mid-step."""
+def detach_worker(worker_id):
+    """DataLoader workers leave the run's process group, which Ctrl-C, `timeout` and `kill -- -PGID` signal whole: a
+    stop for the run reaches train.py alone, which finishes the step, saves and shuts its workers down. (A worker
+    killed mid-step would make the loader raise inside train.py's step instead: a 14B GRPO update was lost that
+    way.) Not ignoring SIGTERM: torch and multiprocessing stop their workers with it. A scheduler that signals
+    every process of the job (Slurm's cgroup) still reaches them: give it a grace period (--signal) or --workers 0."""
+    os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 

@@ -506,7 +506,7 @@ def main(argv=None):
     start_step = restore(run, net, objective, sampler, extra_state)
     loader = iter(torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler,
                                               num_workers=cfg.workers, persistent_workers=cfg.workers > 0,
-                                              worker_init_fn=rundir.ignore_sigint if cfg.workers else None))
+                                              worker_init_fn=rundir.detach_worker if cfg.workers else None))
     eval_ids, batches = held_out_batches(run, dataset, n_train, to_latent)
     held_out = lambda: objective.held_out(batches)  # noqa: E731
     step_dir = os.path.join(cfg.out, f"step_{start_step:08d}")

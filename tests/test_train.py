@@ -118,16 +118,19 @@ def test_resume_after_kill_is_bitwise(grid, uninterrupted, tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_and_ctrl_c_save_and_exit_zero(grid, tmp_path, sig):
-    """SIGTERM (a scheduler) and SIGINT (Ctrl-C) alike: the step finishes, is saved, exit 0, no traceback."""
+    """SIGTERM (a scheduler) and SIGINT (Ctrl-C) alike: the step finishes, is saved, exit 0, no traceback. Sent to
+    the whole process group, DataLoader workers included, as Ctrl-C, `timeout` and scancel do (a worker killed
+    mid-step would make the loader raise in train.py: a GPU run lost its update that way)."""
     out = str(tmp_path / "out")
     proc = subprocess.Popen([sys.executable, "train.py", "--data", grid, "--out", out, "--steps", "500",
-                             "--save-every", "1000"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                             "--save-every", "1000", "--workers", "1"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            start_new_session=True)
     deadline = time.time() + 300
     while time.time() < deadline and not (os.path.exists(os.path.join(out, "metrics.jsonl"))
                                           and sum(1 for _ in open(os.path.join(out, "metrics.jsonl"))) >= 2):
         time.sleep(0.05)
-    proc.send_signal(sig)
+    os.killpg(proc.pid, sig)
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output[-2000:]
     latest = open(os.path.join(out, "latest")).read().strip()
