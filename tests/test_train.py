@@ -332,6 +332,13 @@ def test_every_grpo_knob_is_a_flag_and_sft_flags_are_refused_with_grpo():
     with pytest.raises(ValueError, match="no-grpo-recompute-old-logp"):
         train.parse_config(base + ["--compile", "--no-grpo-recompute-old-logp"])
     assert train.parse_config(base + ["--compile"]).grpo.recompute_old_logp  # needed, so set (and printed)
+    for layout in ("cfg", "group"):  # batched rollout calls round unlike training's: the same rule
+        assert train.parse_config(base + ["--grpo-rollout-batch", layout]).grpo.recompute_old_logp
+        with pytest.raises(ValueError, match=f"--grpo-rollout-batch {layout} with --no-grpo-recompute-old-logp"):
+            train.parse_config(base + ["--grpo-rollout-batch", layout, "--no-grpo-recompute-old-logp"])
+    assert not train.parse_config(base).grpo.recompute_old_logp
+    with pytest.raises(ValueError, match="rollout_batch='batched'; valid: none, cfg, group"):
+        train.parse_config(base + ["--grpo-rollout-batch", "batched"])
     with pytest.raises(ValueError, match="nosuchmodule"):
         train.parse_config(base + ["--reward", "nosuchmodule:fn"])
 
