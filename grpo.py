@@ -218,7 +218,8 @@ def grpo_loss(net, rollout: Rollout, samples, step, advantages, cfg: GRPOConfig,
         surrogate, ratio = clipped_surrogate(log_probs[j: j + 1], old, float(advantage), cfg.clip_range)
         pair = step_weight * surrogate if kl is None else step_weight * surrogate + cfg.kl_coef * kl
         loss = loss + pair
-        infos.append({"loss": pair.detach(), "log_prob": log_probs[j: j + 1], "rollout_log_prob": rollout.log_probs[k, step],
+        infos.append({"loss": pair.detach(), "log_prob": log_probs[j: j + 1],
+                      "rollout_log_prob": rollout.log_probs[k, step],
                       "old_log_prob": old, "ratio": ratio.detach(), "kl": None if kl is None else kl.detach()})
     return loss, (infos[0] if single else infos)
 
@@ -299,7 +300,9 @@ def step_weights(rollout: Rollout, cfg: GRPOConfig):
 
 def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, generator=None, set_grad_sync=None,
                 cp_size=1):
-    """Train on a batch of rollouts: backward over every (trajectory, trained step), accumulated, then step.
+    """Train on a batch of rollouts: backward over every (trajectory, trained step) pair, accumulated, then step. A
+    micro-step is one forward (micro_steps: the pairs sharing a state go together); "micro_steps" in the stats
+    counts pairs, "forwards" micro-steps.
 
     rollouts: list of Rollout (one per group); advantages: per rollout a [K] tensor (advantages[g][k]).
     Trajectories with advantage exactly 0 are dropped (cfg.drop_zero_advantage). The rest (shuffled when a CPU
@@ -308,11 +311,11 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     net.set_requires_gradient_sync, one gradient reduction per step).
 
     Under torch.distributed (FSDP2: every forward is a collective) every rank runs the same number of micro-steps
-    per chunk: a rank with fewer real micro-steps pads with zero-weight ones (they run, and add nothing). Each real
-    micro-step's loss is scaled by dp / (real micro-steps of the chunk in all dp groups), so the mean over dp groups
-    that FSDP reduces (collectives.shard_model: a sum over the cp_size ranks of a cp group, which hold the same rollouts
-    and advantages, / dp) is the mean over real micro-steps. A chunk with no real micro-step on any rank is skipped on every
-    rank alike: no forward, and no optimizer step (Adam's momentum and weight decay would still move the weights).
+    per chunk: a rank with fewer pads with zero-weight ones (they run, and add nothing). Each real pair's loss is
+    scaled by dp / (real pairs of the chunk in all dp groups), so the mean over dp groups that FSDP reduces
+    (collectives.shard_model: a sum over the cp_size ranks of a cp group, which hold the same rollouts and
+    advantages, / dp) is the mean over real pairs. A chunk with no real pair on any rank is skipped on every rank
+    alike: no forward, and no optimizer step (Adam's momentum and weight decay would still move the weights).
 
     Returns a dict of stats, including the health checks of the first chunk (theta == theta_old there):
     first_logp_equal (every logp_new == logp_old bitwise), first_max_abs_dlogp, first_ratio, and per optimizer
@@ -322,8 +325,8 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     dp = collectives.world_size() // cp_size
     items = [(g, k) for g, adv in enumerate(advantages) for k in range(len(adv))
              if float(adv[k]) != 0.0 or not cfg.drop_zero_advantage]
-    stats = {"trajectories": len(items), "micro_steps": 0, "forwards": 0, "padded_steps": 0, "opt_steps": 0, "skipped_chunks": 0,
-             "nonfinite_steps": 0, "grad_norm": [], "grads_outside_params": [], "loss": 0.0, "kl": 0.0,
+    stats = {"trajectories": len(items), "micro_steps": 0, "forwards": 0, "padded_steps": 0, "opt_steps": 0,
+             "skipped_chunks": 0, "nonfinite_steps": 0, "grad_norm": [], "grads_outside_params": [], "loss": 0.0, "kl": 0.0,
              "clipfrac_in_update": 0.0, "approx_kl_in_update": 0.0, "clipfrac": None, "approx_kl": None,
              "first_logp_equal": None, "first_max_abs_dlogp": None,
              "first_ratio": None, "logp_requires_grad": None, "logp_has_grad_fn": None, "optimizer_s": 0.0}
