@@ -1,6 +1,7 @@
 """in_process(module, argv): a script's main(argv) run in this process the way `python <module>.py argv` runs it
 (under cli.main), returned as a subprocess.CompletedProcess (returncode, stdout, stderr), so a test reads it like a
-real run. script(argv, torchrun=N): the real thing, a subprocess (torchrun with N ranks if N).
+real run. script(argv, torchrun=N): the real thing, a subprocess (torchrun with N ranks if N). script_beside(argv):
+that subprocess started in the background, so that an independent in-process run uses the second core meanwhile.
 
 In-process saves importing torch and the repo (~4.5 s of one core per run, ~50 runs in the suite). It matches the
 subprocesses it replaces: one intra-op thread (their OMP_NUM_THREADS=1, so a run compares bit for bit with a killed
@@ -52,6 +53,26 @@ def script(argv, torchrun=0, name="train.py", env=None, timeout=600):
                               if torchrun else [])
     return subprocess.run(cmd + [os.path.join(ROOT, name), *map(str, argv)], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
+
+
+def script_beside(argv, name="train.py", env=None):
+    """`python name argv` started now, one thread, while this process goes on with other work (an in-process run:
+    on 2 cores each gets one); .result(timeout) waits and returns what script() would have."""
+    cmd = [sys.executable, os.path.join(ROOT, name), *map(str, argv)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
+
+    def result(timeout=600):
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError(f"{name} {' '.join(map(str, argv))} timed out after {timeout}s:\n{out[-3000:]}\n"
+                                 f"{err[-3000:]}") from None
+        return subprocess.CompletedProcess(cmd[1:], proc.returncode, out, err)
+    proc.result = result
+    return proc
 
 
 def check(proc):
