@@ -30,7 +30,7 @@ import collectives
 from lora import set_lora_enabled
 from model import uncond
 from rollout import (ROLLOUT_BATCHES, SDE_TYPES, Rollout, branch_predictions, draw_window_start, gaussian_log_prob,
-                     generated_mask, guide, mean_of, predict, rollout_group)
+                     generated_mask, guide, mean_of, predict, rollout_group, with_uncond)
 from scoring import check_samples, phase_timer, score_groups
 
 # -----------------------------------------------------------------------------
@@ -138,9 +138,7 @@ def states_log_prob(net, rollout: Rollout, samples, step, cfg: GRPOConfig, reuse
     noise = rollout.states[k0, :1]
     pred_c = predict(net, x, step, rollout.grid, rollout.cond, noise)
     pred_u = None
-    if cfg.guidance != 0:
-        if rollout.cond.neg_crossattn_emb is None:
-            raise ValueError(f"guidance={cfg.guidance} needs cond.neg_crossattn_emb (see branch_predictions)")
+    if with_uncond(rollout.cond, cfg.guidance):
         pred_u = rollout.uncond.get((k0, step)) if reuse_uncond and not cfg.uncond_grad and rollout.uncond else None
         if pred_u is None:
             with torch.set_grad_enabled(cfg.uncond_grad and torch.is_grad_enabled()):

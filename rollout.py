@@ -131,15 +131,20 @@ def stacked(cond: Condition, n, with_uncond):
     return rows
 
 
+def with_uncond(cond: Condition, guidance):
+    """Whether CFG runs an uncond branch (guidance != 0); refuses guidance without a negative prompt."""
+    if guidance != 0 and cond.neg_crossattn_emb is None:
+        raise ValueError(f"guidance={guidance} needs cond.neg_crossattn_emb (an empty negative prompt makes CFG a "
+                         "no-op; use Predict2's default negative prompt)")
+    return guidance != 0
+
+
 @torch.no_grad()
 def branch_predictions(net, xs, noises, step, rollout_grid, cond: Condition, cfg):
     """(cond, uncond) predictions [n, ...] of states xs [n, ...] without autograd, in cfg.rollout_batch's layout:
     "none" one B = 1 call per state and branch (the training layout), "cfg" one B = 2 call per state, "group" one
     call of B = 2n. uncond is None without guidance."""
-    two = cfg.guidance != 0
-    if two and cond.neg_crossattn_emb is None:
-        raise ValueError(f"guidance={cfg.guidance} needs cond.neg_crossattn_emb (an empty negative prompt makes CFG a "
-                         "no-op; use Predict2's default negative prompt)")
+    two = with_uncond(cond, cfg.guidance)
     n = xs.shape[0]
     if cfg.rollout_batch == "none" or not two and cfg.rollout_batch == "cfg":
         c = torch.cat([predict(net, xs[j: j + 1], step, rollout_grid, cond, noises[j: j + 1]) for j in range(n)])
