@@ -429,6 +429,7 @@ def run_grpo(b: BenchConfig):
         res[name] = dict(s=round(med, 4), s_per_sample=round(med / samples, 4), samples=samples,
                          peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda"
                          else None)
+        print(json.dumps({name: res[name]}), flush=True)  # a run cut short by a time limit keeps what it measured
     return res
 
 

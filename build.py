@@ -20,6 +20,8 @@ from inits import get_config
 from lora import LORA_TARGETS, LoRALinear, add_lora, check_fp8_shapes, quantize_base, target_linears
 from model import DiT
 
+RECOMPILE_LIMIT = 16  # per compiled block: room for every variant a GRPO run needs, never a silent eager fallback
+
 
 @dataclass
 class NetSpec:
@@ -64,6 +66,10 @@ def materialise(net, spec: NetSpec, device, cp_group=None, cp_size=1, verbose=Tr
     sac.apply_per_block(net, list(spec.sac_modes) or sac.block_modes("none", 1, len(net.blocks)))
     cp.enable(net, cp_group)  # before compile: the blocks' guards see their final attributes
     if spec.compile:
+        # GRPO legitimately runs ~8 variants of a block (batch 1|2|2K, grad on|off, LoRA on|off as the KL reference);
+        # past the limit dynamo would fall back to eager in silence, a compiled run that is not: raise instead
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
         for block in net.blocks:
             block.compile()  # in place: no _orig_mod. in any key
     if dist.is_initialized():
@@ -79,6 +85,14 @@ def materialise(net, spec: NetSpec, device, cp_group=None, cp_size=1, verbose=Tr
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return net
+
+
+def compile_seconds():
+    """Seconds spent compiling in this process so far, by dynamo's own timers: every frame compile (inductor's
+    forward graphs inside it) plus the backward graphs AOTAutograd compiles lazily at their first backward. A step's
+    difference is its compile cost, so a first update's s_per_step minus it is the steady-state cost."""
+    times = torch._dynamo.utils.compilation_time_metrics
+    return sum(sum(times.get(name, ())) for name in ("_compile.compile_inner", "compile_fx.<locals>.bw_compiler"))
 
 
 def build(spec: NetSpec, device, cp_group=None, cp_size=1, verbose=True):

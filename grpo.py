@@ -459,8 +459,9 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
     device = conds[0].crossattn_emb.device
     times, timed = phase_timer(device)
     generator = torch.Generator(device=device).manual_seed(seed)
+    starts = window_starts(cfg, len(conds), window_seed)
     rollouts = [timed("rollout", lambda: rollout_group(net, cond, latent_shape, cfg, generator, window_start=start))
-                for cond, start in zip(conds, window_starts(cfg, len(conds), window_seed))]
+                for cond, start in zip(conds, starts)]
     x0s = [ro.x0_final for ro in rollouts]
     if agree is not None:  # before any decode or reward: a NaN sample is named as such, on every rank
         agree("checking the rollouts", lambda: check_samples(x0s, conds))
@@ -491,6 +492,7 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
                "rollout_logp_gap": stats["first_max_abs_dlogp"] if stats["first_ratio"] is not None else None,
                "rollout_calls": sum(ro.calls for ro in rollouts), "rollout_forwards": sum(ro.forwards for ro in rollouts),
                "update_forwards": stats["forwards"],
+               "window_start": sum(starts) / len(starts) if None not in starts else None,  # the same on every rank
                "opt_steps": stats["opt_steps"], "skipped_chunks": stats["skipped_chunks"]}
     metrics.update({f"s_{name}": times.get(name, 0.0) for name in ("rollout", "decode", "reward", "update",
                                                                     "optimizer")})

@@ -44,7 +44,7 @@ import sac
 import sft
 import stitch
 import vae as vae_lib
-from build import NetSpec, describe, materialise, meta_net, trainable
+from build import NetSpec, compile_seconds, describe, materialise, meta_net, trainable
 from camera import stack_views, views_map
 from grpo import GRPOConfig
 from inits import get_config, is_p25
@@ -565,7 +565,7 @@ def step_counts(loop):
 def one_step(loop, step, start_step, peak):
     """Run one step of the objective; its metrics row."""
     cfg, run = loop.run.cfg, loop.run
-    t0 = time.perf_counter()
+    t0, compiled0 = time.perf_counter(), compile_seconds() if cfg.compile else None
     lr = loop.objective.lr_at(step)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
@@ -579,7 +579,9 @@ def one_step(loop, step, start_step, peak):
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     tokens, flops = step_counts(loop)
-    return {"step": step + 1, **row, "s_per_step": dt, "tokens_per_s": tokens * run.dp_world / dt,
+    return {"step": step + 1, **row, "s_per_step": dt,
+            **({"s_compile": compile_seconds() - compiled0} if cfg.compile else {}),  # inside s_per_step
+            "tokens_per_s": tokens * run.dp_world / dt,
             "mfu": flops / dt / 1e12 / peak if peak and loop.objective.mfu else None,
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if run.device.type == "cuda" else None}
 
