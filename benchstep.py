@@ -13,9 +13,8 @@ import torch
 import build
 import flow
 from camera import fallback_cameras, views_map
-from flow import multiview_condition_mask
 from inits import is_p25
-from model import Condition, condition_mask, denoise
+from model import Condition, denoise
 from vae import latent_frames
 
 
@@ -57,11 +56,8 @@ def make_batch(b, cfg, device, dtype):
     eps = torch.randn(shape, device=device, generator=g)
     text = torch.randn(1, b.text_len, cfg.crossattn_proj_in_channels, device=device, generator=g).to(dtype)
     sigma = torch.ones(1, device=device)
-    if b.views > 1:  # agibot's frame-init mask; a camera map of the fallback rig (its cost is the shape's, not the values')
-        mask = multiview_condition_mask(x0, b.views, b.cond_frames)
-    else:
-        mask = condition_mask(x0, b.cond_frames)
-    camera = None
+    mask = flow.frame_mask(x0, b.views, b.cond_frames)  # agibot's frame-init mask for its views
+    camera = None  # a camera net: a map of the fallback rig (its cost is the shape's, not the values')
     if cfg.camera_channels:
         w2c, intrinsics = fallback_cameras(b.views, shape[2] // b.views, b.height, b.width)
         camera = views_map(w2c, intrinsics, b.height, b.width)[None].to(device, dtype)

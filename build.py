@@ -17,7 +17,7 @@ import fp8
 import sac
 from collectives import shard_model
 from inits import get_config
-from lora import LORA_TARGETS, LoRALinear, add_lora, check_fp8_shapes, quantize_base, target_linears
+from lora import LORA_TARGETS, add_lora, adapted_linears, check_fp8_shapes, quantize_base, target_linears
 from model import DiT
 
 RECOMPILE_LIMIT = 16  # per compiled block: room for every variant a GRPO run needs, never a silent eager fallback
@@ -47,17 +47,13 @@ def meta_net(spec: NetSpec):
         add_lora(net, spec.lora, spec.lora_alpha or None)
         # the adapted Linears' frozen base in the compute dtype: fp32 would hold 4 B per weight that never trains
         # (14B: 54 GiB instead of 27) for FSDP to cast to bf16 anyway; the adapters keep fp32 masters
-        for m in frozen_linears(net):
+        for m in adapted_linears(net):
             m.weight = torch.nn.Parameter(m.weight.to(spec.base_dtype or spec.dtype), requires_grad=False)
         if spec.fp8:
             check_fp8_shapes(net)
     elif spec.fp8:
         fp8.convert_trainable(target_linears(net, LORA_TARGETS))  # same keys; the targets' GEMMs go fp8
     return net
-
-
-def frozen_linears(net):
-    return [m for m in net.modules() if isinstance(m, LoRALinear)]
 
 
 def materialise(net, spec: NetSpec, device, cp_group=None, cp_size=1, verbose=True):
@@ -73,7 +69,7 @@ def materialise(net, spec: NetSpec, device, cp_group=None, cp_size=1, verbose=Tr
         for block in net.blocks:
             block.compile()  # in place: no _orig_mod. in any key
     if dist.is_initialized():
-        frozen = {m.weight for m in frozen_linears(net)} if spec.fp8 else None  # replaced by fp8 buffers below
+        frozen = {m.weight for m in adapted_linears(net)} if spec.fp8 else None  # replaced by fp8 buffers below
         shard_model(net, device, cp_size, ignored=frozen)
     net.to_empty(device=device)
     torch.manual_seed(spec.seed)  # same on every rank, so the DTensor init is one consistent model
@@ -107,7 +103,7 @@ def describe(net, spec: NetSpec, n_params):
     lora = f" (LoRA r={spec.lora})" if spec.lora else ""
     fp8_note = ", fp8 GEMMs (weights and their gradients bf16/fp32)" if spec.fp8 else ""
     if spec.fp8 and spec.lora:
-        fp8_note = f", frozen base of {len(frozen_linears(net))} Linears in fp8 ({fp8.fp8_bytes(net) / 2 ** 30:.2f} GiB)"
+        fp8_note = f", frozen base of {len(adapted_linears(net))} Linears in fp8 ({fp8.fp8_bytes(net) / 2 ** 30:.2f} GiB)"
     return f"{n_params:,} parameters, {n_trainable:,} trainable{lora}{fp8_note}"
 
 

@@ -269,6 +269,14 @@ def sample(net, noise, cond: Condition, guidance=7.0, grid="shift", num_steps=35
 # Multi-view: views stacked on the latent time axis, [B, C, V*T, H, W]
 
 
+def frame_mask(latent, views, num_conditional_frames):
+    """The conditioning-frame mask of a Condition, the one choice every producer makes: a camera net's views (> 1)
+    stacked on time take multiview_condition_mask's, one video model.condition_mask's (its first n latent frames)."""
+    if views > 1:
+        return multiview_condition_mask(latent, views, num_conditional_frames)
+    return condition_mask(latent, num_conditional_frames)
+
+
 def multiview_condition_mask(latent_B_C_VT_H_W, num_views, num_conditional_frames):
     """robot/multiview-agibot's frame-init mask [B,1,V*T,H,W]: latent 0 of view 0, plus the first n latents of every
     other view (spec §1.1); n is an int or a per-sample tensor [B]. A latent whose V*T is not a multiple of V fails."""

@@ -84,11 +84,15 @@ def add_lora(model, rank, alpha=None, targets=LORA_TARGETS):
     return params
 
 
+def adapted_linears(model):
+    """The LoRALinear modules of `model` (add_lora's), in module order: the frozen base that --fp8 holds in e4m3."""
+    return [m for m in model.modules() if isinstance(m, LoRALinear)]
+
+
 def set_lora_enabled(model, enabled):
     """Switch every adapter on/off: the LoRA-disabled model is the frozen reference policy (GRPO KL)."""
-    for m in model.modules():
-        if isinstance(m, LoRALinear):
-            m.lora_enabled = enabled
+    for m in adapted_linears(model):
+        m.lora_enabled = enabled
 
 
 @torch.no_grad()

@@ -30,7 +30,7 @@ import flow
 import scoring
 from lora import set_lora_enabled
 from model import Condition, denoise, map_tensors
-from rollout import generated_mask
+from rollout import generated_mask, with_uncond
 from sample import guided_x0_fn, karras_sigmas, sample
 
 # -----------------------------------------------------------------------------
@@ -146,8 +146,7 @@ def rollout_group(net, cond: Condition, latent_shape, cfg: NFTConfig, generator)
     sigma_max noise; Predict2.5: its UniPC on the shift grid."""
     K = cfg.group_size
     noise = torch.randn(K, *latent_shape, generator=generator, device=generator.device)
-    if cfg.guidance != 0 and cond.neg_crossattn_emb is None:
-        raise ValueError(f"nft guidance={cfg.guidance} needs cond.neg_crossattn_emb (see rollout.branch_predictions)")
+    with_uncond(cond, cfg.guidance)  # refuses guidance without a negative prompt, before any forward
     group = map_tensors(cond, lambda t: t.expand(K, *t.shape[1:]))  # expanded, not copied
     if cond.conditional_frame_timestep is None:
         x0_fn = guided_x0_fn(net, group, cfg.guidance)

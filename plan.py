@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fp8 as fp8_lib
 import sac
-from lora import LORA_TARGETS, LoRALinear, add_lora, quantize_base, target_linears
+from lora import LORA_TARGETS, adapted_linears, add_lora, quantize_base, target_linears
 from model import Block, Condition, DiT, condition_mask
 
 
@@ -98,7 +98,7 @@ def cp_traffic(cfg, latent, cp, compute_dtype, recompute_blocks, link_gb_s):
 
 def lora_base(net):
     """The frozen base weights of the adapted Linears (what --fp8 stores in e4m3)."""
-    return [m.weight for m in net.modules() if isinstance(m, LoRALinear)]
+    return [m.weight for m in adapted_linears(net)]
 
 
 def resident_bytes(net, fp8=False):

@@ -34,7 +34,7 @@ import resume
 import vae as vae_lib
 from camera import split_views, stack_views, views_map
 from inits import get_config, is_p25
-from model import Condition, condition_mask, denoise, uncond
+from model import Condition, denoise, uncond
 
 SIGMA_MIN, SIGMA_MAX, RHO = 0.002, 80.0, 7.0
 TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot")  # CPU-fast configs: tiny VAE, 9x64x112, the stand-in prompt
@@ -162,9 +162,7 @@ def generate(net, vae, video_B_3_T_H_W, cond: Condition, num_steps=35, guidance=
     views = len(video_B_3_T_H_W) if net.cfg.camera_channels else 0
     if views:
         latent = stack_views(latent, views)
-        mask = flow.multiview_condition_mask(latent, views, num_conditional_frames)
-    else:
-        mask = condition_mask(latent, num_conditional_frames)
+    mask = flow.frame_mask(latent, views, num_conditional_frames)
     cond = dataclasses.replace(cond, gt_frames=latent, condition_mask=mask)
     if is_p25(net.cfg):
         if grid is None or cond.conditional_frame_timestep is None:

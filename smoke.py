@@ -29,7 +29,7 @@ from grpo import GRPOConfig
 from camera import fallback_cameras, split_views, views_map
 from data import VIEW_ORDER
 from inits import get_config, is_p25
-from model import Condition, condition_mask, matmul_peak, model_flops
+from model import Condition, matmul_peak, model_flops
 from rollout import LOG_SQRT_2PI, rollout_group
 from sample import TINY_CONFIGS
 from vae import WanVAE, get_vae_config, latent_frames
@@ -150,9 +150,7 @@ def make_condition(cfg: SmokeConfig, mcfg, latent_shape, device):
     if mcfg.camera_channels:
         w2c, intrinsics = fallback_cameras(VIEWS, latent_shape[1] // VIEWS, cfg.height, cfg.width)
         extra["camera"] = views_map(w2c, intrinsics, cfg.height, cfg.width)[None].to(device)
-        mask = flow.multiview_condition_mask(gt, VIEWS, cfg.cond_frames)
-    else:
-        mask = condition_mask(gt, cfg.cond_frames)
+    mask = flow.frame_mask(gt, VIEWS if mcfg.camera_channels else 0, cfg.cond_frames)
     return Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt, condition_mask=mask,
                      key=("smoke-episode", "smoke task"), **extra)
 

@@ -48,7 +48,7 @@ from build import NetSpec, compile_seconds, describe, materialise, meta_net, tra
 from camera import stack_views, views_map
 from grpo import GRPOConfig
 from inits import get_config, is_p25
-from model import Condition, condition_mask, matmul_peak, model_flops, num_params
+from model import Condition, matmul_peak, model_flops, num_params
 from nft import NFTConfig
 from sample import TINY_CONFIGS, standin_text, tiny_data, write_sample
 
@@ -378,7 +378,7 @@ def condition_of(cfg, latent, text, camera):
     on time, and their Pluecker map) and, for Predict2.5, the run's conditional_frame_timestep. SFT redraws the mask
     per sample (sft.training_loss); RL adds the negative prompt and a key per clip (rl.conditions)."""
     views = len(data.VIEW_ORDER) if camera is not None else 0
-    mask = flow.multiview_condition_mask(latent, views, 1) if views else condition_mask(latent, 1)
+    mask = flow.frame_mask(latent, views, 1)
     timestep = cfg.conditional_frame_timestep if is_p25(get_config(cfg.config)) else None
     return Condition(crossattn_emb=text, gt_frames=latent, condition_mask=mask, camera=camera,
                      conditional_frame_timestep=timestep)
