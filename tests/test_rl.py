@@ -1,5 +1,6 @@
 """RL through train.py (rl.py's driver): the held-out evaluation, a weight-0 control that stays the base bit for bit,
-a reward the policy can change rising under GRPO and NFT against that control, NFT resuming bitwise."""
+a reward the policy can change rising under GRPO and NFT against that control, NFT resuming bitwise, GRPO's flags,
+metrics, resume and refusals, and its NaN/Inf updates and rollouts stopping the run."""
 import json
 import os
 
@@ -11,8 +12,10 @@ from run_utils import check, in_process, script_beside
 SMALL = ["--lora", "4", "--batch-size", "2", "--eval-steps", "4", "--eval-every", "2", "--sample-every", "0"]
 
 
-def run(args):
-    return check(in_process(train, args))
+def run(args, check_rc=True):
+    """train.main(args) in this process, as a CompletedProcess (check_rc: a non-zero exit fails the test)."""
+    proc = in_process(train, args)
+    return check(proc) if check_rc else proc
 
 
 def rows(out):
@@ -100,3 +103,118 @@ def test_rl_flags_belong_to_their_objective():
     assert cfg.nft.timesteps == 2 and cfg.nft.lr == 3e-3 and cfg.reward == "reward:wrist_brightness"  # tiny preset
     keys = train.resume_keys(cfg)
     assert "nft.beta" in keys and "nft.timesteps" in keys and "nft.lr" not in keys and "grpo.eta" not in keys
+
+
+def test_grpo_objective_updates_lora_and_resumes(tiny_grid, tmp_path):
+    out = str(tmp_path / "grpo")
+    args = ["--data", tiny_grid, "--out", out, "--objective", "grpo", "--lora", "4", "--save-every", "2",
+            "--grpo-group-size", "3", "--grpo-num-steps", "4", "--grpo-kl-coef", "0.01", "--grpo-window-size", "2",
+            "--grpo-window-range", "0,3", "--grpo-same-latent", "--reward", "default,reward_plugins:wrist_brightness=0.5",
+            "--batch-size", "1", "--eval-steps", "2"]
+    first = run(args + ["--steps", "2"])  # tests/reward_plugins.py: importable, tests/ is on sys.path
+    assert "optimizer: AdamW betas (0.9, 0.999), weight decay 0.0001, lr 0.003 (warm-up 0, then constant)" \
+        in first.stdout  # GRPO's own optimizer (the tiny RL preset's lr), not the SFT preset's (wd 0.1, beta2 0.99)
+    second = run(args + ["--steps", "3", "--grpo-lr", "5e-5"])  # resumes the LoRA-only checkpoint
+    assert "--grpo-lr 0.003 -> 5e-05" in second.stdout  # an optimizer change is applied and said
+    by_step = rows(out)
+    assert by_step[0]["eval_reward_wrist_brightness"] > 0  # the held-out evaluation before the first update
+    updates = {k: v for k, v in by_step.items() if k > 0}
+    assert sorted(updates) == [1, 2, 3] and [r["lr"] for r in updates.values()] == [3e-3, 3e-3, 5e-5]
+    for row in updates.values():
+        assert row["first_ratio"] == 1.0  # rollout and training forward identical before the update
+        assert 0 < row["grad_norm"] < float("inf") and 0 < row["reward_mean"]
+        assert row["micro_steps"] == 3 * 2 and row["kl_ref"] is not None and row["reward_std"] >= 0
+        assert row["approx_kl"] > 0 and row["clipfrac_in_update"] == 0  # measured after the step: it moved
+        for key in ("adv_std", "clipfrac", "approx_kl", "s_rollout", "s_decode", "s_reward", "s_update",
+                    "s_optimizer", "reward_default", "reward_wrist_brightness"):
+            assert key in row, key
+        assert row["window_start"] in (0.0, 1.0)  # a window of 2 inside steps [0, 3)
+    assert "s_checkpoint" in updates[2] and "eval_reward" in updates[2]
+    meta = json.load(open(os.path.join(out, "step_00000002", "meta.json")))
+    assert meta["lora_only"] is True
+    config = json.load(open(os.path.join(out, "config.json")))
+    assert config["grpo"]["kl_coef"] == 0.01 and config["grpo"]["window_range"] == [0, 3]
+    latent_only = run(["--data", tiny_grid, "--out", str(tmp_path / "latent"), "--objective", "grpo", "--lora", "4",
+                       "--steps", "1", "--grpo-num-steps", "3", "--reward", "reward_plugins:black_latent",
+                       "--batch-size", "1", "--eval-steps", "2"])
+    assert "(latents only: no decoding)" in latent_only.stdout
+    row = rows(str(tmp_path / "latent"))[1]
+    assert row["s_decode"] < 0.01 and "reward_black_latent" in row and "reward_default" not in row
+    changed = run(args + ["--steps", "4", "--grpo-kl-coef", "0.02"], check_rc=False)
+    assert changed.returncode == 2 and "grpo.kl_coef" in changed.stderr  # an objective change is refused
+    assert json.load(open(os.path.join(out, "config.json")))["grpo"]["kl_coef"] == 0.01  # and writes nothing
+
+
+def test_every_grpo_knob_is_a_flag_and_sft_flags_are_refused_with_grpo():
+    import dataclasses
+    import grpo
+    base = ["--objective", "grpo", "--lora", "4"]
+    for f in dataclasses.fields(grpo.GRPOConfig):
+        value = {bool: not f.default, int: 3, float: 0.25, str: f.default}.get(type(f.default))
+        if f.name in ("window_range", "train_steps", "betas", "window_size", "eta", "num_steps", "group_size"):
+            continue  # checked together below (they constrain each other)
+        flag = "--grpo-" + f.name.replace("_", "-")
+        argv = base + ([flag if value else "--no-grpo-" + f.name.replace("_", "-")] if isinstance(value, bool)
+                       else [flag, str(value)])
+        if f.name == "sde_type":
+            argv = base + [flag, "cps"]
+            value = "cps"
+        if f.name == "pg_step_weight":
+            argv, value = base + [flag, "beta2"], "beta2"
+        if f.name == "std_ddof":
+            argv, value = base + [flag, "1"], 1
+        assert getattr(train.parse_config(argv).grpo, f.name) == value, f.name
+    cfg = train.parse_config(base + ["--grpo-group-size", "4", "--grpo-num-steps", "10", "--grpo-eta", "0.7",
+                                     "--grpo-window-size", "2", "--grpo-window-range", "1,6", "--grpo-betas", "0.8,0.95"])
+    assert (cfg.grpo.group_size, cfg.grpo.num_steps, cfg.grpo.eta, cfg.grpo.window_range, cfg.grpo.betas) == \
+        (4, 10, 0.7, (1, 6), (0.8, 0.95))
+    assert train.parse_config(base + ["--grpo-train-steps", "0,2"]).grpo.train_steps == (0, 2)
+    for flag in ("--lr", "--warmup", "--weight-decay", "--beta2", "--grad-clip", "--grad-accum"):
+        with pytest.raises(ValueError, match=f"{flag} does nothing with --objective grpo"):
+            train.parse_config(base + [flag, "1"])
+    with pytest.raises(ValueError, match="--grpo-kl-coef does nothing with --objective sft"):
+        train.parse_config(["--grpo-kl-coef", "0.1"])
+    with pytest.raises(ValueError, match="window_size"):
+        train.parse_config(base + ["--grpo-window-size", "9"])
+    with pytest.raises(ValueError, match="no-grpo-recompute-old-logp"):
+        train.parse_config(base + ["--compile", "--no-grpo-recompute-old-logp"])
+    assert train.parse_config(base + ["--compile"]).grpo.recompute_old_logp  # needed, so set (and printed)
+    for layout in ("cfg", "group"):  # batched rollout calls round unlike training's: the same rule
+        assert train.parse_config(base + ["--grpo-rollout-batch", layout]).grpo.recompute_old_logp
+        with pytest.raises(ValueError, match=f"--grpo-rollout-batch {layout} with --no-grpo-recompute-old-logp"):
+            train.parse_config(base + ["--grpo-rollout-batch", layout, "--no-grpo-recompute-old-logp"])
+    assert not train.parse_config(base).grpo.recompute_old_logp
+    with pytest.raises(ValueError, match="rollout_batch='batched'; valid: none, cfg, group"):
+        train.parse_config(base + ["--grpo-rollout-batch", "batched"])
+    with pytest.raises(ValueError, match="nosuchmodule"):
+        train.parse_config(base + ["--reward", "nosuchmodule:fn"])
+
+
+def test_grpo_nonfinite_updates_stop_after_max_nonfinite_and_nan_rollouts_are_named(tiny_grid, tmp_path, monkeypatch):
+    """GRPO behaves as SFT (a NaN/Inf gradient norm skips the update, counted and logged, --max-nonfinite in a row
+    stop the run in one line), and a NaN rollout is named as such before any reward sees it."""
+    import grpo
+    args = ["--data", tiny_grid, "--objective", "grpo", "--lora", "4", "--steps", "3", "--batch-size", "1",
+            "--grpo-group-size", "2", "--grpo-num-steps", "3", "--max-nonfinite", "2", "--reward",
+            "default,reward_plugins:black_latent"]
+    loss_of = grpo.grpo_loss
+    with monkeypatch.context() as m:
+        m.setattr(grpo, "grpo_loss", lambda *a, **k: (lambda loss, info: (loss * float("inf"), info))(
+            *loss_of(*a, **k)))
+        proc = run(args + ["--out", str(tmp_path / "nan_update")], check_rc=False)
+    assert proc.returncode == 2 and "error: step 2: 2 steps in a row with a NaN/Inf loss or gradient norm " \
+        "(--max-nonfinite 2), each skipped: NaN/Inf GRPO gradients" in proc.stderr, proc.stderr
+    by_step = rows(str(tmp_path / "nan_update"))  # step 0: the held-out evaluation before the first update
+    assert sorted(by_step) == [0, 1, 2] and all(by_step[s]["nonfinite_steps"] == 1 and
+                                                by_step[s]["skipped"] == "nonfinite" for s in (1, 2))
+    rollout = grpo.rollout_group
+
+    def diverged(*a, **k):
+        ro = rollout(*a, **k)
+        ro.x0_final[0, 0, 0, 0, 0] = float("nan")
+        return ro
+    monkeypatch.setattr(grpo, "rollout_group", diverged)
+    proc = run(args + ["--out", str(tmp_path / "nan_rollout")], check_rc=False)
+    assert proc.returncode == 2 and "RL rollouts of 1 of 1 groups are NaN/Inf before scoring (the rewards were " \
+        "not called); group 0 (key (0, 0)): its inputs are finite: the policy diverged" in proc.stderr, proc.stderr
+    assert "reward term" not in proc.stderr
