@@ -270,8 +270,9 @@ def sample(net, noise, cond: Condition, guidance=7.0, grid="shift", num_steps=35
 
 
 def frame_mask(latent, views, num_conditional_frames):
-    """The conditioning-frame mask of a Condition, the one choice every producer makes: a camera net's views (> 1)
-    stacked on time take multiview_condition_mask's, one video model.condition_mask's (its first n latent frames)."""
+    """The conditioning-frame mask of a Condition, chosen here for train, sample, smoke and bench alike: a camera
+    net's views (> 1) stacked on time take multiview_condition_mask's, one video model.condition_mask's (its first
+    n latent frames)."""
     if views > 1:
         return multiview_condition_mask(latent, views, num_conditional_frames)
     return condition_mask(latent, num_conditional_frames)
