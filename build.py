@@ -3,8 +3,13 @@
 The order is torchtitan's and matters (docs/memory.md):
     meta build -> LoRA / freeze (frozen base in the compute dtype) -> fp8 -> activation checkpointing per block
     -> context parallel -> compile per block -> FSDP2 -> materialise -> seeded init -> strict load -> fp8 base
-FSDP2 is collectives.shard_model. Everything up to FSDP works on the meta device, so nothing is allocated until the shards are; a planner that must
-see the adapted meta network (`--sac auto`, bench.py's memory formulas) calls `meta_net`, then `materialise`.
+FSDP2 is collectives.shard_model. Everything up to FSDP works on the meta device, so nothing is allocated until the
+shards are; a planner that must see the adapted meta network (`--sac auto`, bench.py's memory formulas) calls
+`meta_net`, then `materialise`.
+
+`family(cfg)` is the one place Predict2 and Predict2.5 are told apart for their math: it returns edm.py or flow.py,
+which have the same functions under the same names, and every caller (sft, rollout, grpo, nft, rl, sample, evaluate,
+smoke, bench) uses the module it returns without asking which it is.
 """
 from dataclasses import dataclass
 
@@ -13,17 +18,25 @@ import torch.distributed as dist
 
 import ckpt
 import cp
+import edm
+import flow
 import fp8
 import sac
 from collectives import shard_model
-from inits import get_config
+from inits import get_config, is_p25
 from lora import LORA_TARGETS, add_lora, adapted_linears, check_fp8_shapes, quantize_base, target_linears
 from model import DiT
 
 RECOMPILE_LIMIT = 16  # per compiled block: room for every variant a GRPO run needs, never a silent eager fallback
 
 
-@dataclass
+def family(cfg):
+    """The model family's math of a DiTConfig: flow (Predict2.5: rectified flow, Reason1 text, UniPC) or edm
+    (Predict2: EDM sigma, T5 text, Karras Euler/AB2)."""
+    return flow if is_p25(cfg) else edm
+
+
+@dataclass(kw_only=True)
 class NetSpec:
     """What to build. Every entry point fills one from its own config."""
     config: str  # inits.get_config name

@@ -36,7 +36,8 @@ from formats import (CheckpointError, bitsum, check_sums, crc_range, crc_shift, 
                      read_rows, tensor_crc, verify_bytes)
 from inits import CONFIGS, check_init_config, get_config, resolve_source
 from lora import add_lora
-from model import DiT, denoise
+from edm import denoise
+from model import DiT
 
 NAMED_INITS, INIT_CONFIGS = inits.NAMED_INITS, inits.INIT_CONFIGS  # read as ckpt.* by train.py and the tests
 

@@ -33,7 +33,16 @@ import typing
 
 @functools.cache
 def field_help(cls) -> dict:
-    """{field name: help text} from the comments beside (and continuing below) each field of a dataclass."""
+    """{field name: help text} from the comments beside (and continuing below) each field of a dataclass; a field
+    its class does not comment (inherited, e.g. objective.RLConfig's) takes its base class's comment."""
+    helps = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        helps.update(own_field_help(klass))
+    return helps
+
+
+def own_field_help(cls) -> dict:
+    """{field name: help text} of the fields written in cls's own body."""
     source = textwrap.dedent(inspect.getsource(cls))
     comments, code_rows = {}, set()
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):  # tokens: a '#' inside a string is no comment

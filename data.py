@@ -51,6 +51,7 @@ from torch.utils.data import Dataset, Sampler
 
 import camera
 import vae
+from inits import get_config
 from video import ClipError, probe_video, read_clip, sha1_file
 
 NEGATIVE_STEM = "negative_prompt"  # t5.py writes the negative prompt's embedding as t5_xxl/negative_prompt.pickle
@@ -60,7 +61,7 @@ REASON1_FORMAT = "reason1-full-concat-v1"  # the metadata "format" t5.py --encod
 VIEW_ORDER = ("wrist", "ext_1", "ext_2")  # stitch.py's slots in agibot's internal order [hand_0, head, hand_1]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Video:
     stem: str
     path: str
@@ -103,13 +104,16 @@ def list_videos(root: str) -> list:
     from metas/<stem>.txt (the upstream layout). A video may not be named like the negative prompt's embedding."""
     manifest = os.path.join(root, "manifest.jsonl")
     if os.path.exists(manifest):
-        videos = [Video(r["stem"], os.path.join(root, "videos", r["stem"] + ".mp4"), r["prompt"], int(r["n_out"]),
-                        (int(r["height"]), int(r["width"])), r.get("sha1"), r.get("bytes"))
+        videos = [Video(stem=r["stem"], path=os.path.join(root, "videos", r["stem"] + ".mp4"), prompt=r["prompt"],
+                        frames=int(r["n_out"]), size=(int(r["height"]), int(r["width"])), sha1=r.get("sha1"),
+                        bytes=r.get("bytes"))
                   if "views" not in r else  # a views folder: one file per camera slot, one Video each
-                  Video(r["stem"], "", r["prompt"], int(r["n_out"]), (int(r["height"]), int(r["width"])),
-                        views={s: Video(f"{r['stem']}.{s}", os.path.join(root, "videos", f"{r['stem']}.{s}.mp4"),
-                                        r["prompt"], int(r["n_out"]), (int(r["height"]), int(r["width"])), f["sha1"],
-                                        f["bytes"]) for s, f in r["views"].items()}, cameras=r.get("cameras"))
+                  Video(stem=r["stem"], path="", prompt=r["prompt"], frames=int(r["n_out"]),
+                        size=(int(r["height"]), int(r["width"])), cameras=r.get("cameras"),
+                        views={s: Video(stem=f"{r['stem']}.{s}", path=os.path.join(root, "videos", f"{r['stem']}.{s}.mp4"),
+                                        prompt=r["prompt"], frames=int(r["n_out"]),
+                                        size=(int(r["height"]), int(r["width"])), sha1=f["sha1"], bytes=f["bytes"])
+                               for s, f in r["views"].items()})
                   for r in read_manifest(manifest)]
     else:
         folder = os.path.join(root, "videos")
@@ -120,7 +124,7 @@ def list_videos(root: str) -> list:
             stem = name[:-4]
             meta = os.path.join(root, "metas", stem + ".txt")
             prompt = open(meta, encoding="utf-8").read().strip() if os.path.exists(meta) else ""
-            videos.append(Video(stem, os.path.join(folder, name), prompt, None))
+            videos.append(Video(stem=stem, path=os.path.join(folder, name), prompt=prompt, frames=None))
     if any(v.stem == NEGATIVE_STEM for v in videos):
         raise ValueError(f"{root}: a video is named {NEGATIVE_STEM}.mp4, the name t5.py gives the negative prompt's "
                          f"embedding (t5_xxl/{NEGATIVE_STEM}.pickle); rename the video (and its metas/ and manifest "
@@ -258,6 +262,28 @@ def check_text_embeddings(files: list, text_len: int, text_dim: int) -> int:
     for path, _ in files:
         read_text_array(path, text_len, text_dim)
     return len(files)
+
+
+TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot")  # CPU-fast configs: tiny VAE, 9x64x112, the stand-in prompt
+T5_WIDTH = 1024  # T5-XXL's embedding width
+
+
+def tiny_data(config):
+    """The tiny default's own folder (train.py builds it): 2x2 grids, or separate views for a camera net."""
+    return "data/tiny_views" if get_config(config).camera_channels else "data/tiny_grid"
+
+
+def standin_text(config, data_dir):
+    """Whether a run reads stand-in text (standin_text_embedding of each prompt) instead of embedding files: the
+    tiny configs on the tiny default's own folder; p25-tiny* anywhere (their text is 96 wide: no released encoder
+    writes it); tiny on a folder without t5_xxl/. tiny is T5-wide, so a folder of yours that has t5_xxl/ trains
+    and samples on those embeddings, as a released config does."""
+    if config not in TINY_CONFIGS:
+        return False
+    if get_config(config).crossattn_proj_in_channels != T5_WIDTH or \
+            os.path.normpath(data_dir) == os.path.normpath(tiny_data(config)):
+        return True
+    return not os.path.isdir(os.path.join(data_dir, "t5_xxl"))
 
 
 def standin_text_embedding(prompt: str, text_len: int, text_dim: int) -> tuple:

@@ -10,7 +10,7 @@ Held-out episodes are each run's own (train.py --holdout: the last videos of its
 matched by stem: a grid folder and a views folder stitched from one LeRobot source name an episode alike
 (videos/<src>__ep<index>.mp4, videos/<src>__ep<index>.<view>.mp4). The runs are compared on the first --clips stems
 that every run holds out. Each clip is the window at frame 0 of the run's frames x height x width, generated from its
-first frame the way the run samples (sample.generate: its sampler, prompt, negative prompt and cameras; noise seed
+first frame the way the run samples (generate.generate: its sampler, prompt, negative prompt and cameras; noise seed
 --seed + clip index), scored on frames 1.. only (frame 0 conditions). Weight-free metrics only: PSNR, SSIM and
 reward.py's terms (on the 2x2 grid; a views run's views are put into one with reward.grid_from_views).
 """
@@ -23,17 +23,18 @@ import sys
 import torch
 import torch.nn.functional as F
 
+import build
 import cache
 import ckpt
 import cli
 import data
-import inits
 import resume
 import reward
-import sample
 import vae as vae_lib
 from camera import views_map
-from inits import get_config, is_p25
+from data import TINY_CONFIGS, standin_text
+from generate import generate
+from inits import get_config
 from model import Condition
 
 CAMERAS = ("ext_1", "ext_2", "wrist")  # stitch.py's grid cells: top-left, top-right, bottom-left (bottom-right black)
@@ -145,7 +146,7 @@ def reward_video(video, layout):
 # Runs: what train.py trained, on which held-out episodes
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Run:
     path: str  # the run directory as given
     cfg: dict  # its config.json
@@ -158,7 +159,7 @@ class Run:
 
     @property
     def family(self):
-        return f"{'Predict2.5' if is_p25(get_config(self.cfg['config'])) else 'Predict2'} " \
+        return f"{build.family(get_config(self.cfg['config'])).NAME} " \
                f"{'views' if self.views else 'grid'}"
 
     @property
@@ -220,15 +221,15 @@ def open_run(path, cfg):
     if not held_out:
         raise ValueError(f"{path}: trained with --holdout 0, so every video of {run['data']} was trained on; "
                          "evaluate.py compares runs on held-out episodes (train with --holdout N, or -1 for 2%)")
-    return Run(path, run, latest, resume.read_meta(latest)["step"], views, dataset, held_out,
-               run_guidance(path, run, cfg.guidance))
+    return Run(path=path, cfg=run, checkpoint=latest, step=resume.read_meta(latest)["step"], views=views,
+               dataset=dataset, held_out=held_out, guidance=run_guidance(path, run, cfg.guidance))
 
 
 def text_settings(run):
     """The text GridClips / ViewClips read for a run, as train.main chooses it: the stand-in, T5 or Reason1."""
-    tiny = run["config"] in sample.TINY_CONFIGS
-    return dict(text="standin" if sample.standin_text(run["config"], run["data"]) else "t5",
-                text_encoder="reason1" if is_p25(get_config(run["config"])) and not tiny else "t5")
+    tiny = run["config"] in TINY_CONFIGS
+    return dict(text="standin" if standin_text(run["config"], run["data"]) else "t5",
+                text_encoder="t5" if tiny else build.family(get_config(run["config"])).TEXT_ENCODER)
 
 
 def common_stems(runs):
@@ -272,11 +273,10 @@ def evaluate_run(run, stems, cfg, terms, device, size):
     neg, neg_source = data.negative_embedding(run.cfg["data"], run.cfg["text_len"], mcfg.crossattn_proj_in_channels,
                                               standin=settings["text"] == "standin",
                                               text_encoder=settings["text_encoder"])
-    p25 = dict(grid=inits.checkpoint_defaults(run.cfg["init"], run.cfg["config"])[0],
-               conditional_frame_timestep=run.cfg["conditional_frame_timestep"]) if is_p25(mcfg) else {}
-    grid, timestep = p25.get("grid"), p25.get("conditional_frame_timestep")
+    math = build.family(mcfg)
+    grid, timestep = math.sampler_defaults(run.cfg["init"], run.cfg["config"])[0], run.cfg["conditional_frame_timestep"]
     print(f"evaluate: {run.checkpoint}{' (EMA)' if cfg.ema else ''}: {run.family}, guidance {run.guidance}, "
-          f"negative prompt {neg_source}" + (f", UniPC {p25['grid']} grid" if p25 else ""), flush=True)
+          f"negative prompt {neg_source}, {math.describe_sampler(grid, timestep)}", flush=True)
     layout, clips = "views" if run.views else "grid", []
     for i, stem in enumerate(stems):
         truth, text, camera = held_out_clip(run, stem, device, dtype)
@@ -284,8 +284,8 @@ def evaluate_run(run, stems, cfg, terms, device, size):
         given = torch.cat([first, torch.full_like(first, -1).expand(-1, -1, truth.shape[2] - 1, -1, -1)], dim=2)
         cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg[None].to(device), camera=camera,
                          conditional_frame_timestep=timestep)
-        generated = sample.generate(net, vae, given.to(dtype), cond, cfg.steps, run.guidance, cfg.seed + i,
-                                    grid=grid).float()
+        generated = generate(net, vae, given.to(dtype), cond, cfg.steps, run.guidance, cfg.seed + i,
+                             grid=grid).float()
         if run.views:  # one sample of V views
             generated, truth = generated[None], truth[None]
         metrics = view_metrics(generated, truth, layout, size)

@@ -15,9 +15,12 @@ compute it exactly as upstream does, `timesteps.float() * 0.001`). What is new h
   INITIAL noise (so the last x0 holds (1 - sigma_0) noise + sigma_0 gt there: `sample` puts gt back).
 * multi-view (robot/multiview-agibot): views stacked on the latent time axis; the frame-init condition mask.
 
-Contents, top to bottom: training draws -> the RF velocity (upstream's denoise) -> loss -> sampler grids ->
-UniPC -> sampling loop -> multi-view mask and noise -> the RF GRPO step (docs/grpo.md §10)
--> per-checkpoint sampler defaults.
+This module and edm.py (Predict2) are the two model families: the same functions under the same names and
+signatures (build.family picks one from the DiT config; callers never ask which).
+
+Contents, top to bottom: the family's facts -> training draws -> the RF velocity (upstream's denoise) -> loss ->
+sampler grids -> UniPC -> sampling loop -> multi-view mask and noise -> RL: the RF GRPO step (docs/grpo.md §10) and
+NFT's forward process.
 """
 import math
 from dataclasses import replace
@@ -25,11 +28,33 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+import inits
+from data import VIEW_ORDER
 from model import Condition, condition_mask, uncond
 
+NAME = "Predict2.5"
+TEXT_ENCODER = "reason1"  # the released configs' prompt embeddings (t5.py --encoder reason1); p25-tiny*: a stand-in
+TRAIN_FLAGS = ("conditional_frame_timestep",)  # train.py settings only this family reads
+SAMPLER_FLAGS = ("grid", "conditional_frame_timestep")  # sample.py settings only this family's sampler reads
+ROLLOUT_GRID = "shift"  # the grid of RL rollouts (GRPO, NFT)
 SHIFT = 5.0  # every released 2.5 experiment
 CONDITIONAL_FRAMES_PROBS = (0.5, 0.25, 0.25)  # P(n conditional latent frames = 0, 1, 2) in training
 TIMESTEP_SCALE = 0.001  # upstream's net input is 1000 sigma, scaled back inside the net
+
+
+def sampler_defaults(init, config):
+    """(grid, conditional_frame_timestep) upstream samples checkpoint `init` with (inits.checkpoint_defaults)."""
+    return inits.checkpoint_defaults(init, config)
+
+
+def describe_sampler(grid, conditional_frame_timestep):
+    return f"UniPC {grid} grid, conditional-frame timestep {conditional_frame_timestep}"
+
+
+def nonfinite_hint(cfg):
+    """What else than the learning rate can overflow this family's SFT loss: nothing (no loss scale)."""
+    return ""
+
 
 # -----------------------------------------------------------------------------
 # Training-time draws (our own seeded generator; the formulas are upstream's, in the same fp32 ops)
@@ -52,7 +77,7 @@ def num_conditional_frames(uniform, num_latent_frames, probs=CONDITIONAL_FRAMES_
 
 
 def draw_sample(latent_C_T_H_W, seed, text_dropout):
-    """(normal, eps, n_cond, drop_text) of one training sample from its own seed (sft.sample_seed)."""
+    """(normal, eps, n_cond, drop_text) of one training sample from its own seed (objective.sample_seed)."""
     g = torch.Generator().manual_seed(seed)
     normal = torch.randn((), generator=g)
     eps = torch.randn(latent_C_T_H_W.shape, generator=g)
@@ -131,18 +156,18 @@ def loss_given_draws(net, x0, cond: Condition, eps, timesteps_B):
     return (v_hat - (eps - x0)).square().mean(dim=(1, 2, 3, 4))
 
 
-def training_loss(net, latent, cond: Condition, seeds, text_dropout, condition_mask_fn=None):
+def training_loss(net, latent, cond: Condition, seeds, cfg):
     """Batch loss with one seed per sample (draw_sample); cond: the batch's record (its condition_mask is replaced
-    by the drawn one). condition_mask_fn(latent, n_cond [B]) -> mask; default: the first n latent frames
-    (model.condition_mask); multi-view latents pass `multiview_condition_mask`'s closure."""
-    draws = [draw_sample(latent[b], s, text_dropout) for b, s in enumerate(seeds)]
+    by the drawn one: the first n latent frames, or for a camera net (cond.camera) agibot's frame-init mask over its
+    views stacked on time). cfg: text_dropout (train.TrainConfig)."""
+    draws = [draw_sample(latent[b], s, cfg.text_dropout) for b, s in enumerate(seeds)]
     timesteps, _ = shifted_timesteps(torch.stack([d[0] for d in draws]))
     eps = torch.stack([d[1] for d in draws]).to(latent.device)
     n_cond = torch.tensor([d[2] for d in draws], device=latent.device)
     text_emb = cond.crossattn_emb
     keep_text = torch.tensor([0.0 if d[3] else 1.0 for d in draws], device=latent.device,  # 0/1: exact in bf16,
                              dtype=text_emb.dtype).view(-1, 1, 1)  # so a bf16 Reason1 batch stays bf16 (98 MiB each)
-    mask = (condition_mask_fn or condition_mask)(latent, n_cond)
+    mask = frame_mask(latent, len(VIEW_ORDER) if cond.camera is not None else 1, n_cond)
     drawn = replace(cond, crossattn_emb=text_emb * keep_text, condition_mask=mask)
     return loss_given_draws(net, latent, drawn, eps, timesteps.to(latent.device)).mean()
 
@@ -246,8 +271,16 @@ def unipc(velocity_fn, noise, sigmas, callback=None):
 # The sampling loop: noise -> UniPC with CFG in velocity space and frame replacement
 
 
-def initial_noise(shape, seed):
-    """Upstream's arch-invariant noise: numpy RandomState(seed).standard_normal, float32, unit variance (no x80)."""
+def initial_state(noise):
+    """The sampler's first state from unit-variance noise: the noise itself (sigma_0 ~ 1)."""
+    return noise
+
+
+def initial_noise(shape, seed, views=1):
+    """Upstream's arch-invariant noise: numpy RandomState(seed).standard_normal, float32, unit variance (no x80);
+    views > 1 (a camera net's views stacked on time): multiview_initial_noise."""
+    if views > 1:
+        return multiview_initial_noise(shape, views, seed)
     return torch.from_numpy(np.random.RandomState(seed).standard_normal(shape).astype(np.float32))
 
 
@@ -303,8 +336,14 @@ def multiview_initial_noise(shape_B_C_VT_H_W, num_views, seed):
 
 
 # -----------------------------------------------------------------------------
-# GRPO's stochastic step in RF coordinates (docs/grpo.md §10): x' = (1 - sigma') x0_hat + alpha eps_hat + beta z,
-# alpha^2 + beta^2 = sigma'^2, eps_hat = (x - (1 - sigma) x0_hat) / sigma.
+# RL: GRPO's stochastic step in RF coordinates (docs/grpo.md §10): x' = (1 - sigma') x0_hat + alpha eps_hat + beta z,
+# alpha^2 + beta^2 = sigma'^2, eps_hat = (x - (1 - sigma) x0_hat) / sigma; and NFT's forward process (nft.py)
+
+
+def rollout_grid(num_steps):
+    """(sigmas: num_steps + 1 floats, the shift-5 grid ending in 0; timesteps: the net's int floor(1000 sigma))."""
+    sigmas, timesteps = time_grid(ROLLOUT_GRID, num_steps)
+    return [float(s) for s in sigmas], timesteps.tolist()
 
 
 def edm_sigma(sigma):
@@ -312,8 +351,53 @@ def edm_sigma(sigma):
     return sigma / (1 - sigma)
 
 
-def step_mean(x, x0, sigma, sigma_next, alpha):
+def check_step(sigma, sigma_next):
+    if not 1 > sigma > sigma_next >= 0:
+        raise ValueError(f"need sigma > sigma_next >= 0, sigma < 1, got {sigma}, {sigma_next}")
+
+
+def predict(net, x, sigma, timestep, cond: Condition, noise):
+    """The net's raw prediction for states x [B, ...] at the int timestep: the velocity (one network call, fp32);
+    noise: [B, ...] initial states, for the conditional frames' exact velocity."""
+    timestep_B = torch.full((x.shape[0],), timestep, dtype=torch.int64, device=x.device)
+    return velocity(net, x, timestep_B, cond, noise=noise)
+
+
+def mean_from_x0(x, x0, sigma, sigma_next, alpha):
     """The Gaussian mean (1 - sigma') x0 + alpha eps_hat = c x + (1 - sigma' - c (1 - sigma)) x0, c = alpha / sigma
     (fp32; the same op order in rollout and training)."""
     c = alpha / sigma
     return c * x + (1.0 - sigma_next - c * (1.0 - sigma)) * x0
+
+
+def step_mean(x, velocity_pred, sigma, sigma_next, alpha):
+    """The Gaussian mean of a step from states x and the (guided) velocity: x0_hat = x - sigma v."""
+    return mean_from_x0(x, x - sigma * velocity_pred, sigma, sigma_next, alpha)
+
+
+def final_x0(guided_at_last, x_last, cond: Condition):
+    """The sample of a rollout: x_N is x0_hat already (sigma_N = 0, no network call); the conditional frames get
+    their clean latent back (as sample)."""
+    return with_conditional_frames(x_last, cond.gt_frames, cond.condition_mask)
+
+
+def step_sensitivity(sigma, sigma_next, alpha, beta):
+    """|d logp / d v_hat| per element, in units of z: mean = c x + (1 - sigma' - c (1 - sigma)) x0_hat with x0_hat
+    = x - sigma v_hat, so sigma |1 - sigma' - c (1 - sigma)| / beta."""
+    c = alpha / sigma
+    return sigma * abs(1.0 - sigma_next - c * (1.0 - sigma)) / beta
+
+
+def training_levels(num_steps):
+    """NFT's noise levels: the shift grid's first num_steps, as (sigma = timestep / 1000, timestep) pairs of the
+    net's own integer timesteps."""
+    _, timesteps = time_grid(ROLLOUT_GRID, num_steps)
+    return [(float(t) / 1000, int(t)) for t in timesteps[:num_steps]]
+
+
+def forward_velocity(net, cond: Condition, x0, eps, level):
+    """(v_theta, u = eps - x0, t = sigma) at level (sigma, timestep) of x0's forward process (1 - sigma) x0 +
+    sigma eps: x0_hat - x0 = -t (v - u) on the generated frames."""
+    sigma, timestep = level
+    v = velocity(net, (1 - sigma) * x0 + sigma * eps, torch.full((1,), timestep, device=x0.device), cond, eps)
+    return v, eps - x0, sigma

@@ -112,7 +112,7 @@ _ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, 
               "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Source:
     path: str
     kind: str  # "pt" | "safetensors" | "dcp"
@@ -232,8 +232,9 @@ def open_source(path):
         except (Exception, CheckpointException) as e:
             raise CheckpointError(f"{path}: unreadable DCP .metadata: {type(e).__name__}: {e}") from e
         meta = read_meta(path) if os.path.exists(os.path.join(path, "meta.json")) else None
-        return Source(path, "dcp", {k: (tuple(m.size), m.properties.dtype) if isinstance(m, TensorStorageMetadata)
-                                    else (None, "bytes") for k, m in md.items()}, meta=meta)
+        return Source(path=path, kind="dcp", meta=meta,
+                      entries={k: (tuple(m.size), m.properties.dtype) if isinstance(m, TensorStorageMetadata)
+                               else (None, "bytes") for k, m in md.items()})
     if path.endswith(".json"):
         shards = weight_map(path)
         entries, spans = {}, {}
@@ -245,11 +246,11 @@ def open_source(path):
         wrong = [k for k, s in shards.items() if k not in spans or os.path.basename(spans[k][0]) != s]
         if wrong:
             raise CheckpointError(f"{path}: {len(wrong)} keys are not in the shard the index names, e.g. {wrong[:3]}")
-        return Source(path, "safetensors", entries, spans=spans)
+        return Source(path=path, kind="safetensors", entries=entries, spans=spans)
     if path.endswith(".safetensors"):
         entries, spans = {}, {}
         _safetensors_table(path, entries, spans)
-        return Source(path, "safetensors", entries, spans=spans)
+        return Source(path=path, kind="safetensors", entries=entries, spans=spans)
     _sniff(path, "pt")
     try:  # weights_only: never unpickle arbitrary objects; mmap: no tensor byte is read until it is copied.
         # Older TransformerEngine saved `_extra_state` as io.BytesIO, which holds bytes only: allowed.
@@ -262,7 +263,7 @@ def open_source(path):
         raise CheckpointError(f"{path}: expected a dict of tensors, got {type(obj).__name__}")
     entries = {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else (None, type(v).__name__)
                for k, v in obj.items()}
-    return Source(path, "pt", entries, tensors=obj, records=_pt_records(path, obj))
+    return Source(path=path, kind="pt", entries=entries, tensors=obj, records=_pt_records(path, obj))
 
 
 # -----------------------------------------------------------------------------

@@ -16,10 +16,8 @@ trajectories that share a step's state.
 
 Contents, top to bottom: config -> loss -> update ->
 one update of a training run (train_step: rollouts, decode, rewards, advantages over all ranks
-(scoring.score_groups, shared with nft.py), update), which train.py calls; there is no trainer class.
+(objective.score_groups, shared with nft.py), update), which train.py calls; there is no trainer class.
 """
-import math
-import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -31,32 +29,29 @@ from lora import set_lora_enabled
 from model import uncond
 from rollout import (ROLLOUT_BATCHES, SDE_TYPES, Rollout, branch_predictions, draw_window_start, gaussian_log_prob,
                      generated_mask, guide, mean_of, predict, rollout_group, with_uncond)
-from scoring import check_samples, phase_timer, score_groups
+from objective import RLConfig, check_samples, clip_and_step, phase_timer, score_groups
 
 # -----------------------------------------------------------------------------
 # Config
 
 
 @dataclass(frozen=True)
-class GRPOConfig:
-    group_size: int = 2  # K samples per group (one conditioning frame + instruction)
+class GRPOConfig(RLConfig):
+    """GRPO's knobs: objective.RLConfig's (K, steps, CFG, KL, advantages, AdamW; Flow-GRPO's Wan recipe values) and
+    its own."""
     num_steps: int = 8  # N stochastic steps over Karras sigmas 80 -> 0.002, then one clean pass at sigma_min
     # (Predict2.5: N steps of the shift-5 grid 0.9998 -> 0)
+    guidance: float = 7.0  # Predict2 CFG x0 = c + g (c - u), i.e. classic scale g + 1; 0 = one forward per step
+    # (Predict2.5: the same convention on the velocity, v = v_c + g (v_c - v_u))
+    kl_coef: float = 0.0  # beta_KL to the LoRA-disabled reference; 0.004 if reward hacking shows up
     sde_type: str = "ddim_eta"  # "ddim_eta" or "cps" (Flow-GRPO-Fast's step); both keep alpha^2 + beta^2 = sigma'^2
     eta: float = 0.5  # ddim_eta: eta in [0, 1] (= a / sqrt 2 for Flow-GRPO's noise_level a); cps: a in [0, 1]
     window_size: int = 0  # > 0: Flow-GRPO-Fast, noise (and training) only on this many consecutive steps
     window_range: tuple = ()  # (lo, hi): window start drawn in [lo, hi - window_size] per group; () = (0, N // 2)
     train_steps: tuple = ()  # steps to train; () = every stochastic step except the last one (never N - 1)
     same_latent: bool = False  # one initial noise draw per group (with a window, the deterministic prefix is shared)
-    guidance: float = 7.0  # Predict2 CFG x0 = c + g (c - u), i.e. classic scale g + 1; 0 = one forward per step
-    # (Predict2.5: the same convention on the velocity, v = v_c + g (v_c - v_u))
     uncond_grad: bool = False  # False: the uncond branch is a separate no-grad forward (same value, half the memory)
-    adv_eps: float = 1e-4  # added to the std, outside the sqrt
-    adv_clip: float = 5.0  # advantages are clipped to +-adv_clip
-    global_std: bool = True  # normalise by the std of all rewards in the update (advised for K <= 4), else per group
-    std_ddof: int = 0  # 0: population std (Flow-GRPO, K = 2 gives |A| ~ 1); 1: unbiased (|A| ~ 0.7071 at K = 2)
     clip_range: float = 1e-3  # ratio clip epsilon (per-element-mean log-probs make ratios tiny)
-    kl_coef: float = 0.0  # beta_KL to the LoRA-disabled reference; 0.004 if reward hacking shows up
     pg_step_weight: str = "unit"  # unit: step i by 1 / its sensitivity (even gradient noise); exact: 1; beta2: beta_i^2
     opt_steps_per_update: int = 1  # optimizer steps per batch of rollouts; > 1 makes the later ones off-policy
     drop_zero_advantage: bool = True  # skip trajectories with A == 0 (all-tie groups); under FSDP every rank must
@@ -68,16 +63,10 @@ class GRPOConfig:
     # (B = 2K); cfg and group round unlike training, so they need recompute_old_logp
     offload_activations: bool = False  # keep the training forward's saved tensors in (pinned) host memory until
     # backward; with sac "block" these are the block inputs: ~11.9 GiB at 14B, 93x432x768, for ~5-10% time
-    lr: float = 1e-4  # AdamW learning rate over the LoRA adapters, constant after the warm-up (Flow-GRPO's Wan recipe)
-    warmup: int = 0  # updates of linear learning-rate warm-up before the constant lr (0 = none)
-    weight_decay: float = 1e-4  # AdamW weight decay (Flow-GRPO)
-    betas: tuple = (0.9, 0.999)  # AdamW betas (Flow-GRPO)
-    max_grad_norm: float = 1.0  # gradient clipping per optimizer step
 
     def __post_init__(self):
+        super().__post_init__()
         N = self.num_steps
-        if self.group_size < 2:
-            raise ValueError(f"group_size={self.group_size}: a group baseline needs K >= 2")
         if N < 2:
             raise ValueError(f"num_steps={N}: need >= 2 (the last step is never trained)")
         if self.sde_type not in SDE_TYPES:
@@ -88,8 +77,6 @@ class GRPOConfig:
             raise ValueError(f"rollout_batch={self.rollout_batch!r}; valid: {', '.join(ROLLOUT_BATCHES)}")
         if self.pg_step_weight not in STEP_WEIGHTS:
             raise ValueError(f"pg_step_weight={self.pg_step_weight!r}; valid: {', '.join(STEP_WEIGHTS)}")
-        if self.std_ddof not in (0, 1):
-            raise ValueError(f"std_ddof={self.std_ddof}; valid: 0 (population), 1 (unbiased)")
         if self.window_size:
             if self.train_steps:
                 raise ValueError("train_steps and window_size are exclusive: a window trains exactly its steps")
@@ -102,13 +89,8 @@ class GRPOConfig:
         bad = [i for i in self.train_steps if not 0 <= i < N - 1]
         if bad:
             raise ValueError(f"train_steps {bad} outside 0..{N - 2}: the last step {N - 1} is never trained")
-        if self.opt_steps_per_update < 1 or self.clip_range <= 0 or self.kl_coef < 0:
-            raise ValueError("need opt_steps_per_update >= 1, clip_range > 0, kl_coef >= 0")
-        if self.lr <= 0 or self.warmup < 0 or self.weight_decay < 0 or self.max_grad_norm <= 0 \
-                or len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"need lr > 0, warmup >= 0, weight_decay >= 0, max_grad_norm > 0 and two betas in [0, 1):"
-                             f" lr={self.lr} warmup={self.warmup} weight_decay={self.weight_decay} "
-                             f"max_grad_norm={self.max_grad_norm} betas={self.betas}")
+        if self.opt_steps_per_update < 1 or self.clip_range <= 0:
+            raise ValueError("need opt_steps_per_update >= 1 and clip_range > 0")
 
     @property
     def window(self):
@@ -235,11 +217,6 @@ def lora_optimizer(net, params, cfg: GRPOConfig):
     return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, weight_decay=cfg.weight_decay)
 
 
-def lr_at(cfg: GRPOConfig, update):
-    """The learning rate of update `update` (0-based): linear warm-up over cfg.warmup updates, then constant."""
-    return cfg.lr * min(1.0, (update + 1) / cfg.warmup) if cfg.warmup else cfg.lr
-
-
 def recompute_old_log_probs(net, rollout: Rollout, cfg: GRPOConfig):
     """Overwrite logp_old (rollout.old_log_probs) of the trained steps by the training forward itself (grad mode
     included: some attention kernels differ with and without autograd), discarding the graph: for rollouts run in
@@ -274,15 +251,11 @@ def micro_steps(items, rollouts, n_chunks):
 
 
 def step_sensitivity(rollout: Rollout, step):
-    """|d logp / d v_hat| per element of step `step`, in units of z: |d mean / d v_hat| / beta. Predict2 (EDM):
-    mean = c x + (1 - c) x0_hat with x0_hat = (1 - t) x - t v_hat, so (1 - c) t / beta; Predict2.5 (RF): mean =
-    c x + (1 - sigma' - c (1 - sigma)) x0_hat with x0_hat = x - sigma v_hat, so sigma |1 - sigma' - c (1 - sigma)|
-    / beta. It spans ~700x over Predict2's Karras-8 steps (docs/grpo.md §3), and so does each step's gradient."""
-    sigma, sigma_next, beta = rollout.sigmas[step], rollout.sigmas[step + 1], rollout.betas[step]
-    c = rollout.alphas[step] / sigma
-    if rollout.timesteps is None:
-        return abs(1.0 - c) * sigma / (1.0 + sigma) / beta
-    return sigma * abs(1.0 - sigma_next - c * (1.0 - sigma)) / beta
+    """|d logp / d v_hat| per element of step `step`, in units of z: |d mean / d v_hat| / beta (the family's
+    step_sensitivity: edm.py's, flow.py's). It spans ~700x over Predict2's Karras-8 steps (docs/grpo.md §3), and so
+    does each step's gradient."""
+    return rollout.family.step_sensitivity(rollout.sigmas[step], rollout.sigmas[step + 1], rollout.alphas[step],
+                                           rollout.betas[step])
 
 
 def step_weights(rollout: Rollout, cfg: GRPOConfig):
@@ -396,26 +369,18 @@ def record_micro_step(stats, info, cfg: GRPOConfig):
 
 
 def optimizer_step(net, optimizer, params, cfg: GRPOConfig, stats, chunk):
-    """Clip, then step AdamW unless the gradient norm is NaN/Inf (counted in nonfinite_steps); zero the grads."""
-    device = params[0].device
+    """objective.clip_and_step (a NaN/Inf gradient norm skips the step, counted in nonfinite_steps), with GRPO's
+    stats: the norm, the seconds, and any gradient outside params (there must be none)."""
     param_ids = {id(p) for p in params}
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-    stats["grad_norm"].append(grad_norm)
     stats["grads_outside_params"].append(sum(p.grad is not None for p in net.parameters() if id(p) not in param_ids))
-    if math.isfinite(grad_norm):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        stats["optimizer_s"] += time.perf_counter() - start
+    grad_norm, seconds = clip_and_step(optimizer, params, cfg.max_grad_norm)
+    stats["grad_norm"].append(grad_norm)
+    if seconds is not None:
+        stats["optimizer_s"] += seconds
         stats["opt_steps"] += 1
     else:
         stats["nonfinite_steps"] += 1
-        print(f"grpo_update: non-finite grad norm {grad_norm} in chunk {chunk}: optimizer step skipped")
-    optimizer.zero_grad(set_to_none=True)
+        print(f"grpo_update: non-finite grad norm {grad_norm} in chunk {chunk}: optimizer step skipped", flush=True)
 
 
 @torch.no_grad()

@@ -15,7 +15,8 @@ model on CPU at all), a no-op in an fp32 model. Its other part, q/k in fp32 for 
 Context parallelism (--cp, cp.py): under cp.enable a DiT computes its rank's share of the latent frames, and each
 self-attention exchanges q, k, v and its output with the other ranks of the cp group (Ulysses all-to-all).
 
-Contents, top to bottom: Condition -> blocks -> DiT -> denoiser -> FLOPs. DiTConfig: inits.py; LoRA: lora.py.
+Contents, top to bottom: Condition -> blocks -> DiT -> condition mask -> FLOPs. DiTConfig: inits.py; LoRA: lora.py;
+the denoisers (the net as an x0 or velocity prediction): edm.py (Predict2), flow.py (Predict2.5).
 """
 import math
 import time
@@ -39,8 +40,8 @@ from inits import DiTConfig
 class Condition:
     """What a generation is conditioned on, besides the noisy latent and its time (docs/conditioning.md).
 
-    DiT.forward reads crossattn_emb, condition_mask, padding_mask, fps and camera; the denoisers (denoise,
-    flow.velocity) read gt_frames and conditional_frame_timestep, CFG reads neg_crossattn_emb, RL reads key.
+    DiT.forward reads crossattn_emb, condition_mask, padding_mask, fps and camera; the denoisers (edm.denoise,
+    flow.velocity) read gt_frames, flow's also conditional_frame_timestep, CFG reads neg_crossattn_emb, RL reads key.
     Not frozen: FSDP2's root hook rebuilds dataclass inputs field by field
     (torch.distributed.utils._apply_to_tensors, the mixed-precision input cast).
     """
@@ -52,7 +53,8 @@ class Condition:
     padding_mask: torch.Tensor = None  # [B, 1, H', W'] any size (resized to the latent's); None = zeros
     fps: float = None  # frames per second (a float or [B]); read only by fps-modulated RoPE (no release uses it)
     key: tuple = ()  # RL group key of the advantages: (episode, instruction) or (rank, clip), never the text
-    conditional_frame_timestep: float = None  # Predict2.5 nets: -1 (one time for all frames) or 0.1; None: Predict2
+    conditional_frame_timestep: float = None  # read by Predict2.5 (flow.py) only: -1 or None (one time for all
+    # frames) or 0.1 (t = 1e-4 on the conditional frames); Predict2 (edm.py) always shows them at sigma 1e-4
     camera: torch.Tensor = None  # camera nets (agibot): [B, T, H/2, W/2, 1536] Pluecker map (camera.plucker_map)
 
 
@@ -529,42 +531,7 @@ def num_params(model, trainable_only=False):
 
 
 # -----------------------------------------------------------------------------
-# Rectified flow behind the EDM-sigma interface (sigma_data = 1)
-#   x_sigma = x0 + sigma * eps,  t = sigma / (1 + sigma),  net input (1-t) x_sigma = (1-t) x0 + t eps,
-#   the net predicts the velocity eps - x0, and x0_hat = (1-t) x_sigma - t * net(...).
-
-SIGMA_CONDITIONAL = 1e-4  # the "noise level" the net is told for clean conditioning frames
-
-
-def denoise(net, x_sigma, sigma, cond: Condition):
-    """x0 prediction for video2world (conditioning frames replaced by the clean `cond.gt_frames`). fp32 throughout.
-
-    sigma: [B] (or [B,T] per latent frame). cond.condition_mask: 1 on the conditioning latent frames, or None.
-    Returns (x0_hat, velocity) in fp32.
-    """
-    x_sigma = x_sigma.float()
-    sigma = sigma.float()
-    sigma_B_1_T = sigma.view(sigma.shape[0], 1, -1, 1, 1)
-    t = sigma_B_1_T / (sigma_B_1_T + 1)
-    c_skip = c_in = 1 - t
-    c_out = -t
-    if cond.condition_mask is None:
-        net_in, t_B_T, mask = c_in * x_sigma, t.view(t.shape[0], -1), None
-    else:
-        mask = cond.condition_mask.float()
-        if cond.gt_frames is None:
-            raise ValueError("condition_mask given without gt_frames (the clean conditioning latents)")
-        gt_frames = cond.gt_frames.float()
-        net_in = gt_frames * mask + c_in * x_sigma * (1 - mask)
-        sigma_cond = torch.full_like(sigma_B_1_T, SIGMA_CONDITIONAL)
-        t_cond = (sigma_cond / (sigma_cond + 1)).view(t.shape[0], -1)
-        mask_t = mask.mean(dim=(1, 3, 4))  # [B, T]: 1 on conditioning frames
-        t_B_T = t_cond * mask_t + t.view(t.shape[0], -1) * (1 - mask_t)
-    velocity = net(net_in, t_B_T, replace(cond, condition_mask=mask)).float()
-    x0 = c_skip * x_sigma + c_out * velocity
-    if mask is not None:
-        x0 = gt_frames * mask + x0 * (1 - mask)
-    return x0, velocity
+# The conditioning frames of one video: its first latent frames (a camera net's: flow.multiview_condition_mask)
 
 
 def condition_mask(latent_B_C_T_H_W, num_conditional_frames):

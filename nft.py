@@ -17,68 +17,51 @@ a rollout is one network call per step. With old == current (decay 0, one optimi
 Contents, top to bottom: config -> the old policy -> rollout -> loss -> update -> one update of a training run
 (train_step), which train.py calls.
 """
-import math
-import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+import build
 import collectives
-import flow
-import scoring
 from lora import set_lora_enabled
-from model import Condition, denoise, map_tensors
+from model import Condition, map_tensors
+from objective import RLConfig, check_samples, clip_and_step, phase_timer, score_groups
 from rollout import generated_mask, with_uncond
-from sample import guided_x0_fn, karras_sigmas, sample
 
 # -----------------------------------------------------------------------------
 # Config
 
 
 @dataclass(frozen=True)
-class NFTConfig:
+class NFTConfig(RLConfig):
+    """DiffusionNFT's knobs: objective.RLConfig's (K, steps, CFG, KL, advantages, AdamW; NVlabs' / cosmos-rl's
+    values) and its own."""
     group_size: int = 4  # K samples per group (one conditioning frame + instruction)
     num_steps: int = 10  # steps of the rollout sampler (deterministic: Predict2's AB2, Predict2.5's UniPC)
     guidance: float = 0.0  # CFG of the rollouts (Predict2's x0_c + g (x0_c - x0_u)); 0: CFG-free, one call a step
+    kl_coef: float = 0.0  # weight of mean |v - v_ref|^2, v_ref the LoRA-disabled base (one more forward)
+    lr: float = 3e-4  # AdamW learning rate over the LoRA adapters, constant after the warm-up (NVlabs, cosmos-rl)
     beta: float = 1.0  # NFT's beta: how far the implicit positive/negative policies sit from the old one
     timesteps: int = 1  # noise levels per sample and update, drawn from the rollout grid (fresh noise each)
-    kl_coef: float = 0.0  # weight of mean |v - v_ref|^2, v_ref the LoRA-disabled base (one more forward)
     data_coef: float = 0.0  # DDRL (arXiv 2512.04332): weight of the flow-matching loss on the group's real clip
-    adv_eps: float = 1e-4  # added to the std, outside the sqrt
-    adv_clip: float = 5.0  # A_max: advantages are clipped to +-adv_clip, then r = A / (2 A_max) + 1/2
-    global_std: bool = True  # normalise by the std of all rewards in the update, else per group
-    std_ddof: int = 0  # 0: population std, 1: unbiased
     adaptive_weight: bool = True  # divide each squared error by its own (detached) mean absolute error
     decay_rate: float = 0.001  # old <- d old + (1 - d) theta after update u, d = min(decay_rate * u, decay_max)
     decay_max: float = 0.5  # (NVlabs' schedule 1: d ramps from 0, on-policy at the start, to 0.5)
-    lr: float = 3e-4  # AdamW learning rate over the LoRA adapters, constant after the warm-up (NVlabs, cosmos-rl)
-    warmup: int = 0  # updates of linear learning-rate warm-up before the constant lr
-    weight_decay: float = 1e-4  # AdamW weight decay
-    betas: tuple = (0.9, 0.999)  # AdamW betas
-    max_grad_norm: float = 1.0  # gradient clipping per update
 
     def __post_init__(self):
-        if self.group_size < 2:
-            raise ValueError(f"group_size={self.group_size}: a group baseline needs K >= 2")
+        super().__post_init__()
         if self.num_steps < 2 or not 1 <= self.timesteps <= self.num_steps:
             raise ValueError(f"num_steps={self.num_steps}, timesteps={self.timesteps}: need num_steps >= 2 and "
                              f"1 <= timesteps <= num_steps (the noise levels come from the rollout grid)")
         if not 0 < self.beta <= 1:
             raise ValueError(f"beta={self.beta}: in (0, 1] (NVlabs 1.0; 0.1 for a more conservative update)")
-        if self.guidance < 0 or self.kl_coef < 0 or self.data_coef < 0 or self.adv_clip <= 0:
-            raise ValueError("need guidance >= 0, kl_coef >= 0, data_coef >= 0 and adv_clip > 0")
-        if self.std_ddof not in (0, 1):
-            raise ValueError(f"std_ddof={self.std_ddof}; valid: 0 (population), 1 (unbiased)")
+        if self.data_coef < 0:
+            raise ValueError(f"data_coef={self.data_coef}: need >= 0")
         if self.decay_rate < 0 or not 0 <= self.decay_max < 1:
             raise ValueError(f"decay_rate={self.decay_rate}, decay_max={self.decay_max}: need decay_rate >= 0 and "
                              "0 <= decay_max < 1")
-        if self.lr <= 0 or self.warmup < 0 or self.weight_decay < 0 or self.max_grad_norm <= 0 \
-                or len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"need lr > 0, warmup >= 0, weight_decay >= 0, max_grad_norm > 0 and two betas in [0, 1):"
-                             f" lr={self.lr} warmup={self.warmup} weight_decay={self.weight_decay} "
-                             f"max_grad_norm={self.max_grad_norm} betas={self.betas}")
 
 
 def decay_at(cfg: NFTConfig, update):
@@ -129,29 +112,17 @@ def update_old(old, params, decay):
 # Rollout: K clean samples of one group from the deterministic sampler
 
 
-def rollout_grid(cond: Condition, num_steps):
-    """The rollout sampler's noise levels, the last (sigma_min / 0) excluded: the levels the loss trains at.
-    Predict2: Karras EDM sigmas (the net's time is sigma / (1 + sigma)); Predict2.5 (RF): the shift-5 grid, as
-    (sigma = timestep / 1000, timestep) pairs, the net's own integer timesteps."""
-    if cond.conditional_frame_timestep is None:
-        return [(float(s), None) for s in karras_sigmas(num_steps)[:num_steps]]
-    _, timesteps = flow.time_grid("shift", num_steps)
-    return [(float(t) / 1000, int(t)) for t in timesteps[:num_steps]]
-
-
 @torch.no_grad()
-def rollout_group(net, cond: Condition, latent_shape, cfg: NFTConfig, generator):
+def sample_group(net, cond: Condition, latent_shape, cfg: NFTConfig, generator):
     """[K, C, T, H, W] fp32 clean latents (conditional frames = the clean latent), the K samples as one batch: NFT
-    keeps no log-probabilities, so nothing needs the training layout. Predict2: its Karras AB2 sampler from
-    sigma_max noise; Predict2.5: its UniPC on the shift grid."""
-    K = cfg.group_size
+    keeps no log-probabilities, so nothing needs the training layout. The net's family's deterministic sampler
+    (Predict2: Karras AB2 from sigma_max noise; Predict2.5: UniPC on the shift grid) on its ROLLOUT_GRID."""
+    K, family = cfg.group_size, build.family(net.cfg)
     noise = torch.randn(K, *latent_shape, generator=generator, device=generator.device)
     with_uncond(cond, cfg.guidance)  # refuses guidance without a negative prompt, before any forward
     group = map_tensors(cond, lambda t: t.expand(K, *t.shape[1:]))  # expanded, not copied
-    if cond.conditional_frame_timestep is None:
-        x0_fn = guided_x0_fn(net, group, cfg.guidance)
-        return sample(x0_fn, noise * float(karras_sigmas(cfg.num_steps)[0]), num_steps=cfg.num_steps).float()
-    return flow.sample(net, noise, group, cfg.guidance, "shift", cfg.num_steps).float()
+    return family.sample(net, family.initial_state(noise), group, cfg.guidance, family.ROLLOUT_GRID,
+                         cfg.num_steps).float()
 
 
 # -----------------------------------------------------------------------------
@@ -159,16 +130,11 @@ def rollout_group(net, cond: Condition, latent_shape, cfg: NFTConfig, generator)
 
 
 def forward_velocity(net, cond: Condition, x0, eps, level):
-    """(v_theta, u = eps - x0, t) at noise level `level` = (sigma, timestep) of the forward process of x0 [1, ...].
-    x0_hat - x0 = -t (v - u) on the generated frames in both families (t = sigma / (1 + sigma) for Predict2's EDM
-    sigma, t = sigma for rectified flow), so the loss can be written in velocity units with the factor t."""
-    sigma, timestep = level
-    if timestep is None:  # Predict2: x = x0 + sigma eps, the net's RF state (1 - t) x
-        sigma_B = torch.full((1,), sigma, dtype=torch.float32, device=x0.device)
-        _, v = denoise(net, x0 + sigma * eps, sigma_B, cond)
-        return v, eps - x0, sigma / (1 + sigma)
-    v = flow.velocity(net, (1 - sigma) * x0 + sigma * eps, torch.full((1,), timestep, device=x0.device), cond, eps)
-    return v, eps - x0, sigma
+    """(v_theta, u = eps - x0, t) at noise level `level` = (sigma, timestep) of the forward process of x0 [1, ...]
+    (the family's training_levels): x0_hat - x0 = -t (v - u) on the generated frames in both families (t = sigma /
+    (1 + sigma) for Predict2's EDM sigma, t = sigma for rectified flow), so the loss is written in velocity units
+    with the factor t."""
+    return build.family(net.cfg).forward_velocity(net, cond, x0, eps, level)
 
 
 def masked_mean(x, gen_mask):
@@ -228,7 +194,8 @@ def nft_update(net, optimizer, params, old, conds, x0s, advantages, cfg: NFTConf
     old_is_current: then v_old is the trained forward's own value, detached, saving a forward). Every rank runs the
     same number of forwards (groups x K x timesteps, + one data forward per group): FSDP's collectives stay in step.
     Returns stats; a non-finite gradient norm skips the step (counted in nonfinite_steps)."""
-    grids = [rollout_grid(c, cfg.num_steps) for c in conds]
+    levels = build.family(net.cfg).training_levels(cfg.num_steps)  # the rollout grid's, the last excluded
+    grids = [levels for _ in conds]
     draws = [draw_levels(cfg, grid, x0, generator) for grid, x0 in zip(grids, x0s)]
     v_old = None
     if not old_is_current:
@@ -271,16 +238,12 @@ def nft_update(net, optimizer, params, old, conds, x0s, advantages, cfg: NFTConf
             if set_grad_sync is not None:
                 set_grad_sync(done == n_micro)
             (cfg.data_coef * loss / n_micro).backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-    stats["grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-    if math.isfinite(stats["grad_norm"]):
-        start = time.perf_counter()
-        optimizer.step()
-        stats["optimizer_s"] = time.perf_counter() - start
+    stats["grad_norm"], seconds = clip_and_step(optimizer, params, cfg.max_grad_norm)
+    if seconds is not None:
+        stats["optimizer_s"] = seconds
     else:
         stats["nonfinite_steps"] = 1
         print(f"nft_update: non-finite grad norm {stats['grad_norm']}: optimizer step skipped", flush=True)
-    optimizer.zero_grad(set_to_none=True)
     return stats
 
 
@@ -295,16 +258,16 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
     (update 0 starts from old == theta). score, decode, agree: as grpo.train_step.
     Returns (stats of nft_update, metrics averaged over all ranks, s per phase)."""
     device = conds[0].crossattn_emb.device
-    times, timed = scoring.phase_timer(device)
+    times, timed = phase_timer(device)
     generator = torch.Generator(device=device).manual_seed(seed)
     old_is_current = update == 0 or decay_at(cfg, update - 1) == 0  # the last refresh copied theta exactly
     with adapters(net, params, old) if not old_is_current else nullcontext():
-        x0s = [timed("rollout", lambda: rollout_group(net, cond, latent_shape, cfg, generator)) for cond in conds]
+        x0s = [timed("rollout", lambda: sample_group(net, cond, latent_shape, cfg, generator)) for cond in conds]
     if agree is not None:  # before any decode or reward: a NaN sample is named as such, on every rank
-        agree("checking the rollouts", lambda: scoring.check_samples(x0s, conds))
+        agree("checking the rollouts", lambda: check_samples(x0s, conds))
     else:
-        scoring.check_samples(x0s, conds)
-    mine, reward_metrics = scoring.score_groups(x0s, score, decode, cfg, timed, agree)
+        check_samples(x0s, conds)
+    mine, reward_metrics = score_groups(x0s, score, decode, cfg, timed, agree)
     if reward_metrics["adv_std"] == 0:  # every advantage on every rank is 0 (all-tie groups): nothing to learn, and
         # the same on every rank (gathered); no forward and no optimizer step (AdamW's decay would still move weights)
         stats = {"loss": 0.0, "kl": 0.0, "data_loss": 0.0, "old_deviation": 0.0, "micro_steps": 0, "skipped": 1,

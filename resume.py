@@ -476,9 +476,10 @@ def build_from_step(step_dir, device, use_ema=False):
     if use_ema and not run.get("ema"):
         raise CheckpointError(f"--ema: the run of {step_dir} kept no EMA (train.py --ema RATE): drop --ema")
     init = run.get("init", "random") if meta["lora_only"] else "random"  # a LoRA-only step: its adapters' base
-    net = build.build(build.NetSpec(run["config"], init, {"": None, "net": False, "net_ema": True}[
-        run.get("ema_weights", "")], run.get("lora", 0), run.get("lora_alpha") or None, seed=run.get("seed", 0)),
-        device)  # as train.py built it: a random base is this seed's init_weights
+    spec = build.NetSpec(config=run["config"], init=init, ema={"": None, "net": False, "net_ema": True}[
+        run.get("ema_weights", "")], lora=run.get("lora", 0), lora_alpha=run.get("lora_alpha") or None,
+        seed=run.get("seed", 0))
+    net = build.build(spec, device)  # as train.py built it: a random base is this seed's init_weights
     frozen = [k for k, p in net.named_parameters() if not p.requires_grad]
     if meta["lora_only"] and run.get("init", "random") != "random":  # the adapters' base, as train.py loaded it
         ckpt.load(net, run["init"], ema={"": None, "net": False, "net_ema": True}[run.get("ema_weights", "")],

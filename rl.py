@@ -12,18 +12,16 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
+import build
 import cli
 import collectives
 import data
-import flow
 import grpo
-import inits
 import nft
 import reward
-import sft
 from camera import split_views
 from model import map_tensors
-from sample import guided_x0_fn, karras_sigmas, sample
+from objective import Objective, sample_seed
 
 # -----------------------------------------------------------------------------
 # The objective table: each RL objective's config field in TrainConfig, its step, and the knobs a resumed run may
@@ -96,12 +94,6 @@ def reward_line(cfg, terms):
     return line
 
 
-def lr_at(cfg, update):
-    """The learning rate of update `update` (0-based): linear warm-up over the objective's warmup, then constant."""
-    rl_cfg = config_of(cfg)
-    return rl_cfg.lr * min(1.0, (update + 1) / rl_cfg.warmup) if rl_cfg.warmup else rl_cfg.lr
-
-
 # -----------------------------------------------------------------------------
 # Conditions and decoding
 
@@ -170,14 +162,13 @@ EVAL_NOISE_DRAWS = 2  # initial-noise draws per held-out clip
 
 @torch.no_grad()
 def policy_samples(net, cond, shape, steps, guidance, generator, init, config):
-    """[1, C, T, H, W] from the objective-agnostic deterministic sampler: Predict2's AB2 on Karras sigmas (as
-    sample.py), Predict2.5's UniPC on the run's grid; CFG with `guidance` (0: one call a step)."""
+    """[1, C, T, H, W] from the objective-agnostic deterministic sampler of the net's family, on the grid it samples
+    the run's checkpoint with (Predict2: AB2 on Karras sigmas, as sample.py; Predict2.5: UniPC); CFG with
+    `guidance` (0: one call a step)."""
+    family = build.family(net.cfg)
     noise = torch.randn(1, *shape, generator=generator, device=generator.device)
-    if cond.conditional_frame_timestep is None:
-        x0_fn = guided_x0_fn(net, cond, guidance)
-        return sample(x0_fn, noise * float(karras_sigmas(steps)[0]), num_steps=steps).float()
-    grid = inits.checkpoint_defaults(init, config)[0]
-    return flow.sample(net, noise, cond, guidance, grid, steps).float()
+    grid = family.sampler_defaults(init, config)[0]
+    return family.sample(net, family.initial_state(noise), cond, guidance, grid, steps).float()
 
 
 def evaluate(net, vae, cfg, batches, neg_text, terms, seed):
@@ -214,7 +205,7 @@ def objective(run, net, optimizer_params, vae, neg_text, terms):
     """The grpo and nft rows of train.py's objective table. run: train.Run (cfg, optimizer, dp_rank)."""
     cfg, rl_cfg = run.cfg, config_of(run.cfg)
     old = old_adapters(cfg, net)  # NFT's old policy (its sampler), saved and resumed with the weights
-    seed = lambda *key: sft.sample_seed(cfg.seed, *key)  # noqa: E731
+    seed = lambda *key: sample_seed(cfg.seed, *key)  # noqa: E731
 
     def step(update, next_batch):
         return step_of(net, vae, run.optimizer, optimizer_params, cfg, next_batch(), neg_text, terms, update,
@@ -223,8 +214,10 @@ def objective(run, net, optimizer_params, vae, neg_text, terms):
     def held_out(batches):
         return evaluate(net, vae, cfg, batches, neg_text, terms, lambda i, b, d: seed("rl-eval", run.dp_rank, i, b,
                                                                                             d))
-    return sft.Objective(lambda s: lr_at(cfg, s), tuple(rl_cfg.betas), rl_cfg.weight_decay,
-                     f"lr {rl_cfg.lr:g} (warm-up {rl_cfg.warmup}, then constant), clip {rl_cfg.max_grad_norm}",
-                     step, held_out,
-                     lambda row: {"reward": f"{row['reward_mean']:.4g}", "std": f"{row['reward_std']:.2g}"},
-                     rl_cfg.guidance, cfg.objective, False, {"nft_old": old} if old else {}, True)
+    return Objective(lr_at=rl_cfg.lr_at, betas=tuple(rl_cfg.betas), weight_decay=rl_cfg.weight_decay,
+                     schedule=f"lr {rl_cfg.lr:g} (warm-up {rl_cfg.warmup}, then constant), clip "
+                              f"{rl_cfg.max_grad_norm}",
+                     step=step, held_out=held_out,
+                     bar=lambda row: {"reward": f"{row['reward_mean']:.4g}", "std": f"{row['reward_std']:.2g}"},
+                     guidance=rl_cfg.guidance, name=cfg.objective, mfu=False,
+                     extra_state={"nft_old": old} if old else {}, eval_at_start=True)

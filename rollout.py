@@ -1,13 +1,13 @@
 """GRPO's rollouts: the stochastic step, its exact log-density, and K trajectories of one group (docs/grpo.md).
 
-Predict2 is a rectified-flow net behind an EDM-sigma interface (state x = x0 + sigma * eps). A rollout walks N
-Karras sigmas with a stochastic first-order x0 step ("DDIM-eta"):
+A rollout walks the net's family's grid (build.family: edm.py's N Karras sigmas for Predict2, whose state is
+x = x0 + sigma * eps; flow.py's shift-5 grid for Predict2.5) with a stochastic first-order x0 step ("DDIM-eta"):
 
     x' = mean + beta * z,  mean = c * x + (1 - c) * x0_hat(x, sigma),  c = alpha / sigma,  alpha^2 + beta^2 = sigma'^2
 
-so every transition is an exact Gaussian whose log-density is stored (fp32, averaged over the generated, i.e.
-non-conditioning, latent elements); Predict2.5 walks its shift-5 grid with the same step in rectified-flow
-coordinates (docs/grpo.md §10). grpo.py trains on what this file stores, with the same `predict` / `guide` /
+(Predict2.5: the same step in rectified-flow coordinates, docs/grpo.md §10; the family's step_mean), so every
+transition is an exact Gaussian whose log-density is stored (fp32, averaged over the generated, i.e.
+non-conditioning, latent elements). grpo.py trains on what this file stores, with the same `predict` / `guide` /
 `mean_of` / `gaussian_log_prob`; `cfg` below is a grpo.GRPOConfig.
 
 The network calls of a rollout (branch_predictions) come in three layouts, cfg.rollout_batch: "none" (one B = 1
@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-import flow
-from model import Condition, denoise, map_tensors, uncond
-from sample import karras_sigmas
+import build
+import edm
+from model import Condition, map_tensors, uncond
 
 SDE_TYPES = ("ddim_eta", "cps")
 ROLLOUT_BATCHES = ("none", "cfg", "group")
@@ -36,7 +36,6 @@ LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 # -----------------------------------------------------------------------------
 # Conditions (model.Condition): built once per group, cached, and reused by rollout, training and the KL reference.
 # Re-encoding text or frames (T5, VAE) or calling a conditioner with dropout would change bits and break ratio == 1.
-# cond.conditional_frame_timestep set (-1 or 0.1) marks a Predict2.5 net: RF rollouts (docs/grpo.md §10).
 
 
 def generated_mask(cond: Condition, latent_shape, device):
@@ -53,18 +52,17 @@ def generated_mask(cond: Condition, latent_shape, device):
 # The stochastic step and its exact log-density
 
 
-def step_coefficients(sde_type, sigma, sigma_next, eta, rectified=False):
+def step_coefficients(sde_type, sigma, sigma_next, eta, family=edm):
     """(alpha, beta) in float64 for x' = x0_hat + alpha * eps_hat + beta * z, with alpha^2 + beta^2 = sigma'^2.
 
     ddim_eta: beta = eta * sigma' * sqrt(1 - sigma'^2 / sigma^2); eta = 1 is the exact posterior q(x_sigma' | x,
     x0), eta = 0 is Predict2's Euler x0 step. cps: beta = sigma' * sin(eta * pi / 2), Flow-GRPO's "cps" step.
-    rectified (Predict2.5, sigma in [0, 1), x' = (1 - sigma') x0_hat + alpha eps_hat + beta z): the same, the ratio
-    in EDM units s = sigma / (1 - sigma); the step onto sigma' = 0 is deterministic (x' = x0_hat). docs/grpo.md §10.
+    family: the grid's (build.family). flow (Predict2.5, sigma in [0, 1), x' = (1 - sigma') x0_hat + alpha eps_hat
+    + beta z): the same, the ratio in EDM units s = sigma / (1 - sigma); the step onto sigma' = 0 is deterministic
+    (x' = x0_hat). docs/grpo.md §10.
     """
-    if not (1 > sigma > sigma_next >= 0 if rectified else sigma > sigma_next > 0):
-        raise ValueError(f"need sigma > sigma_next {'>= 0, sigma < 1' if rectified else '> 0'}, got {sigma}, "
-                         f"{sigma_next}")
-    s, s_next = (flow.edm_sigma(sigma), flow.edm_sigma(sigma_next)) if rectified else (sigma, sigma_next)
+    family.check_step(sigma, sigma_next)
+    s, s_next = family.edm_sigma(sigma), family.edm_sigma(sigma_next)
     if sde_type == "ddim_eta":  # RF: the ratio in EDM units (0 at sigma' = 0: the last step is deterministic)
         beta = eta * sigma_next * math.sqrt(1.0 - s_next ** 2 / s ** 2)
     elif sde_type == "cps":
@@ -74,12 +72,6 @@ def step_coefficients(sde_type, sigma, sigma_next, eta, rectified=False):
     if beta < DETERMINISTIC_STD:
         return sigma_next, 0.0
     return math.sqrt(sigma_next ** 2 - beta ** 2), beta
-
-
-def step_mean(x, x0, sigma, alpha):
-    """Gaussian mean c x + (1 - c) x0 with c = alpha / sigma (fp32; the same op order in rollout and training)."""
-    c = alpha / sigma
-    return c * x + (1.0 - c) * x0
 
 
 def gaussian_log_prob(x_next, mean, std, gen_mask):
@@ -100,14 +92,10 @@ def gaussian_log_prob(x_next, mean, std, gen_mask):
 
 
 def predict(net, x, step, rollout_grid, cond: Condition, noise):
-    """The net's raw prediction at step `step` for states x [B, ...]: x0_hat (Predict2) or the velocity (Predict2.5;
-    noise: [B, ...] initial states, for the conditional frames' exact velocity). One network call, fp32."""
-    sigmas, _, timesteps = rollout_grid
-    if timesteps is None:
-        sigma_B = torch.full((x.shape[0],), sigmas[step], dtype=torch.float32, device=x.device)
-        return denoise(net, x, sigma_B, cond)[0]
-    timestep_B = torch.full((x.shape[0],), timesteps[step], dtype=torch.int64, device=x.device)
-    return flow.velocity(net, x, timestep_B, cond, noise=noise)
+    """The net's raw prediction at step `step` for states x [B, ...] (its family's predict: x0_hat for Predict2, the
+    velocity for Predict2.5, whose conditional frames read noise: [B, ...] initial states). One call, fp32."""
+    family, sigmas, _, timesteps = rollout_grid
+    return family.predict(net, x, sigmas[step], timesteps[step], cond, noise)
 
 
 def guide(pred_cond, pred_uncond, guidance):
@@ -117,10 +105,8 @@ def guide(pred_cond, pred_uncond, guidance):
 
 def mean_of(guided, x, step, rollout_grid):
     """The Gaussian mean of step `step` from states x and the guided prediction (fp32, the same ops everywhere)."""
-    sigmas, alphas, timesteps = rollout_grid
-    if timesteps is None:
-        return step_mean(x, guided, sigmas[step], alphas[step])
-    return flow.step_mean(x, x - sigmas[step] * guided, sigmas[step], sigmas[step + 1], alphas[step])
+    family, sigmas, alphas, _ = rollout_grid
+    return family.step_mean(x, guided, sigmas[step], sigmas[step + 1], alphas[step])
 
 
 def stacked(cond: Condition, n, with_uncond):
@@ -164,17 +150,18 @@ def branch_predictions(net, xs, noises, step, rollout_grid, cond: Condition, cfg
 # Rollout: K trajectories of one group
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Rollout:
     cond: Condition
-    sigmas: list  # N + 1 python floats (float64): sigma_0 = 80 ... sigma_N = 0.002
+    family: object  # the net's family module (build.family): edm or flow
+    sigmas: list  # N + 1 python floats (float64): sigma_0 = 80 ... sigma_N = 0.002 (Predict2.5: ~1 ... 0)
     alphas: list  # N
     betas: list  # N; 0.0 marks a deterministic step
     train_steps: list  # steps trained for this group
     states: torch.Tensor  # [K, N + 1, C, T, H, W] fp32: x_0 = sigma_0 * noise (RF: the noise), ..., x_N
     log_probs: torch.Tensor  # [K, N] fp32 log-density of each transition under the sampler (its layout); NaN if none
     x0_final: torch.Tensor  # [K, C, T, H, W] fp32: the clean pass at sigma_N (RF: x_N), the sample to reward
-    timesteps: list = None  # Predict2.5 (RF): the net's int timesteps floor(1000 sigma_i); None: Predict2's EDM sigmas
+    timesteps: list = None  # Predict2.5 (RF): the net's int timesteps floor(1000 sigma_i); Predict2: None each
     shared_until: int = -1  # same_latent: states x_0 .. x_shared_until are one state for all K (the prefix and the
     # first stochastic step's input): its mean is computed once, in the rollout and in training; -1: none shared
     uncond: dict = None  # {(k, step): [1, ...]} the uncond prediction at theta_old of each trained step (training
@@ -185,7 +172,7 @@ class Rollout:
 
     @property
     def grid(self):
-        return self.sigmas, self.alphas, self.timesteps
+        return self.family, self.sigmas, self.alphas, self.timesteps
 
     def shares(self, step):
         return step <= self.shared_until
@@ -258,20 +245,19 @@ def rollout_group(net, cond: Condition, latent_shape, cfg, generator, window_sta
         raise ValueError(f"rollout_batch={cfg.rollout_batch!r} rounds unlike the training forward (B = 1 calls): set "
                          "recompute_old_logp (--grpo-recompute-old-logp), or the ratio would not start at 1")
     device = generator.device
-    rectified = cond.conditional_frame_timestep is not None  # Predict2.5: its sampler's shift-5 grid, N net calls
-    sigmas, timesteps = flow.time_grid("shift", N) if rectified else (karras_sigmas(N), None)
-    sigmas, timesteps = [float(s) for s in sigmas], (timesteps.tolist() if rectified else None)
+    family = build.family(net.cfg)
+    sigmas, timesteps = family.rollout_grid(N)
     etas = step_noise_levels(cfg, generator, window_start)
-    alphas, betas = zip(*(step_coefficients(cfg.sde_type, sigmas[i], sigmas[i + 1], etas[i], rectified)
+    alphas, betas = zip(*(step_coefficients(cfg.sde_type, sigmas[i], sigmas[i + 1], etas[i], family)
                           for i in range(N)))
     random_steps = [i for i in range(N) if betas[i] > 0]
-    ro = Rollout(cond=cond, sigmas=sigmas, alphas=list(alphas), betas=list(betas),
+    ro = Rollout(cond=cond, family=family, sigmas=sigmas, alphas=list(alphas), betas=list(betas),
                  train_steps=steps_to_train(cfg, betas), states=torch.empty(K, N + 1, *latent_shape, device=device),
                  log_probs=torch.full((K, N), float("nan"), device=device), x0_final=None, timesteps=timesteps,
                  shared_until=(random_steps[0] if random_steps else N) if cfg.same_latent else -1, uncond={})
     gen_mask = generated_mask(cond, latent_shape, device)
     init, z = draw_noise(cfg, latent_shape, random_steps, generator)
-    ro.states[:, 0] = init if rectified else sigmas[0] * init  # RF: unit-variance noise at sigma_0
+    ro.states[:, 0] = family.initial_state(init)  # Predict2: sigma_0 * noise; RF: the unit-variance noise
     for i in range(N):
         rows = [0] if ro.shares(i) else list(range(K))
         x = ro.states[rows, i]
@@ -287,12 +273,12 @@ def rollout_group(net, cond: Condition, latent_shape, cfg, generator, window_sta
                                                        gen_mask)[0]
         else:
             ro.states[:, i + 1] = mean
-    if rectified:  # x_N is x0_hat already; the conditional frames get their clean latent back (flow.sample)
-        ro.x0_final = flow.with_conditional_frames(ro.states[:, N], cond.gt_frames, cond.condition_mask)
-    else:
-        pred_c, pred_u = branch_predictions(net, ro.states[:, N], ro.states[:, 0], N, ro.grid, cond, cfg)
+
+    def guided_at_last(x):  # Predict2's clean pass at sigma_N (RF: x_N is x0_hat already, no call)
+        pred_c, pred_u = branch_predictions(net, x, ro.states[:, 0], N, ro.grid, cond, cfg)
         count_calls(ro, cfg, K)
-        ro.x0_final = guide(pred_c, pred_u, cfg.guidance)
+        return guide(pred_c, pred_u, cfg.guidance)
+    ro.x0_final = family.final_x0(guided_at_last, ro.states[:, N], cond)
     ro.old_log_probs = ro.log_probs.clone()
     return ro
 

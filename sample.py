@@ -1,6 +1,7 @@
-"""Sampling: the default Cosmos-Predict2 sampler (35 Karras steps, Euler then 2-step Adams-Bashforth) with
-classifier-free guidance in upstream's convention, and a video2world CLI that writes an mp4. Predict2.5 configs
-(p25-*) sample with flow.py's UniPC instead (35 steps, shift-5 or Karras grid per checkpoint, v_c + g (v_c - v_u)).
+"""Sample a video2world clip from a first frame and write an mp4: a train.py run as trained, a release checkpoint,
+or random weights. The sampler is the net's family's (generate.py -> build.family): Predict2's 35 Karras steps,
+Euler then 2-step Adams-Bashforth (edm.py), or Predict2.5's UniPC (flow.py: shift-5 or Karras grid per checkpoint,
+v_c + g (v_c - v_u)), with classifier-free guidance in upstream's convention.
 
     python sample.py                       # tiny default: the checkpoint python train.py wrote to out/, on CPU
     python sample.py --ckpt runs/droid14b --prompt-emb prompt.safetensors --image first.png   # a run, as trained
@@ -10,11 +11,11 @@ classifier-free guidance in upstream's convention, and a video2world CLI that wr
     python sample.py --config p25-2b --ckpt p25-2b-post --vae real --vae-ckpt tokenizer.pth --image first.png
                      --prompt-emb reason1/<sha1>.safetensors   # Predict2.5: UniPC, Karras grid for 2B post-trained
 
-The network and its x0 prediction live in model.py (`denoise`); this file walks the noise schedule.
+The network lives in model.py, its family's math in edm.py / flow.py, generation in generate.py; this file is the
+command line.
 """
 import dataclasses
 import json
-import math
 import os
 import sys
 
@@ -26,177 +27,23 @@ import build
 import ckpt
 import cli
 import data
-import flow
 import formats
 import inits
 import lerobot
 import resume
 import vae as vae_lib
-from camera import split_views, stack_views, views_map
-from inits import get_config, is_p25
-from model import Condition, denoise, uncond
-
-SIGMA_MIN, SIGMA_MAX, RHO = 0.002, 80.0, 7.0
-TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot")  # CPU-fast configs: tiny VAE, 9x64x112, the stand-in prompt
-
-
-def tiny_data(config):
-    """The tiny default's own folder (train.py builds it): 2x2 grids, or separate views for a camera net."""
-    return "data/tiny_views" if get_config(config).camera_channels else "data/tiny_grid"
-
-
-def standin_text(config, data_dir):
-    """Whether a run reads stand-in text (data.standin_text_embedding of each prompt) instead of embedding files: the
-    tiny configs on the tiny default's own folder; p25-tiny* anywhere (their text is 96 wide: no released encoder
-    writes it); tiny on a folder without t5_xxl/. tiny is T5-wide (1024), so a folder of yours that has t5_xxl/
-    trains and samples on those embeddings, as a released config does."""
-    if config not in TINY_CONFIGS:
-        return False
-    if is_p25(get_config(config)) or os.path.normpath(data_dir) == os.path.normpath(tiny_data(config)):
-        return True
-    return not os.path.isdir(os.path.join(data_dir, "t5_xxl"))
-
-
-def karras_sigmas(num_steps, sigma_min=SIGMA_MIN, sigma_max=SIGMA_MAX, rho=RHO):
-    """num_steps + 1 noise levels from sigma_max down to sigma_min, float64 (the last one is the final clean pass)."""
-    ramp = torch.arange(num_steps + 1, dtype=torch.float64) / num_steps
-    lo, hi = sigma_min ** (1 / rho), sigma_max ** (1 / rho)
-    return (hi + ramp * (lo - hi)) ** rho
-
-
-def sampler_step(x0_pred, i, x, x0_prev, sigmas):
-    """One step from sigmas[i] to sigmas[i+1] in float64; returns (x as float32, x0_pred as float32 for next step).
-
-    Step 0 is Euler in x0 form. Later steps use the 2-step Adams-Bashforth exponential integrator on the x0
-    predictions at sigma_i and sigma_{i-1} (upstream's res_x0_rk2_step).
-    """
-    s_prev, s, s_next = (float(sigmas[j]) if j >= 0 else None for j in (i - 1, i, i + 1))
-    x, x0 = x.double(), x0_pred.double()
-    if i == 0 or x0_prev is None:
-        out = (s - s_next) / s * x0 + s_next / s * x
-    else:
-        h = math.log(s / s_next)
-        c2 = math.log(s / s_prev) / h  # negative: the previous point lies behind
-        phi1 = (math.exp(-h) - 1) / (-h)
-        phi2 = (phi1 - 1) / (-h)
-        b2 = phi2 / c2
-        b1 = phi1 - b2
-        out = math.exp(-h) * x + h * (b1 * x0 + b2 * x0_prev.double())
-    return out.float(), x0_pred.float()
-
-
-def initial_noise(shape, seed, sigma_max=SIGMA_MAX):
-    """Upstream's arch-invariant noise: numpy's RandomState normal, float32, times sigma_max."""
-    noise = np.random.RandomState(seed).standard_normal(shape).astype(np.float32)
-    return torch.from_numpy(noise) * sigma_max
-
-
-def guided_x0_fn(net, cond: Condition, guidance=7.0):
-    """x0(x, sigma) with classifier-free guidance: x0_c + g * (x0_c - x0_u) (so g=7 is classic scale 8).
-
-    The unconditional branch swaps in cond's negative-prompt embedding and keeps the conditioning frames.
-    With cond.neg_crossattn_emb None or guidance 0 there is one network call per step.
-    """
-
-    def x0_fn(x, sigma):
-        x0_cond, _ = denoise(net, x, sigma, cond)
-        if cond.neg_crossattn_emb is None or guidance == 0:
-            return x0_cond
-        x0_uncond, _ = denoise(net, x, sigma, uncond(cond))
-        return x0_cond + guidance * (x0_cond - x0_uncond)
-
-    return x0_fn
-
-
-@torch.no_grad()
-def sample(x0_fn, noise, num_steps=35, callback=None):
-    """Run the sampler from `noise` (already scaled by sigma_max) and return the final x0 prediction."""
-    sigmas = karras_sigmas(num_steps)
-    x, x0_prev = noise.float(), None
-    batch = x.shape[0]
-    for i in range(num_steps):
-        sigma = torch.full((batch,), float(sigmas[i]), dtype=torch.float32, device=x.device)
-        x0 = x0_fn(x, sigma)
-        x, x0_prev = sampler_step(x0, i, x, x0_prev, sigmas)
-        if callback is not None:
-            callback(i, x, x0)
-    sigma = torch.full((batch,), float(sigmas[-1]), dtype=torch.float32, device=x.device)
-    return x0_fn(x, sigma)  # final clean pass at sigma_min
-
-
-def write_mp4(path, video_3_T_H_W, fps=16):
-    """Write a [3,T,H,W] video in [-1,1] as H.264 mp4 (yuv420p: sides rounded down to even)."""
-    import imageio.v2 as imageio
-    frames = ((video_3_T_H_W.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    frames = frames.permute(1, 2, 3, 0).cpu().numpy()  # [T,H,W,3]
-    H, W = frames.shape[1] // 2 * 2, frames.shape[2] // 2 * 2
-    tmp = path + ".tmp.mp4"
-    with imageio.get_writer(tmp, fps=fps, codec="libx264", quality=8, pixelformat="yuv420p",
-                            macro_block_size=1) as writer:
-        for frame in frames[:, :H, :W]:
-            writer.append_data(frame)
-    os.replace(tmp, path)  # a reader never sees a half-written file
-    return path
-
+from camera import views_map
+from data import TINY_CONFIGS, standin_text, tiny_data
+from generate import generate
+from inits import get_config
+from model import Condition
+from video import write_mp4
 
 def views_side_by_side(video_V_3_T_H_W):
     """Decoded views [V,3,T,H,W] -> one [3,T,H,V*W] video, view 0 on the left (write_mp4 takes it)."""
     if video_V_3_T_H_W.ndim != 5 or video_V_3_T_H_W.shape[1] != 3:
         raise ValueError(f"views {tuple(video_V_3_T_H_W.shape)}: need [V, 3, T, H, W]")
     return torch.cat(list(video_V_3_T_H_W), dim=-1)
-
-
-@torch.no_grad()
-def generate(net, vae, video_B_3_T_H_W, cond: Condition, num_steps=35, guidance=7.0, seed=0,
-             num_conditional_frames=1, grid=None):
-    """Video2world: keep the first latent frame(s) of `video` (the VAE is causal: latent frame 0 is pixel frame 0
-    alone), generate the rest from noise, decode. Returns the generated video in the VAE's dtype.
-    cond: the prompt (crossattn_emb, neg_crossattn_emb) and, for a camera net, the camera; its gt_frames and
-    condition_mask are set here from the video. Predict2.5 nets need grid (shift | karras) and
-    cond.conditional_frame_timestep (-1 or 0.1; inits.checkpoint_defaults); Predict2 nets refuse them. A camera net
-    (agibot) takes one sample's views as the batch, video [V,3,T,H,W], and its Pluecker map cond.camera
-    [1, V*T_latent, H/16, W/16, 1536]: the views are stacked on latent time, sampled jointly (frame-init mask, one
-    noise draw for every view) and returned decoded per view, [V,3,T,H,W]."""
-    device = video_B_3_T_H_W.device
-    latent = vae.encode(video_B_3_T_H_W).float()
-    views = len(video_B_3_T_H_W) if net.cfg.camera_channels else 0
-    if views:
-        latent = stack_views(latent, views)
-    mask = flow.frame_mask(latent, views, num_conditional_frames)
-    cond = dataclasses.replace(cond, gt_frames=latent, condition_mask=mask)
-    if is_p25(net.cfg):
-        if grid is None or cond.conditional_frame_timestep is None:
-            raise ValueError("a Predict2.5 net samples with UniPC: pass grid and conditional_frame_timestep")
-        noise = (flow.multiview_initial_noise(tuple(latent.shape), views, seed) if views else
-                 flow.initial_noise(tuple(latent.shape), seed)).to(device)
-        x0 = flow.sample(net, noise, cond, guidance, grid, num_steps)
-        return vae.decode((split_views(x0, views) if views else x0).to(video_B_3_T_H_W.dtype))
-    if grid is not None or cond.conditional_frame_timestep is not None:
-        raise ValueError("grid / conditional_frame_timestep are Predict2.5 sampler settings; this is a Predict2 net")
-    x0_fn = guided_x0_fn(net, cond, guidance=guidance)
-    noise = initial_noise(tuple(latent.shape), seed=seed).to(device)
-    return vae.decode(sample(x0_fn, noise, num_steps=num_steps).to(video_B_3_T_H_W.dtype))
-
-
-@torch.no_grad()
-def write_sample(net, vae, dataset, index, cfg, neg_text, guidance, path, master):
-    """train.py's sample videos: a clip generated from the first frame of a fixed (held-out, if any) video of
-    `dataset`, written beside the truth. cfg: the run's TrainConfig."""
-    item = dataset[(index, 0)]
-    device = next(net.parameters()).device
-    video = item["video"].to(device, next(vae.parameters()).dtype)  # [3,T,H,W], or [V,3,T,H,W] for a camera net
-    text = item["text_emb"][None].to(device)
-    p25 = is_p25(get_config(cfg.config))
-    camera = None if "w2c" not in item else views_map(item["w2c"].to(device), item["intrinsics"].to(device),
-                                                      cfg.height, cfg.width)[None].to(video.dtype)
-    video = video if camera is not None else video[None]
-    cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg_text.to(device), camera=camera,
-                     conditional_frame_timestep=cfg.conditional_frame_timestep if p25 else None)
-    generated = generate(net, vae, video, cond, cfg.sample_steps, guidance, cfg.seed,
-                         grid=inits.checkpoint_defaults(cfg.init, cfg.config)[0] if p25 else None).to(video.dtype)
-    if master:  # left: data, right: generated; views one above the other
-        write_mp4(path, torch.cat(list(torch.cat([video, generated], dim=-1)), dim=-2))
-        print(f"sample: {path} (left: data, right: generated from its first frame)", flush=True)
 
 
 # -----------------------------------------------------------------------------
@@ -224,7 +71,7 @@ class SampleConfig:
     guidance: float = 7.0  # CFG, upstream convention x0_c + g (x0_c - x0_u) (Predict2.5: v_c + g (v_c - v_u));
     # default for a GRPO/NFT run: its rollouts' (--grpo-guidance / --nft-guidance: NFT's policy is CFG-free)
     grid: str = ""  # Predict2.5 only: shift | karras (default: upstream's for --ckpt: karras for p25-2b-post,
-    # else shift)
+    # else shift; Predict2: karras, its only grid)
     conditional_frame_timestep: float = -1.0  # Predict2.5 only: -1 = the noisy frames' time, 0.1 -> t = 1e-4 (default:
     # upstream's for --ckpt: 0.1 for p25-2b-post and agibot)
     seed: int = 0  # initial noise (numpy, as upstream)
@@ -293,20 +140,19 @@ def parse_config(argv):
     if mcfg.camera_channels and cfg.image:
         raise ValueError(f"--image does nothing with --config {cfg.config}: a multi-view net starts from the first "
                          "frame and cameras of every view of the first episode in --data (stitch.py --layout views)")
-    if is_p25(mcfg):
-        grid, timestep = inits.checkpoint_defaults(run_p25.get("init", cfg.ckpt), cfg.config)  # a run: as trained
-        cfg.grid = cfg.grid or grid
-        if "conditional_frame_timestep" not in given:
-            cfg.conditional_frame_timestep = run_p25.get("conditional_frame_timestep", timestep)
-        if cfg.grid not in flow.GRIDS:
-            raise ValueError(f"--grid {cfg.grid!r}: valid are {', '.join(flow.GRIDS)}")
-        if cfg.conditional_frame_timestep != -1 and not 0 <= cfg.conditional_frame_timestep < 1000:
-            raise ValueError(f"--conditional-frame-timestep {cfg.conditional_frame_timestep}: -1 or in [0, 1000)")
-    else:
-        for name in ("grid", "conditional_frame_timestep"):
-            if name in given:
-                raise ValueError(f"{cli.flag(name)} is a Predict2.5 (UniPC) setting: --config {cfg.config} samples "
-                                 "with Predict2's own sampler; drop it")
+    family = build.family(mcfg)
+    for name in ("grid", "conditional_frame_timestep"):
+        if name in given and name not in family.SAMPLER_FLAGS:
+            raise ValueError(f"{cli.flag(name)} is a Predict2.5 (UniPC) setting: --config {cfg.config} samples "
+                             f"with {family.NAME}'s own sampler; drop it")
+    grid, timestep = family.sampler_defaults(run_p25.get("init", cfg.ckpt), cfg.config)  # a run: as trained
+    cfg.grid = cfg.grid or grid
+    if "conditional_frame_timestep" not in given:
+        cfg.conditional_frame_timestep = run_p25.get("conditional_frame_timestep", timestep)
+    if cfg.grid not in family.GRIDS:
+        raise ValueError(f"--grid {cfg.grid!r}: valid are {', '.join(family.GRIDS)}")
+    if cfg.conditional_frame_timestep != -1 and not 0 <= cfg.conditional_frame_timestep < 1000:
+        raise ValueError(f"--conditional-frame-timestep {cfg.conditional_frame_timestep}: -1 or in [0, 1000)")
     if not standin_text(cfg.config, cfg.data) and not cfg.prompt_emb:
         raise ValueError(f"--config {cfg.config} needs --prompt-emb (a T5-XXL embedding file, e.g. {cfg.data}/t5_xxl/"
                          "STEM.pickle; see t5.py; Predict2.5: a Reason1 embedding, docs/text.md)")
@@ -369,13 +215,14 @@ def main(argv=None):
         source = cfg.ckpt
         if source == "random":
             print("sample: RANDOM weights (--ckpt random)", flush=True)
-        net = build.build(build.NetSpec(cfg.config, source, ema=cfg.ema), device)
+        net = build.build(build.NetSpec(config=cfg.config, init=source, ema=cfg.ema), device)
     mcfg = net.cfg
     net = net.to(dtype).eval()
     vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, device, dtype)
 
     dim = mcfg.crossattn_proj_in_channels  # the embedding as stored (Predict2.5: before the net's crossattn_proj)
-    text_encoder = "reason1" if is_p25(mcfg) and cfg.config not in TINY_CONFIGS else "t5"
+    family = build.family(mcfg)
+    text_encoder = "t5" if cfg.config in TINY_CONFIGS else family.TEXT_ENCODER
     camera = None
     if mcfg.camera_channels:  # the first episode of a views folder: each view's first frame and its cameras
         views = data.ViewClips(cfg.data, cfg.frames, cfg.height, cfg.width, text="standin", text_len=16,
@@ -384,21 +231,19 @@ def main(argv=None):
         camera = views_map(views["w2c"], views["intrinsics"], cfg.height, cfg.width)[None].to(device, dtype)
     video = torch.cat([first, torch.full_like(first, -1).expand(-1, -1, cfg.frames - 1, -1, -1)], dim=2)
     if cfg.prompt_emb:
-        load = data.load_reason1_embedding if is_p25(mcfg) else data.load_text_embedding
+        load = data.load_reason1_embedding if family.TEXT_ENCODER == "reason1" else data.load_text_embedding
         text, _ = load(cfg.prompt_emb, 512, dim)
     else:  # tiny only (parse_config refuses otherwise): train.py's stand-in, 16 tokens
         text, _ = data.standin_text_embedding(cfg.prompt or "Put the marker in the cup.", 16, dim)
     neg, neg_source = data.negative_embedding(cfg.data, text.shape[0], dim, standin=standin_text(cfg.config, cfg.data),
                                               path=cfg.neg_prompt_emb, text_encoder=text_encoder)
     print(f"sample: negative prompt: {neg_source}", flush=True)
-    p25 = is_p25(mcfg)
     cond = Condition(crossattn_emb=text[None].to(device), neg_crossattn_emb=neg[None].to(device), camera=camera,
-                     conditional_frame_timestep=cfg.conditional_frame_timestep if p25 else None)
-    generated = generate(net, vae, video.to(dtype), cond, cfg.steps, cfg.guidance, cfg.seed,
-                         grid=cfg.grid if p25 else None)
+                     conditional_frame_timestep=cfg.conditional_frame_timestep)
+    generated = generate(net, vae, video.to(dtype), cond, cfg.steps, cfg.guidance, cfg.seed, grid=cfg.grid)
     write_mp4(cfg.out, views_side_by_side(generated) if camera is not None else generated[0], fps=cfg.fps)
-    sampler = f"UniPC {cfg.grid} grid, conditional-frame timestep {cfg.conditional_frame_timestep}, " if p25 else ""
-    print(f"sample: wrote {cfg.out} ({cfg.frames} frames, {cfg.height}x{cfg.width}, {cfg.steps} steps, {sampler}"
+    sampler = family.describe_sampler(cfg.grid, cfg.conditional_frame_timestep)
+    print(f"sample: wrote {cfg.out} ({cfg.frames} frames, {cfg.height}x{cfg.width}, {cfg.steps} steps, {sampler}, "
           f"guidance {cfg.guidance}, seed {cfg.seed}, weights {source})", flush=True)
 
 

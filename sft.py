@@ -1,65 +1,24 @@
-"""Supervised fine-tuning: the video2world training loss of both model families, one optimizer step, its learning
-rate schedule and the held-out loss. train.py runs it as the `sft` objective; grpo.py and nft.py are the RL ones.
+"""Supervised fine-tuning: one optimizer step on the net's family's video2world loss (edm.training_loss for
+Predict2, flow.training_loss for Predict2.5), its learning-rate schedule and the held-out loss. train.py runs it as
+the `sft` objective; grpo.py and nft.py are the RL ones.
 
-Predict2 (EDM): sigma log-normal x sqrt(latent frames), 1-2 conditioning frames, a velocity-form loss (draws as
-upstream's Predict2Video2WorldModel). Predict2.5: the rectified-flow loss of flow.py (flow.training_loss).
-Contents, top to bottom: seeds -> the loss -> one step -> the schedule -> the held-out loss -> the objective.
+Contents, top to bottom: the loss -> one step -> the schedule -> the held-out loss -> the objective.
 """
-import dataclasses
-import hashlib
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-import data
-import flow
+from build import family
 from collectives import all_mean, any_rank, ranks_any
-from inits import get_config, is_p25
-from model import condition_mask, denoise
-
-def sample_seed(*keys):
-    """A 63-bit seed from a tuple of counters: every random draw depends only on (seed, step, sample, purpose),
-    so a resumed or re-sharded run draws exactly the same numbers as an uninterrupted one."""
-    digest = hashlib.blake2b(repr(keys).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-def draw_sample_noise(cfg, latent_C_T_H_W, seed):
-    """sigma, eps, number of conditioning latent frames and text-drop flag for one sample."""
-    g = torch.Generator().manual_seed(seed)
-    T = latent_C_T_H_W.shape[1]
-    log_sigma = torch.randn((), generator=g, dtype=torch.float64)
-    sigma = log_sigma.exp() * (math.sqrt(T) if T > 1 else 1.0)  # adjust_video_noise: x sqrt(latent frames)
-    if torch.rand((), generator=g) < cfg.high_sigma_ratio:  # occasional very high noise, log-uniform in [200, 1e5]
-        sigma = torch.exp(math.log(200) + torch.rand((), generator=g, dtype=torch.float64) * math.log(1e5 / 200))
-    eps = torch.randn(latent_C_T_H_W.shape, generator=g)
-    n_cond = int(torch.randint(1, 3, (), generator=g)) if T > 1 else 0  # 1 or 2 conditioning latent frames
-    drop_text = bool(torch.rand((), generator=g) < cfg.text_dropout)
-    return float(sigma), eps, n_cond, drop_text
+from objective import Objective, clip_and_step, sample_seed
 
 
 def training_loss(net, cfg, latent, cond, seeds):
-    """Predict2.5 configs: flow.training_loss. Predict2: (1+s)^2/s^2 |x0_hat - x0|^2 equals |v_hat - (eps - x0)|^2
-    exactly; we use the velocity form (no 1e8 weights at small sigma). Conditioning frames add 0 (replaced).
-    cond: the batch's record (train.condition_of); its conditioning frames are redrawn per sample here."""
-    if is_p25(get_config(cfg.config)):  # a camera net: views stacked on time, agibot's frame-init mask
-        views = len(data.VIEW_ORDER)
-        mask_fn = None if cond.camera is None else lambda x, n: flow.multiview_condition_mask(x, views, n)
-        return flow.training_loss(net, latent, cond, seeds, cfg.text_dropout, mask_fn)
-    draws = [draw_sample_noise(cfg, latent[b], s) for b, s in enumerate(seeds)]
-    sigma = torch.tensor([d[0] for d in draws], device=latent.device)
-    eps = torch.stack([d[1] for d in draws]).to(latent.device)
-    n_cond = torch.tensor([d[2] for d in draws], device=latent.device)
-    keep_text = torch.tensor([0.0 if d[3] else 1.0 for d in draws], device=latent.device).view(-1, 1, 1)
-    x_sigma = latent + sigma.view(-1, 1, 1, 1, 1) * eps
-    mask = condition_mask(latent, n_cond)
-    drawn = dataclasses.replace(cond, crossattn_emb=cond.crossattn_emb * keep_text, gt_frames=latent,
-                                condition_mask=mask)
-    _, velocity = denoise(net, x_sigma, sigma, drawn)
-    err = (velocity - (eps - latent)).square() * (1 - mask)
-    return err.mean() * cfg.loss_scale
+    """The video2world training loss of the net's family (edm.training_loss: Predict2; flow.training_loss:
+    Predict2.5), one seed per sample. cond: the batch's record (train.condition_of); the family redraws its
+    conditioning frames per sample."""
+    return family(net.cfg).training_loss(net, latent, cond, seeds, cfg)
 
 
 def sft_step(net, optimizer, trainable, cfg, next_batch, step, rank, world):
@@ -75,21 +34,17 @@ def sft_step(net, optimizer, trainable, cfg, next_batch, step, rank, world):
         loss = training_loss(net, cfg, latent, cond, seeds) / cfg.grad_accum
         loss.backward()
         loss_sum += loss.item()
-    grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
-    grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
     device = trainable[0].device
-    bad_loss, bad_batch, bad_grad = ranks_any([not math.isfinite(loss_sum), bad_batch, not math.isfinite(grad_norm)],
-                                              device)
-    if not (bad_loss or bad_grad):
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss_sum, grad_norm, nonfinite_cause(cfg, trainable, bad_loss, bad_batch, device) if bad_loss or bad_grad \
-        else None
+    bad_loss, bad_batch = ranks_any([not math.isfinite(loss_sum), bad_batch], device)
+    grad_norm, _ = clip_and_step(optimizer, trainable, cfg.grad_clip, skip=bad_loss)  # the global norm: every rank's
+    bad_grad = not math.isfinite(grad_norm)
+    return loss_sum, grad_norm, nonfinite_cause(cfg, net, trainable, bad_loss, bad_batch, device) \
+        if bad_loss or bad_grad else None
 
 
-def nonfinite_cause(cfg, trainable, bad_loss, bad_batch, device):
+def nonfinite_cause(cfg, net, trainable, bad_loss, bad_batch, device):
     """Collective: the likely cause of a skipped SFT step, from what was NaN/Inf on any rank."""
-    scale = "" if is_p25(get_config(cfg.config)) else f", or --loss-scale {cfg.loss_scale:g} too large"
+    scale = family(net.cfg).nonfinite_hint(cfg)
     if bad_batch:
         return "a NaN/Inf in the batch (the clips' latents, text embeddings or cameras): check the data"
     weights = [p.to_local() if hasattr(p, "to_local") else p for p in trainable]
@@ -129,24 +84,7 @@ def evaluate(net, cfg, batches):
 
 
 # -----------------------------------------------------------------------------
-# The objective table's record (train.py's OBJECTIVE: sft here, grpo and nft in rl.py)
-
-
-@dataclass
-class Objective:
-    """What differs between SFT and the RL objectives in train.py's loop (it has no other objective branch)."""
-    lr_at: object  # step -> learning rate
-    betas: tuple  # AdamW's, with:
-    weight_decay: float
-    schedule: str  # the optimizer line's learning-rate part
-    step: object  # (step, next_batch) -> the step's metrics row (runs the optimizer step)
-    held_out: object  # (batches) -> {"eval_loss"} or {"eval_reward", "eval_reward_<term>", ...}
-    bar: object  # row -> the progress bar's fields
-    guidance: float  # the sample videos' CFG (RL: the rollouts' own)
-    name: str  # the progress bar's
-    mfu: bool  # RL's MFU: smoke.py (rollouts and updates differ too much for one number)
-    extra_state: dict  # saved with every checkpoint and resumed (NFT: its old policy), {} else
-    eval_at_start: bool  # RL: a held-out evaluation before the first update, every curve's starting point
+# The sft row of train.py's objective table
 
 
 def objective(run, net, optimizer_params, vae, neg_text, terms):
@@ -157,7 +95,9 @@ def objective(run, net, optimizer_params, vae, neg_text, terms):
         loss, grad_norm, cause = sft_step(net, run.optimizer, optimizer_params, cfg, next_batch, step,
                                               run.dp_rank, run.dp_world)
         return {"loss": all_mean(loss, run.device), "grad_norm": grad_norm, **nonfinite_fields(cause)}
-    return Objective(lambda s: lr_at(cfg, s), (cfg.beta1, cfg.beta2), cfg.weight_decay,
-                     f"lr {cfg.lr:g} (warm-up {cfg.warmup}, cosine to x{cfg.lr_min_ratio}), clip {cfg.grad_clip}",
-                     step, lambda batches: evaluate(net, cfg, batches), lambda row: {"loss": f"{row['loss']:.4f}"},
-                     cfg.guidance, "train", True, {}, False)
+    return Objective(lr_at=lambda s: lr_at(cfg, s), betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
+                     schedule=f"lr {cfg.lr:g} (warm-up {cfg.warmup}, cosine to x{cfg.lr_min_ratio}), clip "
+                              f"{cfg.grad_clip}",
+                     step=step, held_out=lambda batches: evaluate(net, cfg, batches),
+                     bar=lambda row: {"loss": f"{row['loss']:.4f}"}, guidance=cfg.guidance, name="train", mfu=True,
+                     extra_state={}, eval_at_start=False)

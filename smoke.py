@@ -22,16 +22,14 @@ import build
 import cli
 import flow
 import grpo
-import inits
 import reward
 import sac
 from grpo import GRPOConfig
 from camera import fallback_cameras, split_views, views_map
-from data import VIEW_ORDER
-from inits import get_config, is_p25
+from data import TINY_CONFIGS, VIEW_ORDER
+from inits import get_config
 from model import Condition, matmul_peak, model_flops
 from rollout import LOG_SQRT_2PI, rollout_group
-from sample import TINY_CONFIGS
 from vae import WanVAE, get_vae_config, latent_frames
 
 VIEWS = len(VIEW_ORDER)  # a camera net's views (robot/multiview-agibot: 3)
@@ -123,7 +121,7 @@ def flop_count(enabled):
 def build_policy(cfg: SmokeConfig, device, dtype):
     """The DiT as train.py builds it (build.py): base in `dtype`, strict load of --init (all but the adapters),
     LoRA adapters in fp32, activation checkpointing --sac."""
-    spec = build.NetSpec(cfg.config, cfg.init, lora=cfg.lora_rank, lora_alpha=cfg.lora_alpha, dtype=dtype,
+    spec = build.NetSpec(config=cfg.config, init=cfg.init, lora=cfg.lora_rank, lora_alpha=cfg.lora_alpha, dtype=dtype,
                          sac_modes=tuple(sac.block_modes(cfg.sac, 1, get_config(cfg.config).num_blocks)),
                          seed=cfg.seed)
     net = build.build(spec, device)
@@ -145,8 +143,7 @@ def make_condition(cfg: SmokeConfig, mcfg, latent_shape, device):
     emb = torch.randn(2, cfg.text_tokens, mcfg.crossattn_proj_in_channels, generator=g, device=device)
     gt = torch.randn(1, *latent_shape, generator=g, device=device)
     extra = {}
-    if is_p25(mcfg):
-        extra["conditional_frame_timestep"] = inits.checkpoint_defaults(cfg.init, cfg.config)[1]
+    extra["conditional_frame_timestep"] = build.family(mcfg).sampler_defaults(cfg.init, cfg.config)[1]  # Predict2.5's
     if mcfg.camera_channels:
         w2c, intrinsics = fallback_cameras(VIEWS, latent_shape[1] // VIEWS, cfg.height, cfg.width)
         extra["camera"] = views_map(w2c, intrinsics, cfg.height, cfg.width)[None].to(device)

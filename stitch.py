@@ -48,9 +48,8 @@ import numpy as np
 from tqdm import tqdm
 
 import cli
-from lerobot import (SLOTS, Episode, Source, camera_summary, check_frames_table, open_source, read_cameras,
-                     select_episodes)
-from synthetic import make_synthetic  # --synthetic; train.py's tiny default calls stitch.make_synthetic
+from lerobot import (SLOTS, Episode, Source, camera_summary, check_frames_table, make_synthetic,  # --synthetic;
+                     open_source, read_cameras, select_episodes)  # train.py's tiny default: stitch.make_synthetic
 from video import check_ffmpeg, ffmpeg_exe, probe_video, sha1_file, write_atomic
 
 RECIPE_VERSION = 1  # bump when the code changes the bytes written for the same recipe

@@ -33,24 +33,24 @@ import collectives
 import cp
 import data
 import flow
-import inits
 import lerobot
 import resume
 import rundir
 import reward
-import plan
 import rl
 import sac
 import sft
 import stitch
 import vae as vae_lib
-from build import NetSpec, compile_seconds, describe, materialise, meta_net, trainable
+from build import NetSpec, compile_seconds, describe, family, materialise, meta_net, trainable
 from camera import stack_views, views_map
+from data import TINY_CONFIGS, standin_text, tiny_data
+from generate import write_sample
 from grpo import GRPOConfig
-from inits import get_config, is_p25
+from inits import get_config
 from model import Condition, matmul_peak, model_flops, num_params
 from nft import NFTConfig
-from sample import TINY_CONFIGS, standin_text, tiny_data, write_sample
+from objective import Objective
 
 # -----------------------------------------------------------------------------
 # Config: every field is a --flag (cli.py: the comment is its --help); unknown flags are an error. 0 / "" / -1 mean
@@ -126,8 +126,8 @@ TINY_RL = dict(steps=30, save_every=15, sample_every=15, eval_every=5, eval_step
                reward="reward:wrist_brightness", grpo=dict(group_size=8, lr=3e-3), nft=dict(group_size=8, lr=3e-3))
 REAL = dict(vae="real", frames=93, height=432, width=768, steps=20000, lr=2 ** -14.5, warmup=1000, save_every=200,
             sample_every=1000)
-# Loss knobs of one model family (True: Predict2.5's flow.py loss only; False: Predict2's EDM loss only)
-FAMILY_ONLY = {"loss_scale": False, "high_sigma_ratio": False, "conditional_frame_timestep": True}
+# Loss knobs of one model family (its TRAIN_FLAGS: Predict2's edm.py, Predict2.5's flow.py)
+FAMILY_ONLY = {"loss_scale": "Predict2", "high_sigma_ratio": "Predict2", "conditional_frame_timestep": "Predict2.5"}
 def parse_config(argv):
     """Dataclass defaults, then the TINY or REAL preset, then the flags given on the command line."""
     given = cli.parse_flags(TrainConfig, argv, description=__doc__)  # argparse rejects unknown flags
@@ -164,8 +164,8 @@ def validate(cfg, given=None):
         unused.update({k: "without --vae real" for k in ("vae_ckpt",) if k in given})
     if cfg.sample_every == 0:
         unused.update({k: "with --sample-every 0" for k in ("sample_steps", "guidance") if k in given})
-    unused.update({k: f"with --config {cfg.config} (a {'Predict2.5' if p25_only else 'Predict2'} loss setting)"
-                   for k, p25_only in FAMILY_ONLY.items() if k in given and p25_only != is_p25(mcfg)})
+    unused.update({k: f"with --config {cfg.config} (a {owner} loss setting)" for k, owner in FAMILY_ONLY.items()
+                   if k in given and k not in family(mcfg).TRAIN_FLAGS})
     if unused:
         raise ValueError("; ".join(f"{cli.flag(k)} does nothing {why}" for k, why in unused.items())
                          + ": drop it (nothing is silently ignored)")
@@ -175,8 +175,8 @@ def validate(cfg, given=None):
         raise ValueError(f"--ema-weights {cfg.ema_weights!r}: net or net_ema")
     if cfg.save_every < 0:
         raise ValueError(f"--save-every {cfg.save_every}: >= 0 (0 = only at the end and on a signal)")
-    if is_p25(mcfg) and "conditional_frame_timestep" not in given:  # upstream's value for the checkpoint
-        cfg.conditional_frame_timestep = inits.checkpoint_defaults(cfg.init, cfg.config)[1]
+    if "conditional_frame_timestep" not in given:  # upstream's value for the checkpoint (Predict2: never read)
+        cfg.conditional_frame_timestep = family(mcfg).sampler_defaults(cfg.init, cfg.config)[1]
     if cfg.conditional_frame_timestep != -1 and not 0 <= cfg.conditional_frame_timestep < 1000:
         raise ValueError(f"--conditional-frame-timestep {cfg.conditional_frame_timestep}: -1 (the noisy frames' "
                          "time) or a timestep in [0, 1000) (0.1: t = 1e-4)")
@@ -278,7 +278,7 @@ def resume_keys(cfg):
 
 
 # -----------------------------------------------------------------------------
-# The objective table: what differs between SFT and the RL objectives in the loop (sft.Objective; train.py has no
+# The objective table: what differs between SFT and the RL objectives in the loop (objective.Objective; train.py has no
 # other objective branch). The math lives in sft.py, and in rl.py / grpo.py / nft.py.
 OBJECTIVE = {"sft": sft.objective, "grpo": rl.objective, "nft": rl.objective}  # rl.OBJECTIVES
 
@@ -287,7 +287,7 @@ OBJECTIVE = {"sft": sft.objective, "grpo": rl.objective, "nft": rl.objective}  #
 # Main: setup -> data -> run directory -> model -> objective and optimizer -> resume -> loop -> checkpoint
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
     """This process's place in the job and what every phase shares: filled phase by phase by main."""
     cfg: TrainConfig
@@ -316,8 +316,9 @@ def setup(cfg):
     dp_rank, dp_world, cp_group = cp.make_mesh(device.type, world, cfg.cp)
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     views = len(data.VIEW_ORDER) if get_config(cfg.config).camera_channels else 0
-    return Run(cfg, rank, world, device, dp_rank, dp_world, cp_group, distributed, views, say,
-               torch.bfloat16 if device.type == "cuda" else torch.float32)
+    return Run(cfg=cfg, rank=rank, world=world, device=device, dp_rank=dp_rank, dp_world=dp_world, cp_group=cp_group,
+               distributed=distributed, views=views, say=say,
+               compute_dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
 
 
 def text_source(run):
@@ -327,9 +328,11 @@ def text_source(run):
     standin = standin_text(cfg.config, cfg.data)
     if tiny and not synthetic_data(cfg):
         run.say(f"text: {cfg.data}/t5_xxl's T5 embeddings" if not standin else f"text: stand-in embeddings of "
-                f"{cfg.data}'s prompts ({'p25-tiny* text is 96 wide: no released encoder writes it' if is_p25(mcfg) else 'no t5_xxl/'})")
+                f"{cfg.data}'s prompts (" + ("no t5_xxl/" if mcfg.crossattn_proj_in_channels == data.T5_WIDTH else
+                                             f"{cfg.config}'s text is {mcfg.crossattn_proj_in_channels} wide: no "
+                                             "released encoder writes it") + ")")
     return dict(text_len=cfg.text_len, text_dim=mcfg.crossattn_proj_in_channels, text="standin" if standin else "t5",
-                seed=cfg.seed, text_encoder="reason1" if is_p25(mcfg) and not tiny else "t5")
+                seed=cfg.seed, text_encoder="t5" if tiny else family(mcfg).TEXT_ENCODER)
 
 
 def load_data(run):
@@ -375,13 +378,12 @@ def claim_run(run):
 def condition_of(cfg, latent, text, camera):
     """The conditioning record of a batch (the one producer, docs/conditioning.md): its prompt, its clean latent with
     the first latent frame as the conditioning frame (a camera net: agibot's frame-init mask over the views stacked
-    on time, and their Pluecker map) and, for Predict2.5, the run's conditional_frame_timestep. SFT redraws the mask
+    on time, and their Pluecker map) and the run's conditional_frame_timestep (read by Predict2.5 only). SFT redraws the mask
     per sample (sft.training_loss); RL adds the negative prompt and a key per clip (rl.conditions)."""
     views = len(data.VIEW_ORDER) if camera is not None else 0
     mask = flow.frame_mask(latent, views, 1)
-    timestep = cfg.conditional_frame_timestep if is_p25(get_config(cfg.config)) else None
     return Condition(crossattn_emb=text, gt_frames=latent, condition_mask=mask, camera=camera,
-                     conditional_frame_timestep=timestep)
+                     conditional_frame_timestep=cfg.conditional_frame_timestep)
 
 
 def make_encoder(run, vae):
@@ -413,14 +415,15 @@ def make_encoder(run, vae):
 def build_net(run):
     """The network (build.py), with --sac auto's plan: one block measured under every mode at this run's shape."""
     cfg, mcfg = run.cfg, get_config(run.cfg.config)
-    spec = NetSpec(cfg.config, cfg.init, {"": None, "net": False, "net_ema": True}[cfg.ema_weights], cfg.lora,
-                   cfg.lora_alpha or None, cfg.fp8, (), cfg.compile, torch.float32, run.compute_dtype, cfg.seed)
+    spec = NetSpec(config=cfg.config, init=cfg.init, ema={"": None, "net": False, "net_ema": True}[cfg.ema_weights],
+                   lora=cfg.lora, lora_alpha=cfg.lora_alpha or None, fp8=cfg.fp8, sac_modes=(), compile=cfg.compile,
+                   dtype=torch.float32, base_dtype=run.compute_dtype, seed=cfg.seed)
     net = meta_net(spec)
     spec.sac_modes = sac.block_modes(cfg.sac, cfg.sac_every, mcfg.num_blocks)
     if cfg.sac == "auto":  # rank 0's choice for all ranks
         latent = (cfg.batch_size, mcfg.in_channels, max(run.views, 1) * vae_lib.latent_frames(cfg.frames), cfg.height // 8,
                   cfg.width // 8)
-        auto = collectives.agree("--sac auto", lambda: plan.auto_plan(net, run.world, run.device, run.compute_dtype, latent,
+        auto = collectives.agree("--sac auto", lambda: sac.auto_plan(net, run.world, run.device, run.compute_dtype, latent,
                                                                cfg.text_len, cfg.lora, cfg.mem_budget, cfg.fp8)[1],
                           share=True)
         run.say(auto.why)
@@ -518,11 +521,12 @@ def main(argv=None):
         run.say(f"evaluated the resumed checkpoint step {start_step}: {result}")
     if start_step == 0 and cfg.init != "random":
         check_init(run, net, batches[0])
-    loop = Loop(run, net, params, objective, sampler, lambda: to_latent(next(loader)), held_out, ema, extra_state,
-                sac_modes, n_train < len(dataset),
-                lambda done: write_sample(net, vae, getattr(dataset, "clips", dataset), eval_ids[0], cfg, neg_text,
-                                          objective.guidance, os.path.join(cfg.out, f"sample_{done:08d}.mp4"),
-                                          run.master))
+    loop = Loop(run=run, net=net, params=params, objective=objective, sampler=sampler,
+                next_batch=lambda: to_latent(next(loader)), held_out=held_out, ema=ema, extra_state=extra_state,
+                sac_modes=sac_modes, has_holdout=n_train < len(dataset),
+                write_sample=lambda done: write_sample(net, vae, getattr(dataset, "clips", dataset), eval_ids[0], cfg,
+                                                       neg_text, objective.guidance,
+                                                       os.path.join(cfg.out, f"sample_{done:08d}.mp4"), run.master))
     history = train_loop(loop, start_step)
     if run.distributed:
         dist.barrier()  # rank 0 may still be writing markers and plots: tear the group down together
@@ -536,12 +540,12 @@ def main(argv=None):
 # The loop: step -> EMA -> row -> save and evaluate -> log -> sample; a signal finishes the step, saves, exits 0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Loop:
     run: Run
     net: object
     params: list
-    objective: sft.Objective
+    objective: Objective
     sampler: object
     next_batch: object
     held_out: object

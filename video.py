@@ -12,6 +12,7 @@ import tempfile
 
 import imageio_ffmpeg
 import numpy as np
+import torch
 
 
 def fsync_dir(path):
@@ -112,3 +113,18 @@ def read_clip(path: str, start: int, frames: int, height: int, width: int, fit: 
         raise ClipError(f"decode_error: {len(errors)} error line(s) decoding frames {start}..{start + frames - 1} "
                         f"(ffmpeg rc 0): {errors[0]}")
     return clip
+
+
+def write_mp4(path, video_3_T_H_W, fps=16):
+    """Write a [3,T,H,W] video in [-1,1] as H.264 mp4 (yuv420p: sides rounded down to even)."""
+    import imageio.v2 as imageio
+    frames = ((video_3_T_H_W.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    frames = frames.permute(1, 2, 3, 0).cpu().numpy()  # [T,H,W,3]
+    H, W = frames.shape[1] // 2 * 2, frames.shape[2] // 2 * 2
+    tmp = path + ".tmp.mp4"
+    with imageio.get_writer(tmp, fps=fps, codec="libx264", quality=8, pixelformat="yuv420p",
+                            macro_block_size=1) as writer:
+        for frame in frames[:, :H, :W]:
+            writer.append_data(frame)
+    os.replace(tmp, path)  # a reader never sees a half-written file
+    return path

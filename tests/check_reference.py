@@ -33,10 +33,11 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ckpt  # noqa: E402
-import sample  # noqa: E402
+import edm  # noqa: E402
 from camera import plucker_map  # noqa: E402
 from inits import config_from_upstream, get_config  # noqa: E402
-from model import Condition, DiT, Timesteps, condition_mask, denoise  # noqa: E402
+from edm import denoise  # noqa: E402
+from model import Condition, DiT, Timesteps, condition_mask  # noqa: E402
 
 BOUND = 2e-5
 CAMERA_BOUND = 1e-6  # the reference README: fp64 from-formula Pluecker rays differ by 3.8e-7
@@ -248,7 +249,7 @@ def check_sampler(ref_dir):
     results = []
     for steps, sched in info["rf_ab2_sigma_schedule"].items():
         if steps.isdigit():
-            ours = sample.karras_sigmas(int(steps))
+            ours = edm.karras_sigmas(int(steps))
             results.append((f"karras sigmas n={steps}", max_abs(ours, torch.tensor(sched["sigmas_float64"], dtype=torch.float64)),
                             1e-12))
     ref_path = os.path.join(ref_dir, "v2w_denoise_sampler_ref.safetensors")
@@ -268,15 +269,15 @@ def check_sampler(ref_dir):
     eps = (ref["in.xt_B_C_T_H_W"] - x0) / sigma
     results += [("denoise x0", max_abs(x0, ref["out.x0_pred"]), BOUND),
                 ("denoise eps", max_abs(eps, ref["out.eps_pred"]), BOUND)]
-    noise = sample.initial_noise(tuple(gt.shape), seed=0)
+    noise = edm.initial_noise(tuple(gt.shape), seed=0)
     results.append(("sampler initial noise", max_abs(noise, ref["samp.initial_sample"]), 0.0))
-    x0_fn = sample.guided_x0_fn(net, cond, 7.0)
+    x0_fn = edm.guided_x0_fn(net, cond, 7.0)
     steps = {}
 
     def record(i, x, x0_pred):
         steps[i] = (x, x0_pred)
 
-    final = sample.sample(x0_fn, noise, num_steps=35, callback=record)
+    final = edm.sample_x0(x0_fn, noise, num_steps=35, callback=record)
     # The guided x0 = (1+g) x0_cond - g x0_uncond amplifies each network call's fp32 rounding (ours and upstream's
     # outputs are each 2-4e-6 from an fp64 evaluation of the same net) by up to 1+g; the bound scales with it.
     guided_bound = BOUND * (1 + 7.0)
@@ -293,7 +294,7 @@ def check_sampler_step(path):
     sigmas = ref["sigmas_35_float64"]
     x, x0_prev, results = ref["in.sample0"], None, []
     for i in range(3):
-        x, x0_prev = sample.sampler_step(ref[f"in.x0_pred_step{i}"], i, x, x0_prev, sigmas)
+        x, x0_prev = edm.sampler_step(ref[f"in.x0_pred_step{i}"], i, x, x0_prev, sigmas)
         results.append((f"step {i} sample", max_abs(x, ref[f"out.sample_after_step{i}"]), BOUND))
         results.append((f"step {i} x0_prev", max_abs(x0_prev, ref[f"out.x0_prev_after_step{i}"]), BOUND))
     return results

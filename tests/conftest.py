@@ -3,9 +3,11 @@ import sys
 
 import pytest
 
-# tests import the flat top-level modules (model.py, ckpt.py, ...) and the helpers beside them
+# tests import the flat top-level modules (model.py, ckpt.py, ...), the benchmarks (benchmarks/bench.py, ...) and
+# the helpers beside them
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
 sys.path.insert(0, HERE)
 
 

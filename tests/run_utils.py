@@ -29,7 +29,7 @@ def in_process(module, argv):
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     threads, prog = torch.get_num_threads(), sys.argv[0]
     torch.set_num_threads(1)
-    sys.argv[0] = os.path.join(ROOT, module.__name__ + ".py")  # "train.py: error: ..." as from the script
+    sys.argv[0] = module.__file__  # "train.py: error: ..." as from the script
     code = None
     try:
         with torch.random.fork_rng(devices=[]), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -84,8 +84,9 @@ def check(proc):
 
 
 def suggested(message):
-    """The commands a one-line error suggests (`python X.py ARGS` in backticks), as [(module name, argv)], so a test
-    can run each and see that the fix it names works."""
+    """The commands a one-line error suggests (`python X.py ARGS` or `python DIR/X.py ARGS` in backticks), as
+    [(module name, argv)], so a test can run each and see that the fix it names works."""
     import re
     import shlex
-    return [(m.group(1), shlex.split(m.group(2))) for m in re.finditer(r"`python (\w+)\.py ?([^`]*)`", message)]
+    found = re.finditer(r"`python (?:\w+/)?(\w+)\.py ?([^`]*)`", message)
+    return [(m.group(1), shlex.split(m.group(2))) for m in found]

@@ -1,4 +1,4 @@
-"""bench.py --world N (the planner) and plan.py against reality on CPU: W = 1 equals a run without process group,
+"""bench.py --world N (the planner) and sac.py against reality on CPU: W = 1 equals a run without process group,
 a real gloo 2-rank run holds exactly the per-rank bytes the planner predicts, and the FSDP traffic formula equals
 the bytes the collectives are handed (counted at dispatch). docs/memory.md, "Before you queue a job", has the model.
 """
@@ -10,7 +10,7 @@ import torch
 import build
 import bench
 import collectives
-import plan
+import sac
 from dist_utils import run_dist
 from inits import get_config
 from lora import add_lora
@@ -63,7 +63,7 @@ def test_traffic_by_hand():
     net, world = meta_model(0), 2
     size = lambda m: sum(p.numel() for p in m.parameters()) * 4  # noqa: E731 (tiny: every dim 0 splits evenly)
     blocks = size(net.blocks[0]) + size(net.blocks[1])
-    t = plan.fsdp_traffic(net, world, torch.float32, 100.0)
+    t = sac.fsdp_traffic(net, world, torch.float32, 100.0)
     assert t["allgather_bytes"] == size(net) + size(net.blocks[0])
     assert t["reduce_scatter_bytes"] == size(net)
     edge = 2 * (size(net) - blocks - size(net.final_layer) + size(net.blocks[0]))  # root and block 0, AG + RS
@@ -83,10 +83,10 @@ def _gloo_step(rank, world):
         trainable = [p for p in net.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=1e-5)
         batch = bench.make_batch(args, net.cfg, torch.device("cpu"), torch.float32)
-        with plan.CollectiveBytes() as counted:
+        with sac.CollectiveBytes() as counted:
             bench.train_step(net, batch, trainable)
             optimizer.step()
-        out[lora] = dict(state=plan.state_measured(net, optimizer), allgather=counted.allgather,
+        out[lora] = dict(state=sac.state_measured(net, optimizer), allgather=counted.allgather,
                          reduce_scatter=counted.reduce_scatter)
     return out
 
@@ -96,7 +96,7 @@ def test_gloo_two_ranks_hold_what_the_planner_predicts():
     for lora in (0, 3):
         planned = run("--world", "2", "--lora", str(lora))
         for r in range(2):
-            assert ranks[r][lora]["state"] == plan.state_formula(meta_model(lora), 2, r)
+            assert ranks[r][lora]["state"] == sac.state_formula(meta_model(lora), 2, r)
             assert ranks[r][lora]["allgather"] == planned["allgather_bytes"]
             assert ranks[r][lora]["reduce_scatter"] == planned["reduce_scatter_bytes"]
         assert ranks[0][lora]["state"] == planned["state_measured_rank0"]
@@ -115,8 +115,8 @@ def test_auto_plan_takes_camera_configs():
     """train.py may plan an agibot (camera) net: the meta forward gets camera maps, cam_encoder is in the block."""
     with torch.device("meta"):
         net = DiT(get_config("p25-tiny-agibot"))
-    costs, auto, fixed = plan.auto_plan(net, 2, torch.device("cpu"), torch.float32, (1, 16, 6, 8, 8), 8, 0, 1.0)
-    assert len(auto.modes) == 2 and fixed > sum(plan.state_formula(net, 2, 0).values())
+    costs, auto, fixed = sac.auto_plan(net, 2, torch.device("cpu"), torch.float32, (1, 16, 6, 8, 8), 8, 0, 1.0)
+    assert len(auto.modes) == 2 and fixed > sum(sac.state_formula(net, 2, 0).values())
     assert costs["none"].saved_bytes > costs["block"].saved_bytes > 0
 
 
@@ -161,7 +161,7 @@ def test_views_step_feeds_the_camera_net_its_stacked_latent_and_map(capsys):
 @pytest.mark.parametrize("world,cp,sac,net", [(8, 4, "block", "tiny-h4"), (4, 2, "none", "tiny-h4"),
                                                (4, 2, "selective", "tiny-h4"), (4, 2, "block", "p25-tiny-agibot")])
 def test_cp_plan_alltoall_formula_equals_counted(world, cp, sac, net):
-    """--cp C: rank 0 runs 1/C of the frames; the all-to-all bytes it hands the cp group equal plan.cp_traffic (a
+    """--cp C: rank 0 runs 1/C of the frames; the all-to-all bytes it hands the cp group equal sac.cp_traffic (a
     block recomputed under SAC replays its exchange), and the FSDP formulas still hold over the dp x cp ranks. The
     camera net: 3 views x 2 latent frames stacked on time, its camera map split with them."""
     shape = ["--frames", "13"] if net == "tiny-h4" else ["--views", "3"]
@@ -182,9 +182,9 @@ def test_cp_traffic_by_hand():
     """tiny-h4 at latent [1, 16, 4, 8, 8]: L = 4 x 4 x 4 = 64 tokens of width 64; per self-attention 4 tensors of
     L/C x D fp32 in forward and 4 in backward, 2 blocks, plus 4 per recomputed block."""
     cfg = get_config("tiny-h4")
-    one = plan.cp_traffic(cfg, (1, 16, 4, 8, 8), 1, torch.float32, 0, 100.0)
+    one = sac.cp_traffic(cfg, (1, 16, 4, 8, 8), 1, torch.float32, 0, 100.0)
     assert one == dict(alltoall_bytes=0, cp_link_bytes_per_rank=0, cp_comm_s=0.0)
-    t = plan.cp_traffic(cfg, (1, 16, 4, 8, 8), 2, torch.float32, 1, 100.0)
+    t = sac.cp_traffic(cfg, (1, 16, 4, 8, 8), 2, torch.float32, 1, 100.0)
     handed = 4 * (64 // 2) * 64 * 4 * (2 * 2 + 1)
     assert t["alltoall_bytes"] == handed and t["cp_link_bytes_per_rank"] == handed // 2
     assert t["cp_comm_s"] == pytest.approx(handed / 2 / 100e9)

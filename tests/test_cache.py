@@ -41,9 +41,9 @@ def one_thread():  # before the module's fixtures: the tiny VAE is ~10x slower o
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     import stitch
-    import synthetic
+    import lerobot
     root = tmp_path_factory.mktemp("cache_data")
-    synthetic.make_synthetic(str(root / "src"), lengths=(24, 20, 8, 28), cameras=True)
+    lerobot.make_synthetic(str(root / "src"), lengths=(24, 20, 8, 28), cameras=True)
     for layout in ("grid", "views"):
         stitch.stitch(str(root / "src"), str(root / layout), stride=4, frames=FRAMES, size=f"{SIZE[0]}x{SIZE[1]}",
                       workers=1, layout=layout)

@@ -26,7 +26,8 @@ import resume
 from dist_utils import run_dist
 from inits import get_config
 from lora import add_lora
-from model import Condition, DiT, denoise
+from edm import denoise
+from model import Condition, DiT
 from run_utils import in_process
 
 # tiny, with an odd dim 0 (crossattn_proj.0: 33 rows -> 17 + 16 on 2 ranks)

@@ -78,7 +78,7 @@ def test_camera_views_of_a_grid_and_of_views():
 
 
 def test_held_out_stems_and_guidance_as_train_computes_them():
-    videos = [data.Video(f"v{i:03d}", "", "", 9) for i in range(120)]
+    videos = [data.Video(stem=f"v{i:03d}", path="", prompt="", frames=9) for i in range(120)]
     assert evaluate.held_out_stems(videos, -1) == {"v118": 118, "v119": 119}  # 2%, the last in order
     assert evaluate.held_out_stems(videos[:10], -1) == {"v009": 9}  # at least one
     assert evaluate.held_out_stems(videos, 0) == {}

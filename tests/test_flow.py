@@ -5,6 +5,7 @@ the p25_v2w_proj network they were made with (tests/data/flow_p25_v2w_proj.weigh
 import math
 import os
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ import flow
 import inits
 from inits import DiTConfig
 from model import Condition, DiT, condition_mask
+
+DROPOUT = SimpleNamespace(text_dropout=0.2)  # the TrainConfig field flow.training_loss reads
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 REF = load_file(os.path.join(DATA, "flow_ref.safetensors"))
@@ -102,10 +105,10 @@ def test_conditional_frames_add_exact_zeros(net):
 def test_training_loss_seeded_and_differentiable(net):
     latent = torch.randn(2, 16, 3, 4, 4, generator=torch.Generator().manual_seed(3))
     text = torch.randn(2, 12, 120)
-    a = flow.training_loss(net, latent, Condition(text), [11, 12], text_dropout=0.2)
-    b = flow.training_loss(net, latent, Condition(text), [11, 12], text_dropout=0.2)
+    a = flow.training_loss(net, latent, Condition(text), [11, 12], DROPOUT)
+    b = flow.training_loss(net, latent, Condition(text), [11, 12], DROPOUT)
     assert torch.equal(a, b) and a.requires_grad  # a graph to train through
-    assert not torch.equal(a, flow.training_loss(net, latent, Condition(text), [11, 13], text_dropout=0.2))
+    assert not torch.equal(a, flow.training_loss(net, latent, Condition(text), [11, 13], DROPOUT))
 
 
 # ---------------------------------------------------------------------------------------------- sampler
@@ -243,8 +246,9 @@ def test_multiview_camera_loss_and_sampler_run_on_a_camera_net():
     mask_fn = lambda x, n: flow.multiview_condition_mask(x, 3, n)  # noqa: E731
     with torch.no_grad():
         cond = Condition(text, conditional_frame_timestep=0.1, camera=camera)
-        a = flow.training_loss(cam_net, latent, cond, [5], 0.0, condition_mask_fn=mask_fn)
-        b = flow.training_loss(cam_net, latent, replace(cond, camera=camera * 2), [5], 0.0, condition_mask_fn=mask_fn)
+        no_dropout = SimpleNamespace(text_dropout=0.0)  # the camera selects the views' frame-init mask (mask_fn's)
+        a = flow.training_loss(cam_net, latent, cond, [5], no_dropout)
+        b = flow.training_loss(cam_net, latent, replace(cond, camera=camera * 2), [5], no_dropout)
         assert torch.isfinite(a) and a != b
         cond = replace(cond, neg_crossattn_emb=torch.zeros_like(text), gt_frames=latent,
                        condition_mask=mask_fn(latent, 1))
@@ -261,5 +265,5 @@ def test_rf_step_mean_is_the_ddim_form():
     sigma, sigma_next = 0.8, 0.6
     x = (1 - sigma) * x0 + sigma * eps
     for alpha in (sigma_next, 0.3, 0.0):  # x0_hat, eps_hat exact: mean = (1 - s') x0 + alpha eps
-        torch.testing.assert_close(flow.step_mean(x, x0, sigma, sigma_next, alpha), (1 - sigma_next) * x0 + alpha * eps)
+        torch.testing.assert_close(flow.mean_from_x0(x, x0, sigma, sigma_next, alpha), (1 - sigma_next) * x0 + alpha * eps)
     assert math.isclose(flow.edm_sigma(0.5), 1.0)

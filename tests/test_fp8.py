@@ -175,13 +175,13 @@ def test_lora_init_does_not_depend_on_the_sharding():
 def test_auto_plan_counts_the_fp8_base_whole_on_every_rank():
     """train.py --fp8 keeps the frozen base out of FSDP (whole on each rank, 1 B per weight): --sac auto's fixed bytes
     must say so, or a plan at W = 8 would count 1/8 of it in bf16 and promise memory that is not there."""
-    import plan
-    from plan import shard_numel
+    import sac
+    from sac import shard_numel
     with torch.device("meta"):
         net = build_model(get_config("tiny"))
     add_lora(net, 4)
     args = (net, 8, torch.device("cpu"), torch.float32, (1, 16, 3, 8, 8), 8, 4, 1.0)
-    fixed_bf16 = plan.auto_plan(*args)[2]
-    fixed_fp8 = plan.auto_plan(*args, fp8=True)[2]
+    fixed_bf16 = sac.auto_plan(*args)[2]
+    fixed_fp8 = sac.auto_plan(*args, fp8=True)[2]
     base = [m.weight for m in net.modules() if isinstance(m, LoRALinear)]
     assert fixed_fp8 - fixed_bf16 == sum(p.numel() + 4 * p.shape[0] - shard_numel(p, 8, 0) * 4 for p in base) > 0

@@ -11,8 +11,8 @@ import reward
 from inits import get_config
 from lora import add_lora, set_lora_enabled
 from model import Condition, build_model, condition_mask
-from rollout import LOG_SQRT_2PI, gaussian_log_prob, rollout_group, step_coefficients, step_mean
-from sample import guided_x0_fn, karras_sigmas
+from edm import guided_x0_fn, karras_sigmas, step_mean
+from rollout import LOG_SQRT_2PI, gaussian_log_prob, rollout_group, step_coefficients
 
 LATENT = (16, 3, 4, 4)  # C, T, H, W: 3 latent frames, the first one conditioning
 
@@ -401,7 +401,7 @@ def test_fast_window_with_shared_latent():
     with torch.no_grad():
         for i in range(start):
             x0 = guided_x0_fn(net, ro.cond, cfg.guidance)(x, torch.full((1,), ro.sigmas[i]))
-            x = step_mean(x, x0, ro.sigmas[i], ro.alphas[i])
+            x = step_mean(x, x0, ro.sigmas[i], ro.sigmas[i + 1], ro.alphas[i])
     assert torch.equal(x[0], ro.states[2, start])
     # a fixed window start (the same on every FSDP rank)
     fixed = rollout_group(net, ro.cond, LATENT, cfg, torch.Generator().manual_seed(5), window_start=2)
@@ -567,15 +567,15 @@ def test_p25_coefficients_preserve_the_noise_level_and_end_on_x0():
     sig = [float(s) for s in flow.time_grid("shift", 8)[0]]
     for sde, eta in (("ddim_eta", 0.5), ("ddim_eta", 1.0), ("cps", 0.7)):
         for i in range(7):
-            a, b = step_coefficients(sde, sig[i], sig[i + 1], eta, rectified=True)
+            a, b = step_coefficients(sde, sig[i], sig[i + 1], eta, flow)
             assert b > 0 and math.isclose(a * a + b * b, sig[i + 1] ** 2, rel_tol=1e-12)
-        assert step_coefficients(sde, sig[7], 0.0, eta, rectified=True) == (0.0, 0.0)  # the step onto x0
+        assert step_coefficients(sde, sig[7], 0.0, eta, flow) == (0.0, 0.0)  # the step onto x0
     # eta 1 is the exact posterior of the RF interpolation, i.e. the EDM one in s = sigma / (1 - sigma), scaled
     s, s_next = flow.edm_sigma(sig[2]), flow.edm_sigma(sig[3])
-    _, b = step_coefficients("ddim_eta", sig[2], sig[3], 1.0, rectified=True)
+    _, b = step_coefficients("ddim_eta", sig[2], sig[3], 1.0, flow)
     assert math.isclose(b, (1 - sig[3]) * s_next * math.sqrt(1 - (s_next / s) ** 2), rel_tol=1e-12)
     with pytest.raises(ValueError, match="sigma < 1"):
-        step_coefficients("ddim_eta", 1.5, 0.5, 0.5, rectified=True)
+        step_coefficients("ddim_eta", 1.5, 0.5, 0.5, flow)
 
 
 @pytest.mark.parametrize("cft", [-1.0, 0.1])

@@ -8,7 +8,8 @@ import torch
 import check_reference
 from inits import get_config
 from lora import LoRALinear, add_lora, set_lora_enabled
-from model import Condition, DiT, build_model, condition_mask, denoise, num_params
+from edm import denoise
+from model import Condition, DiT, build_model, condition_mask, num_params
 
 REF = os.path.join(os.path.dirname(__file__), "data", "reference")
 DIT_CASES = sorted(p for p in glob.glob(os.path.join(REF, "*.json"))
@@ -177,7 +178,7 @@ def test_compiled_build_never_falls_back_to_eager_and_compile_seconds_counts(mon
     import build
     monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", False)  # restored after the test
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    net = build.build(build.NetSpec("tiny", compile=True), torch.device("cpu"))
+    net = build.build(build.NetSpec(config="tiny", compile=True), torch.device("cpu"))
     assert torch._dynamo.config.fail_on_recompile_limit_hit
     assert torch._dynamo.config.recompile_limit >= build.RECOMPILE_LIMIT
     assert all(block._compiled_call_impl is not None for block in net.blocks)  # nn.Module.compile, in place

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+import build
 import grpo
 import nft
 from inits import get_config
@@ -104,8 +105,8 @@ def test_rollout_is_the_deterministic_sampler_and_the_update_trains_lora_only(co
     net, params = tiny_policy(config=config)
     cond = tiny_condition(config=config, cft=cft)
     cfg = nft.NFTConfig(group_size=3, num_steps=4, timesteps=2, kl_coef=0.1, data_coef=0.5)
-    x0 = nft.rollout_group(net, cond, LATENT, cfg, torch.Generator().manual_seed(0))
-    again = nft.rollout_group(net, cond, LATENT, cfg, torch.Generator().manual_seed(0))
+    x0 = nft.sample_group(net, cond, LATENT, cfg, torch.Generator().manual_seed(0))
+    again = nft.sample_group(net, cond, LATENT, cfg, torch.Generator().manual_seed(0))
     assert x0.shape == (3, *LATENT) and torch.equal(x0, again) and torch.isfinite(x0).all()
     assert torch.equal(x0[:, :, :1], cond.gt_frames[:, :, :1].expand(3, -1, -1, -1, -1))  # the conditioning frame
     opt = grpo.lora_optimizer(net, params, cfg)
@@ -127,7 +128,7 @@ def test_old_velocities_are_the_old_adapters_and_on_policy_reuses_the_forward():
         perturb(params)
         cond = tiny_condition()
         cfg = nft.NFTConfig(group_size=2, num_steps=4)
-        x0 = nft.rollout_group(net, cond, LATENT, cfg, torch.Generator().manual_seed(0))
+        x0 = nft.sample_group(net, cond, LATENT, cfg, torch.Generator().manual_seed(0))
         opt = grpo.lora_optimizer(net, params, cfg)
         nft.nft_update(net, opt, params, [p.detach().clone() for p in params], [cond], [x0],
                        [torch.tensor([1.0, -1.0])], cfg, torch.Generator().manual_seed(1), old_is_current)
@@ -174,7 +175,7 @@ def test_kl_reference_is_the_lora_disabled_base():
     cond = tiny_condition()
     x0 = torch.randn(1, *LATENT)
     eps = torch.randn(1, *LATENT)
-    level = nft.rollout_grid(cond, 4)[1]
+    level = build.family(net.cfg).training_levels(4)[1]
     set_lora_enabled(net, False)
     base, _, _ = nft.forward_velocity(net, cond, x0, eps, level)
     set_lora_enabled(net, True)
@@ -205,15 +206,15 @@ def _fsdp_nft(rank, ws):
     cfg = nft.NFTConfig(group_size=2, num_steps=4)
     opt = grpo.lora_optimizer(net, params, cfg)  # (after a forward FSDP2 registers some units' unsharded copies)
     cond = tiny_condition(seed=rank)
-    x0 = nft.rollout_group(net, cond, LATENT, cfg, torch.Generator().manual_seed(rank))
+    x0 = nft.sample_group(net, cond, LATENT, cfg, torch.Generator().manual_seed(rank))
     with torch.no_grad():
         old = [p.detach().clone() * 0 for p in params]  # the base (B = 0 and A = 0): its velocity differs
     with nft.adapters(net, params, old):
-        swapped = nft.frozen_velocities(net, [cond], [nft.rollout_grid(cond, 4)], [x0[:1]],
+        swapped = nft.frozen_velocities(net, [cond], [build.family(net.cfg).training_levels(4)], [x0[:1]],
                                         [[[(1, torch.ones(1, *LATENT))]]])[0][0][0]
     set_lora_enabled(net, False)
     with torch.no_grad():
-        base = nft.forward_velocity(net, cond, x0[:1], torch.ones(1, *LATENT), nft.rollout_grid(cond, 4)[1])[0]
+        base = nft.forward_velocity(net, cond, x0[:1], torch.ones(1, *LATENT), build.family(net.cfg).training_levels(4)[1])[0]
     set_lora_enabled(net, True)
     stats = nft.nft_update(net, opt, params, old, [cond], [x0], [torch.tensor([1.0, -1.0])], cfg,
                            torch.Generator().manual_seed(rank), False, net.set_requires_gradient_sync)

@@ -129,7 +129,7 @@ def run_cli(capsys, *flags):
 
 def pristine_state():
     """global_state of a fresh process started as the diffusers sides are (--vs on its command line), nothing run."""
-    code = "import json, peer; print(json.dumps(peer.global_state()))"
+    code = "import json, sys; sys.path.insert(0, 'benchmarks'); import peer; print(json.dumps(peer.global_state()))"
     proc = subprocess.run([sys.executable, "-c", code, "--vs"], capture_output=True, text=True, check=True,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return json.loads(proc.stdout.splitlines()[-1])
@@ -151,8 +151,8 @@ def test_bench_vs_diffusers_sides_in_fresh_processes(capsys, monkeypatch):
     assert theirs["mode"] == stock["mode"] == "GC" and theirs["trainable_params"] == ours["trainable_params"]
     assert row["parity"]["rel_rms"] < 1e-5 and row["ratio"] == pytest.approx(theirs["step_s"] / ours["step_s"], 1e-2)
     assert f"| {row['ratio']:.2f}x |" in line
-    assert theirs["cmd"].startswith("python bench.py --vs diffusers --vs-side peer")
-    assert ours["cmd"].startswith("python bench.py ") and "--vs" not in ours["cmd"]
+    assert theirs["cmd"].startswith("python benchmarks/bench.py --vs diffusers --vs-side peer")
+    assert ours["cmd"].startswith("python benchmarks/bench.py ") and "--vs" not in ours["cmd"]
     fresh = pristine_state()  # ours sets TF32 (and expandable segments) for itself
     assert theirs["global_state"] == stock["global_state"] == fresh and fresh["env"]["PYTORCH_CUDA_ALLOC_CONF"] is None
     assert not fresh["matmul_tf32"] and ours["tf32"] and stock["trainable_params"] == ours["trainable_params"]
@@ -255,7 +255,8 @@ def test_sweep_commands_forward_flags_and_let_entries_win():
     assert len(cmds) == len(peer.SWEEP) == 4
     runs = [bench.parse_args(cmd[2:]) for cmd in cmds]
     for cmd, r in zip(cmds, runs):
-        assert cmd[1].endswith("bench.py") and not r.sweep and not r.out and r.timeout == 900 and not r.tf32
+        assert cmd[1].endswith(os.path.join("benchmarks", "bench.py"))
+        assert not r.sweep and not r.out and r.timeout == 900 and not r.tf32
     assert [(r.vs, r.config, r.sac, r.lora, r.steps, r.compile, r.vs_standalone) for r in runs] == [
         ("diffusers", "v2w-2b", "selective", 0, 4, True, True), ("diffusers", "v2w-2b", "block", 0, 4, True, True),
         ("diffusers", "v2w-14b", "block", 32, 3, True, True),

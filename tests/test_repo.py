@@ -1,6 +1,7 @@
 """The repository stands alone: no tracked file sends the reader to a folder a user's clone does not have, and every
-docs/*.md that a tracked file cites exists. Its modules import one another downward: no cycle, and no function
-imports one of ours (optional third-party dependencies may be imported where they are used).
+docs/*.md that a tracked file cites exists. Its modules import one another downward: no cycle, no function imports
+one of ours (optional third-party dependencies may be imported where they are used), and benchmarks/ is imported by
+nothing outside it.
 
 What a reader needs from the specs and reference data we developed against lives in docs/ and tests/data/.
 """
@@ -11,6 +12,7 @@ import re
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHMARKS = os.path.join(ROOT, "benchmarks")
 SHARED = "shared"  # the patterns are assembled from pieces so that this file does not match itself
 OUTSIDE = ("../" + SHARED, "/work/" + SHARED, SHARED + "/specs", SHARED + "/reference")
 
@@ -64,9 +66,15 @@ def test_tests_run_in_an_empty_directory_outside_the_checkout():
     assert os.path.realpath(os.getcwd()) != os.path.realpath(ROOT) and os.listdir(os.getcwd()) == []
 
 
+def modules(folder):
+    """{module name: path} of folder's *.py (a module is named by its file's stem: the folder is on sys.path)."""
+    return {os.path.basename(f)[:-3]: f for f in sorted(glob.glob(os.path.join(folder, "*.py")))}
+
+
 def own_imports():
-    """({module: {our modules it imports anywhere}}, ["file:line: function imports module"]) of the top-level *.py."""
-    files = sorted(glob.glob(os.path.join(ROOT, "*.py")))
+    """({module: {our modules it imports anywhere}}, ["file:line: function imports module"]) of the top-level *.py
+    and benchmarks/*.py."""
+    files = [*modules(ROOT).values(), *modules(BENCHMARKS).values()]
     ours = {os.path.basename(f)[:-3] for f in files}
     graph, inside = {}, []
     for path in files:
@@ -83,8 +91,8 @@ def own_imports():
         graph[name] = {m for node in ast.walk(tree) for m in imported(node) if m in ours and m != name}
         for fn in ast.walk(tree):
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                inside += [f"{name}.py:{node.lineno}: {fn.name} imports {m}" for node in ast.walk(fn)
-                           for m in imported(node) if m in ours]
+                inside += [f"{os.path.relpath(path, ROOT)}:{node.lineno}: {fn.name} imports {m}"
+                           for node in ast.walk(fn) for m in imported(node) if m in ours]
     return graph, sorted(set(inside))
 
 
@@ -110,7 +118,20 @@ def test_imports_go_downward():
     """Our modules import each other at the top of the file, along a graph without cycles (counting imports anywhere
     in a file), so that what a module needs is visible in its header and none is loaded half-initialised."""
     graph, inside = own_imports()
-    assert {"model", "lora", "ckpt"} <= set(graph)  # the scan found the repository's modules
+    assert {"model", "lora", "ckpt", "bench", "peer"} <= set(graph)  # the scan found the modules, benchmarks/ too
     cycles = import_cycles(graph)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
     assert not inside, "functions import our modules (import them at the top): " + "; ".join(inside)
+
+
+def test_library_never_imports_benchmarks():
+    """benchmarks/ sits on top of the library: its scripts import the top-level modules, never the other way round,
+    so training runs without benchmarks/ on sys.path. No benchmarks/ module takes a top-level module's name (one would
+    shadow the other on the tests' sys.path)."""
+    library, benchmarks = modules(ROOT), modules(BENCHMARKS)
+    assert {"bench", "benchstep", "peer", "peer_net"} <= set(benchmarks) and "model" in library
+    assert not set(library) & set(benchmarks), f"named twice: {sorted(set(library) & set(benchmarks))}"
+    graph, _ = own_imports()
+    hits = [f"{name}.py imports benchmarks/{m}.py" for name in sorted(library)
+            for m in sorted(graph[name] & set(benchmarks))]
+    assert not hits, "the library imports a benchmark (move what it needs into the library): " + "; ".join(hits)

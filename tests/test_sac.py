@@ -16,7 +16,8 @@ import bench
 import sac
 from inits import get_config
 from lora import add_lora
-from model import Condition, build_model, condition_mask, denoise, model_flops
+from edm import denoise
+from model import Condition, build_model, condition_mask, model_flops
 
 
 class OpCounter(TorchDispatchMode):

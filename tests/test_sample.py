@@ -117,6 +117,7 @@ def test_generate_p25_is_flow_sample_decoded():
     import flow
     import vae as vae_lib
     from inits import get_config
+    from generate import generate
     from model import Condition, build_model, condition_mask
     torch.manual_seed(0)
     net, vae = build_model(get_config("p25-tiny")).eval(), vae_lib.build_vae("tiny", "", torch.device("cpu"),
@@ -124,14 +125,15 @@ def test_generate_p25_is_flow_sample_decoded():
     video = torch.rand(1, 3, 9, 32, 32) * 2 - 1
     text, neg = torch.randn(1, 4, 96), torch.randn(1, 4, 96)
     cond = Condition(text, neg, conditional_frame_timestep=0.1)
-    got = sample.generate(net, vae, video, cond, 2, 7.0, 3, grid="shift")
+    got = generate(net, vae, video, cond, 2, 7.0, 3, grid="shift")
     latent = vae.encode(video).float()
     x0 = flow.sample(net, flow.initial_noise(tuple(latent.shape), 3),
                      Condition(text, neg, latent, condition_mask(latent, 1), conditional_frame_timestep=0.1),
                      7.0, "shift", 2)
     assert torch.equal(got, vae.decode(x0))
-    with pytest.raises(ValueError, match="pass grid"):
-        sample.generate(net, vae, video, cond, 2)
+    p2 = build_model(get_config("tiny")).eval()
+    with pytest.raises(ValueError, match="Predict2 samples on its Karras sigmas only"):
+        generate(p2, vae, video, Condition(torch.randn(1, 4, 1024)), 2, 7.0, 3, grid="shift")
 
 
 def test_views_side_by_side_and_split_views():

@@ -19,7 +19,6 @@ import pytest
 
 import lerobot
 import stitch
-import synthetic
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 V21, V30 = os.path.join(DATA, "lerobot_v21_tiny"), os.path.join(DATA, "lerobot_v30_tiny")
@@ -175,15 +174,15 @@ def test_rerun_with_another_recipe_is_refused():
 
 
 def test_synthetic_dataset_and_csv_with_commas_quotes_newlines_non_ascii(tmp_path):
-    src = synthetic.make_synthetic(str(tmp_path / "syn"))
+    src = lerobot.make_synthetic(str(tmp_path / "syn"))
     with pytest.raises(FileExistsError):
-        synthetic.make_synthetic(src)
+        lerobot.make_synthetic(src)
     template = 'Clip: "{task}",\nsaid the robot; ✓'
     summary = stitch.stitch(src, str(tmp_path / "grid"), size="64x112", frames=9, stride=2, prompt=template)
     assert summary == {"episodes_in": 4, "written": 3, "skipped": 1, "by_reason": {"too_short": 1}, "new": 3,
                        "already_done": 0}
     records = manifest(str(tmp_path / "grid"))
-    assert {r["task_raw"] for r in records.values()} == set(synthetic.SYNTHETIC_TASKS)  # raw tasks survive as JSON
+    assert {r["task_raw"] for r in records.values()} == set(lerobot.SYNTHETIC_TASKS)  # raw tasks survive as JSON
     with open(tmp_path / "grid" / "metadata.csv", encoding="utf-8", newline="") as f:
         rows = list(csv.reader(f))
     assert [tuple(r) for r in rows[1:]] == [(f"videos/{s}.mp4", records[s]["prompt"]) for s in sorted(records)]
@@ -280,7 +279,7 @@ def test_layout_detection_and_subsets(tmp_path):
 
 
 def test_bench_runs_from_the_command_line(tmp_path, capsys):
-    src = synthetic.make_synthetic(str(tmp_path / "syn"), lengths=(20,))
+    src = lerobot.make_synthetic(str(tmp_path / "syn"), lengths=(20,))
     assert stitch.main(["--bench", src, "--size", "48x80", "--frames", "5", "--stride", "2"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["episodes_written"] == 1 and result["ratio_wall"] > 0 and result["ratio_cpu"] > 0
@@ -378,7 +377,7 @@ def stitched_views(cameras: bool = True) -> tuple:
     stride 2: (src, out, summary); test_data reads it too."""
     src = os.path.join(ROOT_TMP, f"syn_cam{int(cameras)}")
     if not os.path.exists(src):
-        synthetic.make_synthetic(src, lengths=(30, 40, 8), cameras=cameras)
+        lerobot.make_synthetic(src, lengths=(30, 40, 8), cameras=cameras)
     out = os.path.join(ROOT_TMP, f"views_cam{int(cameras)}")
     return src, out, stitch.stitch(src, out, size=f"{VIEW_SIZE[0]}x{VIEW_SIZE[1]}", frames=9, stride=2, workers=1,
                                    layout="views")
@@ -404,7 +403,7 @@ def test_views_are_separate_aligned_videos_with_their_cameras_per_output_frame()
             assert list(f["views"]) == list(lerobot.SLOTS)
             assert f["w2c"].shape == (3, rec["n_out"], 3, 4) and f["intrinsics"].shape == (3, rec["n_out"], 4)
             for camera in (1, 2, 3):  # output frame j carries source frame 2j's parameters, at the output size
-                want = synthetic.synthetic_w2c(camera, 2 * np.arange(rec["n_out"]))
+                want = lerobot.synthetic_w2c(camera, 2 * np.arange(rec["n_out"]))
                 np.testing.assert_allclose(f["w2c"][camera - 1], want, atol=1e-6)
                 np.testing.assert_allclose(f["intrinsics"][camera - 1], np.tile(
                     [128 * 112 / 160, 128 * 64 / 90, 80 * 112 / 160, 45 * 64 / 90], (rec["n_out"], 1)), rtol=1e-6)
@@ -457,9 +456,10 @@ def droid_port(tmp_path, n: int = 12, shape: int = 6, cameras=("exterior_1_left"
     features = {f"camera_extrinsics.{c}": {"dtype": "float32", "shape": [shape]} for c in cameras}
     names = ("exterior_1_left", "exterior_2_left", "wrist_left")
     cams = {s: f"observation.images.{c}" for s, c in zip(lerobot.SLOTS, names)}
-    source = lerobot.Source(str(tmp_path), "t", "v2", 15, cams, {s: (180, 320) for s in cams}, {}, [],
-                            lerobot.camera_columns(features, cams, "info.json"))
-    return source, lerobot.Episode(0, n, [], path, {}), poses
+    source = lerobot.Source(root=str(tmp_path), name="t", layout="v2", fps=15, cams=cams,
+                            cam_hw={s: (180, 320) for s in cams}, task_table={}, episodes=[],
+                            cam_params=lerobot.camera_columns(features, cams, "info.json"))
+    return source, lerobot.Episode(index=0, length=n, tasks=[], data_path=path, segments={}), poses
 
 
 def test_droid_port_extrinsics_are_read_inverted_and_rescaled(tmp_path):

@@ -17,9 +17,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import build
-from inits import is_p25
 from lora import LORA_TARGETS, LoRALinear, add_lora
-from model import Condition, denoise
+from edm import denoise
+from model import Condition
 from vae import LATENT_MEAN, LATENT_STD
 
 MISSING = "bench.py --vs diffusers needs diffusers (pip install diffusers==0.42.1); it is a benchmark-only dependency"
@@ -125,7 +125,7 @@ def load_into(peer, ours, table):
 
 def transformer_kwargs(cfg):
     """CosmosTransformer3DModel's config for one of our Predict2 DiTConfigs; what it cannot express is refused."""
-    if is_p25(cfg) or cfg.camera_channels or cfg.fp32_time_modulation:
+    if cfg.camera_channels or cfg.fp32_time_modulation:  # Predict2.5 (fp32_time_modulation, agibot's cameras)
         raise ValueError("--vs diffusers compares the Predict2 network (--config v2w-*, t2i-*, tiny): Predict2.5 "
                          "configs need fp32 time modulation and camera encoders that CosmosTransformer3DModel lacks")
     if not cfg.use_adaln_lora or cfg.extra_per_block_abs_pos_emb or cfg.crossattn_proj_in_channels != \
@@ -213,7 +213,7 @@ class PeerNet(nn.Module):
 def weights(b, device, dtype):
     """The DiT bench.build_net times, values only: the same build (build.py), LoRA and seeded init (so the same
     numbers), without checkpointing or compile (the handover to diffusers takes the tensors, not the module)."""
-    return build.build(build.NetSpec(b.config, lora=b.lora, dtype=dtype, seed=b.seed), device)
+    return build.build(build.NetSpec(config=b.config, lora=b.lora, dtype=dtype, seed=b.seed), device)
 
 
 def velocity(net, batch):

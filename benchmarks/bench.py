@@ -1,14 +1,14 @@
 """Memory and speed of one DiT training step at the DROID shape, and "will my job fit?" for N ranks.
 
-    python bench.py --config v2w-2b --sac selective                  # one JSON line
-    python bench.py --config v2w-14b --lora 32 --sac block --steps 3
-    python bench.py --sweep --out bench.jsonl                        # the BENCHMARKS.md table, one subprocess each
-    python bench.py --device cpu --dtype float32 --config tiny --frames 9 --height 64 --width 64 --text-len 16
-    python bench.py --ckpt-load --size-gb 28 --dir /tmp/x --format pt  # ckpt.load vs `cat file > /dev/null`
-    python bench.py --world 8 --config v2w-14b --sac block           # the planner: a table, then one JSON line
-    python bench.py --world 8 --config v2w-14b --sac auto --mem-budget 75   # fastest checkpointing mix in 75 GiB
-    python bench.py --world 8 --cp 8 --config v2w-14b --height 704 --width 1280 --sac block   # 720p, one sample on 8
-    python bench.py --grpo 4 --config v2w-14b --lora 32 --fp8 --sac block --compile   # GRPO's calls, per layout
+    python benchmarks/bench.py --config v2w-2b --sac selective          # one JSON line
+    python benchmarks/bench.py --config v2w-14b --lora 32 --sac block --steps 3
+    python benchmarks/bench.py --sweep --out bench.jsonl                # the BENCHMARKS.md table, one subprocess each
+    python benchmarks/bench.py --device cpu --dtype float32 --config tiny --frames 9 --height 64 --width 64 --text-len 16
+    python benchmarks/bench.py --ckpt-load --size-gb 28 --dir /tmp/x --format pt   # ckpt.load vs `cat file > /dev/null`
+    python benchmarks/bench.py --world 8 --config v2w-14b --sac block   # the planner: a table, then one JSON line
+    python benchmarks/bench.py --world 8 --config v2w-14b --sac auto --mem-budget 75   # fastest mix in 75 GiB
+    python benchmarks/bench.py --world 8 --cp 8 --config v2w-14b --height 704 --width 1280 --sac block   # 720p on 8
+    python benchmarks/bench.py --grpo 4 --config v2w-14b --lora 32 --fp8 --sac block --compile   # GRPO's calls
 
 Without --world: forward + backward, no optimizer step. The model is built on `meta`, materialised in bf16 on the
 GPU with random weights (no download), and trained on random latents [1, 16, T, H/8, W/8] (T = 1 + (frames-1)/4, the
@@ -18,7 +18,7 @@ With --world N: train.py's step (fp32 master weights, collectives.shard_model's 
 ranks under a fake process group: per-rank memory, compute s/step, FSDP bytes moved and a projected step time
 (docs/memory.md, "Before you queue a job"). An out-of-memory is reported as status "OOM", not a crash. With --cp C
 rank 0 runs its 1/C of the frames through cp.py's all-to-alls (the fake group hands its input back), so memory and
-compute are its share; the exchange's bytes come from plan.cp_traffic and are added to the projected step.
+compute are its share; the exchange's bytes come from sac.cp_traffic and are added to the projected step.
 """
 import contextlib
 import dataclasses
@@ -29,6 +29,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+
+# run as `python benchmarks/bench.py`, sys.path[0] is benchmarks/: the library modules (model, build, ...) are one up
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 # before torch is imported: growable segments keep fragmentation from turning a fit into an OOM. Not under --vs, whose
 # diffusers sides (peer.py) keep the environment they were given, as a diffusers user's process would
@@ -45,11 +49,10 @@ import grpo  # noqa: E402
 import cli  # noqa: E402
 import cp  # noqa: E402
 import peer  # noqa: E402  (bench.py --vs; peer.py imports benchstep, never bench)
-import plan  # noqa: E402
 import rollout  # noqa: E402
 import sac  # noqa: E402
 from benchstep import build_net, emit, latent_shape, make_batch, timer, train_step  # noqa: E402
-from inits import get_config, is_p25  # noqa: E402
+from inits import get_config  # noqa: E402
 from lora import add_lora, quantize_base  # noqa: E402
 from model import DiT, matmul_peak, model_flops, num_params  # noqa: E402
 
@@ -116,13 +119,13 @@ def parse_args(argv=None):
 
 
 # -----------------------------------------------------------------------------
-# Planner (--world N): one train.py step as rank 0 of N ranks, on this one device; the formulas are in plan.py
+# Planner (--world N): one train.py step as rank 0 of N ranks, on this one device; the formulas are in sac.py ("Will my job fit?")
 
 
 def plan_header(b: BenchConfig, net, world, shard, traffic, cp_size):
     """The planner row's settings, sizes, formula FLOPs and memory, and FSDP traffic (before anything runs)."""
     shape, cuda = latent_shape(b), b.device == "cuda"
-    formula = [plan.state_formula(net, world, r) for r in range(world)]
+    formula = [sac.state_formula(net, world, r) for r in range(world)]
     return dict(plan=True, config=b.config, world=world, sharded=shard, lora=b.lora, compile=b.compile,
                 offload=b.offload, latent=list(shape), text_len=b.text_len, device=b.device, torch=torch.__version__,
                 gpu=torch.cuda.get_device_name() if cuda else "cpu", params=num_params(net),
@@ -145,14 +148,14 @@ def run_plan(b: BenchConfig, shard=True):
     cp_size = b.cp if shard else 1
     # train.py's network: fp32 master weights, LoRA's frozen base in the compute dtype (LoRA's fp8 base is
     # refused in main: planned in bf16)
-    spec = build.NetSpec(b.config, lora=b.lora, fp8=b.fp8 and not b.lora, compile=b.compile, base_dtype=dtype,
+    spec = build.NetSpec(config=b.config, lora=b.lora, fp8=b.fp8 and not b.lora, compile=b.compile, base_dtype=dtype,
                          seed=b.seed)
     net = build.meta_net(spec)
-    traffic = plan.fsdp_traffic(net, world, dtype, b.link_gb_s)
+    traffic = sac.fsdp_traffic(net, world, dtype, b.link_gb_s)
     res = plan_header(b, net, world, shard, traffic, cp_size)
     modes = sac.block_modes(b.sac, b.every, cfg.num_blocks)
     if b.sac == "auto":
-        costs, auto, fixed = plan.auto_plan(net, world, device, dtype, shape, b.text_len, b.lora, b.mem_budget, b.fp8)
+        costs, auto, fixed = sac.auto_plan(net, world, device, dtype, shape, b.text_len, b.lora, b.mem_budget, b.fp8)
         print(auto.why, flush=True)
         modes = auto.modes
         res.update(mem_budget_gib=b.mem_budget, auto_fixed_gib=round(fixed / 2**30, 2),
@@ -160,7 +163,7 @@ def run_plan(b: BenchConfig, shard=True):
                    auto_predicted_peak_gib=round(auto.peak_bytes / 2**30, 2))
     spec.sac_modes = tuple(modes)
     res["sac"] = {m: modes.count(m) for m in dict.fromkeys(modes)}
-    res.update(plan.cp_traffic(cfg, shape, cp_size, dtype, sum(m != "none" for m in modes), b.link_gb_s))
+    res.update(sac.cp_traffic(cfg, shape, cp_size, dtype, sum(m != "none" for m in modes), b.link_gb_s))
     if shard and world == 1:
         dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     elif shard:
@@ -181,7 +184,7 @@ def run_plan(b: BenchConfig, shard=True):
             # FLOPs only without resharding: FlopCounterMode's module hooks keep FSDP2's resharded blocks alive
             # (measured on an H200: v2w-14b W = 8 --sac block OOM at 138 GiB with it, peak 43.8 GiB without)
             count_flops = FlopCounterMode(display=False) if world == 1 else contextlib.nullcontext()
-            with plan.CollectiveBytes() as counted, count_flops as flops:
+            with sac.CollectiveBytes() as counted, count_flops as flops:
                 step()
             res.update(observed_allgather_bytes=counted.allgather, observed_reduce_scatter_bytes=counted.reduce_scatter,
                        observed_alltoall_bytes=counted.alltoall)
@@ -199,7 +202,7 @@ def run_plan(b: BenchConfig, shard=True):
             times.append(t())
         if set(modes) != {"none"}:
             sac.check_first_step(modes)
-        res.update(status="ok", state_measured_rank0=plan.state_measured(net, optimizer), loss=round(loss.item(), 5))
+        res.update(status="ok", state_measured_rank0=sac.state_measured(net, optimizer), loss=round(loss.item(), 5))
     except torch.OutOfMemoryError as e:
         res.update(status="OOM", error=str(e).split("\n")[0][:300])
     finally:
@@ -317,9 +320,9 @@ def run(b: BenchConfig):
     res["matmul_peak_tflops"] = round(peak / 1e12, 1)
     modes = sac.block_modes(b.sac, b.every, cfg.num_blocks)
     if b.sac == "auto":  # the plan with this step's resident state: weights and gradients in --dtype, no optimizer
-        net = build.meta_net(build.NetSpec(b.config, lora=b.lora, dtype=dtype))
-        costs, auto, fixed = plan.auto_plan(net, 1, device, dtype, shape, b.text_len, b.lora, b.mem_budget, b.fp8,
-                                            fixed_bytes=plan.resident_bytes(net, b.fp8))
+        net = build.meta_net(build.NetSpec(config=b.config, lora=b.lora, dtype=dtype))
+        costs, auto, fixed = sac.auto_plan(net, 1, device, dtype, shape, b.text_len, b.lora, b.mem_budget, b.fp8,
+                                            fixed_bytes=sac.resident_bytes(net, b.fp8))
         print(auto.why, flush=True)
         modes = auto.modes
         res.update(sac={m: modes.count(m) for m in dict.fromkeys(modes)}, mem_budget_gib=b.mem_budget,
@@ -393,10 +396,13 @@ def run_grpo(b: BenchConfig):
     cond = dataclasses.replace(batch["cond"], neg_crossattn_emb=torch.randn(
         batch["cond"].crossattn_emb.shape, device=device, generator=g).to(dtype))
     gcfg = grpo.GRPOConfig(group_size=K, num_steps=2, recompute_old_logp=True)
-    sigmas = [80.0, 40.0, 0.002]
-    (alpha, beta), last = rollout.step_coefficients("ddim_eta", 80.0, 40.0, 0.5), (0.002, 0.0)
-    states = sigmas[0] * torch.randn(K, 3, *shape, device=device, generator=g)
-    ro = rollout.Rollout(cond=cond, sigmas=sigmas, alphas=[alpha, last[0]], betas=[beta, last[1]], train_steps=[0],
+    family = build.family(cfg)  # its 2-step rollout grid: a stochastic step 0, a deterministic last step
+    sigmas, timesteps = family.rollout_grid(2)
+    (alpha, beta), last = [rollout.step_coefficients("ddim_eta", sigmas[i], sigmas[i + 1], eta, family)
+                           for i, eta in enumerate((0.5, 0.0))]
+    states = family.initial_state(torch.randn(K, 3, *shape, device=device, generator=g))
+    ro = rollout.Rollout(cond=cond, family=family, sigmas=sigmas, timesteps=timesteps, alphas=[alpha, last[0]],
+                         betas=[beta, last[1]], train_steps=[0],
                          states=states, log_probs=torch.zeros(K, 2, device=device), x0_final=None,
                          uncond={(k, 0): torch.randn(1, *shape, device=device, generator=g) for k in range(K)},
                          old_log_probs=torch.zeros(K, 2, device=device))
@@ -454,7 +460,7 @@ def sweep(b: BenchConfig, argv):
                 res = dict(args=entry, status="error", rc=proc.returncode, stderr=proc.stderr[-1500:])
         except subprocess.TimeoutExpired:
             res = dict(args=entry, status="timeout", timeout_s=b.timeout)
-        res["cmd"] = "python bench.py " + " ".join([*forwarded, *entry.split()])
+        res["cmd"] = "python benchmarks/bench.py " + " ".join([*forwarded, *entry.split()])
         emit(res, b.out)
 
 
@@ -462,10 +468,10 @@ def sweep(b: BenchConfig, argv):
 def parity(b: BenchConfig):
     """The upstream v2w reference case (CPU fp32 outputs) run here in fp32, bf16 and bf16 with the fp8 base (--fp8):
     how close is this device, and what does fp8 add to bf16's error?"""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
     import check_reference
     from safetensors.torch import load_file
-    stem = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests", "data", "reference", "v2w_lora_cond")
+    stem = os.path.join(ROOT, "tests", "data", "reference", "v2w_lora_cond")
     case, io = json.load(open(stem + ".json")), load_file(stem + ".io.safetensors")
     res = dict(parity="v2w_lora_cond", device=b.device, torch=torch.__version__)
     for dtype, quantized in ((torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)):
@@ -477,7 +483,7 @@ def parity(b: BenchConfig):
         kwargs = {k: v.to(b.device) if torch.is_tensor(v) else v for k, v in kwargs.items()}
         activity = torch.profiler.ProfilerActivity.CUDA if b.device.startswith("cuda") else torch.profiler.ProfilerActivity.CPU
         with torch.profiler.profile(activities=[activity]) as prof:
-            out = net(**kwargs).float().cpu()
+            out = check_reference.forward(net, kwargs).float().cpu()
         ref = io["out.y_B_C_T_H_W"]
         name = str(dtype).replace("torch.", "") + ("_fp8" if quantized else "")
         res[f"{name}_max_abs"] = (out - ref).abs().max().item()
@@ -582,8 +588,8 @@ def main(argv=None):
     if b.device.startswith("cuda") and not torch.cuda.is_available():  # before any model: one line, not an assert
         raise ValueError(f"--device {b.device}: no CUDA device is visible (torch.cuda.is_available() is False): run "
                          "bench.py where a GPU is, or pass --device cpu --dtype float32 with a CPU-sized config, e.g. "
-                         "`python bench.py --world 8 --config tiny --device cpu --dtype float32 --frames 9 --height 64 "
-                         "--width 112 --text-len 16`")
+                         "`python benchmarks/bench.py --world 8 --config tiny --device cpu --dtype float32 --frames 9 "
+                         "--height 64 --width 112 --text-len 16`")
     if b.vs:  # the same step on diffusers (peer.py: the only importer of diffusers, a benchmark-only dependency)
         return peer.main(b)
     if b.fp8 and b.lora and b.world:
@@ -600,9 +606,8 @@ def main(argv=None):
         raise ValueError(f"--cp {b.cp} needs --world N (the planner runs train.py's CP step as rank 0 of N)")
     check_views(b)
     if b.grpo:
-        if b.grpo < 2 or not b.lora or is_p25(get_config(b.config)):
-            raise ValueError(f"--grpo {b.grpo}: needs K >= 2, --lora RANK and a Predict2 config (v2w-*, tiny); "
-                             f"got --lora {b.lora} --config {b.config}")
+        if b.grpo < 2 or not b.lora:
+            raise ValueError(f"--grpo {b.grpo}: needs K >= 2 and --lora RANK; got --lora {b.lora}")
         return emit(run_grpo(b), b.out)
     if b.ckpt_load:
         if not b.dir or b.format not in ("pt", "safetensors"):

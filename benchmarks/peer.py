@@ -1,15 +1,15 @@
-"""`python bench.py --vs diffusers`: our training step against diffusers', each side in its own fresh process.
+"""`python benchmarks/bench.py --vs diffusers`: our training step against diffusers', each side in a fresh process.
 
-    python bench.py --vs diffusers --config v2w-2b --sac block --compile --vs-standalone   # a table and a JSON line
-    python bench.py --vs diffusers --config v2w-14b --lora 32 --sac block --compile --steps 3 --warmup 1
-    python bench.py --vs diffusers --vs-side stock --config v2w-2b --sac block --compile    # stock diffusers alone
-    python bench.py --vs diffusers-vae                                              # WanVAE vs AutoencoderKLWan
-    python bench.py --vs diffusers --sweep --compile --timeout 1200   # the BENCHMARKS.md rows, a process each
+    python benchmarks/bench.py --vs diffusers --config v2w-2b --sac block --compile --vs-standalone   # a table + JSON
+    python benchmarks/bench.py --vs diffusers --config v2w-14b --lora 32 --sac block --compile --steps 3 --warmup 1
+    python benchmarks/bench.py --vs diffusers --vs-side stock --config v2w-2b --sac block --compile   # stock alone
+    python benchmarks/bench.py --vs diffusers-vae                                   # WanVAE vs AutoencoderKLWan
+    python benchmarks/bench.py --vs diffusers --sweep --compile --timeout 1200   # BENCHMARKS.md's rows
 
 diffusers (0.42.1) is a benchmark-only dependency (PEFT too, for the stock side's --lora), imported only here and in
 peer_net.py. The DiT case runs its sides one after the other, each in a new process, so nothing one side sets or
 leaves (flags, the SDPA priority order, compile caches, allocator state, memory) reaches another:
-- ours: `python bench.py` with the same step flags, exactly what BENCHMARKS.md measures;
+- ours: `python benchmarks/bench.py` with the same step flags, exactly what BENCHMARKS.md measures;
 - diffusers (`--vs-side peer`): peer_net.to_diffusers: a CosmosTransformer3DModel built by diffusers from its
   config, our seeded weights copied into its own parameters; benchstep.train_step drives it behind our DiT.forward
   signature (PeerNet): the same batch (benchstep.make_batch), EDM preconditioning and loss (model.denoise), forward +
@@ -252,8 +252,8 @@ def _flags(b, drop):
 
 
 def side_command(b, side):
-    """The command of one side of a --vs diffusers case: ours is plain `python bench.py` with the step flags; the
-    diffusers sides add --vs-side and keep torch's defaults (no --no-tf32)."""
+    """The command of one side of a --vs diffusers case: ours is plain `python benchmarks/bench.py` with the step
+    flags; the diffusers sides add --vs-side and keep torch's defaults (no --no-tf32)."""
     drop = {"vs", "vs_side", "vs_standalone", "vs_tolerance", "sweep", "out", "timeout"} | ({"tf32"} if side != "ours"
                                                                                            else set())
     vs = [] if side == "ours" else ["--vs", b.vs, "--vs-side", side]
@@ -268,7 +268,7 @@ def run_dit(b):
     row = {}
     for key, side in sides.items():
         row[key] = _run_json(side_command(b, side), b.timeout)
-        row[key]["cmd"] = "python bench.py " + " ".join(side_command(b, side)[2:])
+        row[key]["cmd"] = "python benchmarks/bench.py " + " ".join(side_command(b, side)[2:])
     ours = row["ours"]
     ours["mode"] = b.sac + (" + compile" if b.compile else "")
     case = f"{b.config} {f'LoRA r={b.lora}' if b.lora else 'full FT'}, --sac {b.sac}"
@@ -413,7 +413,7 @@ def sweep(b):
     rows = []
     for cmd in sweep_commands(b):
         row = _run_json(cmd, b.timeout * (2 + b.vs_standalone))  # --timeout is per side (process) of a case
-        row["cmd"] = "python bench.py " + " ".join(cmd[2:])
+        row["cmd"] = "python benchmarks/bench.py " + " ".join(cmd[2:])
         benchstep.emit(row, b.out)
         rows.append(row)
     print(table(rows), flush=True)

@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
-# Issue 23 on one H200 (at most ~9.5 min): is `bench.py --vs diffusers` now what stock diffusers gives, and why not?
-#   rows, each a JSON line in $OUT/peer.jsonl (the log, with every side's stderr, in $OUT/peer.log):
+# Our training step against diffusers' on one GPU, and where the difference comes from. A budget-bounded run of
+# `benchmarks/bench.py --vs diffusers` and its neighbours; each row is a JSON line in $OUT/peer.jsonl (the log, with
+# every side's stderr, in $OUT/peer.log):
 #   1. sdpa_probe x2: the SDPA backend (and its fwd+bwd time at v2w-2b's self-attention) in a fresh process, and in
-#      one where our attention (model.attention, its sdpa_kernel(set_priority=True)) ran first: the old handicap
+#      one where our attention (model.attention, its sdpa_kernel(set_priority=True)) ran first: does ours change
+#      what a later SDPA call picks? (it once did: benchmarks/peer.py's docstring)
 #   2. v2w-2b full FT, --sac block + compile: ours | in-bench diffusers (GC + compile) | stock diffusers, agreement
 #   3. v2w-14b LoRA r=32, --sac block + compile, bf16: the same three (stock LoRA: PEFT)
 #   4. v2w-2b --sac selective + compile, ours only (its ratio against row 2's diffusers sides, in the summary)
 #   5. v2w-14b LoRA r=32 --fp8, block + compile, ours only (against row 3's); skipped when under FP8_NEEDS_S remain
 #   6. summary: every ratio against the stock and the in-bench diffusers time, printed and as a JSON line
-# Needs diffusers==0.42.1 (carried as a wheel; its other requirements are in the device image) and PEFT >= 0.17
-# for row 3's stock side (in the image; without it row 3 runs without --vs-standalone and says so).
-# Usage, from the repository root: bash peer_gpu.sh    (BUDGET=seconds overrides the 560 s budget)
-# Estimated on one H200 (BENCHMARKS.md's compile and step times, ~10-15 s of start-up per process): probes 20 s,
-# row 2 ~170 s, row 3 ~300 s (three 14B processes, ~45 s of compile each), row 4 ~55 s, row 5 ~100 s: the budget
-# usually drops row 5 (then: python3 bench.py --config v2w-14b --lora 32 --fp8 --sac block --compile --steps 2
-# --warmup 1 --out $OUT/peer.jsonl, ~100 s, as a second command).
+# Needs one CUDA GPU (the estimates below are an H200's), diffusers==0.42.1 and, for row 3's stock side,
+# PEFT >= 0.17 (without it row 3 runs without --vs-standalone and says so).
+# Usage, from any directory: [OUT=dir] [BUDGET=seconds] bash benchmarks/peer_gpu.sh
+# Budget: rows run in order while time is left, each given what remains; one that needs more than is left is
+# recorded as skipped. BUDGET defaults to 560 s (under a 10-minute job limit). Estimated on one H200
+# (BENCHMARKS.md's compile and step times, ~10-15 s of start-up per process): probes 20 s, row 2 ~170 s, row 3
+# ~300 s (three 14B processes, ~45 s of compile each), row 4 ~55 s, row 5 ~100 s: at 560 s row 5 is usually skipped
+# (then run it alone: python3 benchmarks/bench.py --config v2w-14b --lora 32 --fp8 --sac block --compile --steps 2
+# --warmup 1 --out $OUT/peer.jsonl, ~100 s).
 set -uo pipefail  # no -e: a failed row is logged with its exit code and the next one still runs
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/peer_out}
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)  # absolute before the cd below
+cd "$(dirname "$0")/.."  # the repository root: the rows run benchmarks/bench.py, the probe imports model
 J=$OUT/peer.jsonl
 LOG=$OUT/peer.log
 BUDGET=${BUDGET:-560}
@@ -47,7 +52,7 @@ nvidia-smi -L >> "$LOG" 2>&1
 if ! $PY -c "import diffusers, torch; from diffusers import CosmosTransformer3DModel
 print('torch', torch.__version__, 'cudnn', torch.backends.cudnn.version(), 'diffusers', diffusers.__version__)" \
     2>&1 | tee -a "$LOG"; then
-  note "diffusers does not import: carry diffusers==0.42.1 (see BENCHMARKS.md), then run again"
+  note "diffusers does not import: pip install diffusers==0.42.1, then run again"
   exit 2
 fi
 PEFT=$($PY -c "import peft; from packaging.version import Version as V
@@ -78,17 +83,18 @@ for process in fresh after_ours; do
   $PY -c "$PROBE" "$process" 2>>"$LOG" | tee -a "$LOG" >> "$J"
 done
 
-row v2w-2b-block 150 $PY bench.py --vs diffusers --vs-standalone --config v2w-2b --sac block --compile \
+row v2w-2b-block 150 $PY benchmarks/bench.py --vs diffusers --vs-standalone --config v2w-2b --sac block --compile \
   --steps 3 --warmup 1 --out "$J"
 STANDALONE=(--vs-standalone)
 if [[ -z $PEFT ]]; then
   STANDALONE=()
   note "v2w-14b-lora-block without --vs-standalone: no PEFT >= 0.17.0 for stock diffusers' LoRA"
 fi
-row v2w-14b-lora-block 240 $PY bench.py --vs diffusers "${STANDALONE[@]}" --config v2w-14b --lora 32 --sac block \
-  --compile --steps 2 --warmup 1 --out "$J"
-row v2w-2b-selective 60 $PY bench.py --config v2w-2b --sac selective --compile --steps 3 --warmup 1 --out "$J"
-row v2w-14b-lora-fp8 "$FP8_NEEDS_S" $PY bench.py --config v2w-14b --lora 32 --fp8 --sac block --compile \
+row v2w-14b-lora-block 240 $PY benchmarks/bench.py --vs diffusers "${STANDALONE[@]}" --config v2w-14b --lora 32 \
+  --sac block --compile --steps 2 --warmup 1 --out "$J"
+row v2w-2b-selective 60 $PY benchmarks/bench.py --config v2w-2b --sac selective --compile --steps 3 --warmup 1 \
+  --out "$J"
+row v2w-14b-lora-fp8 "$FP8_NEEDS_S" $PY benchmarks/bench.py --config v2w-14b --lora 32 --fp8 --sac block --compile \
   --steps 2 --warmup 1 --out "$J"
 
 note "summary"

@@ -2,7 +2,7 @@
 the forward + backward timed (no optimizer step), and one JSON line out.
 
 bench.py times it on our DiT; peer.py drives diffusers' network through the same batch and step (PeerNet), so each
-side of `python bench.py --vs diffusers` measures the same thing. `b` is a bench.BenchConfig.
+side of `python benchmarks/bench.py --vs diffusers` measures the same thing. `b` is a bench.BenchConfig.
 """
 import contextlib
 import json
@@ -13,8 +13,8 @@ import torch
 import build
 import flow
 from camera import fallback_cameras, views_map
-from inits import is_p25
-from model import Condition, denoise
+from edm import denoise
+from model import Condition
 from vae import latent_frames
 
 
@@ -44,7 +44,7 @@ def timer(device):
 def build_net(b, device, dtype, modes):
     """The network (build.py) in `dtype` throughout (no fp32 masters: a step without an optimizer), its random
     init, checkpointing `modes` per block, compiled with --compile. Returns model and trainables."""
-    net = build.build(build.NetSpec(b.config, lora=b.lora, fp8=b.fp8, sac_modes=tuple(modes), compile=b.compile,
+    net = build.build(build.NetSpec(config=b.config, lora=b.lora, fp8=b.fp8, sac_modes=tuple(modes), compile=b.compile,
                                     dtype=dtype, seed=b.seed), device)
     return net, build.trainable(net)
 
@@ -63,24 +63,21 @@ def make_batch(b, cfg, device, dtype):
         camera = views_map(w2c, intrinsics, b.height, b.width)[None].to(device, dtype)
     cond = Condition(crossattn_emb=text, gt_frames=x0, condition_mask=mask, camera=camera)
     batch = dict(x0=x0, eps=eps, sigma=sigma, cond=cond, offload=b.offload)
-    if is_p25(cfg):
-        batch["timesteps"] = torch.full((1,), 500.0, device=device)  # 1000 sigma, sigma = 0.5
     return batch
 
 
 def train_step(model, batch, trainable, measure=None):
-    """Rectified-flow loss on the generated frames, backward; no optimizer step (as in the anchor's numbers)."""
+    """Rectified-flow loss on the generated frames, backward; no optimizer step (as in the anchor's numbers). Both
+    families through edm.denoise at EDM sigma 1 (t = 0.5): the same network calls and cost as either family's own
+    loss (ckpt.guard_loss does the same), so a bench row never depends on which family it measures."""
     for p in trainable:
         p.grad = None
     x0, eps, cond = batch["x0"], batch["eps"], batch["cond"]
     offload = torch.autograd.graph.save_on_cpu(pin_memory=True) if batch.get("offload") else contextlib.nullcontext()
     with offload:
-        if "timesteps" in batch:  # Predict2.5: the rectified-flow loss of flow.py (the same net calls)
-            loss = flow.loss_given_draws(model, x0, cond, eps, batch["timesteps"]).mean()
-        else:
-            x_sigma = x0 + batch["sigma"].view(-1, 1, 1, 1, 1) * eps
-            _, velocity = denoise(model, x_sigma, batch["sigma"], cond)
-            loss = ((velocity - (eps - x0)) ** 2 * (1 - cond.condition_mask)).mean()
+        x_sigma = x0 + batch["sigma"].view(-1, 1, 1, 1, 1) * eps
+        _, velocity = denoise(model, x_sigma, batch["sigma"], cond)
+        loss = ((velocity - (eps - x0)) ** 2 * (1 - cond.condition_mask)).mean()
     if measure is not None:  # bytes held between forward and backward: the saved activations (+ loss graph)
         measure["act_bytes"] = torch.cuda.memory_allocated() - measure["before"]
     loss.backward()

@@ -1,0 +1,59 @@
+"""Video2world generation from a first frame, through the net's own family: what sample.py, evaluate.py and the
+sample videos of train.py share.
+
+generate encodes the given video's first frame(s) with the VAE (causal: latent frame 0 is pixel frame 0 alone),
+keeps them as the conditioning frames, samples the rest with the family's sampler (build.family: edm.py's Karras
+AB2 for Predict2, flow.py's UniPC for Predict2.5) and decodes. A camera net (agibot) takes one sample's views as the
+batch: they are stacked on latent time, sampled jointly (frame-init mask, one noise draw for every view) and
+returned per view.
+"""
+import dataclasses
+
+import torch
+
+import flow
+from build import family
+from camera import split_views, stack_views, views_map
+from model import Condition
+from video import write_mp4
+
+
+@torch.no_grad()
+def generate(net, vae, video_B_3_T_H_W, cond: Condition, num_steps, guidance, seed, grid, num_conditional_frames=1):
+    """Keep the first latent frame(s) of `video`, generate the rest from noise, decode. Returns the generated video
+    in the VAE's dtype. cond: the prompt (crossattn_emb, neg_crossattn_emb), Predict2.5's
+    conditional_frame_timestep (-1 or 0.1; the family's sampler_defaults) and, for a camera net, the camera; its
+    gt_frames and condition_mask are set here from the video. grid: one of the family's GRIDS (Predict2: karras
+    only; Predict2.5: shift | karras). A camera net takes video [V,3,T,H,W] and its Pluecker map cond.camera
+    [1, V*T_latent, H/16, W/16, 1536], and returns [V,3,T,H,W]."""
+    device = video_B_3_T_H_W.device
+    latent = vae.encode(video_B_3_T_H_W).float()
+    views = len(video_B_3_T_H_W) if net.cfg.camera_channels else 0
+    if views:
+        latent = stack_views(latent, views)
+    mask = flow.frame_mask(latent, views, num_conditional_frames)
+    cond = dataclasses.replace(cond, gt_frames=latent, condition_mask=mask)
+    math = family(net.cfg)
+    noise = math.initial_noise(tuple(latent.shape), seed, max(views, 1)).to(device)
+    x0 = math.sample(net, noise, cond, guidance, grid, num_steps)
+    return vae.decode((split_views(x0, views) if views else x0).to(video_B_3_T_H_W.dtype))
+
+
+@torch.no_grad()
+def write_sample(net, vae, dataset, index, cfg, neg_text, guidance, path, master):
+    """train.py's sample videos: a clip generated from the first frame of a fixed (held-out, if any) video of
+    `dataset`, written beside the truth. cfg: the run's TrainConfig."""
+    item = dataset[(index, 0)]
+    device = next(net.parameters()).device
+    video = item["video"].to(device, next(vae.parameters()).dtype)  # [3,T,H,W], or [V,3,T,H,W] for a camera net
+    text = item["text_emb"][None].to(device)
+    camera = None if "w2c" not in item else views_map(item["w2c"].to(device), item["intrinsics"].to(device),
+                                                      cfg.height, cfg.width)[None].to(video.dtype)
+    video = video if camera is not None else video[None]
+    cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg_text.to(device), camera=camera,
+                     conditional_frame_timestep=cfg.conditional_frame_timestep)
+    grid = family(net.cfg).sampler_defaults(cfg.init, cfg.config)[0]
+    generated = generate(net, vae, video, cond, cfg.sample_steps, guidance, cfg.seed, grid=grid).to(video.dtype)
+    if master:  # left: data, right: generated; views one above the other
+        write_mp4(path, torch.cat(list(torch.cat([video, generated], dim=-1)), dim=-2))
+        print(f"sample: {path} (left: data, right: generated from its first frame)", flush=True)

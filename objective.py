@@ -1,0 +1,193 @@
+"""What every training objective shares (SFT: sft.py; GRPO: grpo.py; DiffusionNFT: nft.py): the record train.py's
+loop runs an objective through, the seeds every random draw comes from, the one guarded optimizer step (clip, skip
+on NaN/Inf), and the phases of an RL update between its rollouts and its update (timing, refusing NaN/Inf samples
+before any reward sees them, scoring every group into group-normalised advantages over all ranks).
+
+Below every objective: sft, grpo, nft and rl import it, it imports none of them.
+Contents, top to bottom: seeds -> the Objective record -> the RL knobs both RL objectives share -> the guarded
+optimizer step -> RL phases and scoring.
+"""
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+import collectives
+from reward import group_advantages
+
+
+def sample_seed(*keys):
+    """A 63-bit seed from a tuple of counters: every random draw depends only on (seed, step, sample, purpose),
+    so a resumed or re-sharded run draws exactly the same numbers as an uninterrupted one."""
+    digest = hashlib.blake2b(repr(keys).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+# -----------------------------------------------------------------------------
+# The objective table's record (train.py's OBJECTIVE: sft.objective, rl.objective for grpo and nft)
+
+
+@dataclass(kw_only=True)
+class Objective:
+    """What differs between SFT and the RL objectives in train.py's loop (it has no other objective branch). Built
+    by keyword."""
+    lr_at: object  # step -> learning rate
+    betas: tuple  # AdamW's, with:
+    weight_decay: float
+    schedule: str  # the optimizer line's learning-rate part
+    step: object  # (step, next_batch) -> the step's metrics row (runs the optimizer step)
+    held_out: object  # (batches) -> {"eval_loss"} or {"eval_reward", "eval_reward_<term>", ...}
+    bar: object  # row -> the progress bar's fields
+    guidance: float  # the sample videos' CFG (RL: the rollouts' own)
+    name: str  # the progress bar's
+    mfu: bool  # RL's MFU: smoke.py (rollouts and updates differ too much for one number)
+    extra_state: dict  # saved with every checkpoint and resumed (NFT: its old policy), {} else
+    eval_at_start: bool  # RL: a held-out evaluation before the first update, every curve's starting point
+
+
+# -----------------------------------------------------------------------------
+# The knobs both RL objectives have (grpo.GRPOConfig, nft.NFTConfig: each its own defaults and knobs on top)
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    group_size: int = 2  # K samples per group (one conditioning frame + instruction)
+    num_steps: int = 8  # steps of the rollout sampler
+    guidance: float = 0.0  # CFG of the rollouts, upstream's convention c + g (c - u); 0: one call a step
+    kl_coef: float = 0.0  # weight of the KL term to the LoRA-disabled base (one more forward)
+    adv_eps: float = 1e-4  # added to the std, outside the sqrt
+    adv_clip: float = 5.0  # advantages are clipped to +-adv_clip
+    global_std: bool = True  # normalise by the std of all rewards in the update (advised for K <= 4), else per group
+    std_ddof: int = 0  # 0: population std (K = 2 gives |A| ~ 1); 1: unbiased (|A| ~ 0.7071 at K = 2)
+    lr: float = 1e-4  # AdamW learning rate over the LoRA adapters, constant after the warm-up
+    warmup: int = 0  # updates of linear learning-rate warm-up before the constant lr (0 = none)
+    weight_decay: float = 1e-4  # AdamW weight decay
+    betas: tuple = (0.9, 0.999)  # AdamW betas
+    max_grad_norm: float = 1.0  # gradient clipping per optimizer step
+
+    def __post_init__(self):
+        if self.group_size < 2:
+            raise ValueError(f"group_size={self.group_size}: a group baseline needs K >= 2")
+        if self.guidance < 0 or self.kl_coef < 0 or self.adv_clip <= 0:
+            raise ValueError(f"need guidance >= 0, kl_coef >= 0 and adv_clip > 0: guidance={self.guidance} "
+                             f"kl_coef={self.kl_coef} adv_clip={self.adv_clip}")
+        if self.std_ddof not in (0, 1):
+            raise ValueError(f"std_ddof={self.std_ddof}; valid: 0 (population), 1 (unbiased)")
+        if self.lr <= 0 or self.warmup < 0 or self.weight_decay < 0 or self.max_grad_norm <= 0 \
+                or len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"need lr > 0, warmup >= 0, weight_decay >= 0, max_grad_norm > 0 and two betas in [0, 1):"
+                             f" lr={self.lr} warmup={self.warmup} weight_decay={self.weight_decay} "
+                             f"max_grad_norm={self.max_grad_norm} betas={self.betas}")
+
+    def lr_at(self, update):
+        """The learning rate of update `update` (0-based): linear warm-up over warmup updates, then constant."""
+        return self.lr * min(1.0, (update + 1) / self.warmup) if self.warmup else self.lr
+
+
+# -----------------------------------------------------------------------------
+# The guarded optimizer step
+
+
+def clip_and_step(optimizer, params, max_norm, skip=False):
+    """Clip params' gradients to max_norm, step the optimizer unless the gradient norm is NaN/Inf or `skip` (e.g. a
+    NaN/Inf loss on some rank), then zero the gradients: the one optimizer step of SFT, GRPO and NFT. A skipped step
+    leaves the weights and the optimizer state as they were. Returns (gradient norm as a float, the seconds the
+    optimizer step took, CUDA synchronised, or None when skipped)."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    seconds = None
+    if math.isfinite(grad_norm) and not skip:
+        device = params[0].device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - start
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm, seconds
+
+
+# -----------------------------------------------------------------------------
+# The phases of one RL update, between its rollouts and its update, that GRPO and NFT share
+
+
+def phase_timer(device):
+    """(times, timed): timed(name, fn) runs fn and adds its seconds to times[name] (CUDA synchronised around it)."""
+    times = {}
+
+    def timed(name, fn):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        result = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times[name] = times.get(name, 0.0) + time.perf_counter() - start
+        return result
+    return times, timed
+
+
+def check_samples(x0s, conds):
+    """FloatingPointError naming the groups whose samples to reward (x0s: per group [K, C, T, H, W]) hold NaN/Inf, and
+    why: NaN/Inf inputs (the conditioning frames, prompt or camera of its Condition) or, from finite inputs, a diverged
+    policy. Called before scoring, so a reward is never blamed for (or fed) a broken sample."""
+    bad = [g for g, x0 in enumerate(x0s) if not bool(torch.isfinite(x0).all())]
+    if not bad:
+        return
+    cond = conds[bad[0]]
+    frames = cond.gt_frames if cond.gt_frames is None or cond.condition_mask is None else \
+        torch.where(cond.condition_mask.bool(), cond.gt_frames, 0.0)  # only the conditioning frames are read
+    inputs = [name for name, t in (("conditioning frames", frames), ("prompt embedding", cond.crossattn_emb),
+                                   ("negative prompt embedding", cond.neg_crossattn_emb), ("camera", cond.camera))
+              if t is not None and not bool(torch.isfinite(t).all())]
+    cause = (f"its {', '.join(inputs)} hold NaN/Inf: the clip or its text embedding is damaged" if inputs else
+             "its inputs are finite: the policy diverged (lower the --grpo-lr / --nft-lr, resume from an earlier "
+             "checkpoint)")
+    raise FloatingPointError(f"RL rollouts of {len(bad)} of {len(x0s)} groups are NaN/Inf before scoring (the "
+                             f"rewards were not called); group {bad[0]} (key {cond.key}): {cause}")
+
+
+def agreed_names(scores):
+    """The reward component names, the same for every group on every rank (collective), or a ValueError listing them:
+    the rewards are gathered by position, so differing names would mix components or hang the gather."""
+    mine = sorted({tuple(sorted(s)) for s in scores})  # one entry when every group has the same names
+    everyone = collectives.gather(mine)
+    if len(everyone[0]) != 1 or any(e != everyone[0] for e in everyone):
+        raise ValueError("reward components differ between clips or ranks (" + "; ".join(
+            f"rank {r}: {' / '.join(map(str, map(list, e)))}" for r, e in enumerate(everyone)) + "): every reward "
+            "term must return the same components for every batch")
+    return list(everyone[0][0])
+
+
+def score_groups(x0s, score, decode, cfg, timed, agree=None, cp_size=1):
+    """Decode (only if a reward needs pixels) and score every group's K samples, gather all ranks' scores and turn
+    the rewards into advantages over all ranks' groups (collective). x0s: per group a [K, C, T, H, W] latent.
+    cfg: any config with group_size, adv_eps, adv_clip, global_std, std_ddof (GRPO's, NFT's).
+    Returns (this rank's advantages [groups, K] on x0s' device, metrics: rewards, components, adv_std)."""
+    device = x0s[0].device
+
+    def score_all():
+        out = []
+        for x0 in x0s:
+            video = timed("decode", lambda: decode(x0))
+            out.append(timed("reward", lambda: score(video, x0)))
+        return out
+    scores = agree("scoring the rollouts", score_all) if agree is not None else score_all()
+    names = agreed_names(scores)
+    local = torch.stack([torch.cat([s[n].float().reshape(-1) for s in scores]).to(device) for n in names])
+    everyone = collectives.gather_groups(local, cp_size).double().cpu()  # [names, dp * groups * K], dp-rank-major
+    rank, world = collectives.dp_coords(cp_size)  # --cp: a cp group's ranks scored the same rollouts; one copy counts
+    keys = [(r, g) for r in range(world) for g in range(len(x0s)) for _ in range(cfg.group_size)]
+    rewards = everyone[names.index("reward")]
+    advantages = group_advantages(rewards, keys, eps=cfg.adv_eps, clip=cfg.adv_clip, global_std=cfg.global_std,
+                                  ddof=cfg.std_ddof)
+    metrics = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(correction=0)),
+               "reward_group_std": float(rewards.view(-1, cfg.group_size).std(dim=1, correction=0).mean()),
+               "adv_std": float(advantages.std(correction=0))}
+    metrics.update({f"reward_{name.replace('/', '_')}": float(everyone[i].mean())
+                    for i, name in enumerate(names) if name != "reward"})
+    return advantages.view(world, len(x0s), cfg.group_size)[rank].to(device), metrics
