@@ -9,6 +9,8 @@ import math
 
 import torch
 
+VIEW_ORDER = ("wrist", "ext_1", "ext_2")  # stitch.py's slots in agibot's internal order [hand_0, head, hand_1]
+
 
 def plucker_map(w2c_B_T_3_4, intrinsics_B_T_4, height, width, patch=16):
     """Pluecker rays per pixel, grouped per patch: [..., height/patch, width/patch, 6*patch*patch] in fp32.

@@ -58,7 +58,7 @@ NEGATIVE_STEM = "negative_prompt"  # t5.py writes the negative prompt's embeddin
 MANIFEST_KEYS = ("stem", "prompt", "n_out", "height", "width")  # what GridClips needs of a manifest.jsonl line
 TEXT_ENCODERS = ("t5", "reason1")  # t5_xxl/<stem>.pickle|.safetensors, or reason1/<sha1(prompt)>.safetensors
 REASON1_FORMAT = "reason1-full-concat-v1"  # the metadata "format" t5.py --encoder reason1 writes
-VIEW_ORDER = ("wrist", "ext_1", "ext_2")  # stitch.py's slots in agibot's internal order [hand_0, head, hand_1]
+VIEW_ORDER = camera.VIEW_ORDER  # the views of a views folder, in the camera net's order
 
 
 @dataclass(kw_only=True)
@@ -110,7 +110,8 @@ def list_videos(root: str) -> list:
                   if "views" not in r else  # a views folder: one file per camera slot, one Video each
                   Video(stem=r["stem"], path="", prompt=r["prompt"], frames=int(r["n_out"]),
                         size=(int(r["height"]), int(r["width"])), cameras=r.get("cameras"),
-                        views={s: Video(stem=f"{r['stem']}.{s}", path=os.path.join(root, "videos", f"{r['stem']}.{s}.mp4"),
+                        views={s: Video(stem=f"{r['stem']}.{s}",
+                                        path=os.path.join(root, "videos", f"{r['stem']}.{s}.mp4"),
                                         prompt=r["prompt"], frames=int(r["n_out"]),
                                         size=(int(r["height"]), int(r["width"])), sha1=f["sha1"], bytes=f["bytes"])
                                for s, f in r["views"].items()})

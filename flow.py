@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 import inits
-from data import VIEW_ORDER
+from camera import VIEW_ORDER
 from model import Condition, condition_mask, uncond
 
 NAME = "Predict2.5"

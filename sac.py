@@ -452,22 +452,22 @@ def lora_base(net):
     return [m.weight for m in adapted_linears(net)]
 
 
-def resident_bytes(net, fp8=False):
+def resident_bytes(net, fp8_base=False):
     """A step's weights and gradients held whole in their dtypes, no optimizer (bench.py without --world); with fp8 the
     LoRA base as e4m3."""
     total = sum(p.numel() * p.element_size() * (1 + p.requires_grad) for p in net.parameters())
-    return total if not fp8 else total + sum(fp8.stored_bytes(p) - p.numel() * p.element_size()
+    return total if not fp8_base else total + sum(fp8.stored_bytes(p) - p.numel() * p.element_size()
                                              for p in lora_base(net))
 
 
-def auto_plan(net, world, device, dtype, latent, text_len, lora, mem_budget_gib, fp8=False, fixed_bytes=None):
+def auto_plan(net, world, device, dtype, latent, text_len, lora, mem_budget_gib, fp8_base=False, fixed_bytes=None):
     """--sac auto for any driver (this planner; train.py): `net` is the meta model (LoRA added, not yet sharded).
 
     Fixed per-rank bytes: rank 0's state (state_formula) and the units FSDP holds gathered in the compute dtype (root,
     final layer, last block, the current and the prefetched block). One block, built unsharded in the compute dtype
     as FSDP runs it, is measured under every mode at the inputs a meta forward of the whole model gives it; then
     plan_auto. Returns (costs, AutoPlan, fixed bytes); an impossible budget is a ValueError.
-    fp8: the block measured with train.py --fp8's GEMMs (LoRA: its base quantised). fixed_bytes: instead of train.py's
+    fp8_base: the block measured with train.py --fp8's GEMMs (LoRA: its base quantised). fixed_bytes: instead of train.py's
     FSDP state (bench.py without --world: the resident weights and gradients in the compute dtype).
     """
     cfg, captured = net.cfg, {}
@@ -475,7 +475,7 @@ def auto_plan(net, world, device, dtype, latent, text_len, lora, mem_budget_gib,
                 *net.blocks[0].parameters(), *net.blocks[0].parameters()]
     fixed = sum(state_formula(net, world, 0).values()) + sum(p.numel() for p in gathered) * dtype.itemsize \
         if fixed_bytes is None else fixed_bytes
-    if fixed_bytes is None and fp8 and lora:  # train.py --fp8: the frozen base whole on every rank in e4m3, not sharded
+    if fixed_bytes is None and fp8_base and lora:  # train.py --fp8: the frozen base whole on every rank in e4m3, not sharded
         fixed += sum(fp8.stored_bytes(p) - shard_numel(p, world, 0) * p.element_size() for p in lora_base(net))
     with torch.device("meta"):
         net_meta, block = DiT(cfg).to(dtype), Block(cfg).to(dtype)
@@ -491,13 +491,13 @@ def auto_plan(net, world, device, dtype, latent, text_len, lora, mem_budget_gib,
     wrapped = torch.nn.ModuleDict({"blocks": torch.nn.ModuleList([block])})
     if lora:
         add_lora(wrapped, lora)
-    elif fp8:
+    elif fp8_base:
         fp8.convert_trainable(target_linears(wrapped, LORA_TARGETS))
     block.to_empty(device=device)
     with torch.no_grad():
         for p in block.parameters():
             p.normal_(std=0.02)
-    if lora and fp8:
+    if lora and fp8_base:
         quantize_base(wrapped)
     real = lambda t: torch.randn(t.shape, device=device).to(t.dtype) if torch.is_tensor(t) else t  # noqa: E731
     costs = measure_block_costs(block, [tuple(map(real, a)) if isinstance(a, tuple) else real(a)

@@ -100,7 +100,7 @@ class TrainConfig:
     ema: float = 0.0  # power-EMA rate s (upstream 0.1); 0 = off
     save_every: int = 0  # checkpoint every N steps; 0 = only at the end and on SIGTERM/SIGUSR1
     keep: int = 3  # complete checkpoints kept (>= 2)
-    sample_every: int = 0  # write a sample mp4 every N steps (0 = never; the tiny default: every 100)
+    sample_every: int = 0  # write a sample mp4 every N steps (0 = never; the tiny default: every 500)
     sample_steps: int = 35  # sampler steps of those samples
     guidance: float = 7.0  # CFG of the sample videos, upstream convention x0_c + g (x0_c - x0_u) (rollouts: --grpo-guidance)
     seed: int = 0  # every random draw depends on (seed, step, sample, purpose) only

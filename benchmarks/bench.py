@@ -2,7 +2,7 @@
 
     python benchmarks/bench.py --config v2w-2b --sac selective          # one JSON line
     python benchmarks/bench.py --config v2w-14b --lora 32 --sac block --steps 3
-    python benchmarks/bench.py --sweep --out bench.jsonl                # the BENCHMARKS.md table, one subprocess each
+    python benchmarks/bench.py --sweep --out bench.jsonl    # the sweep table (docs/benchmarks-log.md), a process each
     python benchmarks/bench.py --device cpu --dtype float32 --config tiny --frames 9 --height 64 --width 64 --text-len 16
     python benchmarks/bench.py --ckpt-load --size-gb 28 --dir /tmp/x --format pt   # ckpt.load vs `cat file > /dev/null`
     python benchmarks/bench.py --world 8 --config v2w-14b --sac block   # the planner: a table, then one JSON line
@@ -101,7 +101,7 @@ class BenchConfig:
     # a rollout step of K states in each rollout_batch layout, the KL reference, one training micro-step
 
 
-# The BENCHMARKS.md table: v2w-2b full fine-tune under every mode, v2w-14b LoRA r=32 under block and attn.
+# The sweep table (docs/benchmarks-log.md): v2w-2b full FT under every mode, v2w-14b LoRA r=32 under block, attn.
 SWEEP = [
     "--config v2w-2b --sac none",
     "--config v2w-2b --sac mm",

@@ -1,4 +1,4 @@
-"""Does RL learn on the tiny default? Paired runs through the real entry point, the table of BENCHMARKS.md "RL".
+"""Does RL learn on the tiny default? Paired runs through the real entry point (docs/benchmarks-log.md, "RL learns").
 
     python tests/rl_curves.py --seeds 0,1,2 --updates 30 --out runs/rl_curves      # ~30 min on 2 CPU cores
 

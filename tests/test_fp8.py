@@ -182,6 +182,6 @@ def test_auto_plan_counts_the_fp8_base_whole_on_every_rank():
     add_lora(net, 4)
     args = (net, 8, torch.device("cpu"), torch.float32, (1, 16, 3, 8, 8), 8, 4, 1.0)
     fixed_bf16 = sac.auto_plan(*args)[2]
-    fixed_fp8 = sac.auto_plan(*args, fp8=True)[2]
+    fixed_fp8 = sac.auto_plan(*args, fp8_base=True)[2]
     base = [m.weight for m in net.modules() if isinstance(m, LoRALinear)]
     assert fixed_fp8 - fixed_bf16 == sum(p.numel() + 4 * p.shape[0] - shard_numel(p, 8, 0) * 4 for p in base) > 0
