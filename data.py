@@ -135,14 +135,9 @@ def list_videos(root: str) -> list:
 
 def negative_prompt_path(root: str, text_encoder: str = "t5") -> str | None:
     """t5.py's embedding of the negative prompt (t5.NEGATIVE_PROMPT) in a stitched folder, or None if not computed."""
-    if text_encoder == "reason1":
-        path = os.path.join(root, "reason1", NEGATIVE_STEM + ".safetensors")
-        return path if os.path.exists(path) else None
-    for ext in (".pickle", ".safetensors"):
-        path = os.path.join(root, "t5_xxl", NEGATIVE_STEM + ext)
-        if os.path.exists(path):
-            return path
-    return None
+    exts = (".safetensors",) if text_encoder == "reason1" else (".pickle", ".safetensors")
+    paths = [os.path.join(root, "reason1" if text_encoder == "reason1" else "t5_xxl", NEGATIVE_STEM + e) for e in exts]
+    return next((path for path in paths if os.path.exists(path)), None)
 
 
 # ------------------------------------------------------------------------------------------- text embeddings
@@ -381,6 +376,15 @@ def file_problem(video: Video, frames: int) -> str | None:
     return None
 
 
+def short_videos(skipped: dict, frames: int, sep: str = "") -> str:
+    """sep + the cause and the fix when videos were skipped as too short (file_problem's too_short), or ""."""
+    have = sorted(int(reason.split()[1]) for reason in skipped.values() if reason.startswith("too_short: "))
+    fit = (max(have, default=1) - 1) // 4 * 4 + 1  # the longest 4k+1-frame clip (the VAE's) the longest of them holds
+    return "" if not have else (f"{sep}{len(have)} video(s) have {have[0]}{f'-{have[-1]}' * (have[-1] > have[0])} "
+                                f"frames, fewer than the {frames} a clip needs: restitch with a smaller --stride (more "
+                                f"frames per episode), or train with --frames {fit}")
+
+
 def size_error(root: str, found: tuple, where: str, height: int, width: int) -> ValueError:
     return ValueError(f"{root}: the videos are {found[0]}x{found[1]} ({where}), this run asks for {height}x{width}; "
                       f"videos are never resized: pass --height {found[0]} --width {found[1]}, or restitch with "
@@ -431,15 +435,12 @@ class GridClips(Dataset):
         self.root, self.frames, self.height, self.width = root, frames, height, width
         self.text, self.text_len, self.text_dim, self.seed, self.dtype = text, text_len, text_dim, seed, dtype
         self.text_encoder = text_encoder
-        self.skipped = {}  # stem -> reason, found at construction (same in every worker)
         self.failed = {}  # stem -> reason, found while loading, in this process
         self.verified = set()  # stems whose sha1 matched the manifest's, in this process
         videos = list_folder(root, height, width, views=False)
-        self.videos = []
-        for v in videos:
-            problem = file_problem(v, frames)
-            self.skipped.update({v.stem: problem} if problem else {})
-            self.videos += [] if problem else [v]
+        problems = {v.stem: file_problem(v, frames) for v in videos}
+        self.skipped = {s: p for s, p in problems.items() if p}  # stem -> reason, found at construction (every worker)
+        self.videos = [v for v in videos if not problems[v.stem]]
         for v in [v for v in self.videos if v.size is None]:  # no manifest: the first readable video decides
             try:
                 self._probe(v)
@@ -452,11 +453,11 @@ class GridClips(Dataset):
             break
         if not self.videos:
             raise ValueError(f"{root}: no usable video for {frames}-frame clips ({len(self.skipped)} skipped: "
-                             f"{dict(list(self.skipped.items())[:5])})")
+                             f"{dict(list(self.skipped.items())[:5])}){short_videos(self.skipped, frames, '; ')}")
         self.text_paths, read = text_files(root, self.videos, text, text_encoder, text_len, text_dim)
         reasons = Counter(reason.split(":")[0] for reason in self.skipped.values())
         print(f"GridClips: {root}: {len(self.videos)} videos {height}x{width}, {len(self.skipped)} skipped"
-              + (f" {dict(reasons)}" if reasons else "")
+              + (f" {dict(reasons)}" if reasons else "") + short_videos(self.skipped, frames, "; ")
               + (f"; {text_encoder} text embeddings checked ({read} files read whole)" if text == "t5" else ""))
 
     def __len__(self):
@@ -536,19 +537,18 @@ class ViewClips(Dataset):
             self.videos += [] if problem else [v]
         if not self.videos:
             raise ValueError(f"{root}: no usable video for {frames}-frame clips ({len(self.skipped)} skipped: "
-                             f"{dict(list(self.skipped.items())[:5])})")
+                             f"{dict(list(self.skipped.items())[:5])}){short_videos(self.skipped, frames, '; ')}")
         kinds = {v.cameras for v in self.videos}
         if len(kinds) > 1 or kinds - {"real", "absent"}:
             raise ValueError(f"{root}/manifest.jsonl: cameras {sorted(map(str, kinds))}; one stitch.py recipe writes "
                              "all 'real' or all 'absent': restitch the folder")
-        self.fallback = None
-        if kinds == {"absent"}:
-            # the fallback rig, agreed with camera.py's docstring
-            self.fallback = camera.fallback_cameras(len(VIEW_ORDER), vae.latent_frames(frames), height, width)
+        self.fallback = None if kinds != {"absent"} else \
+            camera.fallback_cameras(len(VIEW_ORDER), vae.latent_frames(frames), height, width)  # camera.py's rig
         self.text_paths, read = text_files(root, self.videos, text, text_encoder, text_len, text_dim)
         reasons = Counter(reason.split(":")[0] for reason in self.skipped.values())
         print(f"ViewClips: {root}: {len(self.videos)} episodes x {len(VIEW_ORDER)} views {' '.join(VIEW_ORDER)} "
               f"{height}x{width}, {len(self.skipped)} skipped" + (f" {dict(reasons)}" if reasons else "")
+              + short_videos(self.skipped, frames, "; ")
               + (f"; {text_encoder} text embeddings checked ({read} files read whole)" if text == "t5" else ""))
         if self.fallback is not None:
             print(f"ViewClips: {root} has NO camera parameters (stitched without them): every clip gets "

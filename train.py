@@ -352,8 +352,12 @@ def load_data(run):
         dataset = (data.ViewClips if run.views else data.GridClips)(cfg.data, cfg.frames, cfg.height, cfg.width,
                                                                      **text)
     holdout = cfg.holdout if cfg.holdout >= 0 else max(1, len(dataset) // 50)
-    if len(dataset) - holdout < 1:
-        raise ValueError(f"--holdout {holdout} leaves no video of {len(dataset)} in {cfg.data} to train on")
+    if len(dataset) - holdout < 1:  # the cause first (videos shorter than the clips, or too few episodes), the fix
+        short, n = data.short_videos(dataset.skipped, cfg.frames), len(dataset)
+        raise ValueError(f"{cfg.data}: " + (f"{short}; the {n} video(s) left are" if short else f"only {n} usable "
+                         f"video(s) for {cfg.frames}-frame clips,") + f" all held out by --holdout {holdout}: "
+                         + ("" if short else "stitch more episodes, or ") + "pass --holdout 0 to train on them (no "
+                         "held-out evaluation)")
     return dataset, len(dataset) - holdout, text
 
 
