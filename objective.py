@@ -131,10 +131,21 @@ def phase_timer(device):
     return times, timed
 
 
-def check_samples(x0s, conds):
+MAX_SAMPLE_ABS = 1e6  # latents are unit-scale (the sampler starts at sigma 80): a sample beyond this is no video
+
+
+def check_samples(x0s, conds, what="RL rollouts"):
     """FloatingPointError naming the groups whose samples to reward (x0s: per group [K, C, T, H, W]) hold NaN/Inf, and
     why: NaN/Inf inputs (the conditioning frames, prompt or camera of its Condition) or, from finite inputs, a diverged
-    policy. Called before scoring, so a reward is never blamed for (or fed) a broken sample."""
+    policy; finite samples beyond MAX_SAMPLE_ABS are a diverged policy too (a reward would overflow on them and be
+    blamed). Called before scoring, so a reward is never blamed for (or fed) a broken sample."""
+    huge = [g for g, x0 in enumerate(x0s) if bool(torch.isfinite(x0).all()) and float(x0.abs().max()) > MAX_SAMPLE_ABS]
+    if huge:
+        peak = max(float(x0s[g].abs().max()) for g in huge)
+        raise FloatingPointError(f"{what} of {len(huge)} of {len(x0s)} groups reach |x| = {peak:.3g} (latents "
+                                 f"are unit-scale; > {MAX_SAMPLE_ABS:g} is no video) before scoring (the rewards were "
+                                 "not called): the policy diverged; lower the --grpo-lr / --nft-lr and resume from an "
+                                 "earlier checkpoint")
     bad = [g for g, x0 in enumerate(x0s) if not bool(torch.isfinite(x0).all())]
     if not bad:
         return
@@ -147,7 +158,7 @@ def check_samples(x0s, conds):
     cause = (f"its {', '.join(inputs)} hold NaN/Inf: the clip or its text embedding is damaged" if inputs else
              "its inputs are finite: the policy diverged (lower the --grpo-lr / --nft-lr, resume from an earlier "
              "checkpoint)")
-    raise FloatingPointError(f"RL rollouts of {len(bad)} of {len(x0s)} groups are NaN/Inf before scoring (the "
+    raise FloatingPointError(f"{what} of {len(bad)} of {len(x0s)} groups are NaN/Inf before scoring (the "
                              f"rewards were not called); group {bad[0]} (key {cond.key}): {cause}")
 
 

@@ -21,7 +21,7 @@ import nft
 import reward
 from camera import split_views
 from model import map_tensors
-from objective import Objective, sample_seed
+from objective import Objective, check_samples, sample_seed
 
 # -----------------------------------------------------------------------------
 # The objective table: each RL objective's config field in TrainConfig, its step, and the knobs a resumed run may
@@ -186,6 +186,7 @@ def evaluate(net, vae, cfg, batches, neg_text, terms, seed):
                 generator = torch.Generator(device=device).manual_seed(seed(i, b, d))
                 x0 = policy_samples(net, cond, tuple(batch[0].shape[1:]), cfg.eval_steps, guidance, generator,
                                     cfg.init, cfg.config)
+                collectives.agree("the held-out evaluation", lambda: check_samples([x0], [cond], "held-out samples"))
                 for name, value in reward.score(terms, video=decode(x0), latent=x0).items():
                     sums[name] = sums.get(name, 0.0) + float(value.double().sum())
                 count += 1

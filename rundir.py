@@ -69,6 +69,10 @@ def check_resume_settings(out, cfg, keys, defaults):
     saved = {**cli.flatten(dataclasses.asdict(defaults)), **cli.flatten(read_meta(path)["extra"]["config"])}
     now = cli.flatten(json.loads(json.dumps(dataclasses.asdict(cfg))))  # tuples as lists, like the saved JSON
     refused = {k: (saved.get(k), now[k]) for k in keys if saved.get(k) != now[k]}
+    if "objective" in refused:  # the knobs of the other objective were never used by the saved run: not a change
+        raise ValueError(f"{out} was written by --objective {saved.get('objective')}, this run is --objective "
+                         f"{now['objective']}: a run keeps its objective. Use a new --out (to start from that run's "
+                         f"weights: --init {path})")
     if refused:
         why = " (LoRA checkpoints hold only adapters: the base comes from --init)" if "init" in refused and \
             (saved.get("lora") or now["lora"]) else ""
@@ -239,15 +243,19 @@ def nonfinite_eval(result, path):
         "checkpoint with a finite evaluation (resume.rotate)" if bad else ""
 
 
-def count_nonfinite(row, streak, cfg):
-    """Steps in a row with skipped (NaN/Inf) updates, ending at row's; FloatingPointError, one line naming the step
-    and the likely cause, when they reach --max-nonfinite (the row is logged first)."""
+def count_nonfinite(row, streak, cfg, say=print):
+    """Steps in a row with skipped (NaN/Inf) updates, ending at row's: each skipped step is said in one line (say),
+    and a FloatingPointError, one line naming the step and the likely cause, ends the run when they reach
+    --max-nonfinite (the row is logged first)."""
     if not row.get("nonfinite_steps"):
         return 0
     streak += 1
-    if streak >= cfg.max_nonfinite:
-        knob = f"--{cfg.objective}-lr {getattr(cfg, cfg.objective).lr:g}" if cfg.objective != "sft" else "--lr"
-        cause = row.get("nonfinite") or f"NaN/Inf {cfg.objective.upper()} gradients ({knob} too high?)"
+    knob = f"--{cfg.objective}-lr {getattr(cfg, cfg.objective).lr:g}" if cfg.objective != "sft" else "--lr"
+    cause = row.get("nonfinite") or f"NaN/Inf {cfg.objective.upper()} gradients ({knob} too high?)"
+    if streak < cfg.max_nonfinite:
+        say(f"step {row['step']}: skipped, no update (a NaN/Inf loss or gradient norm: {cause}); {streak} in a row, "
+            f"the run stops at --max-nonfinite {cfg.max_nonfinite}")
+    else:
         raise FloatingPointError(
             f"step {row['step']}: {streak} steps in a row with a NaN/Inf loss or gradient norm (--max-nonfinite "
             f"{cfg.max_nonfinite}), each skipped: {cause}. The weights are those before step {row['step'] - streak + 1}"

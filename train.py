@@ -133,8 +133,9 @@ def parse_config(argv):
     given = cli.parse_flags(TrainConfig, argv, description=__doc__)  # argparse rejects unknown flags
     name = given.get("config", TrainConfig.config)
     preset = dict(TINY, data=tiny_data(name)) if name in TINY_CONFIGS else REAL
-    if name in TINY_CONFIGS and given.get("objective", TrainConfig.objective) != "sft":
-        preset.update(TINY_RL)
+    objective = given.get("objective", TrainConfig.objective)
+    if name in TINY_CONFIGS and objective != "sft":  # the chosen objective's knobs only: config.json records no
+        preset.update({k: v for k, v in TINY_RL.items() if k not in rl.MAY_CHANGE or k == objective})  # unused ones
     return validate(cli.build(TrainConfig, preset, given), given)
 
 
@@ -636,7 +637,7 @@ def train_loop(loop, start_step):
         log.write(row)  # after the save: a row is logged once its step is safe or the run went on past it
         if run.master:
             bar.set_postfix(**loop.objective.bar(row), s_it=f"{row['s_per_step']:.2f}")
-        nonfinite = rundir.count_nonfinite(row, nonfinite, cfg)
+        nonfinite = rundir.count_nonfinite(row, nonfinite, cfg, say=lambda line: run.master and tqdm.write(line))
         if cfg.sample_every and done % cfg.sample_every == 0:
             loop.write_sample(done)
         if stopping:

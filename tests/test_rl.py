@@ -218,3 +218,38 @@ def test_grpo_nonfinite_updates_stop_after_max_nonfinite_and_nan_rollouts_are_na
     assert proc.returncode == 2 and "RL rollouts of 1 of 1 groups are NaN/Inf before scoring (the rewards were " \
         "not called); group 0 (key (0, 0)): its inputs are finite: the policy diverged" in proc.stderr, proc.stderr
     assert "reward term" not in proc.stderr
+
+
+def test_a_diverged_policy_is_named_by_the_held_out_evaluation_not_the_reward(tiny_grid, tmp_path):
+    """An absurd --grpo-lr diverges the policy in its first update; the held-out evaluation after it finds NaN samples
+    and says so, instead of calling the reward on them (which blamed the reward plug-in: "its reward is not
+    finite"). Finite samples beyond objective.MAX_SAMPLE_ABS are named likewise."""
+    import objective
+    import torch
+    proc = run(["--data", tiny_grid, "--objective", "grpo", "--lora", "4", "--grpo-lr", "1e6", "--steps", "2",
+                "--batch-size", "1", "--grpo-group-size", "2", "--grpo-num-steps", "3", "--eval-steps", "2",
+                "--eval-every", "1", "--sample-every", "0", "--reward", "reward_plugins:black_latent",
+                "--out", str(tmp_path / "diverged")], check_rc=False)
+    assert proc.returncode == 2 and "error: the held-out evaluation: FloatingPointError: held-out samples of 1 of 1 " \
+        "groups are NaN/Inf before scoring (the rewards were not called); group 0 (key (0, 0)): its inputs are " \
+        "finite: the policy diverged (lower the --grpo-lr" in proc.stderr, proc.stderr
+    assert "reward term" not in proc.stderr
+    with pytest.raises(FloatingPointError, match=r"RL rollouts of 1 of 2 groups reach \|x\| = 1e\+08 .*diverged"):
+        objective.check_samples([torch.zeros(2, 1, 1, 1, 1), torch.full((2, 1, 1, 1, 1), 1e8)], [None, None])
+
+
+def test_a_run_keeps_its_objective_and_records_only_its_own_preset(tiny_grid, tmp_path):
+    """An NFT run resumed as GRPO is refused in one line that names the objectives (not the GRPO preset values an NFT
+    run never used), and the NFT run's config.json records the tiny RL preset for NFT only."""
+    out = str(tmp_path / "nft")
+    common = ["--lora", "4", "--batch-size", "1", "--eval-steps", "2", "--sample-every", "0", "--data", tiny_grid,
+              "--steps", "1", "--save-every", "1", "--out", out]
+    run(["--objective", "nft", "--nft-group-size", "2", *common])
+    saved = json.load(open(os.path.join(out, "config.json")))
+    assert saved["nft"]["group_size"] == 2 and saved["nft"]["lr"] == 3e-3  # the flag, then the preset's lr
+    assert saved["grpo"] == json.loads(json.dumps(train.dataclasses.asdict(train.GRPOConfig())))  # untouched
+    proc = run(["--objective", "grpo", "--grpo-num-steps", "3", *common], check_rc=False)
+    line = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and f"{out} was written by --objective nft, this run is --objective grpo: a run " \
+        "keeps its objective. Use a new --out (to start from that run's weights: --init " in line, line
+    assert "group_size" not in line and "num_steps" not in line

@@ -495,6 +495,8 @@ def test_nonfinite_sft_steps_are_skipped_logged_and_stop_the_run(grid, tmp_path,
     assert [r["nonfinite_steps"] for r in rows.values()] == [0, 1, 0, 0] and "skipped" not in rows[3]
     assert rows[2]["nonfinite"].startswith("the loss overflowed") and rows[4]["loss"] < 1e4
     assert "WARNING: a NaN/Inf held-out eval_loss" in proc.stdout  # said, and rotation keeps the newest finite one
+    assert "step 2: skipped, no update (a NaN/Inf loss or gradient norm: the loss overflowed" in proc.stdout \
+        and "1 in a row, the run stops at --max-nonfinite 3" in proc.stdout  # on the console, not only in metrics
     state = dcp_tensors(os.path.join(out, "step_00000004"), "optim.")
     assert {float(v) for k, v in state.items() if k.endswith(".step")} == {3.0}  # 4 steps, one not applied
 
