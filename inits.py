@@ -218,8 +218,12 @@ def resolve_source(init, offline=None):
             return os.path.join(init, index[0])
         if any(n.endswith(".distcp") for n in names):
             raise CheckpointError(f"{init}: DCP shards but no .metadata: an incomplete (crashed) save")
-        if any(STEP_RE.match(n) for n in names):
-            raise CheckpointError(f"{init} is a training out_dir: pass one of its step_XXXXXXXX directories")
+        steps = sorted(n for n in names if STEP_RE.match(n))
+        if steps:
+            complete = [n for n in steps if os.path.isfile(os.path.join(init, n, ".metadata"))]
+            raise CheckpointError(f"{init} is a training out_dir: pass one of its step directories, "
+                                  + (f"e.g. its newest complete one, {os.path.join(init, complete[-1])}" if complete
+                                     else f"once one is complete (none of {', '.join(steps)} has .metadata yet)"))
         raise CheckpointError(f"{init}: directory holds no checkpoint (no .metadata, no *.safetensors.index.json;"
                               f" {len(names)} entries)")
     if not init.endswith((".pt", ".pth", ".safetensors", ".safetensors.index.json")):

@@ -18,7 +18,9 @@ import socket
 
 import numpy as np
 
+import ckpt
 import cli
+import collectives
 from formats import read_meta
 from resume import complete_checkpoints, delete_checkpoints, find_resume, leftovers, read_eval_marker, write_atomic
 
@@ -56,6 +58,37 @@ def claim_out(out):
         print(f"ckpt: deleting {[os.path.basename(p) for p in half]}, left half-deleted by a run killed while "
               "rotating checkpoints", flush=True)
         delete_checkpoints(half)
+    return lock
+
+
+def release_fresh_out(out, lock):
+    """Undo claim_out of an --out that was absent or empty, when the start is refused before the run wrote anything
+    of its own: with only .lock and config.json in it, both go, and the folder. Anything else there stays."""
+    if lock is not None:
+        lock.close()
+    if os.path.isdir(out) and set(os.listdir(out)) <= {".lock", "config.json"}:
+        for name in os.listdir(out):
+            os.remove(os.path.join(out, name))
+        os.rmdir(out)
+
+
+def claim_run(run, keys, defaults):
+    """train.py's run directory: claimed (one train.py per --out), settings checked against its checkpoint (keys:
+    what a resumed run must keep; defaults: TrainConfig()), the --init resolved (hub names download now, before any
+    model is built), then config.json. Sets run.resume_from; returns the lock."""
+    cfg = run.cfg
+    lock = collectives.agree(f"claiming --out {cfg.out}", lambda: claim_out(cfg.out) if run.master else None)
+    resume_path, changed = collectives.agree("checking the run's saved settings",
+                                      lambda: check_resume_settings(cfg.out, cfg, keys, defaults),
+                                      share=True)
+    run.resume_from = resume_path
+    if changed:
+        run.say(f"resume: settings changed since {resume_path}, applied from its step on: "
+                + ", ".join(f"{cli.flag(k)} {old} -> {new}" for k, (old, new) in changed.items()))
+    if cfg.init != "random":
+        collectives.agree(f"resolving --init {cfg.init}", lambda: ckpt.resolve_source(cfg.init))
+    if run.master:
+        write_atomic(os.path.join(cfg.out, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=1))
     return lock
 
 

@@ -15,7 +15,6 @@ One script, top to bottom: config -> setup -> data -> run directory -> model -> 
 """
 import dataclasses
 import importlib.util
-import json
 import os
 import signal
 import sys
@@ -303,6 +302,7 @@ class Run:
     say: object  # print on rank 0
     compute_dtype: torch.dtype
     optimizer: object = None
+    resume_from: str = None  # the checkpoint this run resumes (claim_run), None for a fresh start
 
     @property
     def master(self):
@@ -362,24 +362,6 @@ def load_data(run):
     return dataset, len(dataset) - holdout, text
 
 
-def claim_run(run):
-    """The run directory: claimed (one train.py per --out), settings checked against its checkpoint, the --init
-    resolved (hub names download now, before any model is built), then config.json. Returns the lock."""
-    cfg = run.cfg
-    lock = collectives.agree(f"claiming --out {cfg.out}", lambda: rundir.claim_out(cfg.out) if run.master else None)
-    resume_path, changed = collectives.agree("checking the run's saved settings",
-                                      lambda: rundir.check_resume_settings(cfg.out, cfg, resume_keys(cfg), TrainConfig()),
-                                      share=True)
-    if changed:
-        run.say(f"resume: settings changed since {resume_path}, applied from its step on: "
-                + ", ".join(f"{cli.flag(k)} {old} -> {new}" for k, (old, new) in changed.items()))
-    if cfg.init != "random":
-        collectives.agree(f"resolving --init {cfg.init}", lambda: ckpt.resolve_source(cfg.init))
-    if run.master:
-        resume.write_atomic(os.path.join(cfg.out, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=1))
-    return lock
-
-
 def condition_of(cfg, latent, text, camera):
     """The conditioning record of a batch (the one producer, docs/conditioning.md): its prompt, its clean latent with
     the first latent frame as the conditioning frame (a camera net: agibot's frame-init mask over the views stacked
@@ -433,7 +415,7 @@ def build_net(run):
                           share=True)
         run.say(auto.why)
         spec.sac_modes = auto.modes
-    if cfg.init == "random":
+    if cfg.init == "random" and run.resume_from is None:  # a resumed run's weights come from its checkpoint
         run.say(f"init: RANDOM weights (--init random): {cfg.config} trains from scratch")
     n_params = num_params(net)  # before fp8 replaces the frozen base by buffers
     materialise(net, spec, run.device, run.cp_group, cfg.cp)
@@ -490,7 +472,19 @@ def main(argv=None):
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
     run = setup(cfg)
     dataset, n_train, text = load_data(run)
-    lock = claim_run(run)
+    fresh = not os.path.isdir(cfg.out) or not os.listdir(cfg.out)
+    lock = rundir.claim_run(run, resume_keys(run.cfg), TrainConfig())
+    try:
+        return train(run, lock, dataset, n_train, text)
+    except BaseException:  # a start refused after the claim (wrong network, init guard, VAE): --out as it was found
+        if fresh and run.master:
+            rundir.release_fresh_out(cfg.out, lock)
+        raise
+
+
+def train(run, lock, dataset, n_train, text):
+    """Everything after the run directory is claimed: model, objective, resume, the loop. Returns the metrics rows."""
+    cfg = run.cfg
     terms = reward.parse_rewards(cfg.reward) if cfg.objective != "sft" else None  # validated: None for SFT only
     if terms is not None:
         run.say(rl.reward_line(cfg, terms))

@@ -581,3 +581,26 @@ def test_two_tiny_defaults_started_at_once_build_the_data_once(tiny_grid, tmp_pa
                                                                               open(f"{d}/manifest.jsonl"))]
                      for d in (root, tiny_grid))
     assert ours == session and len(ours) > 1
+
+
+def test_refused_starts_leave_a_fresh_out_as_found_and_lines_name_the_cause(grid, trained, tmp_path):
+    """--init OUT_DIR names its newest complete step; a start refused after the claim (a checkpoint of the wrong
+    network) leaves no config.json or .lock behind in an --out it created (an existing folder keeps its files); a
+    resumed run of --init random does not announce random weights."""
+    proc = run(["--data", grid, "--init", trained, "--out", str(tmp_path / "a")], check=False)
+    assert proc.returncode == 2 and f"{trained} is a training out_dir: pass one of its step directories, e.g. its " \
+        f"newest complete one, {os.path.join(trained, 'step_00000120')}" in proc.stderr, proc.stderr
+    fresh = str(tmp_path / "fresh")
+    proc = run(["--config", "p25-tiny", "--data", grid, "--init", os.path.join(trained, "step_00000120"), "--out",
+                fresh], check=False)
+    assert proc.returncode == 2 and "wrong network" in proc.stderr and not os.path.exists(fresh), proc.stderr
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    proc = run(["--config", "p25-tiny", "--data", grid, "--init", os.path.join(trained, "step_00000120"), "--out",
+                str(kept)], check=False)
+    assert proc.returncode == 2 and (kept / "notes.txt").read_text() == "mine"
+    out = str(tmp_path / "resumed")
+    run(["--data", grid, "--out", out, "--steps", "1", "--save-every", "1", "--sample-every", "0"])
+    proc = run(["--data", grid, "--out", out, "--steps", "2", "--save-every", "1", "--sample-every", "0"])
+    assert "resume" in proc.stdout and "init: RANDOM weights" not in proc.stdout, proc.stdout
