@@ -11,17 +11,19 @@
 
 Every field is a flag `--field-name` (underscores become dashes), booleans are `--x` / `--no-x`, tuples take
 comma-separated values, and a nested dataclass field contributes its own fields under its name as prefix.
-Unknown flags are an error (argparse), and so are unknown keys in a preset. The help text of a flag is the
-comment on its field's line plus any comment-only lines right below it (so a header comment for the next fields
-goes after a blank line), with the default appended (unless the comment speaks of its default itself).
+Unknown flags are an error (one line naming the closest valid flags), and so are unknown keys in a preset. The help
+text of a flag is the comment on its field's line plus any comment-only lines right below it (so a header comment for
+the next fields goes after a blank line), with the default appended (unless the comment speaks of its default itself).
 `cli.main(fn)` runs a script's main and turns a user error (a bad flag, a missing file) into one line on stderr
 and exit code 2, instead of a traceback; NANOCOSMOS_TRACEBACK=1 shows the traceback too.
 """
 import argparse
 import dataclasses
+import difflib
 import functools
 import inspect
 import io
+import json
 import os
 import re
 import sys
@@ -155,8 +157,35 @@ def parse_flags(cls, argv, description=None, positional=(), prog=None):
     parser = argparse.ArgumentParser(prog=prog, description=description, argument_default=argparse.SUPPRESS,
                                      formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     add_fields(parser, cls, positional=positional)
-    flat = vars(parser.parse_args(argv))
+    known, unknown = parser.parse_known_args(argv)
+    if unknown:  # one line with the closest flags, not argparse's ~45 lines of usage
+        flags = parser._option_string_actions  # every --flag (and --no-flag) spelling
+        parser.exit(2, f"{parser.prog}: error: {unknown_flags(unknown, flags, parser.prog)}\n")
+    flat = vars(known)
     return _nest(cls, {k: tuple(v) if isinstance(v, list) else v for k, v in flat.items()})  # nargs="+" gives lists
+
+
+def unknown_flags(args: list, flags, prog: str) -> str:
+    """The one-line error for arguments argparse did not know: each unknown flag with the closest valid ones
+    (difflib), and where the full list is."""
+    bad = [a.split("=", 1)[0] for a in args if a.startswith("-")]
+    if not bad:
+        return f"unexpected argument(s) {' '.join(args)}; `python {prog} --help` says what {prog} takes"
+    hints = []
+    for name in bad:
+        close = difflib.get_close_matches(name.replace("_", "-"), sorted(flags), n=2, cutoff=0.6)
+        hints.append(f"{name} (did you mean {' or '.join(close)}?)" if close else f"{name} (no flag is close)")
+    return f"unknown flag{'s' * (len(bad) > 1)} {', '.join(hints)}; `python {prog} --help` lists every flag"
+
+
+def differences(old: dict, new: dict, skip=()) -> str:
+    """"key old -> new, ..." for the keys whose values differ (a missing key shows as null), long values shortened:
+    what a refusal to mix two settings prints instead of both whole dicts."""
+    def short(value):
+        text = json.dumps(value, ensure_ascii=False)
+        return text if len(text) <= 48 else text[:45] + "..."
+    keys = sorted((set(old) | set(new)) - set(skip))
+    return ", ".join(f"{k} {short(old.get(k))} -> {short(new.get(k))}" for k in keys if old.get(k) != new.get(k))
 
 
 def build(cls, *layers):

@@ -77,15 +77,40 @@ class Source:
 
 # ------------------------------------------------------------------------------------------------------ metadata
 
-def unstitched(root: str, flag: str = "--data") -> str | None:
+def unstitched(root: str, flag: str = "--data", frames: int = 0, height: int = 0, width: int = 0,
+               views: bool | None = None) -> str | None:
     """The one-line refusal for a raw LeRobot dataset (meta/info.json, no manifest.jsonl) given where a stitched
-    folder is read, naming the stitch.py command that makes one; None for anything else."""
+    folder is read, naming the stitch.py command that makes one at the run's clip size (frames, height, width: the
+    config's; 0 = not known, the command then says so) and layout (views: a multi-view config; None = not known);
+    None for anything else."""
     if not os.path.isfile(os.path.join(root, "meta", "info.json")) or \
             os.path.isfile(os.path.join(root, "manifest.jsonl")):
         return None
-    out = os.path.normpath(root) + "_grid"
+    out = os.path.normpath(root) + ("_views" if views else "_grid")
+    known = frames and height and width
+    command = (f"python stitch.py {root} {out}{' --layout views' * bool(views)} --size "
+               + (f"{height}x{width} --frames {frames}" if known else "HxW --frames N"))
+    notes = [] if known else ["HxW and N: your config's clip; without them stitch.py writes 93x432x768"]
+    notes += ["multi-view configs: --layout views"] if views is None else []
+    note = f" ({'; '.join(notes)})" if notes else ""
     return (f"{flag} {root} is a LeRobot dataset (meta/info.json), not a stitched folder: run stitch.py first, "
-            f"`python stitch.py {root} {out}` (multi-view configs: --layout views), then pass {flag} {out}")
+            f"`{command}`{note}, then pass {flag} {out}")
+
+
+class BadParquet(ValueError):
+    """A parquet file pyarrow cannot read (truncated, corrupt, not parquet); the message names the file."""
+
+
+def read_parquet(path: str, schema: bool = False, **kwargs):
+    """pq.read_schema(path) (schema=True) or pq.read_table(path, **kwargs); a damaged file is a BadParquet naming
+    it and pyarrow's reason, not a bare pyarrow error (which names no file)."""
+    try:
+        return pq.read_schema(path) if schema else pq.read_table(path, **kwargs)
+    except (pa.ArrowException, OSError) as e:  # ArrowInvalid (bad footer) is a ValueError, a bad page an OSError
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise BadParquet(f"{path}: damaged or unreadable parquet file (pyarrow: {' '.join(str(e).split())}); "
+                         "re-download or re-export it, then rerun") from None
 
 
 def missing_columns(names: list, layout: str) -> str | None:
@@ -168,11 +193,11 @@ def open_source(src: str, cameras: str = "") -> Source:
         layout = "v3"
         # the task string is the pandas index column, whatever name it was stored under; re-index by task_index
         table = {int(r.pop("task_index")): next(iter(r.values()))
-                 for r in pq.read_table(os.path.join(src, "meta", "tasks.parquet")).to_pylist()}
+                 for r in read_parquet(os.path.join(src, "meta", "tasks.parquet")).to_pylist()}
         for file in sorted(os.path.join(d, n) for d, _, ns in os.walk(os.path.join(src, "meta", "episodes"))
                            for n in ns if n.endswith(".parquet")):
-            columns = [c for c in pq.read_schema(file).names if not c.startswith("stats/")]
-            for row in pq.read_table(file, columns=columns).to_pylist():
+            columns = [c for c in read_parquet(file, schema=True).names if not c.startswith("stats/")]
+            for row in read_parquet(file, columns=columns).to_pylist():
                 segs = {}
                 for s, k in cams.items():
                     if f"videos/{k}/from_timestamp" not in row:
@@ -192,10 +217,11 @@ def open_source(src: str, cameras: str = "") -> Source:
         if not os.path.isfile(file):  # a broken template (e.g. a hard-coded camera) would skip every episode
             raise FileNotFoundError(f"{file} (episode {episodes[0].index}, templates of {info_path}) does not exist")
     for file in sorted({e.data_path for e in episodes}) if layout == "v3" else [episodes[0].data_path]:
-        missing = missing_columns(pq.read_schema(file).names, layout)
+        names = read_parquet(file, schema=True).names
+        missing = missing_columns(names, layout)
         if missing:
             raise ValueError(f"{file}: the frame table has no column {missing} (columns: "
-                             f"{pq.read_schema(file).names[:20]}); stitch.py needs LeRobot's frame_index, timestamp, "
+                             f"{names[:20]}); stitch.py needs LeRobot's frame_index, timestamp, "
                              "episode_index and task_index")
     name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(src))  # no commas: upstream splits metadata.csv on them
     cam_hw = {s: camera_hw(info["features"][k], k) for s, k in cams.items()}
@@ -208,13 +234,15 @@ def open_source(src: str, cameras: str = "") -> Source:
 
 def check_frames_table(ep: Episode, source: Source) -> tuple:
     """Check an episode's parquet rows and pick its task: (task, None) or (None, (reason, detail))."""
-    names = pq.read_schema(ep.data_path).names
+    if not os.path.isfile(ep.data_path):
+        return None, ("missing_file", f"{ep.data_path} (episode {ep.index}'s frame table) does not exist")
+    names = read_parquet(ep.data_path, schema=True).names  # a damaged file: BadParquet (stitch.py: bad_parquet)
     missing = missing_columns(names, source.layout)
     if missing:
         return None, ("missing_column", f"{ep.data_path}: the frame table has no column {missing}")
     cols = [c for c in ("frame_index", "timestamp", "task_index") + LANGUAGE_COLUMNS if c in names]
     filters = [("episode_index", "=", ep.index)] if source.layout == "v3" else None  # v3 files hold many episodes
-    rows = pq.read_table(ep.data_path, columns=cols, filters=filters).to_pydict()
+    rows = read_parquet(ep.data_path, columns=cols, filters=filters).to_pydict()
     frame_index = np.asarray(rows["frame_index"])
     if not np.array_equal(frame_index, np.arange(ep.length)):
         return None, ("length_mismatch", f"{ep.data_path}: frame_index is not 0..{ep.length - 1}")
@@ -323,9 +351,9 @@ def read_cameras(ep: Episode, source: Source, frames: np.ndarray, intrinsics: tu
     used for cameras whose convention has none (droid). ValueError (the message names the column) on values that
     are not finite, a rotation that is not one, or a focal length <= 0."""
     cols = sorted({c for _, *names in source.cam_params.values() for c in names if c})
-    cols += [EE_POSE_COLUMN] if EE_POSE_COLUMN in pq.read_schema(ep.data_path).names else []
+    cols += [EE_POSE_COLUMN] if EE_POSE_COLUMN in read_parquet(ep.data_path, schema=True).names else []
     filters = [("episode_index", "=", ep.index)] if source.layout == "v3" else None
-    table = pq.read_table(ep.data_path, columns=cols, filters=filters)
+    table = read_parquet(ep.data_path, columns=cols, filters=filters)
     if table.num_rows != ep.length:
         raise ValueError(f"{ep.data_path}: {table.num_rows} rows of camera parameters for episode {ep.index}, "
                          f"the metadata says {ep.length}")

@@ -48,8 +48,8 @@ import numpy as np
 from tqdm import tqdm
 
 import cli
-from lerobot import (SLOTS, Episode, Source, camera_summary, check_frames_table, make_synthetic,  # --synthetic;
-                     open_source, read_cameras, select_episodes)  # train.py's tiny default: stitch.make_synthetic
+from lerobot import (SLOTS, BadParquet, Episode, Source, camera_summary, check_frames_table,  # make_synthetic:
+                     make_synthetic, open_source, read_cameras, select_episodes)  # --synthetic; the tiny default's
 from video import check_ffmpeg, ffmpeg_exe, probe_video, sha1_file, write_atomic
 
 RECIPE_VERSION = 1  # bump when the code changes the bytes written for the same recipe
@@ -61,7 +61,7 @@ DROID_TEMPLATE = (
 DROID_VIEWS_TEMPLATE = (  # --layout views: one prompt for the three separate views (no grid to describe)
     "A robot arm {task}, seen by three cameras: two fixed on the left and right of the workspace and one on the "
     "robot's gripper.")
-RETRYABLE = {"ffmpeg_error", "verify_error", "worker_error", "write_error"}  # a rerun tries these again
+RETRYABLE = {"bad_parquet", "ffmpeg_error", "verify_error", "worker_error", "write_error"}  # a rerun retries these
 FILTERED = {"too_short", "too_short_after_decode", "no_task"}  # dropped by design: not counted by --max-skip-fraction
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}  # OSErrors that mean "OUT can't take more"
 MODES = ("src", "out", "synthetic", "bench")  # StitchConfig fields that pick what the command does, not how
@@ -244,6 +244,8 @@ def stitch_episode(stem: str, ep: Episode) -> dict:
                                             "episode_index": ep.index, "reason": reason, "detail": detail}}
     try:
         result = run_episode(stem, ep)
+    except BadParquet as e:  # a damaged frame table: its path and pyarrow's reason, no traceback
+        result = skip("bad_parquet", str(e))
     except OSError as e:  # a full disk is named, not hidden in a traceback
         result = skip("write_error", f"{errno.errorcode[e.errno]} ({e.strerror}) writing {e.filename}") \
             if e.errno in WRITE_ERRNOS else skip("worker_error", traceback.format_exc(limit=4).strip())
@@ -306,7 +308,7 @@ def run_episode(stem: str, ep: Episode) -> dict:
         try:  # output frame j is source frame j*stride (checked above by timestamp)
             found = read_cameras(ep, source, np.arange(n) * cfg.stride, _CTX["camera_params"])
         except ValueError as e:
-            return skip("bad_camera", str(e))
+            return skip("bad_parquet" if isinstance(e, BadParquet) else "bad_camera", str(e))
         with open(camera_file(_CTX["out"], stem) + ".tmp", "wb") as f:  # per view in SLOTS order, per output frame
             np.savez(f, views=np.array(SLOTS), w2c=np.stack([found[s][0] for s in SLOTS]).astype(np.float32),
                      intrinsics=np.stack([fitted_intrinsics(found[s][1], source.cam_hw[s], (H, W), fits[s])
@@ -342,11 +344,9 @@ def encode_episode(ep: Episode, source: Source, cfg: StitchConfig, fits: dict, v
         if rc != 0:
             tail = log_tail(log)
             log.seek(0)
-            # the disk, not the episode (ffmpeg prints strerror): named, and retried by a rerun
             full = [(errno.errorcode[n], line.strip()) for line in log for n in WRITE_ERRNOS if os.strerror(n) in line]
-            if full:
-                return None, ("write_error",
-                              f"{full[0][0]} writing {video}.tmp: ffmpeg rc {rc}: {full[0][1]}")
+            if full:  # the disk, not the episode (ffmpeg prints strerror): named, and retried by a rerun
+                return None, ("write_error", f"{full[0][0]} writing {video}.tmp: ffmpeg rc {rc}: {full[0][1]}")
             return None, ("ffmpeg_error", f"ffmpeg rc {rc}: {tail}")
         log.seek(0)
         return log.read(), None
@@ -436,8 +436,7 @@ def stitch(src: str, out: str, **overrides) -> dict:
     prepare_out(out, cfg, recipe, recipe_hash)
     min_frames = cfg.min_frames or cfg.frames
     manifest_path, skips_path = os.path.join(out, "manifest.jsonl"), os.path.join(out, "skips.jsonl")
-    # done = a manifest line whose videos are still there with the recorded sizes (renamed in complete), and its
-    # camera file when it has one
+    # done = a manifest line whose videos (and camera file) are there at the recorded sizes (renamed in complete)
     done = load_records(manifest_path, lambda r: outputs_intact(out, r, cfg.layout))
     skips = {s: r for s, r in load_records(skips_path, lambda r: "stem" in r).items() if s not in done}
     write_atomic(manifest_path, jsonl(done))
@@ -460,8 +459,7 @@ def stitch(src: str, out: str, **overrides) -> dict:
             jobs.append((stem, e))
 
     ctx = {"source": source, "cfg": cfg, "out": out, "fits": fits, "template": template, "template_id": template_id,
-           "camera_params": camera_params,
-           "recipe_hash": recipe_hash}
+           "camera_params": camera_params, "recipe_hash": recipe_hash}
     with open(manifest_path, "a", encoding="utf-8") as manifest, open(skips_path, "a", encoding="utf-8") as skipf:
         def record(kind: str, rec: dict):
             f = manifest if kind == "done" else skipf
@@ -519,9 +517,10 @@ def prepare_out(out: str, cfg: StitchConfig, recipe: dict, recipe_hash: str):
     if os.path.exists(recipe_path):
         with open(recipe_path, encoding="utf-8") as f:
             old = json.load(f)
-        if old.get("recipe_hash") != recipe_hash:
-            raise ValueError(f"{out} was built with another recipe ({recipe_path}: {old}); a different stride, size, "
-                             f"prompt, fit, crf or layout needs a new output folder. This run: {recipe}")
+        if old.get("recipe_hash") != recipe_hash:  # what differs only: the whole recipes are ~1,500 characters
+            changed = cli.differences(old, recipe, skip=("recipe_hash", "ffmpeg")) or "recipe_hash only"
+            raise ValueError(f"{out} was built with another recipe ({recipe_path} -> this run: {changed}); rerun "
+                             "with the folder's settings to resume it, or stitch into a new OUT")
     else:
         write_atomic(recipe_path, json.dumps({**recipe, "recipe_hash": recipe_hash,
                                               "ffmpeg": imageio_ffmpeg.get_ffmpeg_version()}, indent=1))
@@ -532,10 +531,9 @@ def run_jobs(jobs: list, ctx: dict, cfg: StitchConfig, name: str, record):
     progress is a bar on a terminal, else a line every --progress-every episodes."""
     workers = cfg.workers or os.cpu_count() or 1
     serial = workers == 1 or len(jobs) <= 1
-    # spawn: pool workers start clean, without our open files (specs/data.md 3.7)
     with contextlib.nullcontext() if serial else ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
-            initargs=(ctx,)) as pool:
+            initargs=(ctx,)) as pool:  # spawn: workers start clean, without our open files (specs/data.md 3.7)
         if serial:
             _init_worker(ctx)
         results = (stitch_episode(*job) for job in jobs) if serial else \
@@ -557,16 +555,19 @@ def outcome_problem(summary: dict, max_skip_fraction: float, out: str) -> str | 
     """Why a finished stitch() must exit 1, or None: the folder holds no video, or more than max_skip_fraction of the
     episodes long enough to keep were skipped for another reason than the length and task filters (FILTERED)."""
     reasons = ", ".join(f"{k}: {v}" for k, v in summary["by_reason"].items()) or "none"
+    first = next((f"; the first: {r['stem']}: {r['reason']}: {''.join(str(r.get('detail')).splitlines()[-1:])}"
+                  for r in load_records(os.path.join(out, "skips.jsonl"), lambda r: r.get("reason") not in FILTERED)
+                  .values()), "")  # the first episode that failed (not a filter), its detail's last line
     if summary["written"] == 0:
         return (f"{out} holds no video: {summary['episodes_in']} episodes in, {summary['skipped']} skipped "
-                f"({reasons}); the reasons are in {out}/skips.jsonl")
+                f"({reasons}){first}; the reasons are in {out}/skips.jsonl")
     failed = sum(n for reason, n in summary["by_reason"].items() if reason not in FILTERED)
     kept_or_failed = summary["written"] + failed
     if failed > max_skip_fraction * kept_or_failed:
-        return (f"{failed} of {kept_or_failed} episodes long enough to keep were skipped "
-                f"({failed / kept_or_failed:.0%} > --max-skip-fraction {max_skip_fraction}; {reasons}); the reasons are in {out}/skips.jsonl. The "
-                f"{summary['written']} videos written stay; a rerun retries {', '.join(sorted(RETRYABLE))}; pass a "
-                "larger --max-skip-fraction to accept the folder as it is")
+        return (f"{failed} of {kept_or_failed} episodes long enough to keep were skipped ({failed / kept_or_failed:.0%}"
+                f" > --max-skip-fraction {max_skip_fraction}; {reasons}){first}; the reasons are in {out}/skips.jsonl. "
+                f"The {summary['written']} videos written stay; a rerun retries {', '.join(sorted(RETRYABLE))}; pass "
+                "a larger --max-skip-fraction to accept the folder as it is")
     return None
 
 

@@ -237,8 +237,10 @@ def check_data(cfg, given):
     if not synthetic_data(cfg) and not os.path.isdir(cfg.data):
         raise ValueError(f"--data {cfg.data!r}: no such folder (build one with `python stitch.py SRC DIR`)"
                          if cfg.data else "--data DIR is needed: a folder written by stitch.py")
-    if not synthetic_data(cfg) and lerobot.unstitched(cfg.data):
-        raise ValueError(lerobot.unstitched(cfg.data))
+    hint = lerobot.unstitched(cfg.data, "--data", cfg.frames, cfg.height, cfg.width,
+                              views=bool(get_config(cfg.config).camera_channels))
+    if not synthetic_data(cfg) and hint:
+        raise ValueError(hint)
     if not standin_text(cfg.config, cfg.data) and cfg.config in TINY_CONFIGS and "text_len" not in given:
         cfg.text_len = TrainConfig.text_len  # tiny on a folder with t5_xxl/: T5's 512 tokens, not the stand-in's 16
 

@@ -82,7 +82,38 @@ def test_abbreviated_flags_are_unknown_flags(capsys):
         train.parse_config(["--step", "10"])
     with pytest.raises(SystemExit):
         cli.parse_flags(stitch.StitchConfig, ["--strid", "2"])
-    assert "unrecognized arguments: --strid 2" in capsys.readouterr().err
+    assert "unknown flag --strid (did you mean --stride" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cls", [train.TrainConfig, sample.SampleConfig, smoke.SmokeConfig, bench.BenchConfig,
+                                 stitch.StitchConfig, t5.T5Config, ckpt.Check, resume.Export, vae.BenchConfig])
+def test_an_unknown_flag_is_one_line_with_the_closest_flags(cls, capsys):
+    """A typo: one line naming the closest valid flags and --help, exit code 2; not ~45 lines of usage."""
+    name = max((cli.flag(f.name) for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(f.type)), key=len)
+    typo = name[:-2] + name[-1] + name[-2]  # a real flag of this script, its last two letters swapped
+    with pytest.raises(SystemExit) as e:
+        cli.parse_flags(cls, [typo, "1"], prog="script.py")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "usage" not in err, err
+    assert err.startswith(f"script.py: error: unknown flag {typo} (did you mean ") and f" {name}" in err
+    assert err.endswith("?); `python script.py --help` lists every flag\n")
+
+
+def test_unknown_flags_name_their_closest_matches_and_stray_values(capsys):
+    with pytest.raises(SystemExit):
+        train.parse_config(["--stpes", "2", "--lora_rank=4"])
+    assert capsys.readouterr().err.endswith("error: unknown flags --stpes (did you mean --steps or --eval-steps?), "
+                                            "--lora_rank (did you mean --lora or --lora-alpha?); `python "
+                                            f"{sys.argv[0].split('/')[-1]} --help` lists every flag\n")
+    with pytest.raises(SystemExit):
+        cli.parse_flags(stitch.StitchConfig, ["SRC", "OUT", "extra", "--xyzzy"], positional=("src", "out"),
+                        prog="stitch.py")
+    assert capsys.readouterr().err == ("stitch.py: error: unknown flag --xyzzy (no flag is close); `python stitch.py "
+                                       "--help` lists every flag\n")
+    with pytest.raises(SystemExit):
+        cli.parse_flags(stitch.StitchConfig, ["SRC", "OUT", "extra"], positional=("src", "out"), prog="stitch.py")
+    assert capsys.readouterr().err == ("stitch.py: error: unexpected argument(s) extra; `python stitch.py --help` says "
+                                       "what stitch.py takes\n")
 
 
 def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 import data
 import stitch
 import t5
+from run_utils import in_process
 from test_stitch import SIZE, V30, grid_codes, stitched
 
 STEMS = [f"lerobot_v30_tiny__ep{i:06d}" for i in range(3)]  # 94, 93, 103 frames at stride 4
@@ -91,6 +92,28 @@ def test_too_short_videos_are_skipped_and_counted_at_construction():
     assert {s: r.split(":")[0] for s, r in ds.skipped.items()} == {STEMS[0]: "too_short", STEMS[1]: "too_short"}
     with pytest.raises(ValueError, match="no usable video"):
         data.GridClips(out, frames=200, height=SIZE[0], width=SIZE[1], text="standin")
+
+
+def test_videos_shorter_than_the_clips_and_too_few_episodes_name_the_cause_and_the_fix(tiny_grid, tmp_path):
+    """Clips longer than most videos: the start-up line, the "no usable video" error and train.py's hold-out refusal
+    say how long the videos are and what to do (a smaller --stride, or --frames), not only "too_short" counts or a
+    hold-out that leaves nothing; with too few episodes the refusal names --holdout 0 and stitching more."""
+    short = "fewer than the {} a clip needs: restitch with a smaller --stride (more frames per episode), or train with "
+    with pytest.raises(ValueError) as e:  # the tiny grid's 6 videos have 10-15 frames
+        data.GridClips(tiny_grid, frames=17, height=64, width=112, text="standin")
+    assert str(e.value).endswith("; 6 video(s) have 10-15 frames, " + short.format(17) + "--frames 13")
+    import train
+    proc = in_process(train, ["--data", tiny_grid, "--out", str(tmp_path / "a"), "--frames", "13", "--holdout", "3"])
+    cause = "3 video(s) have 10-12 frames, " + short.format(13) + "--frames 9"
+    assert f"GridClips: {tiny_grid}: 3 videos 64x112, 3 skipped {{'too_short': 3}}; {cause}\n" in proc.stdout
+    assert proc.returncode == 2 and proc.stderr == (f"train.py: error: {tiny_grid}: {cause}; the 3 video(s) left "
+                                                    "are all held out by --holdout 3: pass --holdout 0 to train on "
+                                                    "them (no held-out evaluation)\n")
+    proc = in_process(train, ["--data", tiny_grid, "--out", str(tmp_path / "b"), "--holdout", "6"])
+    assert proc.returncode == 2 and proc.stderr == (f"train.py: error: {tiny_grid}: only 6 usable video(s) for 9-frame "
+                                                    "clips, all held out by --holdout 6: stitch more episodes, or pass "
+                                                    "--holdout 0 to train on them (no held-out evaluation)\n")
+    assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
 
 
 def corrupt(path: str, at: float = 0.1, n: int = 64):

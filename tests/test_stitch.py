@@ -7,6 +7,7 @@ import functools
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -171,6 +172,55 @@ def test_rerun_with_another_recipe_is_refused():
     out, _ = stitched(V21)
     with pytest.raises(ValueError, match="another recipe"):
         stitch.stitch(V21, out, size=f"{SIZE[0]}x{SIZE[1]}", stride=3)
+
+
+def test_another_recipe_names_only_the_settings_that_differ(tmp_path):
+    """A rerun into OUT with other settings: what differs, old -> new, in one short line (not both ~1,500-character
+    recipes); the refusal comes before any work."""
+    first = stitch.make_config({"size": "64x112", "frames": 9})
+    stitch.prepare_out(str(tmp_path), first, *stitch.recipe_of(first)[:2])
+    other = stitch.make_config({"size": "48x80", "frames": 9, "stride": 3})
+    with pytest.raises(ValueError) as e:
+        stitch.prepare_out(str(tmp_path), other, *stitch.recipe_of(other)[:2])
+    assert str(e.value) == (f"{tmp_path} was built with another recipe ({tmp_path}/RECIPE.json -> this run: size "
+                            "[64, 112] -> [48, 80], stride 4 -> 3); rerun with the folder's settings to resume it, or "
+                            "stitch into a new OUT")
+
+
+def test_a_damaged_parquet_is_a_named_skip_and_the_other_episodes_are_stitched(tmp_path, capsys):
+    """A truncated frame table: skip reason bad_parquet naming the file and pyarrow's reason (no traceback), in
+    skips.jsonl, on stderr and in the last line; the pool's other episodes are written. The first episode's file, read
+    at start-up, is a one-line error naming it."""
+    src = lerobot.make_synthetic(str(tmp_path / "syn"), lengths=(12, 12, 12))
+    path = os.path.join(src, "data", "chunk-000", "episode_000001.parquet")
+    os.truncate(path, 500)
+    out = str(tmp_path / "out")
+    assert stitch.main([src, out, "--size", "48x80", "--frames", "3", "--workers", "2"]) == 1  # 1 of 3 > 10%
+    (rec,) = skips(out).values()
+    expected = (f"{path}: damaged or unreadable parquet file (pyarrow: Parquet magic bytes not found in footer. Either "
+                "the file is corrupted or this is not a parquet file.); re-download or re-export it, then rerun")
+    assert (rec["reason"], rec["detail"]) == ("bad_parquet", expected)
+    assert sorted(manifest(out)) == ["syn__ep000000", "syn__ep000002"]
+    err = capsys.readouterr().err
+    assert f"stitch: syn__ep000001: bad_parquet: {expected}" in err and "Traceback" not in err
+    assert f"0.1; bad_parquet: 1); the first: syn__ep000001: bad_parquet: {expected}; the reasons are in {out}/" in err
+    shutil.copy(os.path.join(src, "data", "chunk-000", "episode_000000.parquet"), path)  # re-exported: a rerun
+    assert stitch.main([src, out, "--size", "48x80", "--frames", "3", "--workers", "1"]) == 0  # retries it
+    os.truncate(path.replace("000001", "000000"), 500)
+    with pytest.raises(ValueError, match="^" + re.escape(path.replace("000001", "000000")) + ": damaged or unreadable"):
+        lerobot.open_source(src)
+
+
+def test_the_raw_lerobot_hint_names_the_size_and_layout_the_run_needs():
+    """--data pointing at a raw LeRobot folder: the stitch.py command in the refusal writes the run's clip size (the
+    next run would refuse 93x432x768 videos for a 9x64x112 config) and layout."""
+    grid = lerobot.unstitched(V21, "--data", 9, 64, 112, views=False)
+    assert grid == (f"--data {V21} is a LeRobot dataset (meta/info.json), not a stitched folder: run stitch.py first, "
+                    f"`python stitch.py {V21} {V21}_grid --size 64x112 --frames 9`, then pass --data {V21}_grid")
+    assert f"`python stitch.py {V21} {V21}_views --layout views --size 64x112 --frames 9`" in \
+        lerobot.unstitched(V21, "--data", 9, 64, 112, views=True)
+    assert "--size HxW --frames N` (HxW and N: your config's clip" in lerobot.unstitched(V21)  # a caller that can't
+    assert lerobot.unstitched(DATA) is None
 
 
 def test_synthetic_dataset_and_csv_with_commas_quotes_newlines_non_ascii(tmp_path):
