@@ -398,8 +398,7 @@ def require_file(path: str):
 
 
 def first_loadable(dataset, item) -> tuple:
-    """(video, attempt, dataset._clip(video, rng)) for a GridClips / ViewClips item: on a bad video (a ClipError,
-    recorded in dataset.failed and reported once) the sample moves on to the next one; the rng comes from the seed."""
+    """(video, attempt, clip) of an item, rng from its seed; a bad video (ClipError) is said once and skipped."""
     index, sample_seed = item if isinstance(item, tuple) else (item, seed_of(dataset.seed, item))
     rng = np.random.default_rng(sample_seed)
     for attempt in range(len(dataset.videos)):
@@ -412,7 +411,8 @@ def first_loadable(dataset, item) -> tuple:
             dataset.failed[video.stem] = str(e)
             print(f"{type(dataset).__name__}: skipping {video.path or video.stem}: {e} ({len(dataset.failed)} failed "
                   "in this process)", file=sys.stderr)
-    raise RuntimeError(f"{dataset.root}: every video failed to load in this process: {dataset.failed}")
+    stem, why = next(iter(dataset.failed.items()))  # a user error, one line (each was said above as it failed)
+    raise ValueError(f"{dataset.root}: all {len(dataset.failed)} videos failed to load, e.g. {stem}: {why}")
 
 
 class GridClips(Dataset):

@@ -186,6 +186,12 @@ def test_a_video_deleted_after_start_up_and_nan_cameras_are_named_counted_skips(
     assert ds.failed[ds.videos[0].stem] == f"bad_camera: {camera_file} holds NaN/Inf values; restitch the episode " \
         "(delete the file first)"
     assert camera_file in capsys.readouterr().err
+    for video in ds.videos[1:]:  # every camera file damaged: one user error (ValueError, one line), no traceback
+        path = f"{views}/cameras/{video.stem}.npz"
+        np.savez(path, **arrays)
+    with pytest.raises(ValueError, match=rf"{views}: all {len(ds.videos)} videos failed to load, e\.g\. "
+                                         rf"{ds.videos[0].stem}: bad_camera: .* holds NaN/Inf values; restitch"):
+        ds[(0, 6)]
 
 
 def fake_t5(calls=None):
