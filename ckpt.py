@@ -391,6 +391,19 @@ def lora_only_note(path, meta):
             "in Python: resume.build_from_step")
 
 
+def adapters_only_note(path, src, report):
+    """One line for a file of LoRA adapters without their base (resume.py export of a LoRA run, no --merge-lora)
+    loaded where the whole network goes, else "": the merge that makes it whole, or the run to pass instead."""
+    adapters = [k for k in src.entries if re.search(LORA_KEYS, k)]
+    if src.kind == "dcp" or not adapters or not report.missing:
+        return ""
+    step = (src.info or {}).get("source")  # resume.py export records the step directory it read
+    run = os.path.dirname(os.path.normpath(step)) if step else "RUN"
+    return (f"{path}: adapters only (a LoRA export: {len(adapters)} LoRA tensors and buffers, none of the "
+            f"{len(report.missing)} base weights the network needs): merge it with `python resume.py export "
+            f"{step or 'RUN'} merged.safetensors --merge-lora`, or pass the run directory ({run}) in its place")
+
+
 def load(model, source, ema=None, allow_missing=(), verbose=True, threads=8):
     """Strictly load a checkpoint into a plain or FSDP2-sharded model, in place. Returns the LoadReport.
 
@@ -413,7 +426,7 @@ def load(model, source, ema=None, allow_missing=(), verbose=True, threads=8):
         report.model_config = config_name(getattr(model, "cfg", None))
         if not report.ok:
             lora = "\n" + lora_only_note(path, src.meta) if src.meta and src.meta["lora_only"] else ""
-            raise CheckpointError(report.details() + lora)
+            raise CheckpointError(adapters_only_note(path, src, report) or report.details() + lora)
         return src, report, mapping, identity(path)
     src, report, mapping, ident = agree(f"checking {source}", prepare)
     _same_file_everywhere(source, src.path, ident)
@@ -480,14 +493,18 @@ def guard_loss(net, x0, cond, sigmas=GUARD_SIGMAS, seed=0):
 
 
 def init_guard(loss, zero_loss, max_ratio=GUARD_MAX_RATIO, source=""):
-    """Stop (on every rank: the inputs are all-reduced) if the iteration-0 loss looks like an untrained network."""
+    """Stop (on every rank: the inputs are all-reduced) if the iteration-0 loss looks like an untrained network. It
+    runs after load() verified the weights, so a refusal is about the checkpoint's training, not about loading."""
     ratio = loss / zero_loss
     say(f"init guard: iteration-0 loss {loss:.4f} vs zero-velocity loss {zero_loss:.4f}: ratio {ratio:.3f},"
          f" must be < {max_ratio} (random init ~1.7, zero output 1.0, trained ~0.5)")
     if not math.isfinite(ratio) or ratio >= max_ratio:
-        raise CheckpointError(f"init guard: the network starting from {source or 'its init'} does not denoise"
-                              f" (loss ratio {ratio:.3f} >= {max_ratio}): it looks like random init, so the"
-                              " pretrained weights did not go in. Refusing to train.")
+        raise CheckpointError(f"init guard: the weights of {source or 'the init'} loaded and verified, but its"
+                              f" denoising loss is too high for a pretrained start (loss ratio {ratio:.3f} >="
+                              f" {max_ratio}): an undertrained checkpoint, or a random one (random init ~1.7, trained"
+                              " ~0.5; or a file whose net_ema. copy is meant: --ema-weights). Refusing to train:"
+                              " train the base longer, or accept it with train.py --guard-max-ratio R (see"
+                              " `python train.py --help`)")
     return ratio
 
 

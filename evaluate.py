@@ -5,6 +5,11 @@ camera: the grid is cut into its views, and every view is brought to the smalles
 
     python evaluate.py runs/b14 runs/a2b                                  # 4 held-out clips, 35 steps, compare.png
     python evaluate.py RUN_A RUN_B RUN_C --clips 8 --guidance 3 --reward default,my_rewards:grasp=0.5 --plot cmp.png
+    python evaluate.py RUN_A/step_00000500 RUN_B                         # that step of RUN_A, RUN_B's newest
+
+Before any clip is sampled, every run's checkpoint is checked (its files whole, a LoRA run's base there) and so is
+--plot (its folder writable; a file there is replaced only if evaluate.py wrote it); a plot that still fails at the end
+comes after the table and the JSON line, so no result is lost.
 
 Held-out episodes are each run's own (train.py --holdout: the last videos of its data folder in name order),
 matched by stem: a grid folder and a views folder stitched from one LeRobot source name an episode alike
@@ -29,10 +34,12 @@ import ckpt
 import cli
 import data
 import resume
+import rundir
 import reward
 import vae as vae_lib
 from camera import views_map
 from data import TINY_CONFIGS, standin_text
+from formats import STEP_RE
 from generate import generate
 from inits import get_config
 from model import Condition
@@ -42,6 +49,7 @@ SSIM_WINDOW, SSIM_SIGMA, SSIM_C1, SSIM_C2 = 11, 1.5, 0.01 ** 2, 0.03 ** 2  # Wan
 CURVES = {"eval_reward": "held-out reward (eval_reward)", "reward_mean": "training reward (reward_mean)",
           "eval_loss": "held-out loss (eval_loss; each family's own loss)"}  # metrics.jsonl keys -> plot panels
 PLOT_FORMATS = (".png", ".pdf", ".svg")
+PLOT_MARK = "nanocosmos evaluate.py"  # the plot's Creator: a file without it is never overwritten
 RUN_KEYS = ("config", "init", "objective", "data", "frames", "height", "width", "text_len", "seed", "holdout", "vae",
             "vae_ckpt", "ema", "guidance", "conditional_frame_timestep")  # what is read of a run's config.json
 
@@ -148,9 +156,10 @@ def reward_video(video, layout):
 
 @dataclasses.dataclass(kw_only=True)
 class Run:
-    path: str  # the run directory as given
+    path: str  # the run directory as given (or one of its step directories)
+    directory: str  # the run directory
     cfg: dict  # its config.json
-    checkpoint: str  # its newest complete step directory (the one evaluated)
+    checkpoint: str  # the step directory evaluated: its newest complete one, or the one given
     step: int  # its training step
     views: bool  # a camera net on a views folder (Path A's multi-view model), else 2x2 grids
     dataset: object  # data.GridClips | data.ViewClips of its data folder, built as train.py built it
@@ -189,21 +198,24 @@ def run_guidance(path, run, given):
     return float(run[objective]["guidance"])
 
 
+def run_directory(path):
+    """The run directory of `path`: itself, or the run of a step directory given in its place (RUN/step_XXXXXXXX)."""
+    parent, name = os.path.split(os.path.normpath(path))
+    return parent or "." if STEP_RE.match(name) else path
+
+
 def open_run(path, cfg):
-    """The run in `path` checked (config, newest complete checkpoint, VAE file, data folder) and its held-out videos
-    listed, before any model is built; ValueError (one line, naming the run) for anything that is not a usable run."""
-    config = os.path.join(path, "config.json")
+    """The run in `path` checked (config, its newest complete checkpoint or the step given, VAE file, data folder) and
+    its held-out videos listed, before any model is built; one line naming the run for anything not usable."""
+    directory = run_directory(path)
+    config = os.path.join(directory, "config.json")
     if not os.path.isfile(config):
         raise ValueError(f"{path}: not a train.py run directory (no config.json); pass the --out of a train.py run")
-    with open(config) as f:
-        run = json.load(f)
+    run = rundir.run_config(directory)
     missing = [k for k in RUN_KEYS if k not in run]
     if missing:
         raise ValueError(f"{config}: no {missing}; not written by this train.py")
-    latest = resume.find_resume(path)
-    if latest is None:
-        raise ValueError(f"{path}: no complete checkpoint (step_*/ with .metadata and meta.json) to evaluate; let the "
-                         "run save one (train.py --save-every N, or its end)")
+    latest = rundir.checked_step(path, "")  # a run with none yet, files cut short, a LoRA base gone: one line each
     if cfg.ema and not run["ema"]:
         raise ValueError(f"--ema: the run in {path} kept no EMA (train.py --ema); drop --ema")
     if run["vae"] == "real" and not os.path.isfile(run["vae_ckpt"]):
@@ -221,8 +233,8 @@ def open_run(path, cfg):
     if not held_out:
         raise ValueError(f"{path}: trained with --holdout 0, so every video of {run['data']} was trained on; "
                          "evaluate.py compares runs on held-out episodes (train with --holdout N, or -1 for 2%)")
-    return Run(path=path, cfg=run, checkpoint=latest, step=resume.read_meta(latest)["step"], views=views,
-               dataset=dataset, held_out=held_out, guidance=run_guidance(path, run, cfg.guidance))
+    return Run(path=path, directory=directory, cfg=run, checkpoint=latest, step=resume.read_meta(latest)["step"],
+               views=views, dataset=dataset, held_out=held_out, guidance=run_guidance(path, run, cfg.guidance))
 
 
 def text_settings(run):
@@ -362,7 +374,7 @@ def plot_curves(path, curves):
         ax.legend(fontsize=8)
     fig.tight_layout()
     tmp = path + ".tmp" + os.path.splitext(path)[1]
-    fig.savefig(tmp, dpi=100)
+    fig.savefig(tmp, dpi=100, metadata={"Creator": PLOT_MARK})
     plt.close(fig)
     os.replace(tmp, path)  # a reader never sees a half-written plot
     return keys
@@ -374,7 +386,8 @@ def plot_curves(path, curves):
 
 @dataclasses.dataclass
 class EvalConfig:
-    runs: tuple = ()  # train.py run directories (config.json + a complete checkpoint), one or more
+    runs: tuple = ()  # train.py run directories (config.json + a complete checkpoint; RUN/step_XXXXXXXX: that step),
+    # one or more
     clips: int = 4  # held-out clips per run: the first N of the episodes every run holds out
     steps: int = 35  # sampler steps (Predict2: Euler + AB2; Predict2.5: UniPC)
     guidance: float = -1.0  # CFG for every run; default -1: each run's own (GRPO --grpo-guidance, NFT --nft-guidance,
@@ -382,7 +395,8 @@ class EvalConfig:
     seed: int = 0  # initial noise of clip i: seed + i, the same for every run
     reward: str = ""  # reward terms scored on the grid video (reward.parse_rewards: default, module:fn=WEIGHT); "": the
     # runs' own --reward when every RL run among them shares one, else default
-    plot: str = "compare.png"  # the plot of the runs' curves (.png, .pdf or .svg; needs matplotlib)
+    plot: str = "compare.png"  # the plot of the runs' curves (.png, .pdf or .svg; needs matplotlib); replaces only a
+    # plot evaluate.py wrote
     device: str = ""  # cuda | cpu (default: cuda when available)
     ema: bool = False  # each run's EMA weights (train.py --ema) instead of its raw ones
 
@@ -401,11 +415,36 @@ def parse_config(argv):
     if os.path.splitext(cfg.plot)[1].lower() not in PLOT_FORMATS:
         raise ValueError(f"--plot {cfg.plot}: end it in {', '.join(PLOT_FORMATS)}")
     plot = os.path.abspath(cfg.plot)
-    for run in cfg.runs:  # evaluate.py writes nothing into a run
+    for run in map(run_directory, cfg.runs):  # evaluate.py writes nothing into a run
         if os.path.commonpath([plot, os.path.abspath(run)]) == os.path.abspath(run):
             raise ValueError(f"--plot {cfg.plot} is inside the run {run}: evaluate.py never writes into a run; put it "
                              "elsewhere")
     return cfg
+
+
+def check_plot_path(path):
+    """--plot can be written, checked before any work (a plot that fails after the sampling cost the results): its
+    folder exists and is writable, and a file already there is a plot evaluate.py wrote (PLOT_MARK), nothing else.
+    Returns True when one is there (it will be replaced)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(folder):
+        raise ValueError(f"--plot {path}: its folder {folder} does not exist: create it (mkdir -p {folder}) or pass "
+                         "another --plot")
+    if not os.path.isdir(folder):
+        raise ValueError(f"--plot {path}: {folder} is not a folder; pass another --plot")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"--plot {path}: its folder {folder} is not writable by this user (uid {os.geteuid()}); pass "
+                         "another --plot")
+    if not os.path.lexists(path):
+        return False
+    mark = False
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            mark = PLOT_MARK.encode() in f.read(64 << 20)
+    if not mark:
+        raise ValueError(f"--plot {path}: {os.path.abspath(path)} exists and is not a plot evaluate.py wrote (no "
+                         f"{PLOT_MARK!r} mark in it): move it away, or pass another --plot")
+    return True
 
 
 def pixel_terms(spec):
@@ -419,24 +458,24 @@ def pixel_terms(spec):
     return terms
 
 
-def runs_reward(paths):
-    """The --reward of the RL runs among `paths` when they all share one, else "default" (the grid reward)."""
-    specs = set()
-    for path in paths:
-        with open(os.path.join(path, "config.json")) as f:
-            run = json.load(f)
-        if run.get("objective", "sft") != "sft":
-            specs.add(run["reward"])
+def runs_reward(runs):
+    """The --reward of the RL runs among `runs` (their config.json) when they all share one, else "default" (the grid
+    reward)."""
+    specs = {run["reward"] for run in runs if run.get("objective", "sft") != "sft"}
     return specs.pop() if len(specs) == 1 else "default"
 
 
 def main(argv=None):
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
+    plot, replacing = os.path.abspath(cfg.plot), check_plot_path(cfg.plot)  # before any work
     if cfg.reward:
         pixel_terms(cfg.reward)  # a bad spec fails before any run is read
     plots = importlib.util.find_spec("matplotlib") is not None  # optional, as for train.py's loss.png
+    replaced = " (replacing the earlier evaluate.py plot there)" if replacing else ""
+    print(f"evaluate: the plot goes to {plot}{replaced}" if plots else
+          f"evaluate: {cfg.plot}: matplotlib is not installed (pip install matplotlib): no plot", flush=True)
     runs = [open_run(path, cfg) for path in cfg.runs]
-    cfg.reward = cfg.reward or runs_reward(cfg.runs)
+    cfg.reward = cfg.reward or runs_reward([run.cfg for run in runs])
     print(f"evaluate: reward {cfg.reward}", flush=True)
     terms = pixel_terms(cfg.reward)
     common = common_stems(runs)
@@ -454,15 +493,23 @@ def main(argv=None):
         rows.append({"run": run.path, "family": run.family, "config": run.cfg["config"],
                      "objective": run.cfg["objective"], "step": run.step, "guidance": run.guidance,
                      "ema": cfg.ema, **result})
-    if plots:
-        keys = plot_curves(cfg.plot, [(run.path, read_curves(run.path)) for run in runs])
-        print(f"evaluate: wrote {cfg.plot} ({', '.join(keys)})" if keys else
-              f"evaluate: no curves ({', '.join(CURVES)}) in the runs' metrics.jsonl: no plot", flush=True)
-    else:
-        print(f"evaluate: {cfg.plot}: matplotlib is not installed (pip install matplotlib): no plot", flush=True)
-    print(table(rows, terms), flush=True)
-    print(json.dumps({"stems": stems, "view_size": list(size), "steps": cfg.steps, "seed": cfg.seed,
-                      "reward": cfg.reward, "runs": rows}), flush=True)
+
+    def results():  # the table, then one JSON line
+        print(table(rows, terms), flush=True)
+        print(json.dumps({"stems": stems, "view_size": list(size), "steps": cfg.steps, "seed": cfg.seed,
+                          "reward": cfg.reward, "runs": rows}), flush=True)
+    try:
+        keys = plot_curves(cfg.plot, [(run.path, read_curves(run.directory)) for run in runs]) if plots else None
+    except OSError as e:  # checked at the start, failed now (a full disk, a folder gone): the results first
+        results()
+        raise OSError(f"--plot {cfg.plot}: not written ({e.strerror or e}); the table and JSON above hold every "
+                      "result") from e
+    if keys:
+        print(f"evaluate: wrote {plot} ({', '.join(keys)}"
+              + ("; overwrote the earlier evaluate.py plot)" if replacing else ")"), flush=True)
+    elif plots:
+        print(f"evaluate: no curves ({', '.join(CURVES)}) in the runs' metrics.jsonl: no plot", flush=True)
+    results()
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ ckpt.py loads and resume.py saves through this file. Every source is sniffed bef
 an HTML error page saved under a checkpoint's name is named as such), headers are validated as strictly as their
 own libraries do, and the bytes can be checked against what the file records about itself: the zip CRC-32 of each
 .pt record (torch.load never checks them), and the per-tensor checksums resume.save writes into a step's meta.json.
-Contents: errors and sniffing -> tables of contents (safetensors, .pt, DCP + meta.json) -> identity -> checksums
-(bit sums, CRC-32 arithmetic) -> reading rows -> verify_bytes.
+Contents: errors and sniffing -> tables of contents (safetensors, .pt, DCP + meta.json; killed and cut-short saves) ->
+identity -> checksums (bit sums, CRC-32 arithmetic) -> reading rows -> verify_bytes.
 """
 import contextlib
 import hashlib
@@ -119,6 +119,7 @@ class Source:
     entries: dict  # file key -> (shape, dtype), or (None, type name) for a non-tensor value
     tensors: dict = None  # .pt: the mmapped tensors
     spans: dict = None  # .safetensors: key -> (file, first byte)
+    info: dict = None  # .safetensors: its __metadata__ (resume.py export records source, step, lora_only)
     records: dict = None  # .pt: key -> (record data offset, record bytes, zip CRC-32, tensor is exactly the record)
     meta: dict = None  # DCP step dir: its meta.json (resume.save), with the save-time "checksums"
 
@@ -134,7 +135,8 @@ def _no_duplicates(pairs):
 
 def _safetensors_table(path, entries, spans):
     """Parse and validate a safetensors header ourselves (we need byte offsets to read only this rank's rows), as
-    strictly as the safetensors library: no duplicate keys, tensors exactly tiling the data section in order."""
+    strictly as the safetensors library: no duplicate keys, tensors exactly tiling the data section in order.
+    Returns the header's __metadata__ ({} if none)."""
     size = _sniff(path, "safetensors")
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little") if size >= 8 else -1
@@ -167,6 +169,8 @@ def _safetensors_table(path, entries, spans):
         entries[key], spans[key], end = (shape, dtype), (path, 8 + n + lo), hi
     if 8 + n + end != size:
         raise CheckpointError(f"{path}: truncated: the header describes {8 + n + end} bytes, the file has {size}")
+    info = header.get("__metadata__")
+    return info if isinstance(info, dict) else {}
 
 
 def _pt_records(path, tensors):
@@ -224,17 +228,56 @@ def read_meta(step_dir):
     return meta
 
 
+def incomplete_save(path, keys=()):
+    """One line for what a killed resume.save left: a step_XXXXXXXX.tmp directory, or the DCP files of a training
+    state (keys: its rng.rank* entries) without the meta.json written last; None for anything else."""
+    if not os.path.isdir(path) or os.path.exists(os.path.join(path, "meta.json")):
+        return None
+    name = os.path.basename(os.path.normpath(path))
+    if not (name.endswith(".tmp") and STEP_RE.match(name[:-4])) and not any(k.startswith("rng.rank") for k in keys):
+        return None
+    run = os.path.dirname(os.path.normpath(path)) or "."
+    return (f"{path}: an incomplete save (no meta.json"
+            f"{'' if os.path.exists(os.path.join(path, '.metadata')) else ', no .metadata'}): a killed save, never "
+            f"verified; pass the run directory ({run}) or an intact step of it (step_XXXXXXXX, no .tmp)")
+
+
+def cut_short(step_dir, md=None):
+    """The first file of a DCP directory shorter than its .metadata records, or missing, as one line ("PATH: truncated
+    (N of the M bytes its .metadata records)"); None when every file is whole. Sizes only: no tensor is read (DCP
+    itself fails on a cut-short file with an empty EOFError)."""
+    if md is None:
+        md = FileSystemReader(step_dir).read_metadata()
+    need = {}
+    for item in (md.storage_data or {}).values():
+        need[item.relative_path] = max(need.get(item.relative_path, 0), item.offset + item.length)
+    for name, size in sorted(need.items()):
+        path = os.path.join(step_dir, name)
+        if not os.path.isfile(path):
+            return f"{path}: missing (its .metadata records {size} bytes there)"
+        if os.path.getsize(path) < size:
+            return f"{path}: truncated ({os.path.getsize(path)} of the {size} bytes its .metadata records)"
+    return None
+
+
 def open_source(path):
     """Read only the table of contents of a local checkpoint (see resolve_source for the accepted forms)."""
     if os.path.isdir(path):
         try:
-            md = FileSystemReader(path).read_metadata().state_dict_metadata
+            md = FileSystemReader(path).read_metadata()
         except (Exception, CheckpointException) as e:
             raise CheckpointError(f"{path}: unreadable DCP .metadata: {type(e).__name__}: {e}") from e
+        killed = incomplete_save(path, md.state_dict_metadata)
+        if killed:
+            raise CheckpointError(killed)
+        short = cut_short(path, md)
+        if short:
+            raise CheckpointError(f"{short}: the checkpoint {path} is damaged (a copy or a disk cut it short): restore "
+                                  "the file, or use an earlier step")
         meta = read_meta(path) if os.path.exists(os.path.join(path, "meta.json")) else None
         return Source(path=path, kind="dcp", meta=meta,
                       entries={k: (tuple(m.size), m.properties.dtype) if isinstance(m, TensorStorageMetadata)
-                               else (None, "bytes") for k, m in md.items()})
+                               else (None, "bytes") for k, m in md.state_dict_metadata.items()})
     if path.endswith(".json"):
         shards = weight_map(path)
         entries, spans = {}, {}
@@ -249,8 +292,8 @@ def open_source(path):
         return Source(path=path, kind="safetensors", entries=entries, spans=spans)
     if path.endswith(".safetensors"):
         entries, spans = {}, {}
-        _safetensors_table(path, entries, spans)
-        return Source(path=path, kind="safetensors", entries=entries, spans=spans)
+        info = _safetensors_table(path, entries, spans)
+        return Source(path=path, kind="safetensors", entries=entries, spans=spans, info=info)
     _sniff(path, "pt")
     try:  # weights_only: never unpickle arbitrary objects; mmap: no tensor byte is read until it is copied.
         # Older TransformerEngine saved `_extra_state` as io.BytesIO, which holds bytes only: allowed.

@@ -13,7 +13,8 @@ resume, export, ckpt.load and `ckpt.py check` verify the bytes they read against
 names the tensor. A state with a NaN/Inf is never saved; a full disk is named as such.
 Evaluation markers (eval.json: "completed" means completed) decide rotation; the rest of the run directory (its lock,
 settings, metrics and plot) is rundir.py's.
-Contents: pointer and rotation -> RNG -> save / resume (+ checksums) -> evaluation markers -> export -> CLI.
+Contents: pointer and rotation -> RNG -> save / resume (+ checksums) -> evaluation markers -> the step sample.py and
+evaluate.py read -> export -> CLI.
 """
 import errno
 import hashlib
@@ -43,7 +44,7 @@ import ckpt
 import cli
 from ckpt import CheckpointError, build_report, model_entries, open_source
 from collectives import agree, gather, local_rows, rank, say, world_size
-from formats import STEP_RE, bitsum, check_sums, dcp_call, denied, read_meta
+from formats import STEP_RE, bitsum, check_sums, cut_short, dcp_call, denied, read_meta
 from lora import merged_state_dict
 from video import fsync_dir, write_atomic
 
@@ -428,6 +429,24 @@ def write_eval_marker(step_dir, result):
 
 
 # -----------------------------------------------------------------------------
+# A LoRA step's base (sample.py and evaluate.py check the step they read: rundir.checked_step)
+
+
+def lora_base(step_dir, meta=None):
+    """A LoRA-only step's base (its run's --init) checked to be there: adapters are of no use without the exact
+    weights they were trained on. A named or hf:// base is resolved when it is loaded."""
+    meta = meta or read_meta(step_dir)
+    run = meta["extra"].get("config") if isinstance(meta["extra"], dict) else None
+    init = run.get("init", "random") if isinstance(run, dict) and meta["lora_only"] else "random"
+    if init == "random" or init in ckpt.NAMED_INITS or init.startswith("hf://") or os.path.exists(init):
+        return
+    where = "" if os.path.isabs(init) else ", or run from the folder train.py ran in (the path is relative to it)"
+    raise CheckpointError(f"{step_dir} holds LoRA adapters only, and {init}, the run's recorded LoRA base (`init` in "
+                          f"its config.json), is gone: the adapters cannot be used without it; restore it at that "
+                          f"path{where}")
+
+
+# -----------------------------------------------------------------------------
 # Export (single process, offline): DCP -> one .safetensors with our keys, or a release-style .pt
 
 
@@ -439,6 +458,10 @@ def _export_source(src, out_path):
     path = src if os.path.isfile(os.path.join(src, ".metadata")) else find_resume(src)
     if path is None:
         raise CheckpointError(f"{src}: no complete checkpoint to export")
+    short = cut_short(path)
+    if short:  # DCP would fail on it with an empty EOFError
+        raise CheckpointError(f"{short}: {path} is damaged (a copy or a full disk cut it short): restore the file, or "
+                              "export an earlier step")
     return path, read_meta(path)
 
 
@@ -473,6 +496,7 @@ def build_from_step(step_dir, device, use_ema=False):
     run = meta["extra"].get("config") if isinstance(meta["extra"], dict) else None
     if not isinstance(run, dict) or "config" not in run:
         raise CheckpointError(f"{step_dir}: not a train.py step (its meta.json records no run config)")
+    lora_base(step_dir, meta)  # before a network is built
     if use_ema and not run.get("ema"):
         raise CheckpointError(f"--ema: the run of {step_dir} kept no EMA (train.py --ema RATE): drop --ema")
     init = run.get("init", "random") if meta["lora_only"] else "random"  # a LoRA-only step: its adapters' base

@@ -21,8 +21,9 @@ import numpy as np
 import ckpt
 import cli
 import collectives
-from formats import read_meta
-from resume import complete_checkpoints, delete_checkpoints, find_resume, leftovers, read_eval_marker, write_atomic
+from formats import STEP_RE, CheckpointError, cut_short, read_meta
+from resume import (complete_checkpoints, delete_checkpoints, find_resume, leftovers, lora_base, read_eval_marker,
+                    write_atomic)
 
 def claim(path, refusal, wait=False):
     """An exclusive lock on `path` while the returned file is open, or ValueError(refusal.format(holder=...)) (wait:
@@ -295,3 +296,63 @@ def count_nonfinite(row, streak, cfg, say=print):
             f" and every checkpoint in {cfg.out} holds finite weights: resume from it with a lower learning rate, or "
             "fix the data")
     return streak
+
+
+# -----------------------------------------------------------------------------
+# The step sample.py and evaluate.py read: chosen and checked in one line each, before any model is built
+
+
+def run_config(run_dir):
+    """A run directory's config.json (train.py writes it whole, atomically, at every start); a damaged one is a
+    ValueError naming it, with the command that restores it from the newest step's copy of the same settings."""
+    path = os.path.join(run_dir, "config.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        done = complete_checkpoints(run_dir)
+        meta = os.path.join(done[-1][1], "meta.json") if done else None
+        fix = (f"every save records the run's settings: restore it from the newest with `python -c \"import json; "
+               f"json.dump(json.load(open({meta!r}))['extra']['config'], open({path!r}, 'w'), indent=1)\"`" if done
+               else "no checkpoint holds a copy of it yet: restore it from a backup")
+        raise ValueError(f"{path}: truncated or damaged ({type(e).__name__}: {e}): train.py writes it whole at each "
+                         f"start, so it was cut or edited since; {fix}") from e
+
+
+def no_checkpoint_yet(run_dir):
+    """One line: a run directory holds no complete checkpoint yet, and when its run saves one (its config.json)."""
+    run = run_config(run_dir) if os.path.isfile(os.path.join(run_dir, "config.json")) else {}
+    every, steps = run.get("save_every"), run.get("steps")
+    when = (f"saves every {every} step{'s' if every != 1 else ''} (--save-every) and at its end (step {steps})"
+            if every else
+            f"saves only at its end (step {steps}; --save-every 0) and when stopped by SIGTERM/SIGUSR1" if every == 0
+            else "saves every --save-every steps and at its end")
+    pending = sorted(n for n in os.listdir(run_dir) if n.endswith(".tmp") and STEP_RE.match(n[:-4]))
+    return (f"{run_dir}: no complete checkpoint yet (a step_XXXXXXXX/ with .metadata and meta.json)"
+            f"{f' ({pending[-1]}: a save in flight, or a killed one)' if pending else ''}: this "
+            f"{run.get('objective', 'train.py')} run {when}; come back once it has saved one")
+
+
+def checked_step(path, flag):
+    """The step directory sample.py / evaluate.py read for `path`: a run directory's newest complete checkpoint, or a
+    step directory itself. Refused in one line: a run with none yet (said: when it saves), a step whose files are cut
+    short (with the newest earlier step whose files are whole, to pass explicitly as `flag` + its path: an older step
+    is never read in its place silently), a LoRA step whose base is gone."""
+    absent = [n for n in (".metadata", "meta.json") if not os.path.isfile(os.path.join(path, n))]
+    if absent and STEP_RE.match(os.path.basename(os.path.normpath(path))):
+        raise CheckpointError(f"{path}: an incomplete step directory (no {' and no '.join(absent)}); pass its run "
+                              "directory (its newest complete step) or a complete step")
+    step = find_resume(path) if absent else path
+    if step is None:
+        raise CheckpointError(no_checkpoint_yet(path))
+    short = cut_short(step)
+    if short:
+        run, name = os.path.split(os.path.normpath(step))
+        n = int(STEP_RE.match(name).group(1)) if STEP_RE.match(name) else -1
+        whole = [p for s, p in complete_checkpoints(run) if s < n and cut_short(p) is None]
+        then = (f"the newest earlier step with whole files is {whole[-1]}: pass it explicitly: {flag}{whole[-1]}"
+                if whole else "no earlier step of the run has whole files: restore the file from a copy")
+        raise CheckpointError(f"{short}: step {n} of {run} is damaged (a copy or a full disk cut it short); {then} "
+                              "(an older step is never read in its place silently)")
+    lora_base(step)
+    return step

@@ -15,7 +15,6 @@ The network lives in model.py, its family's math in edm.py / flow.py, generation
 command line.
 """
 import dataclasses
-import json
 import os
 import sys
 
@@ -31,6 +30,7 @@ import formats
 import inits
 import lerobot
 import resume
+import rundir
 import vae as vae_lib
 from camera import views_map
 from data import TINY_CONFIGS, standin_text, tiny_data
@@ -88,8 +88,7 @@ def run_settings(path):
     """The train.py settings behind --ckpt: a run directory's config.json, or the config a train.py step directory
     recorded in its meta.json; None for anything else (a file, a named init, hf://, random)."""
     if is_run(path):
-        with open(os.path.join(path, "config.json")) as f:
-            return json.load(f)
+        return rundir.run_config(path)
     if os.path.isfile(os.path.join(path, "meta.json")) and os.path.isfile(os.path.join(path, ".metadata")):
         extra = formats.read_meta(path)["extra"]
         return extra.get("config") if isinstance(extra, dict) and isinstance(extra.get("config"), dict) else None
@@ -112,6 +111,9 @@ def parse_config(argv):
     given = cli.parse_flags(SampleConfig, argv, description=__doc__)
     ckpt = given.get("ckpt", SampleConfig.ckpt)
     check_ckpt(ckpt, given)
+    killed = formats.incomplete_save(ckpt)  # a step_N.tmp: never sampled (unverified, maybe half-written)
+    if killed:
+        raise ValueError(killed)
     saved = run_settings(ckpt)
     run, run_p25 = {}, {}
     if saved is not None:
@@ -162,7 +164,8 @@ def parse_config(argv):
         if getattr(cfg, name) and not os.path.isfile(getattr(cfg, name)):
             raise ValueError(f"{cli.flag(name)} {getattr(cfg, name)}: no such file")
     if mcfg.camera_channels or not cfg.image:  # --data is read: a raw LeRobot folder is named as such
-        unstitched = lerobot.unstitched(cfg.data, "--data")
+        unstitched = lerobot.unstitched(cfg.data, "--data", cfg.frames, cfg.height, cfg.width,
+                                        views=bool(mcfg.camera_channels))
         if unstitched:
             raise ValueError(unstitched)
     if cfg.ckpt == "random" and "ema" in given:
@@ -204,10 +207,9 @@ def main(argv=None):
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    # a run's newest step or a step itself, checked (files whole, LoRA base there) before any model
+    step = rundir.checked_step(cfg.ckpt, "--ckpt ") if is_run(cfg.ckpt) or run_settings(cfg.ckpt) else None
     first = None if get_config(cfg.config).camera_channels else load_first_frame(cfg).to(device)  # before any model
-    step = resume.find_resume(cfg.ckpt) if is_run(cfg.ckpt) else cfg.ckpt if run_settings(cfg.ckpt) else None
-    if is_run(cfg.ckpt) and step is None:
-        raise FileNotFoundError(f"--ckpt {cfg.ckpt}: the run holds no complete checkpoint yet to sample from")
     if step is not None:  # a train.py run (its newest checkpoint) or one of its steps: rebuilt as trained
         net = resume.build_from_step(step, device, bool(cfg.ema))
         source = f"{step}, step {resume.read_meta(step)['step']}{' (EMA)' if cfg.ema else ''}"

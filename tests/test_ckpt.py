@@ -550,7 +550,7 @@ def test_init_guard_separates_random_init_from_loaded_weights(tmp_path):
     torch.manual_seed(0)
     net = DiT(cfg)
     ratio_random = ckpt.guard_loss(net, x0, Condition(emb))
-    with pytest.raises(ckpt.CheckpointError, match="looks like random init"):
+    with pytest.raises(ckpt.CheckpointError, match="too high for a pretrained start"):
         ckpt.init_guard(*ratio_random, source="random")
     opt = torch.optim.Adam(net.parameters(), lr=3e-3)
     for _ in range(150):  # "pretraining": a few seconds on CPU
@@ -579,3 +579,18 @@ def test_init_guard_separates_random_init_from_loaded_weights(tmp_path):
     from model import condition_mask
     loss, zero = ckpt.guard_loss(fresh, x2, Condition(emb, condition_mask=condition_mask(x2, 1)))
     assert 0 < loss < zero
+
+
+def test_init_guard_says_the_weights_went_in_and_names_the_way_on():
+    """Issue 35, item 15: the guard runs after ckpt.load verified the file, so its refusal must not say the weights did
+    not go in; it names the ratio, the likely cause (an undertrained or random checkpoint), the flag that accepts it
+    and the fix, in one line."""
+    with pytest.raises(ckpt.CheckpointError) as e:
+        ckpt.init_guard(0.765, 1.0, source="runs/base/step_00000100")
+    message = str(e.value)
+    assert "did not go in" not in message and "\n" not in message, message
+    for words in ("runs/base/step_00000100", "loaded and verified", "(loss ratio 0.765 >= 0.75)",
+                  "undertrained checkpoint, or a random one", "train the base longer", "--guard-max-ratio",
+                  "python train.py --help"):
+        assert words in message, (words, message)
+    assert ckpt.init_guard(0.5, 1.0, max_ratio=0.75) == 0.5

@@ -4,13 +4,17 @@ run_utils.in_process)."""
 import json
 import math
 import os
+import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import data
 import evaluate
+import sample
 import stitch
 import train
 from run_utils import check, in_process
@@ -195,6 +199,114 @@ def test_refusals_name_the_run_before_any_model_is_built(runs, tiny_grid, tmp_pa
         assert all(w in proc.stderr for w in words), (words, proc.stderr)
         assert "ckpt: resumed" not in proc.stdout  # refused before a network was built
     assert not os.path.exists(os.path.join(runs["grid"], "cmp.png"))
+
+
+# -----------------------------------------------------------------------------
+# Issue 35: outputs checked before any work, no result lost to a late failure, damaged runs named
+
+
+def refused(argv, *words, module=evaluate):
+    """The one error line of a run refused before any checkpoint was read, checked to hold `words`."""
+    proc = in_process(module, argv)
+    prog = f"{module.__name__}.py"
+    assert proc.returncode == 2 and proc.stderr.startswith(f"{prog}: error: "), (proc.stdout[-2000:], proc.stderr)
+    assert proc.stderr.count("\n") == 1 and "ckpt:" not in proc.stdout, (proc.stdout[-2000:], proc.stderr)
+    assert all(w in proc.stderr for w in words), (words, proc.stderr)
+    return proc.stderr
+
+
+def test_an_unwritable_plot_is_refused_before_any_clip_is_sampled(runs, tmp_path, monkeypatch):
+    """Item 3: today every clip is sampled and scored, then the plot fails and every result is lost."""
+    (tmp_path / "a_file").write_text("x")
+    nodir, locked = tmp_path / "nodir", tmp_path / "locked"
+    refused([runs["grid"], "--plot", str(nodir / "cmp.png")], f"--plot {nodir / 'cmp.png'}: its folder {nodir} "
+            "does not exist", f"mkdir -p {nodir}")
+    refused([runs["grid"], "--plot", str(tmp_path / "a_file" / "cmp.png")], f"{tmp_path / 'a_file'} is not a folder")
+    locked.mkdir()
+    access = os.access  # root writes anywhere: a folder this process may not write into, as access(2) says
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if os.fspath(p) == str(locked) else
+                        access(p, mode, **kw))
+    refused([runs["grid"], "--plot", str(locked / "cmp.png")], f"its folder {locked} is not writable")
+
+
+def test_a_plot_that_fails_late_loses_no_result(runs, tmp_path, monkeypatch):
+    """Item 3: a plot that fails after the work (a full disk, a folder removed meanwhile): the table and the JSON are
+    printed first, then the one error line."""
+    def full(path, curves):
+        raise OSError(28, "No space left on device", path)
+    monkeypatch.setattr(evaluate, "plot_curves", full)
+    plot = str(tmp_path / "cmp.png")
+    proc = in_process(evaluate, [runs["grid"], "--steps", "1", "--plot", plot])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"--plot {plot}: not written (No space left on device)" in proc.stderr
+    assert "the table and JSON above hold every result" in proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert any(line.startswith("run ") for line in lines)
+    assert json.loads(lines[-1])["runs"][0]["run"] == runs["grid"]
+
+
+def test_a_damaged_run_config_is_named_with_the_fix(runs, tmp_path):
+    """Item 5: not "Expecting value: line 53 column 16 (char 1041)": the file, what is wrong, a command that fixes it
+    (evaluate.py and sample.py alike)."""
+    run = str(tmp_path / "run")
+    shutil.copytree(runs["grid"], run)
+    config = os.path.join(run, "config.json")
+    with open(config) as f:
+        text = f.read()
+    with open(config, "w") as f:
+        f.write(text[: len(text) // 2])
+    words = (f"{config}: truncated or damaged (JSONDecodeError: ", f"{run}/step_00000002/meta.json")
+    message = refused([run], *words)
+    refused(["--ckpt", run], *words, module=sample)
+    fix = re.search(r"`python (-c .*?)`", message).group(1)  # the command it names restores the file
+    subprocess.run(f"{sys.executable} {fix}", shell=True, check=True)
+    with open(config) as f:
+        assert json.load(f) == json.loads(text)
+
+
+def test_a_truncated_newest_step_names_the_step_to_evaluate_instead(tiny_grid, tmp_path):
+    """Item 7 for evaluate.py: the damaged file, the newest whole earlier step, and that step evaluates when given."""
+    run = str(tmp_path / "run")
+    check(in_process(train, ["--data", tiny_grid, "--out", run, "--steps", "2", "--save-every", "1",
+                             "--sample-every", "0"]))
+    shard = os.path.join(run, "step_00000002", "__0_0.distcp")
+    os.truncate(shard, 1000)
+    refused([run, "--steps", "1"], f"{shard}: truncated (1000 of the", f"pass it explicitly: {run}/step_00000001")
+    step = os.path.join(run, "step_00000001")
+    proc = check(in_process(evaluate, [step, "--steps", "1", "--clips", "1", "--plot", str(tmp_path / "c.png")]))
+    row = json.loads(proc.stdout.strip().splitlines()[-1])["runs"][0]
+    assert (row["run"], row["step"]) == (step, 1) and "wrote" in proc.stdout  # curves: the run's metrics.jsonl
+
+
+def test_the_plot_says_where_it_goes_and_never_overwrites_another_file(runs, tmp_path):
+    """Item 18: compare.png in the current folder is named, a file evaluate.py did not write is never overwritten,
+    and its own earlier plot is replaced with a word."""
+    mine = tmp_path / "compare.png"
+    mine.write_bytes(b"my own figure")
+    refused([runs["grid"], "--plot", str(mine)], f"--plot {mine}: {mine} exists and is not a plot evaluate.py wrote",
+            "another --plot")
+    assert mine.read_bytes() == b"my own figure"
+    where = os.path.abspath("compare.png")  # the default, in the current folder
+    proc = check(in_process(evaluate, [runs["grid"], "--steps", "1"]))
+    assert f"evaluate: the plot goes to {where}\n" in proc.stdout and f"evaluate: wrote {where} (" in proc.stdout
+    proc = check(in_process(evaluate, [runs["grid"], "--steps", "1"]))
+    assert f"evaluate: the plot goes to {where} (replacing the earlier evaluate.py plot there)" in proc.stdout
+    assert "overwrote the earlier evaluate.py plot" in proc.stdout
+
+
+def test_an_rl_run_with_no_checkpoint_yet_says_when_it_saves(runs, tmp_path):
+    """Item 18: the Quickstart's `evaluate.py RUN` on an RL run before its first save."""
+    with open(os.path.join(runs["grid"], "config.json")) as f:
+        settings = json.load(f)
+    for save_every, when in ((15, "saves every 15 steps (--save-every) and at its end (step 30)"),
+                             (0, "saves only at its end (step 30; --save-every 0) and when stopped by SIGTERM")):
+        run = tmp_path / f"nft{save_every}"
+        run.mkdir()
+        (run / "config.json").write_text(json.dumps(dict(settings, objective="nft", lora=4, steps=30,
+                                                         save_every=save_every)))
+        (run / "step_00000015.tmp").mkdir()  # a save in flight
+        refused([str(run)], f"{run}: no complete checkpoint yet", f"this nft run {when}",
+                "step_00000015.tmp: a save in flight, or a killed one")
 
 
 def test_every_flag_has_help():

@@ -292,3 +292,21 @@ def test_a_full_disk_is_named_and_nothing_earlier_is_lost(tmp_path, monkeypatch)
             "the earlier checkpoints and `latest` are intact" in str(e.value), (name, str(e.value))
         assert sorted(os.listdir(out)) == ["latest", "step_00000001"], name  # the partial save gave its space back
     assert resume.resume(out, DiT(get_config("tiny"))) == {"n": 1, "step": 1}
+
+
+def test_a_truncated_distcp_is_named_by_resume_and_load(tmp_path):
+    """Issue 35, item 7 (library side): DCP reading a cut-short file fails with an empty EOFError; the sizes .metadata
+    records are checked first, so resume and ckpt.load name the file and what happened to it."""
+    out = str(tmp_path)
+    net = DiT(get_config("tiny"))
+    for step in (1, 2):
+        resume.save(out, step, net, extra={}, keep=2)
+    shard = f"{out}/step_00000002/__0_0.distcp"
+    size = os.path.getsize(shard)
+    os.truncate(shard, size // 2)
+    for load in (lambda: resume.resume(out, DiT(get_config("tiny"))),
+                 lambda: ckpt.load(DiT(get_config("tiny")), f"{out}/step_00000002")):
+        with pytest.raises(CheckpointError) as e:
+            load()
+        assert f"{shard}: truncated ({size // 2} of the {size} bytes its .metadata records)" in str(e.value), e.value
+        assert "EOFError" not in str(e.value) and "\n" not in str(e.value)

@@ -3,6 +3,7 @@
 One run is the real command line; the others are sample.main / train.main in this process (run_utils.in_process:
 the same cli.main, ~4.5 s of imports saved per run)."""
 import os
+import shutil
 
 import imageio.v2 as imageio
 import numpy as np
@@ -10,9 +11,11 @@ import pytest
 import torch
 
 import camera
+import evaluate
+import resume
 import sample
 import train
-from run_utils import check, in_process, script
+from run_utils import check, in_process, script, suggested
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -154,3 +157,85 @@ def test_stack_views_inverts_split_views():
     assert torch.equal(camera.stack_views(per_view, 3), latent)
     with pytest.raises(ValueError, match="whole samples"):
         camera.stack_views(per_view[:5], 3)
+
+
+# -----------------------------------------------------------------------------
+# Issue 35: a damaged step, a LoRA base gone, adapters or a killed save where weights go: one line, before any weights
+
+
+@pytest.fixture(scope="module")
+def base_and_lora(tiny_grid, tmp_path_factory):
+    """{"base": an SFT run saved at steps 1 and 2, "lora": a 1-step LoRA run whose --init is base's step 2 (the run
+    records its base as a path only)}."""
+    root = tmp_path_factory.mktemp("base_and_lora")
+    base, lora = str(root / "base"), str(root / "lora")
+    check(in_process(train, ["--data", tiny_grid, "--out", base, "--steps", "2", "--save-every", "1",
+                             "--sample-every", "0"]))
+    check(in_process(train, ["--data", tiny_grid, "--out", lora, "--steps", "1", "--lora", "4", "--init",
+                             os.path.join(base, "step_00000002"), "--guard-max-ratio", "100", "--sample-every", "0"]))
+    return {"base": base, "lora": lora}
+
+
+def refused(proc, *words, prog="sample.py"):
+    """The error line of a run refused before any weights were read, checked to hold `words`."""
+    assert proc.returncode == 2 and proc.stderr.startswith(f"{prog}: error: "), (proc.stdout[-2000:], proc.stderr)
+    assert proc.stderr.count("\n") == 1 and "ckpt: loaded" not in proc.stdout, proc.stderr
+    assert all(w in proc.stderr for w in words), (words, proc.stderr)
+    return proc.stderr
+
+
+def test_a_truncated_newest_step_is_named_with_the_intact_step_to_pass(base_and_lora, tmp_path):
+    """Item 7: no silent fallback to an older step, no empty "EOFError:": the damaged file, and the earlier step."""
+    run = str(tmp_path / "run")
+    shutil.copytree(base_and_lora["base"], run)
+    shard = os.path.join(run, "step_00000002", "__0_0.distcp")
+    os.truncate(shard, 1000)
+    out = str(tmp_path / "x.mp4")
+    for ckpt in (run, os.path.join(run, "step_00000002")):
+        refused(in_process(sample, ["--ckpt", ckpt, "--steps", "1", "--out", out]),
+                f"{shard}: truncated (1000 of the", "step 2 of", "damaged",
+                f"pass it explicitly: --ckpt {run}/step_00000001")
+    assert not os.path.exists(out)
+    proc = check(in_process(sample, ["--ckpt", f"{run}/step_00000001", "--steps", "1", "--out", out]))
+    assert f"weights {run}/step_00000001, step 1" in proc.stdout
+
+
+def test_a_lora_run_whose_base_is_gone_says_so(base_and_lora):
+    """Item 11: sample.py and evaluate.py have no --init: the run's recorded base is named, not train.py's advice."""
+    base = os.path.join(base_and_lora["base"], "step_00000002")
+    os.rename(base, base + ".away")
+    try:
+        lora = base_and_lora["lora"]
+        for module, argv in ((sample, ["--ckpt", lora]), (sample, ["--ckpt", f"{lora}/step_00000001"]),
+                             (evaluate, [lora])):
+            message = refused(in_process(module, argv + ["--steps", "1"]), f"{base}, the run's recorded LoRA base",
+                              "`init` in its config.json", "is gone", "the adapters cannot be used without it",
+                              "restore it at that path", prog=f"{module.__name__}.py")
+            assert "--init random" not in message
+    finally:
+        os.rename(base + ".away", base)
+
+
+def test_an_adapters_export_or_a_killed_save_is_named_for_what_it_is(base_and_lora, tiny_grid, tmp_path):
+    """Item 12: not "would NOT load: 3 tensors match; missing 47, unexpected 40": what the file is, and what to pass."""
+    lora = base_and_lora["lora"]
+    adapters = str(tmp_path / "adapters.safetensors")
+    resume.export_safetensors(lora, adapters)
+    message = refused(in_process(sample, ["--ckpt", adapters, "--data", tiny_grid, "--steps", "1"]),
+                      f"{adapters}: adapters only (a LoRA export", f"or pass the run directory ({lora})")
+    (script_name, argv), = suggested(message)  # the merge it names works, and the merged file samples
+    assert script_name == "resume" and argv[-1] == "--merge-lora", argv
+    check(in_process(resume, argv))
+    check(in_process(sample, ["--ckpt", argv[2], "--data", tiny_grid, "--steps", "1"]))
+    run = str(tmp_path / "run")
+    shutil.copytree(base_and_lora["base"], run)
+    for source, name, drop in ((f"{lora}/step_00000001", "step_00000003.tmp", ["meta.json"]),  # LoRA: a report
+                               (f"{run}/step_00000002", "step_00000004.tmp", ["meta.json"]),  # whole: sampled
+                               (f"{run}/step_00000002", "step_00000005.tmp", ["meta.json", ".metadata"])):
+        killed = os.path.join(run, name)
+        shutil.copytree(source, killed)
+        for file in drop:
+            os.remove(os.path.join(killed, file))
+        refused(in_process(sample, ["--ckpt", killed, "--steps", "1"]),
+                f"{killed}: an incomplete save (no meta.json", "a killed save",
+                f"pass the run directory ({run}) or an intact step")
