@@ -87,8 +87,11 @@ def materialise(net, spec: NetSpec, device, cp_group=None, cp_size=1, verbose=Tr
     net.to_empty(device=device)
     torch.manual_seed(spec.seed)  # same on every rank, so the DTensor init is one consistent model
     net.init_weights()
+    net.init_checksum = None  # what went in: the loaded file's content checksum (a LoRA run's base identity)
     if spec.init != "random":
-        ckpt.load(net, spec.init, ema=spec.ema, allow_missing=(ckpt.LORA_KEYS,) if spec.lora else (), verbose=verbose)
+        report = ckpt.load(net, spec.init, ema=spec.ema, allow_missing=(ckpt.LORA_KEYS,) if spec.lora else (),
+                           verbose=verbose)
+        net.init_checksum = f"{report.checksum:016x}"
     if spec.fp8 and spec.lora:  # after the load: the base went in whole (and was checked), then is quantised
         quantize_base(net)
         if device.type == "cuda":

@@ -230,6 +230,19 @@ def open_run(path, cfg):
     dataset = (data.ViewClips if views else data.GridClips)(run["data"], run["frames"], run["height"], run["width"],
                                                             **text)
     held_out = held_out_stems(dataset.videos, run["holdout"])
+    recorded = resume.read_meta(latest)["extra"].get("episodes")  # what it held out when it trained (steps since)
+    if recorded and recorded["held_out"] and sorted(held_out) != sorted(recorded["held_out"]):
+        by_stem = {v.stem: i for i, v in enumerate(dataset.videos)}
+        gone = [s for s in recorded["held_out"] if s not in by_stem]
+        if gone:
+            raise ValueError(f"{path}: its held-out episode(s) {', '.join(gone)} are no longer usable in {run['data']} "
+                             "(deleted or skipped): evaluate.py never reports a trained-on episode as held out; "
+                             "restore them")
+        held_out = {s: by_stem[s] for s in recorded["held_out"]}
+    now = rundir.episode_record(dataset.videos, len(dataset.videos) - len(held_out)) if recorded else None
+    if now and now["train"] == recorded["train"] and now["fingerprint"] != recorded["fingerprint"]:
+        raise ValueError(f"{path}: {rundir.episode_change(recorded, now, run['data'])}: its held-out truth is not "
+                         "what the run held out; restore the data folder")
     if not held_out:
         raise ValueError(f"{path}: trained with --holdout 0, so every video of {run['data']} was trained on; "
                          "evaluate.py compares runs on held-out episodes (train with --holdout N, or -1 for 2%)")

@@ -504,6 +504,11 @@ def build_from_step(step_dir, device, use_ema=False):
         run.get("ema_weights", "")], lora=run.get("lora", 0), lora_alpha=run.get("lora_alpha") or None,
         seed=run.get("seed", 0))
     net = build.build(spec, device)  # as train.py built it: a random base is this seed's init_weights
+    recorded = meta["extra"].get("base_checksum", net.init_checksum)  # (steps saved before it was recorded: none)
+    if meta["lora_only"] and recorded != net.init_checksum:  # the same content under any path is the same base
+        raise CheckpointError(f"{step_dir} holds LoRA adapters trained on a base of content checksum {recorded}, but "
+                              f"its run's recorded base {init} now holds {net.init_checksum}: another network; restore "
+                              "the original base at that path")
     frozen = [k for k, p in net.named_parameters() if not p.requires_grad]
     if meta["lora_only"] and run.get("init", "random") != "random":  # the adapters' base, as train.py loaded it
         ckpt.load(net, run["init"], ema={"": None, "net": False, "net_ema": True}[run.get("ema_weights", "")],

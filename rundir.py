@@ -73,14 +73,14 @@ def release_fresh_out(out, lock):
         os.rmdir(out)
 
 
-def claim_run(run, keys, defaults):
+def claim_run(run, keys, defaults, episodes=None):
     """train.py's run directory: claimed (one train.py per --out), settings checked against its checkpoint (keys:
     what a resumed run must keep; defaults: TrainConfig()), the --init resolved (hub names download now, before any
     model is built), then config.json. Sets run.resume_from; returns the lock."""
     cfg = run.cfg
     lock = collectives.agree(f"claiming --out {cfg.out}", lambda: claim_out(cfg.out) if run.master else None)
     resume_path, changed = collectives.agree("checking the run's saved settings",
-                                      lambda: check_resume_settings(cfg.out, cfg, keys, defaults),
+                                      lambda: check_resume_settings(cfg.out, cfg, keys, defaults, episodes),
                                       share=True)
     run.resume_from = resume_path
     if changed:
@@ -93,7 +93,46 @@ def claim_run(run, keys, defaults):
     return lock
 
 
-def check_resume_settings(out, cfg, keys, defaults):
+def check_lora_base(run, net):
+    """A resumed LoRA run's --init holds the base its adapters trained on, judged by content (the load's checksum,
+    recorded with every step), not by path: the same file under another path is the same base."""
+    if not run.cfg.lora or run.resume_from is None:
+        return
+    extra = read_meta(run.resume_from)["extra"]
+    if "base_checksum" in extra and extra["base_checksum"] != net.init_checksum:
+        what = lambda c: "a random base (--init random)" if c is None else f"content checksum {c}"  # noqa: E731
+        raise ValueError(f"--init {run.cfg.init}: {what(net.init_checksum)}, but the LoRA adapters of "
+                         f"{run.resume_from} were trained on {what(extra['base_checksum'])}: resume with the base they "
+                         "were trained on (any path holding the same file), or use a new --out")
+
+
+def episode_record(videos, n_train):
+    """What a run trains and evaluates on, saved with every step: the training and held-out episodes (stems, the
+    held-out ones the last in name order) and a fingerprint of their content (the manifest's sha1 and size of every
+    file), so a resume or evaluate.py on a changed data folder is refused instead of shifting silently."""
+    ident = lambda v: [v.stem, v.sha1, v.bytes, v.frames] if not v.views else [  # noqa: E731
+        v.stem, v.frames, sorted([s, w.sha1, w.bytes] for s, w in v.views.items())]
+    digest = hashlib.sha256(json.dumps([ident(v) for v in videos]).encode()).hexdigest()[:16]
+    return {"train": [v.stem for v in videos[:n_train]], "held_out": [v.stem for v in videos[n_train:]],
+            "fingerprint": digest}
+
+
+def episode_change(saved, now, data_dir):
+    """'' when the saved episode record (episode_record) matches now's, else what changed, in one clause."""
+    shown = lambda stems: ", ".join(sorted(stems)[:3]) + (f" and {len(stems) - 3} more" if len(stems) > 3 else "")  # noqa: E731
+    for part in ("held_out", "train"):
+        gone, new = set(saved[part]) - set(now[part]), set(now[part]) - set(saved[part])
+        if gone or new:
+            name = "held-out" if part == "held_out" else "training"
+            return (f"its {name} episodes changed in {data_dir}" + (f": {shown(gone)} no longer usable there (deleted "
+                    "or skipped)" if gone else "") + (f"; {shown(new)} {name} now" if new else ""))
+    if saved["fingerprint"] != now["fingerprint"]:
+        return (f"the episodes of {data_dir} have the same names but other content (fingerprint "
+                f"{saved['fingerprint']} -> {now['fingerprint']}: replaced or restitched)")
+    return ""
+
+
+def check_resume_settings(out, cfg, keys, defaults, episodes=None):
     """Before anything is built or written: the newest complete checkpoint's settings against this run's. Changed
     must-keep settings are refused, naming them; other changes are returned (applied from the resume point)."""
     path = find_resume(out)
@@ -103,6 +142,13 @@ def check_resume_settings(out, cfg, keys, defaults):
     saved = {**cli.flatten(dataclasses.asdict(defaults)), **cli.flatten(read_meta(path)["extra"]["config"])}
     now = cli.flatten(json.loads(json.dumps(dataclasses.asdict(cfg))))  # tuples as lists, like the saved JSON
     refused = {k: (saved.get(k), now[k]) for k in keys if saved.get(k) != now[k]}
+    recorded = read_meta(path)["extra"].get("episodes")
+    change = episode_change(recorded, episodes, cfg.data) if recorded and episodes and "data" not in refused else ""
+    if change:
+        raise ValueError(f"{path}: {change}; a resumed run must keep its data (its held-out set above all): restore "
+                         "the data folder, or use a new --out")
+    if "init" in refused and now.get("lora") and "base_checksum" in read_meta(path)["extra"]:
+        refused.pop("init")  # a LoRA run's base is judged by content once it is loaded (train.check_lora_base)
     if "objective" in refused:  # the knobs of the other objective were never used by the saved run: not a change
         raise ValueError(f"{out} was written by --objective {saved.get('objective')}, this run is --objective "
                          f"{now['objective']}: a run keeps its objective. Use a new --out (to start from that run's "

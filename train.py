@@ -475,16 +475,17 @@ def main(argv=None):
     run = setup(cfg)
     dataset, n_train, text = load_data(run)
     fresh = not os.path.isdir(cfg.out) or not os.listdir(cfg.out)
-    lock = rundir.claim_run(run, resume_keys(run.cfg), TrainConfig())
+    episodes = rundir.episode_record(dataset.videos, n_train)
+    lock = rundir.claim_run(run, resume_keys(run.cfg), TrainConfig(), episodes)
     try:
-        return train(run, lock, dataset, n_train, text)
+        return train(run, lock, dataset, n_train, text, episodes)
     except BaseException:  # a start refused after the claim (wrong network, init guard, VAE): --out as it was found
         if fresh and run.master:
             rundir.release_fresh_out(cfg.out, lock)
         raise
 
 
-def train(run, lock, dataset, n_train, text):
+def train(run, lock, dataset, n_train, text, episodes):
     """Everything after the run directory is claimed: model, objective, resume, the loop. Returns the metrics rows."""
     cfg = run.cfg
     terms = reward.parse_rewards(cfg.reward) if cfg.objective != "sft" else None  # validated: None for SFT only
@@ -500,6 +501,7 @@ def train(run, lock, dataset, n_train, text):
     vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, run.device, run.compute_dtype)
     to_latent = make_encoder(run, vae)
     net, sac_modes = build_net(run)
+    rundir.check_lora_base(run, net)
     params = trainable(net)  # after fully_shard: the DTensor parameters
     objective = OBJECTIVE[cfg.objective](run, net, params, vae, neg_text, terms)
     run.optimizer = make_optimizer(run, objective, params)
@@ -524,7 +526,7 @@ def train(run, lock, dataset, n_train, text):
         check_init(run, net, batches[0])
     loop = Loop(run=run, net=net, params=params, objective=objective, sampler=sampler,
                 next_batch=lambda: to_latent(next(loader)), held_out=held_out, ema=ema, extra_state=extra_state,
-                sac_modes=sac_modes, has_holdout=n_train < len(dataset),
+                sac_modes=sac_modes, has_holdout=n_train < len(dataset), episodes=episodes,
                 write_sample=lambda done: write_sample(net, vae, getattr(dataset, "clips", dataset), eval_ids[0], cfg,
                                                        neg_text, objective.guidance,
                                                        os.path.join(cfg.out, f"sample_{done:08d}.mp4"), run.master))
@@ -554,6 +556,7 @@ class Loop:
     extra_state: dict
     sac_modes: list
     has_holdout: bool
+    episodes: dict  # rundir.episode_record: saved with every step
     write_sample: object  # done -> writes sample_<done>.mp4
 
 
@@ -597,7 +600,8 @@ def save_and_evaluate(loop, row, done):
     t_save = time.perf_counter()
     extra = {"sampler": loop.sampler.state_dict(consumed=done * cfg.batch_size * cfg.grad_accum),
              "config_hash": rundir.config_hash(cfg, resume_keys(cfg)), "config": dataclasses.asdict(cfg),
-             "metrics_row": row}  # logged again by a resumed run if a kill loses it (rundir.load_history)
+             "metrics_row": row, "episodes": loop.episodes,  # the row: logged again if a kill loses it
+             **({"base_checksum": loop.net.init_checksum} if cfg.lora else {})}  # the adapters' base, by content
     path = resume.save(cfg.out, done, loop.net, run.optimizer, extra, keep=cfg.keep, lora_only=bool(cfg.lora),
                        extra_state=loop.extra_state)
     row["s_checkpoint"] = time.perf_counter() - t_save

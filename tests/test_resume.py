@@ -310,3 +310,78 @@ def test_a_truncated_distcp_is_named_by_resume_and_load(tmp_path):
             load()
         assert f"{shard}: truncated ({size // 2} of the {size} bytes its .metadata records)" in str(e.value), e.value
         assert "EOFError" not in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_lora_run_knows_its_base_by_content_not_by_path(tiny_grid, tmp_path):
+    """Every LoRA step records the content checksum of the base it trained on. The same base under another path
+    resumes; another network put at the recorded path is refused by train.py's resume, sample.py, evaluate.py and
+    `resume.py export --merge-lora` in one line each (before, the adapters went onto it with exit 0)."""
+    import evaluate
+    sft = lambda out, seed: ["--data", tiny_grid, "--out", str(tmp_path / out), "--steps", "20", "--save-every", "20",
+                             "--sample-every", "0", "--seed", seed]  # noqa: E731
+    check(in_process(train, sft("a", "0")))
+    check(in_process(train, sft("b", "1")))
+    base = str(tmp_path / "base")
+    shutil.copytree(tmp_path / "a" / "step_00000020", base)
+    run_dir = str(tmp_path / "lora")
+    lora = ["--data", tiny_grid, "--out", run_dir, "--lora", "4", "--save-every", "1", "--sample-every", "0",
+            "--guard-max-ratio", "0.99"]
+    check(in_process(train, lora + ["--init", base, "--steps", "1"]))
+    recorded = resume.read_meta(os.path.join(run_dir, "step_00000001"))["extra"]["base_checksum"]
+    same = str(tmp_path / "same_base")
+    shutil.copytree(base, same)
+    proc = check(in_process(train, lora + ["--init", same, "--steps", "2"]))  # a byte-identical copy: the same base
+    assert "resume" in proc.stdout and resume.read_meta(os.path.join(run_dir, "step_00000002"))["extra"][
+        "base_checksum"] == recorded
+    shutil.rmtree(same)
+    shutil.copytree(tmp_path / "b" / "step_00000020", same)  # another network where the base was
+    proc = in_process(train, lora + ["--init", same, "--steps", "3"])
+    assert proc.returncode == 2 and f"but the LoRA adapters of {run_dir}/step_00000002 were trained on content " \
+        f"checksum {recorded}: resume with the base they were trained on" in proc.stderr, proc.stderr
+    assert sorted(n for n in os.listdir(run_dir) if n.startswith("step_")) == ["step_00000001", "step_00000002"]
+    base_line = f"holds LoRA adapters trained on a base of content checksum {recorded}, but its run's recorded base " \
+        f"{same} now holds"
+    for module, argv in ((sample, ["--ckpt", run_dir, "--steps", "2", "--out", str(tmp_path / "s.mp4")]),
+                         (evaluate, [run_dir, "--steps", "2", "--clips", "1", "--plot", str(tmp_path / "c.png")]),
+                         (resume, ["export", run_dir, str(tmp_path / "m.safetensors"), "--merge-lora"])):
+        proc = in_process(module, argv)
+        assert proc.returncode == 2 and base_line in proc.stderr, (module.__name__, proc.stderr)
+
+
+def test_a_run_records_its_episodes_and_refuses_a_data_folder_that_changed(tiny_grid, tmp_path):
+    """Every step records the training and held-out episodes and a content fingerprint. A held-out video deleted
+    since (the held-out set would shift onto a trained-on episode) and a same-size folder of other content are refused
+    by the resume and by evaluate.py in one line each, naming what changed."""
+    import json
+    import evaluate
+    grid = str(tmp_path / "grid")
+    shutil.copytree(tiny_grid, grid)
+    out = str(tmp_path / "out")
+    args = ["--data", grid, "--out", out, "--save-every", "1", "--sample-every", "0"]
+    check(in_process(train, args + ["--steps", "1"]))
+    episodes = resume.read_meta(os.path.join(out, "step_00000001"))["extra"]["episodes"]
+    held = episodes["held_out"]
+    assert len(held) == 2 and len(episodes["train"]) == 4 and len(episodes["fingerprint"]) == 16
+    video = os.path.join(grid, "videos", held[0] + ".mp4")
+    os.rename(video, video + ".away")
+    proc = in_process(train, args + ["--steps", "2"])
+    assert proc.returncode == 2 and f"its held-out episodes changed in {grid}: {held[0]} no longer usable there " \
+        "(deleted or skipped)" in proc.stderr and "restore the data folder, or use a new --out" in proc.stderr, \
+        proc.stderr
+    proc = in_process(evaluate, [out, "--steps", "2", "--clips", "1", "--plot", str(tmp_path / "c.png")])
+    assert proc.returncode == 2 and f"its held-out episode(s) {held[0]} are no longer usable in {grid}" in proc.stderr
+    os.rename(video + ".away", video)
+    manifest = os.path.join(grid, "manifest.jsonl")  # two training episodes' files swapped, their records with them
+    rows = [json.loads(line) for line in open(manifest)]
+    a, b = [r for r in rows if r["stem"] in episodes["train"][:2]]
+    for key in ("sha1", "bytes", "n_out"):
+        a[key], b[key] = b[key], a[key]
+    paths = [os.path.join(grid, "videos", r["stem"] + ".mp4") for r in (a, b)]
+    os.rename(paths[0], paths[0] + ".swap")
+    os.rename(paths[1], paths[0])
+    os.rename(paths[0] + ".swap", paths[1])
+    with open(manifest, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    proc = in_process(train, args + ["--steps", "2"])
+    assert proc.returncode == 2 and f"the episodes of {grid} have the same names but other content" in proc.stderr, \
+        proc.stderr
