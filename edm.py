@@ -230,11 +230,11 @@ def predict(net, x, sigma, timestep, cond: Condition, noise):
     return denoise(net, x, sigma_B, cond)[0]
 
 
-def step_mean(x, x0, sigma, sigma_next, alpha):
-    """The Gaussian mean c x + (1 - c) x0_hat with c = alpha / sigma (fp32; the same op order in rollout and
-    training): x' = x0_hat + alpha eps_hat + beta z."""
+def step_mean(x, pred, sigma, sigma_next, alpha):
+    """The Gaussian mean c x + (1 - c) x0_hat with c = alpha / sigma, pred the (guided) x0_hat (fp32; the same op
+    order in rollout and training): x' = x0_hat + alpha eps_hat + beta z."""
     c = alpha / sigma
-    return c * x + (1.0 - c) * x0
+    return c * x + (1.0 - c) * pred
 
 
 def final_x0(guided_at_last, x_last, cond: Condition):

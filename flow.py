@@ -370,9 +370,9 @@ def mean_from_x0(x, x0, sigma, sigma_next, alpha):
     return c * x + (1.0 - sigma_next - c * (1.0 - sigma)) * x0
 
 
-def step_mean(x, velocity_pred, sigma, sigma_next, alpha):
-    """The Gaussian mean of a step from states x and the (guided) velocity: x0_hat = x - sigma v."""
-    return mean_from_x0(x, x - sigma * velocity_pred, sigma, sigma_next, alpha)
+def step_mean(x, pred, sigma, sigma_next, alpha):
+    """The Gaussian mean of a step from states x and pred, the (guided) velocity: x0_hat = x - sigma v."""
+    return mean_from_x0(x, x - sigma * pred, sigma, sigma_next, alpha)
 
 
 def final_x0(guided_at_last, x_last, cond: Condition):

@@ -135,3 +135,26 @@ def test_library_never_imports_benchmarks():
     hits = [f"{name}.py imports benchmarks/{m}.py" for name in sorted(library)
             for m in sorted(graph[name] & set(benchmarks))]
     assert not hits, "the library imports a benchmark (move what it needs into the library): " + "; ".join(hits)
+
+
+FAMILY_API = ("NAME", "TEXT_ENCODER", "TRAIN_FLAGS", "SAMPLER_FLAGS", "GRIDS", "ROLLOUT_GRID", "sampler_defaults",
+              "describe_sampler", "nonfinite_hint", "training_loss", "initial_noise", "initial_state", "sample",
+              "rollout_grid", "edm_sigma", "check_step", "predict", "step_mean", "final_x0", "step_sensitivity",
+              "training_levels", "forward_velocity")
+
+
+def test_each_model_family_has_one_home_with_the_same_names_chosen_in_one_place():
+    """edm.py (Predict2) and flow.py (Predict2.5) define the same family API with the same parameters; build.family
+    is the only caller of inits.is_p25, so no module branches on the family itself."""
+    import inspect
+    import edm
+    import flow
+    for name in FAMILY_API:
+        a, b = getattr(edm, name), getattr(flow, name)
+        if callable(a):
+            assert list(inspect.signature(a).parameters) == list(inspect.signature(b).parameters), name
+        else:
+            assert type(a) is type(b), name
+    calls = [f"{rel}:{n}" for rel, text in tracked_text_files() if rel.endswith(".py") and not rel.startswith("tests/")
+             for n, line in enumerate(text.splitlines(), start=1) if "is_p25(" in line and "def is_p25" not in line]
+    assert len(calls) == 1 and calls[0].startswith("build.py:"), calls
