@@ -80,10 +80,12 @@ def test_nft_resumes_bitwise(base, tiny_grid, tmp_path):
             assert a[step][key] == b[step][key], (step, key)
     assert a[4]["eval_reward"] == b[4]["eval_reward"] and a[4]["old_deviation"] > 0
     import evaluate
+    import rundir
     import sample
     assert sample.parse_config(["--ckpt", whole]).guidance == 0.0  # an NFT run samples CFG-free, as trained
     assert sample.parse_config(["--ckpt", whole, "--guidance", "3"]).guidance == 3.0
-    assert evaluate.runs_reward([whole, parts]) == "reward:wrist_brightness"  # scored by the runs' own reward
+    runs = [rundir.run_config(whole), rundir.run_config(parts)]
+    assert evaluate.runs_reward(runs) == "reward:wrist_brightness"  # scored by the runs' own reward
 
 
 def test_rl_flags_belong_to_their_objective():
