@@ -172,13 +172,14 @@ def policy_samples(net, cond, shape, steps, guidance, generator, init, config):
 
 
 def evaluate(net, vae, cfg, batches, neg_text, terms, seed):
-    """{"eval_reward": the weighted reward, "eval_reward_<name>": each term and component}, means over every rank's
-    held-out clips (batches: train.py's fixed held-out (latent, Condition) batches) x EVAL_NOISE_DRAWS noise
+    """{"eval_reward": the weighted reward, "eval_reward_<name>": each term and component, "eval_sd" and
+    "eval_sd_<name>": their spread (population sd) over the held-out samples, "eval_samples": their number}, means
+    over every rank's held-out clips (batches: train.py's fixed held-out (latent, Condition) batches) x EVAL_NOISE_DRAWS noise
     draws, sampled with cfg.eval_steps deterministic steps at the objective's rollout guidance. seed(i, b, d): the
     noise of batch i, clip b, draw d. Collective: the same terms (names) on every rank."""
     guidance = config_of(cfg).guidance
     device = batches[0][0].device
-    sums, count = {}, 0
+    sums, squares, count = {}, {}, 0  # squares: each term's spread over the held-out clips and draws
     for i, batch in enumerate(batches):
         decode = decoder(vae, terms, len(data.VIEW_ORDER) if batch[1].camera is not None else 0)
         for b, cond in enumerate(conditions(batch, neg_text, rank=0)):
@@ -189,13 +190,20 @@ def evaluate(net, vae, cfg, batches, neg_text, terms, seed):
                 collectives.agree("the held-out evaluation", lambda: check_samples([x0], [cond], "held-out samples"))
                 for name, value in reward.score(terms, video=decode(x0), latent=x0).items():
                     sums[name] = sums.get(name, 0.0) + float(value.double().sum())
+                    squares[name] = squares.get(name, 0.0) + float(value.double().square().sum())
                 count += 1
     names = sorted(sums)
-    totals = torch.tensor([sums[k] for k in names] + [count], dtype=torch.float64, device=device)
+    totals = torch.tensor([sums[k] for k in names] + [squares[k] for k in names] + [count], dtype=torch.float64,
+                          device=device)
     if dist.is_initialized():
         dist.all_reduce(totals)
-    return {("eval_reward" if k == "reward" else f"eval_reward_{k.replace('/', '_')}"): float(totals[j] / totals[-1])
-            for j, k in enumerate(names)}
+    n, out = float(totals[-1]), {"eval_samples": int(totals[-1])}
+    for j, k in enumerate(names):
+        suffix = "" if k == "reward" else "_" + k.replace("/", "_")
+        mean = float(totals[j]) / n
+        out["eval_reward" + suffix] = mean
+        out["eval_sd" + suffix] = max(float(totals[len(names) + j]) / n - mean ** 2, 0.0) ** 0.5  # population sd
+    return out
 
 
 # -----------------------------------------------------------------------------

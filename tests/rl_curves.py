@@ -10,8 +10,10 @@ OUT/base if OUT/base has none), with everything else the tiny RL preset's:
   the brightness scored with weight 0 beside it.
 Every run logs the held-out brightness (eval_reward_wrist_brightness: the deterministic sampler on the held-out
 episodes with fixed noise) every 5 updates. Printed: that curve per arm, and the learned run's final margin over its
-control and over its noise arm in units of the base's within-group standard deviation (the spread of the
-brightness among one group's samples at update 1). One JSON line at the end holds every number.
+control and over its noise arm in units of the control's held-out spread (eval_sd_wrist_brightness: the sd of the brightness over the
+held-out clips x noise draws the evaluation scores, eval_samples of them; the control is the base, so it is the
+base's), and, labelled beside it, in units of the within-group sd (the spread of the brightness among one group's
+samples at update 1). One JSON line at the end holds every number.
 """
 import argparse
 import json
@@ -21,7 +23,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TERM = "eval_reward_wrist_brightness"
+BRIGHTNESS = "eval_reward_wrist_brightness"
 ARMS = {"learned": "reward:wrist_brightness", "control": "reward:wrist_brightness=0",
         "noise": "reward:wrist_brightness=0,reward_plugins:noise"}
 
@@ -36,10 +38,12 @@ def run(argv, log):
 
 
 def curve(out):
+    """({step: held-out brightness}, the within-group sd at update 1, (held-out sd, samples) at step 0)."""
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    held = {r["step"]: r[TERM] for r in rows if TERM in r}
+    held = {r["step"]: r[BRIGHTNESS] for r in rows if BRIGHTNESS in r}
     first = next(r for r in rows if r.get("step") == 1)
-    return held, first.get("reward_group_std")
+    start = next(r for r in rows if r.get("step") == 0)
+    return held, first.get("reward_group_std"), (start.get("eval_sd_wrist_brightness"), start.get("eval_samples"))
 
 
 def main():
@@ -74,20 +78,26 @@ def main():
     summary = []
     for objective in objectives:
         for seed in seeds:
-            (learned, sd), (control, _), (noise, _) = (results[(objective, seed, a)] for a in ARMS)
+            (learned, sd, _), (control, _, (spread, n)), (noise, _, _) = (results[(objective, seed, a)] for a in ARMS)
             steps = sorted(learned)
             print(f"{objective} seed {seed}: held-out wrist brightness at updates {steps}")
             for arm, held in (("learned", learned), ("control", control), ("noise", noise)):
                 print(f"  {arm:8s} " + " ".join(f"{held[s]:.4f}" for s in steps))
             last = steps[-1]
             margin = {"control": (learned[last] - control[last]) / sd, "noise": (learned[last] - noise[last]) / sd}
-            print(f"  final margin, in within-group sd ({sd:.4f}): over control {margin['control']:+.1f}, over "
-                  f"noise {margin['noise']:+.1f}; control == base at every evaluation: "
-                  f"{all(control[s] == control[0] for s in steps)}")
+            held_margin = {"control": (learned[last] - control[last]) / spread,
+                           "noise": (learned[last] - noise[last]) / spread} if spread else None
+            if held_margin:
+                print(f"  final margin, in the control's held-out sd ({spread:.4f} over {n} held-out samples): over "
+                      f"control {held_margin['control']:+.2f}, over noise {held_margin['noise']:+.2f}")
+            print(f"  (within-group units, sd {sd:.4f} of one group at update 1: over control "
+                  f"{margin['control']:+.1f}, over noise {margin['noise']:+.1f}); control == base at every "
+                  f"evaluation: {all(control[s] == control[0] for s in steps)}")
             summary.append({"objective": objective, "seed": seed, "within_group_sd": sd, "steps": steps,
                             **{arm: [h[s] for s in steps] for arm, h in (("learned", learned), ("control", control),
                                                                           ("noise", noise))},
-                            "margin_sd": margin})
+                            "margin_within_group_sd": margin, "margin_held_out_sd": held_margin,
+                            "control_held_out_sd": spread, "held_out_samples": n})
     print(json.dumps({"rl_curves": summary}))
 
 

@@ -120,6 +120,8 @@ def test_grpo_objective_updates_lora_and_resumes(tiny_grid, tmp_path):
     assert "--grpo-lr 0.003 -> 5e-05" in second.stdout  # an optimizer change is applied and said
     by_step = rows(out)
     assert by_step[0]["eval_reward_wrist_brightness"] > 0  # the held-out evaluation before the first update
+    start = by_step[0]  # with each term's spread over the held-out samples (clips x noise draws): the unit of a gain
+    assert start["eval_samples"] >= 2 and start["eval_sd_wrist_brightness"] > 0 and start["eval_sd"] >= 0
     updates = {k: v for k, v in by_step.items() if k > 0}
     assert sorted(updates) == [1, 2, 3] and [r["lr"] for r in updates.values()] == [3e-3, 3e-3, 5e-5]
     for row in updates.values():
