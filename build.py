@@ -30,6 +30,9 @@ from model import DiT
 RECOMPILE_LIMIT = 16  # per compiled block: room for every variant a GRPO run needs, never a silent eager fallback
 
 
+FAMILIES = (edm, flow)
+
+
 def family(cfg):
     """The model family's math of a DiTConfig: flow (Predict2.5: rectified flow, Reason1 text, UniPC) or edm
     (Predict2: EDM sigma, T5 text, Karras Euler/AB2)."""

@@ -230,7 +230,8 @@ def open_run(path, cfg):
     dataset = (data.ViewClips if views else data.GridClips)(run["data"], run["frames"], run["height"], run["width"],
                                                             **text)
     held_out = held_out_stems(dataset.videos, run["holdout"])
-    recorded = resume.read_meta(latest)["extra"].get("episodes")  # what it held out when it trained (steps since)
+    meta = resume.read_meta(latest)
+    recorded = meta["extra"].get("episodes")  # what it held out when it trained (steps since)
     if recorded and recorded["held_out"] and sorted(held_out) != sorted(recorded["held_out"]):
         by_stem = {v.stem: i for i, v in enumerate(dataset.videos)}
         gone = [s for s in recorded["held_out"] if s not in by_stem]
@@ -246,7 +247,7 @@ def open_run(path, cfg):
     if not held_out:
         raise ValueError(f"{path}: trained with --holdout 0, so every video of {run['data']} was trained on; "
                          "evaluate.py compares runs on held-out episodes (train with --holdout N, or -1 for 2%)")
-    return Run(path=path, directory=directory, cfg=run, checkpoint=latest, step=resume.read_meta(latest)["step"],
+    return Run(path=path, directory=directory, cfg=run, checkpoint=latest, step=meta["step"],
                views=views, dataset=dataset, held_out=held_out, guidance=run_guidance(path, run, cfg.guidance))
 
 

@@ -509,10 +509,7 @@ def build_from_step(step_dir, device, use_ema=False):
         raise CheckpointError(f"{step_dir} holds LoRA adapters trained on a base of content checksum {recorded}, but "
                               f"its run's recorded base {init} now holds {net.init_checksum}: another network; restore "
                               "the original base at that path")
-    frozen = [k for k, p in net.named_parameters() if not p.requires_grad]
-    if meta["lora_only"] and run.get("init", "random") != "random":  # the adapters' base, as train.py loaded it
-        ckpt.load(net, run["init"], ema={"": None, "net": False, "net_ema": True}[run.get("ema_weights", "")],
-                  allow_missing=(ckpt.LORA_KEYS,))
+    frozen = [k for k, p in net.named_parameters() if not p.requires_grad]  # the base build() loaded, strictly
     base = ("^(" + "|".join(map(re.escape, frozen)) + ")$",) if meta["lora_only"] and frozen else ()
     ckpt.load(net, step_dir, ema=True if use_ema else None, allow_missing=base)  # LoRA-only: the base is not in it
     return net

@@ -139,15 +139,16 @@ def check_resume_settings(out, cfg, keys, defaults, episodes=None):
     if path is None:
         return None, {}
     # a setting added since the save (e.g. --latents) is taken at its default, which is how that run was trained
-    saved = {**cli.flatten(dataclasses.asdict(defaults)), **cli.flatten(read_meta(path)["extra"]["config"])}
+    extra = read_meta(path)["extra"]
+    saved = {**cli.flatten(dataclasses.asdict(defaults)), **cli.flatten(extra["config"])}
     now = cli.flatten(json.loads(json.dumps(dataclasses.asdict(cfg))))  # tuples as lists, like the saved JSON
     refused = {k: (saved.get(k), now[k]) for k in keys if saved.get(k) != now[k]}
-    recorded = read_meta(path)["extra"].get("episodes")
+    recorded = extra.get("episodes")
     change = episode_change(recorded, episodes, cfg.data) if recorded and episodes and "data" not in refused else ""
     if change:
         raise ValueError(f"{path}: {change}; a resumed run must keep its data (its held-out set above all): restore "
                          "the data folder, or use a new --out")
-    if "init" in refused and now.get("lora") and "base_checksum" in read_meta(path)["extra"]:
+    if "init" in refused and now.get("lora") and "base_checksum" in extra:
         refused.pop("init")  # a LoRA run's base is judged by content once it is loaded (train.check_lora_base)
     if "objective" in refused:  # the knobs of the other objective were never used by the saved run: not a change
         raise ValueError(f"{out} was written by --objective {saved.get('objective')}, this run is --objective "

@@ -41,7 +41,7 @@ import sac
 import sft
 import stitch
 import vae as vae_lib
-from build import NetSpec, compile_seconds, describe, family, materialise, meta_net, trainable
+from build import FAMILIES, NetSpec, compile_seconds, describe, family, materialise, meta_net, trainable
 from camera import stack_views, views_map
 from data import TINY_CONFIGS, standin_text, tiny_data
 from generate import write_sample
@@ -125,8 +125,7 @@ TINY_RL = dict(steps=30, save_every=15, sample_every=15, eval_every=5, eval_step
                reward="reward:wrist_brightness", grpo=dict(group_size=8, lr=3e-3), nft=dict(group_size=8, lr=3e-3))
 REAL = dict(vae="real", frames=93, height=432, width=768, steps=20000, lr=2 ** -14.5, warmup=1000, save_every=200,
             sample_every=1000)
-# Loss knobs of one model family (its TRAIN_FLAGS: Predict2's edm.py, Predict2.5's flow.py)
-FAMILY_ONLY = {"loss_scale": "Predict2", "high_sigma_ratio": "Predict2", "conditional_frame_timestep": "Predict2.5"}
+FAMILY_ONLY = {k: f.NAME for f in FAMILIES for k in f.TRAIN_FLAGS}  # loss knobs of one model family: its owner
 def parse_config(argv):
     """Dataclass defaults, then the TINY or REAL preset, then the flags given on the command line."""
     given = cli.parse_flags(TrainConfig, argv, description=__doc__)  # argparse rejects unknown flags
