@@ -15,9 +15,11 @@ Held-out episodes are each run's own (train.py --holdout: the last videos of its
 matched by stem: a grid folder and a views folder stitched from one LeRobot source name an episode alike
 (videos/<src>__ep<index>.mp4, videos/<src>__ep<index>.<view>.mp4). The runs are compared on the first --clips stems
 that every run holds out. Each clip is the window at frame 0 of the run's frames x height x width, generated from its
-first frame the way the run samples (generate.generate: its sampler, prompt, negative prompt and cameras; noise seed
---seed + clip index), scored on frames 1.. only (frame 0 conditions). Weight-free metrics only: PSNR, SSIM and
-reward.py's terms (on the 2x2 grid; a views run's views are put into one with reward.grid_from_views).
+first frame alone the way the run samples (generate.from_first_frame: its sampler, prompt, negative prompt and
+cameras; noise seed --seed + clip index, + draw x clips with --draws), scored on frames 1.. only (frame 0
+conditions). Weight-free metrics only: PSNR, SSIM (fidelity.py) and reward.py's terms (on the 2x2 grid; a views run's
+views are put into one with reward.grid_from_views). An RL run logs the same numbers for its held-out clips at every
+evaluation (eval_psnr, eval_ssim, eval_reward): `--steps` its --eval-steps, `--draws 2` give them again.
 """
 import dataclasses
 import importlib.util
@@ -26,7 +28,6 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 
 import build
 import cache
@@ -40,115 +41,18 @@ import vae as vae_lib
 from camera import views_map
 from data import TINY_CONFIGS, standin_text
 from formats import STEP_RE
-from generate import generate
+from fidelity import CAMERAS, reward_video, view_metrics
+from generate import from_first_frame
 from inits import get_config
 from model import Condition
 
-CAMERAS = ("ext_1", "ext_2", "wrist")  # stitch.py's grid cells: top-left, top-right, bottom-left (bottom-right black)
-SSIM_WINDOW, SSIM_SIGMA, SSIM_C1, SSIM_C2 = 11, 1.5, 0.01 ** 2, 0.03 ** 2  # Wang et al. 2004, intensities in [0, 1]
-CURVES = {"eval_reward": "held-out reward (eval_reward)", "reward_mean": "training reward (reward_mean)",
+CURVES = {"eval_reward": "held-out reward (eval_reward)", "eval_psnr": "held-out PSNR, dB (eval_psnr)",
+          "reward_mean": "training reward (reward_mean)",
           "eval_loss": "held-out loss (eval_loss; each family's own loss)"}  # metrics.jsonl keys -> plot panels
 PLOT_FORMATS = (".png", ".pdf", ".svg")
 PLOT_MARK = "nanocosmos evaluate.py"  # the plot's Creator: a file without it is never overwritten
 RUN_KEYS = ("config", "init", "objective", "data", "frames", "height", "width", "text_len", "seed", "holdout", "vae",
             "vae_ckpt", "ema", "guidance", "conditional_frame_timestep")  # what is read of a run's config.json
-
-# -----------------------------------------------------------------------------
-# Metrics: weight-free, batched, videos [B, 3, T, H, W] in [-1, 1]
-
-
-def to_unit(video):
-    """[-1, 1] -> intensities in [0, 1], float32 (values outside are clamped, as an mp4 would store them)."""
-    return (video.float().clamp(-1, 1) + 1) / 2
-
-
-def check_pair(pred, target, what):
-    if pred.shape != target.shape or pred.ndim != 5 or pred.shape[1] != 3:
-        raise ValueError(f"{what}: pred {tuple(pred.shape)} and target {tuple(target.shape)}: need two videos of one "
-                         "shape [B, 3, T, H, W]")
-
-
-def psnr(pred, target):
-    """PSNR in dB, [B] float64: 10 log10(1 / MSE) of each frame's [0, 1] intensities, averaged over the frames (an
-    identical frame gives inf, and so does its mean)."""
-    check_pair(pred, target, "psnr")
-    mse = (to_unit(pred).double() - to_unit(target).double()).square().mean(dim=(1, 3, 4))  # [B, T]
-    return (10 * torch.log10(1 / mse)).mean(dim=1)
-
-
-def gaussian_window(size=SSIM_WINDOW, sigma=SSIM_SIGMA):
-    """[size, size] float64 Gaussian weights summing to 1."""
-    x = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
-    g = torch.exp(-x.square() / (2 * sigma ** 2))
-    return torch.outer(g, g) / g.sum() ** 2
-
-
-def ssim(pred, target):
-    """SSIM, [B] float64: the standard SSIM of Wang et al. 2004 (Gaussian window 11, sigma 1.5, C1 = 0.01^2,
-    C2 = 0.03^2 on [0, 1] intensities; the map over every window that fits inside the frame), per RGB channel and
-    frame, averaged over pixels and channels, then over the frames."""
-    check_pair(pred, target, "ssim")
-    B, C, T, H, W = pred.shape
-    if min(H, W) < SSIM_WINDOW:
-        raise ValueError(f"ssim: frames of {H}x{W} are smaller than the {SSIM_WINDOW}x{SSIM_WINDOW} window")
-    # float64: in float32, E[x^2] - mu^2 cancels to errors of ~1e-7, a 1e-4 error against C2 in flat regions
-    x, y = (to_unit(v).double().transpose(1, 2).reshape(B * T, C, H, W) for v in (pred, target))
-    window = gaussian_window().to(x)[None, None].expand(C, 1, SSIM_WINDOW, SSIM_WINDOW)
-
-    def blur(v):  # each channel on its own
-        return F.conv2d(v, window, groups=C)
-    mu_x, mu_y = blur(x), blur(y)
-    var_x, var_y, cov = blur(x * x) - mu_x * mu_x, blur(y * y) - mu_y * mu_y, blur(x * y) - mu_x * mu_y
-    s = (2 * mu_x * mu_y + SSIM_C1) * (2 * cov + SSIM_C2) / ((mu_x * mu_x + mu_y * mu_y + SSIM_C1)
-                                                              * (var_x + var_y + SSIM_C2))
-    return s.mean(dim=(1, 2, 3)).view(B, T).mean(dim=1)
-
-
-def resize(video, size):
-    """[B, 3, T, h, w] -> [B, 3, T, *size] frame by frame, by area averaging (a downscale: each source pixel counts
-    once, so fine detail is averaged away alike in a grid cell and a full-size view)."""
-    B, C, T, h, w = video.shape
-    if (h, w) == tuple(size):
-        return video
-    frames = F.interpolate(video.float().transpose(1, 2).reshape(B * T, C, h, w), size=tuple(size), mode="area")
-    return frames.reshape(B, T, C, *size).transpose(1, 2)
-
-
-def camera_views(video, layout, size=None):
-    """{"ext_1", "ext_2", "wrist"} -> [B, 3, T, h, w]: the cells of a 2x2 grid video [B, 3, T, H, W] (layout "grid";
-    the black bottom-right cell is no camera), or the views of [B, V, 3, T, H, W] in data.VIEW_ORDER (layout
-    "views"); resized to size (h, w) when given."""
-    if layout == "grid" and video.ndim == 5 and video.shape[1] == 3:
-        h, w = video.shape[-2] // 2, video.shape[-1] // 2
-        views = {"ext_1": video[..., :h, :w], "ext_2": video[..., :h, w: 2 * w], "wrist": video[..., h: 2 * h, :w]}
-    elif layout == "views" and video.ndim == 6 and video.shape[1:3] == (len(data.VIEW_ORDER), 3):
-        views = {name: video[:, i] for i, name in enumerate(data.VIEW_ORDER)}
-    else:
-        raise ValueError(f"camera_views: a {layout!r} video of shape {tuple(video.shape)}; need layout 'grid' with "
-                         f"[B, 3, T, H, W] or 'views' with [B, {len(data.VIEW_ORDER)}, 3, T, H, W]")
-    return {c: views[c] if size is None else resize(views[c], size) for c in CAMERAS}
-
-
-def view_metrics(pred, truth, layout, size):
-    """{"<camera>/psnr", "<camera>/ssim", "psnr", "ssim" (the means over cameras)}: [B] each, on frames 1.. of pred
-    against truth (frame 0 conditions the generation), both cut into camera views of size (h, w)."""
-    pred, truth = camera_views(pred, layout, size), camera_views(truth, layout, size)
-    out = {}
-    for c in CAMERAS:
-        out[f"{c}/psnr"] = psnr(pred[c][:, :, 1:], truth[c][:, :, 1:])
-        out[f"{c}/ssim"] = ssim(pred[c][:, :, 1:], truth[c][:, :, 1:])
-    for name in ("psnr", "ssim"):
-        out[name] = torch.stack([out[f"{c}/{name}"] for c in CAMERAS]).mean(dim=0)
-    return out
-
-
-def reward_video(video, layout):
-    """Frames 1.. of a grid video [B, 3, T, H, W], or of views [B, V, 3, T, H, W] put into Path B's 2x2 grid, as
-    train.grpo_step scores a views run's rollouts."""
-    if layout == "views":
-        video = torch.cat([reward.grid_from_views(v, data.VIEW_ORDER) for v in video])
-    return video[:, :, 1:].float()
-
 
 # -----------------------------------------------------------------------------
 # Runs: what train.py trained, on which held-out episodes
@@ -306,18 +210,16 @@ def evaluate_run(run, stems, cfg, terms, device, size):
     layout, clips = "views" if run.views else "grid", []
     for i, stem in enumerate(stems):
         truth, text, camera = held_out_clip(run, stem, device, dtype)
-        first = truth[:, :, :1]  # only the conditioning frame goes in: no later frame can leak into the generation
-        given = torch.cat([first, torch.full_like(first, -1).expand(-1, -1, truth.shape[2] - 1, -1, -1)], dim=2)
         cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg[None].to(device), camera=camera,
                          conditional_frame_timestep=timestep)
-        generated = generate(net, vae, given.to(dtype), cond, cfg.steps, run.guidance, cfg.seed + i,
-                             grid=grid).float()
-        if run.views:  # one sample of V views
-            generated, truth = generated[None], truth[None]
-        metrics = view_metrics(generated, truth, layout, size)
-        rewards = reward.score(terms, video=reward_video(generated, layout))
-        clips.append({"stem": stem, "seed": cfg.seed + i, "metrics": {k: v.item() for k, v in metrics.items()},
-                      "rewards": {k: v.item() for k, v in rewards.items()}})
+        for d in range(cfg.draws):  # rl.evaluate's rule: clip i, draw d has the noise seed + i + d * clips
+            seed = cfg.seed + i + d * len(stems)
+            generated, _ = from_first_frame(net, vae, truth, cond, cfg.steps, run.guidance, seed, grid, dtype)
+            shaped = (generated[None], truth[None]) if run.views else (generated, truth)  # one sample of V views
+            metrics = view_metrics(*shaped, layout, size)
+            rewards = reward.score(terms, video=reward_video(shaped[0], layout))
+            clips.append({"stem": stem, "seed": seed, "metrics": {k: v.item() for k, v in metrics.items()},
+                          "rewards": {k: v.item() for k, v in rewards.items()}})
     del net, vae
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -406,7 +308,8 @@ class EvalConfig:
     steps: int = 35  # sampler steps (Predict2: Euler + AB2; Predict2.5: UniPC)
     guidance: float = -1.0  # CFG for every run; default -1: each run's own (GRPO --grpo-guidance, NFT --nft-guidance,
     # SFT its sample videos' --guidance, 7.0 unless set)
-    seed: int = 0  # initial noise of clip i: seed + i, the same for every run
+    seed: int = 0  # initial noise of clip i (draw d): seed + i (+ d * clips), the same for every run
+    draws: int = 1  # noise draws per clip (an RL run's held-out evaluation: 2, rl.EVAL_NOISE_DRAWS)
     reward: str = ""  # reward terms scored on the grid video (reward.parse_rewards: default, module:fn=WEIGHT); "": the
     # runs' own --reward when every RL run among them shares one, else default
     plot: str = "compare.png"  # the plot of the runs' curves (.png, .pdf or .svg; needs matplotlib); replaces only a
@@ -418,8 +321,8 @@ class EvalConfig:
 def parse_config(argv):
     """The flags, checked before any run is read."""
     cfg = cli.parse(EvalConfig, argv, description=__doc__, positional=("runs",), prog="evaluate.py")
-    if cfg.clips < 1 or cfg.steps < 1:
-        raise ValueError(f"--clips {cfg.clips} and --steps {cfg.steps} must be >= 1")
+    if min(cfg.clips, cfg.steps, cfg.draws) < 1:
+        raise ValueError(f"--clips {cfg.clips}, --steps {cfg.steps} and --draws {cfg.draws} must be >= 1")
     if cfg.guidance < 0 and cfg.guidance != -1:
         raise ValueError(f"--guidance {cfg.guidance}: >= 0, or -1 for each run's own")
     if cfg.device not in ("", "cuda", "cpu"):

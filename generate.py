@@ -19,14 +19,14 @@ from video import write_mp4
 
 
 @torch.no_grad()
-def generate(net, vae, video_B_3_T_H_W, cond: Condition, num_steps, guidance, seed, grid, num_conditional_frames=1):
-    """Keep the first latent frame(s) of `video`, generate the rest from noise, decode. Returns the generated video
-    in the VAE's dtype. cond: the prompt (crossattn_emb, neg_crossattn_emb), Predict2.5's
-    conditional_frame_timestep (-1 or 0.1; the family's sampler_defaults) and, for a camera net, the camera; its
-    gt_frames and condition_mask are set here from the video. grid: one of the family's GRIDS (Predict2: karras
-    only; Predict2.5: shift | karras). A camera net takes video [V,3,T,H,W] and its Pluecker map cond.camera
-    [1, V*T_latent, H/16, W/16, 1536], and returns [V,3,T,H,W]."""
-    device = video_B_3_T_H_W.device
+def generate_latent(net, vae, video_B_3_T_H_W, cond: Condition, num_steps, guidance, seed, grid,
+                    num_conditional_frames=1):
+    """The final latent x0 [1, C, T', h, w] (a camera net: its views stacked on latent time) generated from the
+    video's first latent frame(s), kept as the conditioning frames. cond: the prompt (crossattn_emb,
+    neg_crossattn_emb), Predict2.5's conditional_frame_timestep (-1 or 0.1; the family's sampler_defaults) and, for
+    a camera net, the camera; its gt_frames and condition_mask are set here from the video. grid: one of the family's
+    GRIDS (Predict2: karras only; Predict2.5: shift | karras). A camera net takes video [V,3,T,H,W] and its Pluecker
+    map cond.camera [1, V*T_latent, H/16, W/16, 1536]."""
     latent = vae.encode(video_B_3_T_H_W).float()
     views = len(video_B_3_T_H_W) if net.cfg.camera_channels else 0
     if views:
@@ -34,9 +34,31 @@ def generate(net, vae, video_B_3_T_H_W, cond: Condition, num_steps, guidance, se
     mask = flow.frame_mask(latent, views, num_conditional_frames)
     cond = dataclasses.replace(cond, gt_frames=latent, condition_mask=mask)
     math = family(net.cfg)
-    noise = math.initial_noise(tuple(latent.shape), seed, max(views, 1)).to(device)
-    x0 = math.sample(net, noise, cond, guidance, grid, num_steps)
-    return vae.decode((split_views(x0, views) if views else x0).to(video_B_3_T_H_W.dtype))
+    noise = math.initial_noise(tuple(latent.shape), seed, max(views, 1)).to(video_B_3_T_H_W.device)
+    return math.sample(net, noise, cond, guidance, grid, num_steps)
+
+
+def decode(net, vae, x0, dtype, views):
+    """x0 of generate_latent decoded in `dtype`: [1, 3, T, H, W], or a camera net's [V, 3, T, H, W]."""
+    return vae.decode((split_views(x0, views) if net.cfg.camera_channels else x0).to(dtype))
+
+
+@torch.no_grad()
+def generate(net, vae, video_B_3_T_H_W, cond: Condition, num_steps, guidance, seed, grid, num_conditional_frames=1):
+    """generate_latent, decoded: the generated video in the video's dtype ([V,3,T,H,W] for a camera net)."""
+    x0 = generate_latent(net, vae, video_B_3_T_H_W, cond, num_steps, guidance, seed, grid, num_conditional_frames)
+    return decode(net, vae, x0, video_B_3_T_H_W.dtype, len(video_B_3_T_H_W))
+
+
+@torch.no_grad()
+def from_first_frame(net, vae, truth, cond: Condition, num_steps, guidance, seed, grid, dtype):
+    """(video float32, x0) generated from the first frame of truth ([1,3,T,H,W], a camera net's [V,3,T,H,W]) alone:
+    every later frame is replaced by black before encoding, so none can leak into the generation. The held-out
+    generation of evaluate.py and of every RL run's evaluation (rl.evaluate): one function, one number."""
+    first = truth[:, :, :1].to(dtype)
+    given = torch.cat([first, torch.full_like(first, -1).expand(-1, -1, truth.shape[2] - 1, -1, -1)], dim=2)
+    x0 = generate_latent(net, vae, given, cond, num_steps, guidance, seed, grid)
+    return decode(net, vae, x0, dtype, len(given)).float(), x0
 
 
 @torch.no_grad()

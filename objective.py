@@ -25,6 +25,12 @@ def sample_seed(*keys):
     return int.from_bytes(digest, "little") >> 1
 
 
+def held_out_slots(dp_rank, dp_world, per_rank=2):
+    """The global slots of this rank's held-out clips (slot s: the s-th held-out video, cycling; s also picks its
+    evaluation noise), the same number on every rank, and their total over ranks."""
+    return [i * dp_world + dp_rank for i in range(per_rank)], per_rank * dp_world
+
+
 # -----------------------------------------------------------------------------
 # The objective table's record (train.py's OBJECTIVE: sft.objective, rl.objective for grpo and nft)
 
@@ -38,7 +44,8 @@ class Objective:
     weight_decay: float
     schedule: str  # the optimizer line's learning-rate part
     step: object  # (step, next_batch) -> the step's metrics row (runs the optimizer step)
-    held_out: object  # (batches) -> {"eval_loss"} or {"eval_reward", "eval_reward_<term>", ...}
+    held_out: object  # (batches, truths) -> {"eval_loss"} or {"eval_reward", "eval_psnr", ...}
+    watch: object  # (row, history) -> True to stop after a held-out evaluation (RL's fidelity guard), or None
     bar: object  # row -> the progress bar's fields
     guidance: float  # the sample videos' CFG (RL: the rollouts' own)
     name: str  # the progress bar's

@@ -11,6 +11,7 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 import build
 import cli
@@ -20,8 +21,10 @@ import grpo
 import nft
 import reward
 from camera import split_views
-from model import map_tensors
-from objective import Objective, check_samples, sample_seed
+from fidelity import reward_video, view_metrics
+from generate import from_first_frame
+from model import Condition, map_tensors
+from objective import Objective, check_samples, held_out_slots, sample_seed
 
 # -----------------------------------------------------------------------------
 # The objective table: each RL objective's config field in TrainConfig, its step, and the knobs a resumed run may
@@ -45,7 +48,8 @@ def validate_objective(cfg, given):
     """The objective's own checks; returns {flag: why it would do nothing} for the flags it leaves unused."""
     others = [o for o in MAY_CHANGE if o != cfg.objective]  # the other RL objectives' knobs
     unused = {k: f"with --objective {cfg.objective}" for k in given
-              if k.split(".")[0] in others or (cfg.objective == "sft" and k in ("reward", "eval_steps"))}
+              if k.split(".")[0] in others or (cfg.objective == "sft" and k in ("reward", "eval_steps", "max_psnr_drop",
+                                                                                  "stop_on_psnr_drop"))}
     if cfg.objective != "sft" and "guidance" in given:  # samples and evaluation use the policy's own CFG
         unused["guidance"] = f"with --objective {cfg.objective} (its samples use {cli.flag(cfg.objective)}-guidance)"
     if cfg.objective == "sft":
@@ -57,6 +61,9 @@ def validate_objective(cfg, given):
                    for k, alt in SFT_ONLY.items() if k in given})
     if cfg.eval_steps < 1:
         raise ValueError(f"--eval-steps {cfg.eval_steps}: the held-out evaluation needs >= 1 sampler step")
+    if cfg.max_psnr_drop < 0 or (cfg.stop_on_psnr_drop and not cfg.max_psnr_drop):
+        raise ValueError(f"--max-psnr-drop {cfg.max_psnr_drop:g}: >= 0 dB (0: no fidelity guard), and > 0 with "
+                         "--stop-on-psnr-drop")
     if cfg.objective == "grpo":
         if cfg.grpo.eta <= 0:
             raise ValueError(f"--grpo-eta {cfg.grpo.eta}: a noiseless rollout has no log-prob to train (use > 0)")
@@ -150,48 +157,105 @@ def step_of(net, vae, optimizer, params, cfg, batch, neg_text, terms, update, ra
     else:
         _, metrics = nft.train_step(net, optimizer, params, list(old.values()), conds, shape, cfg.nft, score,
                                     decoder(vae, terms, views), seed=seed(update, "rollout", rank), update=update,
-                                    agree=collectives.agree)
+                                    agree=collectives.agree, cp_size=cfg.cp)
     return metrics
 
 
 # -----------------------------------------------------------------------------
-# Held-out evaluation: the deterministic sampler on fixed held-out clips and noise, scored by the run's rewards
+# Held-out evaluation: the deterministic sampler on fixed held-out clips and noise, scored by the run's rewards and
+# by its fidelity to the true clip (fidelity.py), exactly as evaluate.py scores the run's checkpoint
 
 EVAL_NOISE_DRAWS = 2  # initial-noise draws per held-out clip
 
 
-@torch.no_grad()
-def policy_samples(net, cond, shape, steps, guidance, generator, init, config):
-    """[1, C, T, H, W] from the objective-agnostic deterministic sampler of the net's family, on the grid it samples
-    the run's checkpoint with (Predict2: AB2 on Karras sigmas, as sample.py; Predict2.5: UniPC); CFG with
-    `guidance` (0: one call a step)."""
-    family = build.family(net.cfg)
-    noise = torch.randn(1, *shape, generator=generator, device=generator.device)
-    grid = family.sampler_defaults(init, config)[0]
-    return family.sample(net, family.initial_state(noise), cond, guidance, grid, steps).float()
+def evaluate(net, vae, cfg, clips, neg_text, terms, slot_of):
+    """The held-out evaluation of an RL run, collective: {"eval_reward": the weighted reward, "eval_reward_<name>":
+    each term and component, "eval_psnr", "eval_ssim" and "eval_<psnr|ssim>_<camera>": fidelity to the true clip,
+    "eval_sd" / "eval_sd_<name>" / "eval_sd_psnr": their spread (population sd) over the held-out samples,
+    "eval_samples": their number}; means over every rank's held-out clips x EVAL_NOISE_DRAWS noise draws.
+    clips: train.held_out_batches' (latent, Condition) batches and true videos of this rank; slot_of(i): the global
+    slot of its clip i, of n_slots (clip slot, draw d: noise seed cfg.seed + slot + d * n_slots, as evaluate.py
+    --seed S --draws 2 draws them). Each sample is generate.from_first_frame of the clip's first frame with
+    cfg.eval_steps deterministic steps of the family's sampler at the objective's rollout guidance; PSNR, SSIM and the
+    video rewards are scored on frames 1.. (frame 0 conditions), the latent rewards on the sample's latent."""
+    batches, truths, n_slots = clips
+    guidance, family = config_of(cfg).guidance, build.family(net.cfg)
+    grid, dtype = family.sampler_defaults(cfg.init, cfg.config)[0], next(vae.parameters()).dtype
+    views = net.cfg.camera_channels > 0
+    layout, size = ("views", (cfg.height, cfg.width)) if views else ("grid", (cfg.height // 2, cfg.width // 2))
+    sums, squares, count = {}, {}, 0  # squares: each quantity's spread over the held-out clips and draws
+    for i, ((latent, batch_cond), truth) in enumerate(zip(batches, truths)):
+        cond = Condition(crossattn_emb=batch_cond.crossattn_emb, neg_crossattn_emb=neg_text.to(latent.device),
+                         camera=batch_cond.camera, conditional_frame_timestep=cfg.conditional_frame_timestep)
+        truth = truth.to(latent.device)
+        for d in range(EVAL_NOISE_DRAWS):
+            video, x0 = from_first_frame(net, vae, truth, cond, cfg.eval_steps, guidance,
+                                         cfg.seed + slot_of(i) + d * n_slots, grid, dtype)
+            named = dataclasses.replace(batch_cond, key=("held-out", slot_of(i)))
+            collectives.agree("the held-out evaluation", lambda: check_samples([x0], [named], "held-out samples"))
+            shaped = (video[None], truth[None]) if views else (video, truth)  # [1, V, 3, T, H, W]: one sample
+            scores = reward.score(terms, video=reward_video(shaped[0], layout) if reward.needs_pixels(terms)
+                                  else None, latent=x0)
+            values = {("eval_reward" if k == "reward" else "eval_reward_" + k.replace("/", "_")): v
+                      for k, v in scores.items()}
+            for k, v in view_metrics(*shaped, layout, size).items():  # "psnr", "ext_1/psnr", ...
+                camera, _, metric = k.rpartition("/")
+                values[f"eval_{metric}" + (f"_{camera}" if camera else "")] = v
+            for name, value in values.items():
+                sums[name] = sums.get(name, 0.0) + float(value.double().sum())
+                squares[name] = squares.get(name, 0.0) + float(value.double().square().sum())
+            count += 1
+    return spread_means(sums, squares, count, batches[0][0].device)
 
 
-def evaluate(net, vae, cfg, batches, neg_text, terms, seed):
-    """{"eval_reward": the weighted reward, "eval_reward_<name>": each term and component, "eval_sd" and
-    "eval_sd_<name>": their spread (population sd) over the held-out samples, "eval_samples": their number}, means
-    over every rank's held-out clips (batches: train.py's fixed held-out (latent, Condition) batches) x EVAL_NOISE_DRAWS noise
-    draws, sampled with cfg.eval_steps deterministic steps at the objective's rollout guidance. seed(i, b, d): the
-    noise of batch i, clip b, draw d. Collective: the same terms (names) on every rank."""
-    guidance = config_of(cfg).guidance
-    device = batches[0][0].device
-    sums, squares, count = {}, {}, 0  # squares: each term's spread over the held-out clips and draws
-    for i, batch in enumerate(batches):
-        decode = decoder(vae, terms, len(data.VIEW_ORDER) if batch[1].camera is not None else 0)
-        for b, cond in enumerate(conditions(batch, neg_text, rank=0)):
-            for d in range(EVAL_NOISE_DRAWS):
-                generator = torch.Generator(device=device).manual_seed(seed(i, b, d))
-                x0 = policy_samples(net, cond, tuple(batch[0].shape[1:]), cfg.eval_steps, guidance, generator,
-                                    cfg.init, cfg.config)
-                collectives.agree("the held-out evaluation", lambda: check_samples([x0], [cond], "held-out samples"))
-                for name, value in reward.score(terms, video=decode(x0), latent=x0).items():
-                    sums[name] = sums.get(name, 0.0) + float(value.double().sum())
-                    squares[name] = squares.get(name, 0.0) + float(value.double().square().sum())
-                count += 1
+class FidelityStop(RuntimeError):
+    """--stop-on-psnr-drop: the run stopped after the evaluation whose held-out PSNR crossed --max-psnr-drop."""
+
+
+def fidelity_guard(cfg, say, master):
+    """watch(row, history, agree): after each held-out evaluation, compare it with step 0's (the base's, which is the
+    paired control's at every step: the control never moves). Says once when held-out PSNR fell more than
+    --max-psnr-drop dB below step 0 (the reward is being gained by forgetting the world) and once when the held-out
+    reward fell below step 0's by more than its spread (eval_sd: the policy cannot improve this reward); with
+    --stop-on-psnr-drop the first PSNR warning raises FidelityStop naming the newest saved step whose own
+    evaluation was within the bound. Decided on rank 0 (history: its metrics rows before this one); agree(bool) ->
+    the decision on every rank (collective)."""
+    said = {}  # what was said once: key -> its line
+
+    def once(key, line):
+        if key not in said and master:
+            said[key] = line
+            say(line)
+
+    def watch(row, history, agree):
+        base = next((r for r in history if r["step"] == 0 and "eval_psnr" in r), None) if master else None
+        if master and base is None:
+            once("base", "fidelity guard: no step-0 held-out evaluation with eval_psnr in metrics.jsonl (a run "
+                         "started before it was logged): the guard is off for this run")
+        drop = base["eval_psnr"] - row["eval_psnr"] if base else 0.0
+        crossed = bool(cfg.max_psnr_drop) and drop > cfg.max_psnr_drop and "psnr" not in said
+        if base and row["eval_reward"] < base["eval_reward"] - base["eval_sd"]:
+            once("reward", f"WARNING step {row['step']}: held-out reward {row['eval_reward']:.4g} is below step 0's "
+                           f"{base['eval_reward']:.4g} by more than its spread {base['eval_sd']:.3g}: the policy is "
+                           "not learning this reward (a paired control keeps step 0's value); check the reward")
+        if crossed:
+            keep = [r["step"] for r in history if "s_checkpoint" in r and r.get("eval_psnr") is not None
+                    and base["eval_psnr"] - r["eval_psnr"] <= cfg.max_psnr_drop]
+            best = f"{cfg.out}/step_{keep[-1]:08d}" if keep else f"none saved: the base (--init {cfg.init})"
+            said["psnr"] = (f"step {row['step']}: held-out PSNR {row['eval_psnr']:.2f} dB is {drop:.2f} dB below "
+                            f"step 0's {base['eval_psnr']:.2f} (--max-psnr-drop {cfg.max_psnr_drop:g}): the reward "
+                            "is being gained by forgetting the world; the newest checkpoint within the bound: " + best)
+            say("WARNING " + said["psnr"] + ("" if cfg.stop_on_psnr_drop else " (--stop-on-psnr-drop stops here; a "
+                                             "lower lr or a data term keeps the world: docs/rl.md)"))
+        if cfg.stop_on_psnr_drop and agree(crossed):
+            raise FidelityStop("--stop-on-psnr-drop: " + said.get("psnr", f"rank 0 stopped the run after step "
+                                                                           f"{row['step']}'s held-out evaluation"))
+    return watch
+
+
+def spread_means(sums, squares, count, device):
+    """The evaluation's means over every rank's samples (collective: the same names on every rank), with the spread
+    (population sd) of the rewards, PSNR and SSIM: eval_reward_<x> -> eval_sd_<x>, eval_psnr -> eval_sd_psnr."""
     names = sorted(sums)
     totals = torch.tensor([sums[k] for k in names] + [squares[k] for k in names] + [count], dtype=torch.float64,
                           device=device)
@@ -199,10 +263,10 @@ def evaluate(net, vae, cfg, batches, neg_text, terms, seed):
         dist.all_reduce(totals)
     n, out = float(totals[-1]), {"eval_samples": int(totals[-1])}
     for j, k in enumerate(names):
-        suffix = "" if k == "reward" else "_" + k.replace("/", "_")
-        mean = float(totals[j]) / n
-        out["eval_reward" + suffix] = mean
-        out["eval_sd" + suffix] = max(float(totals[len(names) + j]) / n - mean ** 2, 0.0) ** 0.5  # population sd
+        out[k] = mean = float(totals[j]) / n
+        if k.startswith("eval_reward") or k in ("eval_psnr", "eval_ssim"):
+            sd = "eval_sd" + k[len("eval_reward"):] if k.startswith("eval_reward") else "eval_sd_" + k[5:]
+            out[sd] = max(float(totals[len(names) + j]) / n - mean ** 2, 0.0) ** 0.5
     return out
 
 
@@ -220,13 +284,14 @@ def objective(run, net, optimizer_params, vae, neg_text, terms):
         return step_of(net, vae, run.optimizer, optimizer_params, cfg, next_batch(), neg_text, terms, update,
                        run.dp_rank, seed, old)
 
-    def held_out(batches):
-        return evaluate(net, vae, cfg, batches, neg_text, terms, lambda i, b, d: seed("rl-eval", run.dp_rank, i, b,
-                                                                                            d))
+    def held_out(batches, truths):  # train.held_out_batches' clips, in held_out_slots' order
+        slots, n_slots = held_out_slots(run.dp_rank, run.dp_world, len(batches))
+        return evaluate(net, vae, cfg, (batches, truths, n_slots), neg_text, terms, slots.__getitem__)
     return Objective(lr_at=rl_cfg.lr_at, betas=tuple(rl_cfg.betas), weight_decay=rl_cfg.weight_decay,
                      schedule=f"lr {rl_cfg.lr:g} (warm-up {rl_cfg.warmup}, then constant), clip "
                               f"{rl_cfg.max_grad_norm}",
                      step=step, held_out=held_out,
                      bar=lambda row: {"reward": f"{row['reward_mean']:.4g}", "std": f"{row['reward_std']:.2g}"},
                      guidance=rl_cfg.guidance, name=cfg.objective, mfu=False,
-                     extra_state={"nft_old": old} if old else {}, eval_at_start=True)
+                     extra_state={"nft_old": old} if old else {}, eval_at_start=True,
+                     watch=fidelity_guard(cfg, tqdm.write, run.master))

@@ -215,6 +215,7 @@ class MetricsLog:
             self.wandb = wandb.init(project=cfg.wandb, config=dataclasses.asdict(cfg), resume="allow",
                                     id=f"{os.path.basename(os.path.abspath(cfg.out))}-{run_id}")
         self.loss_png = os.path.join(cfg.out, "loss.png")
+        self.max_drop = cfg.max_psnr_drop if cfg.objective != "sft" else 0.0  # the fidelity guard's, drawn
 
     def write(self, row, first=False):
         if first and (not self.master or any(r.get("step") == row["step"] for r in self.history)):
@@ -227,18 +228,22 @@ class MetricsLog:
         if self.wandb is not None:
             self.wandb.log(row, step=row["step"])
         if self.plots and "s_checkpoint" in row:
-            plot_metrics(self.loss_png, self.history, held_out=self.has_holdout)
+            plot_metrics(self.loss_png, self.history, held_out=self.has_holdout,
+                         max_drop=self.max_drop)
 
 
-def plot_metrics(path, history, held_out=True):
+def plot_metrics(path, history, held_out=True, max_drop=0.0):
     """loss.png: training loss (log scale) with its running mean and the evaluation loss (held_out False: on fixed
     clips of training videos, --holdout 0); for an RL run a reward panel: the training reward (mean +- std over
-    samples) and the held-out reward (rows with eval_reward)."""
+    samples) and the held-out reward (rows with eval_reward), and beside it the held-out fidelity (eval_psnr per
+    camera; max_drop: the fidelity guard's floor below step 0), so a reward gained by forgetting the world shows."""
     import matplotlib
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
     grpo_run = any("reward_mean" in r for r in history)
-    fig, axes = plt.subplots(1, 2 if grpo_run else 1, figsize=(12 if grpo_run else 7, 4), squeeze=False)
+    fidelity = [r for r in history if r.get("eval_psnr") is not None]  # an RL run's held-out PSNR
+    panels = 1 + grpo_run + bool(fidelity)
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4), squeeze=False)
     ax = axes[0][0]
     updates = [r for r in history if "loss" in r]  # an RL run's step-0 row holds only its held-out evaluation
     steps = [r["step"] for r in updates]
@@ -275,10 +280,28 @@ def plot_metrics(path, history, held_out=True):
         ax.set_ylabel("reward")
         ax.grid(alpha=0.3)
         ax.legend()
+    if fidelity:
+        plot_fidelity(axes[0][-1], fidelity, max_drop, held_out)
     fig.tight_layout()
     fig.savefig(path + ".tmp.png", dpi=100)
     plt.close(fig)
     os.replace(path + ".tmp.png", path)
+
+
+def plot_fidelity(ax, rows, max_drop, held_out):
+    """The held-out PSNR panel of loss.png: the mean over cameras, each camera, and the guard's floor."""
+    steps = [r["step"] for r in rows]
+    ax.plot(steps, [r["eval_psnr"] for r in rows], "o-", lw=1.5, label="mean over cameras")
+    for camera in ("ext_1", "ext_2", "wrist"):
+        if f"eval_psnr_{camera}" in rows[0]:
+            ax.plot(steps, [r[f"eval_psnr_{camera}"] for r in rows], lw=0.8, alpha=0.7, label=camera)
+    if max_drop and rows[0]["step"] == 0:
+        ax.axhline(rows[0]["eval_psnr"] - max_drop, ls="--", color="red", lw=1, label=f"step 0 - {max_drop:g} dB")
+    ax.set_xlabel("update")
+    ax.set_ylabel("PSNR (dB) vs the true clip, frames 1..")
+    ax.set_title("held-out fidelity" if held_out else "fidelity (training clips, --holdout 0)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 # -----------------------------------------------------------------------------

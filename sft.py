@@ -98,6 +98,6 @@ def objective(run, net, optimizer_params, vae, neg_text, terms):
     return Objective(lr_at=lambda s: lr_at(cfg, s), betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
                      schedule=f"lr {cfg.lr:g} (warm-up {cfg.warmup}, cosine to x{cfg.lr_min_ratio}), clip "
                               f"{cfg.grad_clip}",
-                     step=step, held_out=lambda batches: evaluate(net, cfg, batches),
+                     step=step, held_out=lambda batches, truths: evaluate(net, cfg, batches), watch=None,
                      bar=lambda row: {"loss": f"{row['loss']:.4f}"}, guidance=cfg.guidance, name="train", mfu=True,
                      extra_state={}, eval_at_start=False)

@@ -49,7 +49,7 @@ from grpo import GRPOConfig
 from inits import get_config
 from model import Condition, matmul_peak, model_flops, num_params
 from nft import NFTConfig
-from objective import Objective
+from objective import Objective, held_out_slots
 
 # -----------------------------------------------------------------------------
 # Config: every field is a --flag (cli.py: the comment is its --help); unknown flags are an error. 0 / "" / -1 mean
@@ -112,7 +112,9 @@ class TrainConfig:
     reward: str = "default"  # GRPO reward: default (reward.py) and/or module:function plug-ins, comma-separated, each =WEIGHT optional
     wandb: str = ""  # project name; needs `pip install wandb`
     eval_every: int = 0  # held-out evaluation every N steps besides each save (RL: also before the first update)
-    eval_steps: int = 35  # RL: deterministic sampler steps of the held-out evaluation (eval_reward_*)
+    eval_steps: int = 35  # RL: deterministic sampler steps of the held-out evaluation (eval_reward_*, eval_psnr)
+    max_psnr_drop: float = 0.5  # RL: warn once when held-out PSNR falls this many dB below step 0's (0: never)
+    stop_on_psnr_drop: bool = False  # RL: and stop the run there (docs/rl.md: which checkpoint to keep)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)  # GRPO knobs (--objective grpo; docs/grpo.md)
     nft: NFTConfig = field(default_factory=NFTConfig)  # DiffusionNFT knobs (--objective nft; docs/nft.md)
 
@@ -146,9 +148,6 @@ def validate(cfg, given=None):
     unused = {}
     views = len(data.VIEW_ORDER) if mcfg.camera_channels else 1  # stacked on latent time, split with it
     cp.check_split(cfg.cp, cfg.config, mcfg.num_heads, vae_lib.latent_frames(cfg.frames) * views, cfg.frames)
-    if cfg.cp > 1 and cfg.objective == "nft":
-        raise ValueError(f"--cp {cfg.cp} with --objective nft: NFT's rewards, advantages and loss scale count global "
-                         "ranks, not cp groups (not done yet; GRPO composes with --cp); use --cp 1")
     if cfg.cp > 1 and cfg.sac == "auto":
         raise ValueError(f"--cp {cfg.cp} with --sac auto: the auto plan measures a block without CP; pick a --sac mode"
                          f" with `bench.py --world N --cp {cfg.cp}` (docs/memory.md)")
@@ -278,7 +277,6 @@ def resume_keys(cfg):
     return keys
 
 
-# -----------------------------------------------------------------------------
 # The objective table: what differs between SFT and the RL objectives in the loop (objective.Objective; train.py has no
 # other objective branch). The math lives in sft.py, and in rl.py / grpo.py / nft.py.
 OBJECTIVE = {"sft": sft.objective, "grpo": rl.objective, "nft": rl.objective}  # rl.OBJECTIVES
@@ -310,7 +308,7 @@ class Run:
         return self.rank == 0
 
 
-USER_ERRORS = (ValueError, OSError, ckpt.CheckpointError, FloatingPointError)  # one line, exit 2 (cli.main)
+USER_ERRORS = (ValueError, OSError, ckpt.CheckpointError, FloatingPointError, rl.FidelityStop)  # one line, exit 2
 
 
 def setup(cfg):
@@ -450,23 +448,22 @@ def restore(run, net, objective, sampler, extra_state):
 
 
 def held_out_batches(run, dataset, n_train, to_latent):
-    """The evaluation clips (and the init guard's batch): the held-out videos, never trained on, or with --holdout 0
-    fixed clips of training videos; fixed windows and noise, the same number of batches on every rank."""
-    cfg = run.cfg
+    """The evaluation clips (and the init guard's batch): the window at frame 0 of the held-out videos, never trained
+    on (--holdout 0: of the first training videos), as evaluate.py reads them; objective.held_out_slots' clips of
+    this rank. Returns (eval_ids, batches [(latent, Condition)], truths [the clips' videos, float32 on the CPU:
+    [1, 3, T, H, W], a views run's [V, 3, T, H, W]])."""
     eval_ids = list(range(n_train, len(dataset))) or list(range(n_train))
-    batches = [to_latent(torch.utils.data.default_collate(
-        [dataset[(eval_ids[slot % len(eval_ids)], data.seed_of(cfg.seed, 1, slot))]]))
-        for slot in (i * run.dp_world + run.dp_rank for i in range(2))]
+    clips, batches, truths = getattr(dataset, "clips", dataset), [], []  # --latents: its pixel dataset
+    for slot in held_out_slots(run.dp_rank, run.dp_world)[0]:
+        video = clips.videos[eval_ids[slot % len(eval_ids)]]
+        item = cache.Windows(clips, [(eval_ids[slot % len(eval_ids)], 0)])[0]
+        if "error" in item:
+            raise ValueError(f"held-out video {video.path}: {item['error']}; re-stitch it or remove it")
+        batch = dict(item, stem=video.stem, start=0, text_emb=data.clip_text(clips, video)[0])
+        batches.append(to_latent(torch.utils.data.default_collate([batch])))
+        truths.append(item["video"] if run.views else item["video"][None])
     run.say(f"evaluation: {'held-out videos ' + str(eval_ids) if n_train < len(dataset) else 'fixed clips of training videos'}")
-    return eval_ids, batches
-
-
-def check_init(run, net, batch):
-    """Prove that the pretrained weights went in before training (ckpt.init_guard)."""
-    latent, cond = batch
-    with cp.disabled(net):  # its noise is drawn per global rank: each rank runs its own whole sample (no grad)
-        loss, zero_loss = ckpt.guard_loss(net, latent, cond)
-    ckpt.init_guard(loss, zero_loss, max_ratio=run.cfg.guard_max_ratio, source=run.cfg.init)
+    return eval_ids, batches, truths
 
 
 def main(argv=None):
@@ -512,8 +509,8 @@ def train(run, lock, dataset, n_train, text, episodes):
     loader = iter(torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler,
                                               num_workers=cfg.workers, persistent_workers=cfg.workers > 0,
                                               worker_init_fn=rundir.detach_worker if cfg.workers else None))
-    eval_ids, batches = held_out_batches(run, dataset, n_train, to_latent)
-    held_out = lambda: objective.held_out(batches)  # noqa: E731
+    eval_ids, batches, truths = held_out_batches(run, dataset, n_train, to_latent)
+    held_out = lambda: objective.held_out(batches, truths)  # noqa: E731
     step_dir = os.path.join(cfg.out, f"step_{start_step:08d}")
     if start_step and not resume.eval_marker_valid(step_dir):
         # killed between the save and its evaluation: a missing or partial result is re-run, never assumed done
@@ -522,7 +519,9 @@ def train(run, lock, dataset, n_train, text, episodes):
             resume.write_eval_marker(step_dir, dict(result, step=start_step))
         run.say(f"evaluated the resumed checkpoint step {start_step}: {result}")
     if start_step == 0 and cfg.init != "random":
-        check_init(run, net, batches[0])
+        with cp.disabled(net):  # the init guard (ckpt.init_guard): its noise is drawn per global rank
+            loss, zero_loss = ckpt.guard_loss(net, *batches[0])
+        ckpt.init_guard(loss, zero_loss, max_ratio=cfg.guard_max_ratio, source=cfg.init)  # the weights went in
     loop = Loop(run=run, net=net, params=params, objective=objective, sampler=sampler,
                 next_batch=lambda: to_latent(next(loader)), held_out=held_out, ema=ema, extra_state=extra_state,
                 sac_modes=sac_modes, has_holdout=n_train < len(dataset), episodes=episodes,
@@ -634,6 +633,8 @@ def train_loop(loop, start_step):
         elif cfg.eval_every and done % cfg.eval_every == 0:
             row.update(loop.held_out())
         log.write(row)  # after the save: a row is logged once its step is safe or the run went on past it
+        if loop.objective.watch and "eval_reward" in row:  # RL's fidelity guard, decided on rank 0 (its history)
+            loop.objective.watch(row, log.history[:-1], lambda stop: collectives.any_rank(stop, run.device))
         if run.master:
             bar.set_postfix(**loop.objective.bar(row), s_it=f"{row['s_per_step']:.2f}")
         nonfinite = rundir.count_nonfinite(row, nonfinite, cfg, say=lambda line: run.master and tqdm.write(line))

@@ -30,3 +30,21 @@ def black_latent(latent):
     earnest, compare with the latent of an encoded all-black clip instead of 0: the VAE does not map black to 0.)"""
     H, W = latent.shape[-2:]
     return -latent[:, :, :, H // 2:, W // 2:].square().mean(dim=(1, 2, 3, 4))
+
+
+def red_top_left(video):
+    """Redness of the top-left (exterior 1) view: the mean of R - (G + B) / 2 over its pixels in [0, 1] units, in
+    [-1, 1]. A reward the video can easily change (tests/rl_curves.py, docs/rl.md "Keeping the world")."""
+    H, W = video.shape[-2:]
+    view = (video[:, :, :, : H // 2, : W // 2] + 1) / 2
+    return (view[:, 0] - (view[:, 1] + view[:, 2]) / 2).mean(dim=(1, 2, 3))
+
+
+def motion_energy(video):
+    """Motion: the mean absolute change between consecutive frames of the three camera views (the black cell
+    excluded), in [0, 1] units. A frozen video scores 0."""
+    H, W = video.shape[-2:]
+    x = (video + 1) / 2
+    step = (x[:, :, 1:] - x[:, :, :-1]).abs()
+    cells = (step[..., : H // 2, :], step[..., H // 2:, : W // 2])  # the top row, the wrist
+    return sum(c.mean(dim=(1, 2, 3, 4)) * c[0].numel() for c in cells) / sum(c[0].numel() for c in cells)

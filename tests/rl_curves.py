@@ -1,35 +1,40 @@
-"""Does RL learn on the tiny default? Paired runs through the real entry point (docs/benchmarks-log.md, "RL learns").
+"""Does RL learn on the tiny default, and what does it cost the world? Paired runs through the real entry point.
 
-    python tests/rl_curves.py --seeds 0,1,2 --updates 30 --out runs/rl_curves      # ~30 min on 2 CPU cores
+    python tests/rl_curves.py --seeds 0,1,2 --out runs/rl_curves                     # the shipped defaults, ~15 min
+    python tests/rl_curves.py --rewards red --settings nft.data_coef=0,0.3,1 --objectives nft --jobs 16 --out S
 
-For each seed and objective (GRPO, NFT), from the tiny SFT checkpoint (trained first with `python train.py` into
-OUT/base if OUT/base has none), with everything else the tiny RL preset's:
-- learned: the preset's reward (`reward:wrist_brightness`, the wrist view's brightness);
-- control: the same reward with weight 0 (every group ties, no update trains: the policy stays the base);
-- noise: a reward with nothing to learn (`reward_plugins:noise`, from each sample's bytes) as the training signal,
-  the brightness scored with weight 0 beside it.
-Every run logs the held-out brightness (eval_reward_wrist_brightness: the deterministic sampler on the held-out
-episodes with fixed noise) every 5 updates. Printed: that curve per arm, and the learned run's final margin over its
-control and over its noise arm in units of the control's held-out spread (eval_sd_wrist_brightness: the sd of the brightness over the
-held-out clips x noise draws the evaluation scores, eval_samples of them; the control is the base, so it is the
-base's), and, labelled beside it, in units of the within-group sd (the spread of the brightness among one group's
-samples at update 1). One JSON line at the end holds every number.
+From the tiny SFT checkpoint (trained first with `python train.py` into OUT/base if OUT/base has none), every arm is
+one train.py run with the tiny RL preset (docs/rl.md) and one of --rewards (reward.py's wrist brightness, or
+tests/reward_plugins.py's red top-left view and motion energy), for each objective, seed and --settings value.
+
+The paired control of a run is its own step-0 held-out evaluation: a control (the same reward with weight 0: every
+group ties, no update trains) keeps the base's weights, and the evaluation's clips and noise depend on the seed only,
+so the control's held-out numbers at every step are the learned run's step-0 numbers bit for bit (tests/test_rl.py
+checks this; `--controls` runs them anyway and says whether they match). Printed per arm, over the seeds:
+- gain: (held-out reward at the last update - the control's) / the control's held-out spread (eval_sd: the sd over
+  the held-out clips x noise draws, eval_samples of them); beside it, labelled, the same difference in units of the
+  within-group sd at update 1 (the spread among one group's rollouts: what BENCHMARKS.md once reported);
+- dPSNR / dSSIM: held-out PSNR (dB) and SSIM at the last update minus the control's (fidelity to the true clip);
+- s/update: the mean seconds of an update.
+One JSON line at the end holds every number.
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BRIGHTNESS = "eval_reward_wrist_brightness"
-ARMS = {"learned": "reward:wrist_brightness", "control": "reward:wrist_brightness=0",
-        "noise": "reward:wrist_brightness=0,reward_plugins:noise"}
+REWARDS = {"brightness": "reward:wrist_brightness", "red": "reward_plugins:red_top_left",
+           "motion": "reward_plugins:motion_energy"}
 
 
 def run(argv, log):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(ROOT, "tests"))  # reward_plugins
+    # a port of its own: on a GPU each run is a 1-rank NCCL group, and runs side by side must not share one
+    port = str(20000 + int.from_bytes(log.encode()[-8:], "little") % 20000)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(ROOT, "tests"), MASTER_PORT=port)
     with open(log, "w") as f:
         proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *argv], cwd=ROOT, stdout=f,
                               stderr=subprocess.STDOUT, env=env)
@@ -37,13 +42,45 @@ def run(argv, log):
         raise SystemExit(f"rl_curves: {' '.join(argv)} failed ({proc.returncode}); see {log}")
 
 
-def curve(out):
-    """({step: held-out brightness}, the within-group sd at update 1, (held-out sd, samples) at step 0)."""
+def summary(out):
+    """One run's numbers: its control (step 0) and last evaluation, the within-group sd at update 1, s/update."""
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    held = {r["step"]: r[BRIGHTNESS] for r in rows if BRIGHTNESS in r}
+    evals = [r for r in rows if "eval_reward" in r]
+    start, last = evals[0], evals[-1]
+    assert start["step"] == 0, f"{out}: no step-0 evaluation"
     first = next(r for r in rows if r.get("step") == 1)
-    start = next(r for r in rows if r.get("step") == 0)
-    return held, first.get("reward_group_std"), (start.get("eval_sd_wrist_brightness"), start.get("eval_samples"))
+    updates = [r["s_per_step"] for r in rows if "s_per_step" in r]
+    return {"step": last["step"], "reward": last["eval_reward"], "control": start["eval_reward"],
+            "control_sd": start["eval_sd"], "samples": start["eval_samples"],
+            "gain_sd": (last["eval_reward"] - start["eval_reward"]) / start["eval_sd"],
+            "gain_group_sd": (last["eval_reward"] - start["eval_reward"]) / first["reward_group_std"]
+            if first.get("reward_group_std") else None,
+            "dpsnr": last["eval_psnr"] - start["eval_psnr"], "dssim": last["eval_ssim"] - start["eval_ssim"],
+            "dpsnr_cameras": {c: last[f"eval_psnr_{c}"] - start[f"eval_psnr_{c}"] for c in ("ext_1", "ext_2", "wrist")},
+            "curve": {r["step"]: r["eval_reward"] for r in evals}, "psnr": {r["step"]: r["eval_psnr"] for r in evals},
+            "s_per_update": statistics.mean(updates) if updates else None}
+
+
+def arms(args):
+    """[(name, train.py flags)] of every run asked for; --settings "grpo.kl_coef=0,0.1;nft.data_coef=0,1": each
+    objective's runs sweep its own flag (an objective without one runs once per reward and seed)."""
+    settings = dict(s.split("=", 1) for s in args.settings.split(";") if s)
+    out = []
+    for objective in args.objectives.split(","):
+        key = next((k for k in settings if k.startswith(objective + ".")), None)
+        values = settings[key].split(",") if key else [None]
+        for reward in args.rewards.split(","):
+            for value in values:
+                for seed in args.seeds.split(","):
+                    setting = [] if key is None else [f"--{key.replace('.', '-').replace('_', '-')}", value]
+                    name = f"{objective}-{reward}" + (f"-{key.split('.')[1]}{value}" if key else "") + f"-s{seed}"
+                    out.append((name, ["--objective", objective, "--lora", "4", "--reward", REWARDS[reward],
+                                       "--seed", seed, "--steps", str(args.updates), "--eval-every", "5", *setting,
+                                       *args.extra.split()]))
+                    if args.controls and value == values[0]:
+                        control = ["--reward", REWARDS[reward] + "=0"]
+                        out.append((name.replace(f"-s{seed}", f"-control-s{seed}"), out[-1][1] + control))
+    return out
 
 
 def main():
@@ -52,53 +89,47 @@ def main():
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     parser.add_argument("--updates", type=int, default=30, help="updates per run")
     parser.add_argument("--objectives", default="grpo,nft", help="comma-separated: grpo, nft")
+    parser.add_argument("--rewards", default="brightness,red", help=f"comma-separated: {', '.join(REWARDS)}")
+    parser.add_argument("--settings", default="", help="a flag swept per objective, OBJECTIVE.FIELD=V1,V2, ';' between "
+                        "objectives (e.g. 'nft.data_coef=0,1;grpo.kl_coef=0,0.1')")
+    parser.add_argument("--extra", default="", help="more train.py flags for every run (e.g. '--device cpu')")
+    parser.add_argument("--controls", action="store_true", help="also run each weight-0 control (a check)")
     parser.add_argument("--out", default="runs/rl_curves", help="a folder for the runs")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     args = parser.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
-    objectives = args.objectives.split(",")
+    unknown = set(args.rewards.split(",")) - set(REWARDS)
+    if unknown:
+        raise SystemExit(f"rl_curves: --rewards {sorted(unknown)}: choose from {', '.join(REWARDS)}")
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, "base")
-    if not os.path.isfile(os.path.join(base, "latest")):
-        run(["--out", base], base + ".log")
-    with open(os.path.join(base, "latest")) as f:
-        init = os.path.join(base, f.read().strip())
-    jobs = [(o, s, arm) for o in objectives for s in seeds for arm in ARMS]
-
-    def launch(job):
-        objective, seed, arm = job
-        out = os.path.join(args.out, f"{objective}-s{seed}-{arm}")
-        if not os.path.isfile(os.path.join(out, "latest")):
-            run(["--objective", objective, "--init", init, "--lora", "4", "--seed", str(seed), "--reward", ARMS[arm],
-                 "--steps", str(args.updates), "--save-every", str(args.updates), "--sample-every", "0",
-                 "--out", out], out + ".log")
-        return job, curve(out)
+    if not os.path.isdir(os.path.join(base, "step_00001000")):
+        run(["--out", base, *args.extra.split()], os.path.join(args.out, "base.log"))
+    todo = [(name, [*flags, "--init", os.path.join(base, "step_00001000"), "--out", os.path.join(args.out, name)])
+            for name, flags in arms(args)]
+    todo = [(n, f) for n, f in todo if not os.path.isfile(os.path.join(args.out, n, "metrics.jsonl"))
+            or not os.path.isdir(os.path.join(args.out, n, f"step_{args.updates:08d}"))]
     with ThreadPoolExecutor(args.jobs) as pool:
-        results = dict(pool.map(launch, jobs))
-    summary = []
-    for objective in objectives:
-        for seed in seeds:
-            (learned, sd, _), (control, _, (spread, n)), (noise, _, _) = (results[(objective, seed, a)] for a in ARMS)
-            steps = sorted(learned)
-            print(f"{objective} seed {seed}: held-out wrist brightness at updates {steps}")
-            for arm, held in (("learned", learned), ("control", control), ("noise", noise)):
-                print(f"  {arm:8s} " + " ".join(f"{held[s]:.4f}" for s in steps))
-            last = steps[-1]
-            margin = {"control": (learned[last] - control[last]) / sd, "noise": (learned[last] - noise[last]) / sd}
-            held_margin = {"control": (learned[last] - control[last]) / spread,
-                           "noise": (learned[last] - noise[last]) / spread} if spread else None
-            if held_margin:
-                print(f"  final margin, in the control's held-out sd ({spread:.4f} over {n} held-out samples): over "
-                      f"control {held_margin['control']:+.2f}, over noise {held_margin['noise']:+.2f}")
-            print(f"  (within-group units, sd {sd:.4f} of one group at update 1: over control "
-                  f"{margin['control']:+.1f}, over noise {margin['noise']:+.1f}); control == base at every "
-                  f"evaluation: {all(control[s] == control[0] for s in steps)}")
-            summary.append({"objective": objective, "seed": seed, "within_group_sd": sd, "steps": steps,
-                            **{arm: [h[s] for s in steps] for arm, h in (("learned", learned), ("control", control),
-                                                                          ("noise", noise))},
-                            "margin_within_group_sd": margin, "margin_held_out_sd": held_margin,
-                            "control_held_out_sd": spread, "held_out_samples": n})
-    print(json.dumps({"rl_curves": summary}))
+        list(pool.map(lambda a: run(a[1], os.path.join(args.out, a[0] + ".log")), todo))
+    results = {name: summary(os.path.join(args.out, name)) for name, _ in arms(args)}
+    report(results)
+    print(json.dumps(results))
+
+
+def report(results):
+    """The table: per arm (the name without its seed), the mean and range over seeds."""
+    groups = {}
+    for name, r in results.items():
+        groups.setdefault(name.rsplit("-s", 1)[0], []).append(r)
+    print(f"{'arm':34} {'seeds':>5} {'gain (control sd)':>22} {'[within-group sd]':>18} {'dPSNR dB':>16} "
+          f"{'dSSIM':>8} {'s/update':>8}")
+    for arm, rs in groups.items():
+        gains, psnr = [r["gain_sd"] for r in rs], [r["dpsnr"] for r in rs]
+        group = [r["gain_group_sd"] for r in rs if r["gain_group_sd"] is not None]
+        print(f"{arm:34} {len(rs):>5} {statistics.mean(gains):+8.2f} [{min(gains):+.1f}, {max(gains):+.1f}] "
+              f"{'[' + format(statistics.mean(group), '+.1f') + ']' if group else '':>18} "
+              f"{statistics.mean(psnr):+7.3f} [{min(psnr):+.2f}, {max(psnr):+.2f}] "
+              f"{statistics.mean(r['dssim'] for r in rs):+8.4f} "
+              f"{statistics.mean(r['s_per_update'] or 0 for r in rs):8.2f}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import torch
 
 import data
 import evaluate
+import fidelity
 import sample
 import stitch
 import train
@@ -29,30 +30,30 @@ def test_psnr_by_hand():
     pred[0, :, 0] += 0.2  # intensity 0.1 in frame 0: MSE 0.01, 20 dB
     pred[0, :, 1] += 0.02  # 0.01 in frame 1: MSE 1e-4, 40 dB
     pred[1] = 1.5  # clamped to white: MSE 1, 0 dB
-    got = evaluate.psnr(pred, black)
+    got = fidelity.psnr(pred, black)
     assert got.shape == (2,) and got.dtype == torch.float64
     assert got[0].item() == pytest.approx(30.0, abs=1e-4)  # the mean of the frames' PSNR, not of a pooled MSE (23 dB)
     assert got[1].item() == pytest.approx(0.0, abs=1e-6)
-    assert evaluate.psnr(black, black).tolist() == [math.inf, math.inf]
+    assert fidelity.psnr(black, black).tolist() == [math.inf, math.inf]
     with pytest.raises(ValueError, match="one shape"):
-        evaluate.psnr(pred, black[:1])
+        fidelity.psnr(pred, black[:1])
 
 
 def test_ssim_by_hand_symmetric_and_per_sample():
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(2, 3, 3, 24, 20, generator=gen) * 2 - 1
-    assert evaluate.ssim(x, x).tolist() == pytest.approx([1.0, 1.0], abs=1e-6)
+    assert fidelity.ssim(x, x).tolist() == pytest.approx([1.0, 1.0], abs=1e-6)
     a = torch.full((1, 3, 2, 16, 16), 0.0)  # intensity 0.5 against 0.6: only the luminance term is left
-    got = evaluate.ssim(a, a + 0.2).item()
+    got = fidelity.ssim(a, a + 0.2).item()
     assert got == pytest.approx((2 * 0.5 * 0.6 + 1e-4) / (0.5 ** 2 + 0.6 ** 2 + 1e-4), abs=1e-5)
     noisy = (x + 0.3 * torch.randn(x.shape, generator=gen)).clamp(-1, 1)
-    s = evaluate.ssim(x, noisy)
-    assert torch.equal(s, evaluate.ssim(noisy, x)) and (s < 0.9).all() and (s > 0).all()
-    assert evaluate.ssim(x[1:], noisy[1:]).item() == pytest.approx(s[1].item(), abs=1e-12)  # samples independent
+    s = fidelity.ssim(x, noisy)
+    assert torch.equal(s, fidelity.ssim(noisy, x)) and (s < 0.9).all() and (s > 0).all()
+    assert fidelity.ssim(x[1:], noisy[1:]).item() == pytest.approx(s[1].item(), abs=1e-12)  # samples independent
     shifted = (x + 0.1).clamp(-1, 1)  # a constant brightness shift costs a little, noise a lot
-    assert (evaluate.ssim(x, shifted) > s).all()
+    assert (fidelity.ssim(x, shifted) > s).all()
     with pytest.raises(ValueError, match="window"):
-        evaluate.ssim(x[..., :10, :], x[..., :10, :])
+        fidelity.ssim(x[..., :10, :], x[..., :10, :])
 
 
 def test_ssim_matches_skimage():
@@ -62,23 +63,23 @@ def test_ssim_matches_skimage():
     y = (x + 0.2 * torch.randn(x.shape, generator=gen)).clamp(0, 1)
     ref = metrics.structural_similarity(x[0, :, 0].double().numpy(), y[0, :, 0].double().numpy(), channel_axis=0,
                                         data_range=1.0, gaussian_weights=True, sigma=1.5, use_sample_covariance=False)
-    assert evaluate.ssim(x * 2 - 1, y * 2 - 1).item() == pytest.approx(ref, abs=1e-4)
+    assert fidelity.ssim(x * 2 - 1, y * 2 - 1).item() == pytest.approx(ref, abs=1e-4)
 
 
 def test_camera_views_of_a_grid_and_of_views():
     grid = torch.full((1, 3, 2, 8, 12), -1.0)
     grid[..., :4, :6], grid[..., :4, 6:], grid[..., 4:, :6] = 0.1, 0.2, 0.3  # ext_1, ext_2, wrist; black cell
-    cells = evaluate.camera_views(grid, "grid")
+    cells = fidelity.camera_views(grid, "grid")
     assert list(cells) == ["ext_1", "ext_2", "wrist"]
     assert [v.shape for v in cells.values()] == [(1, 3, 2, 4, 6)] * 3
     assert [v.unique().item() for v in cells.values()] == pytest.approx([0.1, 0.2, 0.3])
     views = torch.stack([torch.full((3, 2, 8, 12), float(i)) for i in range(3)])[None]  # data.VIEW_ORDER
-    by_name = evaluate.camera_views(views, "views", size=(4, 6))
+    by_name = fidelity.camera_views(views, "views", size=(4, 6))
     assert all(by_name[name].unique().item() == i for i, name in enumerate(data.VIEW_ORDER))
     checker = torch.tensor([[1.0, -1.0], [-1.0, 1.0]]).repeat(4, 6).expand(1, 3, 2, 8, 12)
-    assert torch.equal(evaluate.resize(checker, (4, 6)), torch.zeros(1, 3, 2, 4, 6))  # area: each 2x2 block's mean
+    assert torch.equal(fidelity.resize(checker, (4, 6)), torch.zeros(1, 3, 2, 4, 6))  # area: each 2x2 block's mean
     with pytest.raises(ValueError, match="views"):
-        evaluate.camera_views(grid, "views")
+        fidelity.camera_views(grid, "views")
 
 
 def test_held_out_stems_and_guidance_as_train_computes_them():
@@ -166,11 +167,11 @@ def test_both_runs_see_the_same_episode_camera_by_camera(runs):
     grid, views = (evaluate.open_run(runs[k], cfg) for k in ("grid", "views"))
     truth_grid = evaluate.held_out_clip(grid, "raw__ep000003", torch.device("cpu"), torch.float32)[0]
     truth_views = evaluate.held_out_clip(views, "raw__ep000003", torch.device("cpu"), torch.float32)[0][None]
-    cells = evaluate.camera_views(truth_grid, "grid", (32, 56))
-    full = evaluate.camera_views(truth_views, "views", (32, 56))
-    for a in evaluate.CAMERAS:
-        for b in evaluate.CAMERAS:
-            match = evaluate.psnr(cells[a], full[b]).item()
+    cells = fidelity.camera_views(truth_grid, "grid", (32, 56))
+    full = fidelity.camera_views(truth_views, "views", (32, 56))
+    for a in fidelity.CAMERAS:
+        for b in fidelity.CAMERAS:
+            match = fidelity.psnr(cells[a], full[b]).item()
             assert match > 20 if a == b else match < 12, (a, b, match)  # measured: 24.5-26 dB, 7-8.4 dB
 
 

@@ -235,7 +235,7 @@ def test_a_diverged_policy_is_named_by_the_held_out_evaluation_not_the_reward(ti
                 "--eval-every", "1", "--sample-every", "0", "--reward", "reward_plugins:black_latent",
                 "--out", str(tmp_path / "diverged")], check_rc=False)
     assert proc.returncode == 2 and "error: the held-out evaluation: FloatingPointError: held-out samples of 1 of 1 " \
-        "groups are NaN/Inf before scoring (the rewards were not called); group 0 (key (0, 0)): its inputs are " \
+        "groups are NaN/Inf before scoring (the rewards were not called); group 0 (key ('held-out', 0)): its inputs are " \
         "finite: the policy diverged (lower the --grpo-lr" in proc.stderr, proc.stderr
     assert "reward term" not in proc.stderr
     with pytest.raises(FloatingPointError, match=r"RL rollouts of 1 of 2 groups reach \|x\| = 1e\+08 .*diverged"):
@@ -257,3 +257,58 @@ def test_a_run_keeps_its_objective_and_records_only_its_own_preset(tiny_grid, tm
     assert proc.returncode == 2 and f"{out} was written by --objective nft, this run is --objective grpo: a run " \
         "keeps its objective. Use a new --out (to start from that run's weights: --init " in line, line
     assert "group_size" not in line and "num_steps" not in line
+
+
+def test_the_fidelity_guard_warns_once_and_names_the_newest_checkpoint_within_the_bound():
+    """rl.fidelity_guard on made-up evaluation rows: step 0's PSNR and reward are the control's."""
+    import types
+
+    import rl
+    cfg = types.SimpleNamespace(max_psnr_drop=0.5, stop_on_psnr_drop=False, out="OUT", init="BASE")
+    said = []
+    watch = rl.fidelity_guard(cfg, said.append, master=True)
+    history = [{"step": 0, "eval_psnr": 20.0, "eval_reward": 0.5, "eval_sd": 0.01},
+               {"step": 5, "eval_psnr": 19.8, "eval_reward": 0.52, "s_checkpoint": 0.1},
+               {"step": 10, "eval_psnr": 19.3, "eval_reward": 0.55, "s_checkpoint": 0.1}]
+    agree = lambda stop: stop  # noqa: E731  (one rank)
+    watch({"step": 5, "eval_psnr": 19.8, "eval_reward": 0.52}, history[:1], agree)
+    assert said == []  # 0.2 dB: within the bound
+    watch({"step": 15, "eval_psnr": 19.4, "eval_reward": 0.56}, history, agree)
+    assert len(said) == 1 and "step 15" in said[0] and "0.60 dB below" in said[0] and "OUT/step_00000005" in said[0]
+    watch({"step": 20, "eval_psnr": 18.0, "eval_reward": 0.6}, history, agree)
+    assert len(said) == 1  # once
+    watch({"step": 25, "eval_psnr": 19.9, "eval_reward": 0.48}, history, agree)  # below step 0 by > its spread
+    assert len(said) == 2 and "not learning this reward" in said[1]
+    stopping = rl.fidelity_guard(dataclass_replace(cfg, stop_on_psnr_drop=True), said.append, master=True)
+    with pytest.raises(rl.FidelityStop, match="newest checkpoint within the bound: OUT/step_00000005"):
+        stopping({"step": 15, "eval_psnr": 19.4, "eval_reward": 0.56}, history, agree)
+    other_rank = rl.fidelity_guard(dataclass_replace(cfg, stop_on_psnr_drop=True), said.append, master=False)
+    with pytest.raises(rl.FidelityStop, match="rank 0 stopped"):  # rank 0 decided (agree: any rank)
+        other_rank({"step": 15, "eval_psnr": 19.4, "eval_reward": 0.56}, [], lambda stop: True)
+    fresh = rl.fidelity_guard(cfg, said.append, master=True)
+    fresh({"step": 5, "eval_psnr": 1.0, "eval_reward": 0.0}, history[1:], agree)  # no step-0 row: said, guard off
+    assert "the guard is off" in said[-1]
+
+
+def dataclass_replace(namespace, **changes):
+    import types
+    return types.SimpleNamespace(**{**vars(namespace), **changes})
+
+
+def test_a_run_built_to_hack_is_stopped_by_the_fidelity_guard(base, tiny_grid, tmp_path):
+    """A learning rate 10x the preset's on the brightness reward, no data term: the held-out PSNR falls past the
+    bound within a few updates; --stop-on-psnr-drop ends the run after that evaluation (its row logged), naming the
+    newest checkpoint that was within the bound; PSNR, SSIM and every camera's are logged from step 0."""
+    out = str(tmp_path / "hack")
+    proc = run(["--objective", "nft", "--init", base, "--data", tiny_grid, *SMALL, "--nft-group-size", "4",
+                "--nft-lr", "3e-2", "--nft-data-coef", "0", "--steps", "12", "--save-every", "2", "--eval-every", "2",
+                "--max-psnr-drop", "0.3", "--stop-on-psnr-drop", "--out", out], check_rc=False)
+    assert proc.returncode == 2 and "--stop-on-psnr-drop: step" in proc.stderr, proc.stderr[-2000:]
+    got = rows(out)
+    last = max(got)
+    assert last < 12 and got[0]["eval_psnr"] - got[last]["eval_psnr"] > 0.3
+    assert all(got[0]["eval_psnr"] - got[s]["eval_psnr"] <= 0.3 for s in got if s and s < last and "eval_psnr" in got[s])
+    for key in ("eval_ssim", "eval_psnr_ext_1", "eval_psnr_ext_2", "eval_psnr_wrist", "eval_ssim_wrist", "eval_sd_psnr"):
+        assert key in got[0] and key in got[last]
+    best = max([s for s in got if s and s < last and "s_checkpoint" in got[s]] or [0])  # saved, within the bound
+    assert (f"step_{best:08d}" if best else "none saved") in proc.stderr
