@@ -21,7 +21,6 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 import build
 import collectives
@@ -45,10 +44,13 @@ class NFTConfig(RLConfig):
     lr: float = 3e-4  # AdamW learning rate over the LoRA adapters, constant after the warm-up (NVlabs, cosmos-rl)
     beta: float = 1.0  # NFT's beta: how far the implicit positive/negative policies sit from the old one
     timesteps: int = 1  # noise levels per sample and update, drawn from the rollout grid (fresh noise each)
-    data_coef: float = 0.0  # DDRL (arXiv 2512.04332): weight of the flow-matching loss on the group's real clip
+    data_coef: float = 0.5  # DDRL (arXiv 2512.04332): weight of the flow-matching loss on the group's real clip (one
+    # more forward and backward per group); keeps held-out PSNR while the reward rises (docs/rl.md "Regularised defaults")
     adaptive_weight: bool = True  # divide each squared error by its own (detached) mean absolute error
     decay_rate: float = 0.001  # old <- d old + (1 - d) theta after update u, d = min(decay_rate * u, decay_max)
     decay_max: float = 0.5  # (NVlabs' schedule 1: d ramps from 0, on-policy at the start, to 0.5)
+    rollout_batch: int = 0  # samples of a group per rollout network call: 0 = all K in one call; n (a divisor of K)
+    # = K / n calls a step, the same noise, rounded differently (each call's peak memory grows with its batch)
 
     def __post_init__(self):
         super().__post_init__()
@@ -59,6 +61,9 @@ class NFTConfig(RLConfig):
             raise ValueError(f"beta={self.beta}: in (0, 1] (NVlabs 1.0; 0.1 for a more conservative update)")
         if self.data_coef < 0:
             raise ValueError(f"data_coef={self.data_coef}: need >= 0")
+        if self.rollout_batch < 0 or (self.rollout_batch and self.group_size % self.rollout_batch):
+            raise ValueError(f"rollout_batch={self.rollout_batch}: 0 (the whole group in one call) or a divisor of "
+                             f"group_size={self.group_size} (an uneven last call would be another compiled variant)")
         if self.decay_rate < 0 or not 0 <= self.decay_max < 1:
             raise ValueError(f"decay_rate={self.decay_rate}, decay_max={self.decay_max}: need decay_rate >= 0 and "
                              "0 <= decay_max < 1")
@@ -114,15 +119,19 @@ def update_old(old, params, decay):
 
 @torch.no_grad()
 def sample_group(net, cond: Condition, latent_shape, cfg: NFTConfig, generator):
-    """[K, C, T, H, W] fp32 clean latents (conditional frames = the clean latent), the K samples as one batch: NFT
-    keeps no log-probabilities, so nothing needs the training layout. The net's family's deterministic sampler
-    (Predict2: Karras AB2 from sigma_max noise; Predict2.5: UniPC on the shift grid) on its ROLLOUT_GRID."""
+    """[K, C, T, H, W] fp32 clean latents (conditional frames = the clean latent), cfg.rollout_batch samples a
+    network call (0: the K samples as one batch): NFT keeps no log-probabilities, so nothing needs the training
+    layout. The net's family's deterministic sampler (Predict2: Karras AB2 from sigma_max noise; Predict2.5: UniPC on
+    the shift grid) on its ROLLOUT_GRID. The noise is drawn for the whole group first, so every layout samples from
+    the same noise (and at rollout_batch K exactly as 0)."""
     K, family = cfg.group_size, build.family(net.cfg)
     noise = torch.randn(K, *latent_shape, generator=generator, device=generator.device)
     with_uncond(cond, cfg.guidance)  # refuses guidance without a negative prompt, before any forward
-    group = map_tensors(cond, lambda t: t.expand(K, *t.shape[1:]))  # expanded, not copied
-    return family.sample(net, family.initial_state(noise), group, cfg.guidance, family.ROLLOUT_GRID,
-                         cfg.num_steps).float()
+    n = cfg.rollout_batch or K
+    group = map_tensors(cond, lambda t: t.expand(n, *t.shape[1:]))  # expanded, not copied
+    chunks = [family.sample(net, family.initial_state(noise[i: i + n]), group, cfg.guidance, family.ROLLOUT_GRID,
+                            cfg.num_steps).float() for i in range(0, K, n)]
+    return chunks[0] if n == K else torch.cat(chunks)
 
 
 # -----------------------------------------------------------------------------
@@ -252,11 +261,16 @@ def nft_update(net, optimizer, params, old, conds, x0s, advantages, cfg: NFTConf
 
 
 def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig, score, decode, seed, update,
-               agree=None):
+               agree=None, cp_size=1):
     """One NFT update over this rank's groups (collective under torch.distributed: call it on every rank), then the
     old policy moves towards the new weights. old: the old adapter values (updated in place); update: 0-based
-    (update 0 starts from old == theta). score, decode, agree: as grpo.train_step.
-    Returns (stats of nft_update, metrics averaged over all ranks, s per phase)."""
+    (update 0 starts from old == theta). score, decode, agree, seed: as grpo.train_step (seed: this dp group's).
+    cp_size: ranks per cp group (--cp): they sample the same groups from the same seed, each forward split by cp.py,
+    and compute the same loss from the gathered output; one copy of their rewards enters the advantages and one of
+    their losses the metrics. Every rank runs the same forwards (groups x K x timesteps), so the loss scale needs no
+    count: FSDP's reduce (collectives.shard_model: a sum over a cp group, a mean over dp groups) averages the dp
+    groups' per-rank means, as it averages the ranks' without CP.
+    Returns (stats of nft_update, metrics averaged over all dp groups, s per phase)."""
     device = conds[0].crossattn_emb.device
     times, timed = phase_timer(device)
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -267,7 +281,7 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
         agree("checking the rollouts", lambda: check_samples(x0s, conds))
     else:
         check_samples(x0s, conds)
-    mine, reward_metrics = score_groups(x0s, score, decode, cfg, timed, agree)
+    mine, reward_metrics = score_groups(x0s, score, decode, cfg, timed, agree, cp_size)
     if reward_metrics["adv_std"] == 0:  # every advantage on every rank is 0 (all-tie groups): nothing to learn, and
         # the same on every rank (gathered); no forward and no optimizer step (AdamW's decay would still move weights)
         stats = {"loss": 0.0, "kl": 0.0, "data_loss": 0.0, "old_deviation": 0.0, "micro_steps": 0, "skipped": 1,
@@ -281,15 +295,14 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
         copy_values(old, params)
     else:
         update_old(old, params, decay)
-    world = collectives.world_size()
+    dp = collectives.world_size() // cp_size
     sums = torch.tensor([stats[k] for k in ("loss", "kl", "data_loss", "old_deviation")], dtype=torch.float64,
                         device=device)
-    if world > 1:
-        dist.all_reduce(sums)
-    sums /= world
+    collectives.sum_groups(sums, cp_size)  # over dp groups: a cp group's ranks computed the same loss
+    sums /= dp
     metrics = {"loss": float(sums[0]), **reward_metrics, "kl_ref": float(sums[1]) if cfg.kl_coef > 0 else None,
                "data_loss": float(sums[2]) if cfg.data_coef > 0 else None, "old_deviation": float(sums[3]),
-               "old_decay": decay, "grad_norm": stats["grad_norm"], "micro_steps": stats["micro_steps"] * world,
+               "old_decay": decay, "grad_norm": stats["grad_norm"], "micro_steps": stats["micro_steps"] * dp,
                "skipped_updates": stats["skipped"], "nonfinite_steps": stats["nonfinite_steps"],
                **({"skipped": "nonfinite"} if stats["nonfinite_steps"] else {})}  # train.py counts them, as SFT's
     times["optimizer"] = stats["optimizer_s"]

@@ -9,6 +9,7 @@
     python benchmarks/bench.py --world 8 --config v2w-14b --sac auto --mem-budget 75   # fastest mix in 75 GiB
     python benchmarks/bench.py --world 8 --cp 8 --config v2w-14b --height 704 --width 1280 --sac block   # 720p on 8
     python benchmarks/bench.py --grpo 4 --config v2w-14b --lora 32 --fp8 --sac block --compile   # GRPO's calls
+    python benchmarks/bench.py --world 8 --config v2w-14b --lora 32 --sac block --rl nft --rl-k 12   # an RL update
 
 Without --world: forward + backward, no optimizer step. The model is built on `meta`, materialised in bf16 on the
 GPU with random weights (no download), and trained on random latents [1, 16, T, H/8, W/8] (T = 1 + (frames-1)/4, the
@@ -19,6 +20,7 @@ ranks under a fake process group: per-rank memory, compute s/step, FSDP bytes mo
 (docs/memory.md, "Before you queue a job"). An out-of-memory is reported as status "OOM", not a crash. With --cp C
 rank 0 runs its 1/C of the frames through cp.py's all-to-alls (the fake group hands its input back), so memory and
 compute are its share; the exchange's bytes come from sac.cp_traffic and are added to the projected step.
+With --world N --rl grpo|nft: one RL update of train.py per rank instead of a step (benchmarks/rlplan.py).
 """
 import contextlib
 import dataclasses
@@ -49,6 +51,7 @@ import grpo  # noqa: E402
 import cli  # noqa: E402
 import cp  # noqa: E402
 import peer  # noqa: E402  (bench.py --vs; peer.py imports benchstep, never bench)
+import rlplan  # noqa: E402  (bench.py --world --rl: an RL update's plan)
 import rollout  # noqa: E402
 import sac  # noqa: E402
 from benchstep import build_net, emit, latent_shape, make_batch, timer, train_step  # noqa: E402
@@ -99,6 +102,12 @@ class BenchConfig:
     vs_tolerance: float = 0.03  # --vs-standalone: the largest |standalone / in-bench - 1| accepted
     grpo: int = 0  # K >= 2: instead of a step, GRPO's network calls at this shape (Predict2 nets, needs --lora):
     # a rollout step of K states in each rollout_batch layout, the KL reference, one training micro-step
+    rl: str = ""  # --world: plan one RL update of train.py --objective grpo|nft per rank instead of an SFT step
+    rl_k: int = 4  # --rl: K samples per group
+    rl_steps: int = 0  # --rl: sampler steps of a rollout (0: the objective's default, GRPO 8, NFT 10)
+    rl_groups: int = 1  # --rl: groups per dp group and update (train.py --batch-size)
+    rl_set: str = ""  # --rl: other knobs of its config, "key=value ..." (e.g. "window_size=2 same_latent=true")
+    rl_vae: str = "real"  # --rl: decode each sample as a pixel reward does: real (Wan, random weights) | tiny | none
 
 
 # The sweep table (docs/benchmarks-log.md): v2w-2b full FT under every mode, v2w-14b LoRA r=32 under block, attn.
@@ -135,21 +144,24 @@ def plan_header(b: BenchConfig, net, world, shard, traffic, cp_size):
                 **traffic, link_gb_s=b.link_gb_s, cp=cp_size)
 
 
-def run_plan(b: BenchConfig, shard=True):
-    """Forward, backward and AdamW step of train.py's model as rank 0 of `b.world` ranks. W > 1: a fake process group
-    (collectives are no-ops of the right shapes, so this device holds exactly rank 0's shards and runs the real
-    kernels); W = 1: a real one-rank group, as train.py on one GPU. shard=False: no process group (train.py on a CPU
-    without torchrun), for comparison."""
+@contextlib.contextmanager
+def planned_net(b: BenchConfig, shard=True):
+    """train.py's network as rank 0 of `b.world` ranks, for the body of the with: yields (net, res: the plan header,
+    traffic). W > 1: a fake process group (collectives are no-ops of the right shapes, so this device holds exactly
+    rank 0's shards and runs the real kernels); W = 1: a real one-rank group, as train.py on one GPU. shard=False: no
+    process group (train.py on a CPU without torchrun), for comparison. An out-of-memory in the body is the row's
+    status "OOM", not a crash."""
     device, cuda = torch.device(b.device), b.device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32  # train.py's compute dtype (fp32 master weights)
     torch.manual_seed(b.seed)
     torch.backends.cuda.matmul.allow_tf32 = b.tf32
     cfg, shape, world = get_config(b.config), latent_shape(b), b.world if shard else 1
     cp_size = b.cp if shard else 1
-    # train.py's network: fp32 master weights, LoRA's frozen base in the compute dtype (LoRA's fp8 base is
-    # refused in main: planned in bf16)
-    spec = build.NetSpec(config=b.config, lora=b.lora, fp8=b.fp8 and not b.lora, compile=b.compile, base_dtype=dtype,
-                         seed=b.seed)
+    # train.py's network: fp32 master weights, LoRA's frozen base in the compute dtype (LoRA's fp8 base, whole on
+    # every rank, is refused in main, except for --rl on one rank, where whole is all there is)
+    fp8_base = b.fp8 and b.lora and bool(b.rl) and world == 1
+    spec = build.NetSpec(config=b.config, lora=b.lora, fp8=(b.fp8 and not b.lora) or fp8_base, compile=b.compile,
+                         base_dtype=dtype, seed=b.seed)
     net = build.meta_net(spec)
     traffic = sac.fsdp_traffic(net, world, dtype, b.link_gb_s)
     res = plan_header(b, net, world, shard, traffic, cp_size)
@@ -171,10 +183,27 @@ def run_plan(b: BenchConfig, shard=True):
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:  # as train.py: sac -> cp -> compile -> FSDP2 (the function train.py shards with) -> init
         build.materialise(net, spec, device, cp.make_mesh(device.type, world, cp_size)[2] if shard else None, cp_size)
+        yield net, res, traffic
+        if set(modes) != {"none"}:
+            sac.check_first_step(modes)
+        res["status"] = "ok"
+    except torch.OutOfMemoryError as e:
+        res.update(status="OOM", error=str(e).split("\n")[0][:300])
+    finally:
+        if shard:
+            dist.destroy_process_group()
+    res.update(peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+               reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 2) if cuda else None)
+
+
+def run_plan(b: BenchConfig, shard=True):
+    """Forward, backward and AdamW step of train.py's model as rank 0 of `b.world` ranks (planned_net)."""
+    device, cuda = torch.device(b.device), b.device == "cuda"
+    with planned_net(b, shard) as (net, res, traffic):
         trainable = [p for p in net.parameters() if p.requires_grad]  # after fully_shard: the DTensor parameters
         optimizer = torch.optim.AdamW(trainable, lr=1e-5, betas=(0.9, 0.99), weight_decay=0.1, eps=1e-8,
                                       fused=cuda)  # as train.py builds it
-        batch = make_batch(b, cfg, device, torch.float32)  # train.py feeds fp32 latents and text; the net casts
+        batch = make_batch(b, get_config(b.config), device, torch.float32)  # train.py feeds fp32 latents and text
 
         def step():
             loss = train_step(net, batch, trainable)
@@ -183,7 +212,7 @@ def run_plan(b: BenchConfig, shard=True):
         if not b.compile:  # the first step: collectives and executed FLOPs counted (dynamo and dispatch modes clash)
             # FLOPs only without resharding: FlopCounterMode's module hooks keep FSDP2's resharded blocks alive
             # (measured on an H200: v2w-14b W = 8 --sac block OOM at 138 GiB with it, peak 43.8 GiB without)
-            count_flops = FlopCounterMode(display=False) if world == 1 else contextlib.nullcontext()
+            count_flops = FlopCounterMode(display=False) if res["world"] == 1 else contextlib.nullcontext()
             with sac.CollectiveBytes() as counted, count_flops as flops:
                 step()
             res.update(observed_allgather_bytes=counted.allgather, observed_reduce_scatter_bytes=counted.reduce_scatter,
@@ -200,18 +229,9 @@ def run_plan(b: BenchConfig, shard=True):
             t = timer(device)
             loss = step()
             times.append(t())
-        if set(modes) != {"none"}:
-            sac.check_first_step(modes)
-        res.update(status="ok", state_measured_rank0=sac.state_measured(net, optimizer), loss=round(loss.item(), 5))
-    except torch.OutOfMemoryError as e:
-        res.update(status="OOM", error=str(e).split("\n")[0][:300])
-    finally:
-        if shard:
-            dist.destroy_process_group()
-    res.update(peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
-               reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 2) if cuda else None)
+        res.update(state_measured_rank0=sac.state_measured(net, optimizer), loss=round(loss.item(), 5))
     if res["status"] == "ok":
-        res.update(projected_step(res, times, traffic, cp_size, device, dtype))
+        res.update(projected_step(res, times, traffic, res["cp"], device, torch.bfloat16 if cuda else torch.float32))
     return res
 
 
@@ -592,15 +612,16 @@ def main(argv=None):
                          "--height 64 --width 112 --text-len 16`")
     if b.vs:  # the same step on diffusers (peer.py: the only importer of diffusers, a benchmark-only dependency)
         return peer.main(b)
-    if b.fp8 and b.lora and b.world:
+    if b.fp8 and b.lora and b.world and not (b.rl and b.world == 1):
         raise ValueError("--fp8 --lora with --world: not planned (train.py --fp8 holds the frozen base whole on every "
-                         "rank in e4m3, the planner runs it as FSDP shards); measure one GPU without --world, or let "
-                         "train.py --sac auto size it (its plan counts the fp8 base)")
+                         "rank in e4m3, the planner runs it as FSDP shards); measure one GPU without --world (or "
+                         "--world 1 --rl), or let train.py --sac auto size it (its plan counts the fp8 base)")
     check_auto(b)
+    rlplan.check(b)
     if b.world:
         check_plan(b)
-        res = run_plan(b)
-        print(plan_table(res), flush=True)
+        res = rlplan.run(b, planned_net) if b.rl else run_plan(b)
+        print(rlplan.table(res) if b.rl else plan_table(res), flush=True)
         return emit(res, b.out)
     if b.cp != 1:
         raise ValueError(f"--cp {b.cp} needs --world N (the planner runs train.py's CP step as rank 0 of N)")

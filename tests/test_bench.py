@@ -9,6 +9,7 @@ import torch
 
 import build
 import bench
+import rlplan
 import collectives
 import sac
 from dist_utils import run_dist
@@ -210,3 +211,93 @@ def test_no_cuda_is_one_line_naming_a_command_that_runs_here(monkeypatch):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no CUDA device is visible" in proc.stderr
     (script, argv), = run_utils.suggested(proc.stderr)
     assert script == "bench" and run_utils.check(run_utils.in_process(bench, argv)).stdout.count('"status": "ok"') == 1
+
+
+# -----------------------------------------------------------------------------
+# --world N --rl grpo|nft: one RL update per rank, from the objective's own calls and their measured costs
+
+def rl_flags(*flags):
+    return bench.parse_args(SMALL + ["--world", "1", "--lora", "4", *flags])
+
+
+@pytest.mark.parametrize("config,flags,want", [
+    # NFT, Predict2: 10 AB2 steps + the clean pass, K in one call; steady state: the old policy's K forwards
+    ("tiny", ["--rl", "nft", "--rl-k", "12"], dict(rollout={12: 11.0}, frozen={1: 12.0}, trained=12.0)),
+    # Predict2.5's UniPC: one call a step; rollout_batch 2: K / 2 calls a step; 2 levels, the KL reference, the data
+    # term (a trained pass per group), and the on-policy schedule (decay 0: the trained forward is v_old)
+    ("p25-tiny", ["--rl", "nft", "--rl-steps", "5", "--rl-groups", "2", "--rl-set",
+                  "rollout_batch=2 timesteps=2 kl_coef=0.1 data_coef=1 decay_rate=0"],
+     dict(rollout={2: 20.0}, frozen={1: 16.0}, trained=18.0)),
+    # GRPO's defaults: (N + 1) x K x 2 branches of B = 1; N - 1 trained steps a trajectory; the probe's 2 x 7 calls
+    ("tiny", ["--rl", "grpo"], dict(rollout={1: 72.0}, frozen={1: 14.0}, trained=28.0)),
+    # the 14B fast path (docs/benchmarks-log.md, window start 2): 35 B = 2 calls, 5 forward + backward passes, the
+    # KL reference 5 B = 2 calls, the probe 4 B = 1 calls
+    ("tiny", ["--rl", "grpo", "--rl-steps", "10", "--rl-set", "window_size=2 window_range=2,4 same_latent=true "
+              "kl_coef=0.004 rollout_batch=cfg"], dict(rollout={2: 35.0}, frozen={1: 4.0, 2: 5.0}, trained=5.0)),
+])
+def test_rl_plan_counts_the_objectives_own_calls(config, flags, want):
+    b = rl_flags("--config", config, *flags)
+    counts = rlplan.count_update(b, rlplan.rl_config(b), get_config(config))
+    assert {k: counts[k] for k in want} == want
+    assert counts["samples"] == b.rl_groups * b.rl_k and counts["opt_steps"] == 1
+
+
+def test_rl_plan_projects_counts_times_measured_costs(capsys):
+    """One rank (no link): each phase is its calls times their measured seconds; the table, then one JSON line."""
+    bench.main(SMALL + ["--world", "1", "--lora", "4", "--sac", "block", "--rl", "nft", "--rl-k", "2", "--rl-steps",
+                        "2", "--rl-vae", "tiny"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    res = json.loads(lines[-1])
+    assert res["status"] == "ok" and any(ln.startswith("plan: nft update of tiny on 1 rank(s)") for ln in lines)
+    cost, phases = res["rl_costs_s"], res["rl_phases_s"]
+    assert res["rl_calls"]["rollout"] == {"2": 3.0} and res["rl_calls"]["frozen"] == {"1": 2.0}
+    assert phases["rollout"] == pytest.approx(3 * cost["nograd_b2"], abs=2e-4)
+    assert phases["update"] == pytest.approx(2 * cost["nograd_b1"] + 2 * cost["trained"], abs=2e-4)
+    assert phases["decode"] == pytest.approx(2 * cost["decode"], abs=2e-4) and cost["decode"] > 0
+    assert res["rl_s_per_update"] == pytest.approx(sum(phases.values()), abs=2e-4)
+
+
+def test_rl_plan_under_cp_splits_each_call_and_counts_the_exchange():
+    """--world 4 --cp 2 (dp 2): every call runs this rank's frames through the all-to-alls (the fake group); on a slow
+    link the projection carries each call's exchange on top of the measured compute."""
+    b = bench.parse_args(SMALL + ["--world", "4", "--cp", "2", "--frames", "13", "--lora", "4", "--sac", "block",
+                                  "--rl", "grpo", "--rl-k", "2", "--rl-steps", "3", "--rl-vae", "none",
+                                  "--link-gb-s", "0.001"])
+    res = rlplan.run(b, bench.planned_net)
+    assert res["status"] == "ok" and res["cp"] == 2 and "decode" not in res["rl_costs_s"]
+    calls, cost = res["rl_calls"], res["rl_costs_s"]
+    compute = sum(n * cost[f"nograd_b{B}"] for B, n in calls["rollout"].items())
+    assert res["rl_phases_s"]["rollout"] > compute + 1.0  # the exchange at 1 MB/s: seconds, against ms of compute
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--rl-k", "8"], "--rl-k do.* nothing without --rl"),
+    (["--rl", "nft", "--grpo", "2"], "pass --world .and not --grpo."),
+    (["--rl", "ppo"], "--rl 'ppo': grpo or nft"),
+    (["--rl", "nft", "--rl-set", "beta"], "--rl-set 'beta': key=value"),
+    (["--rl", "nft", "--rl-set", "kl_coeff=1"], "key of NFTConfig"),
+    (["--rl", "nft", "--rl-set", "group_size=8"], "pass --rl-k instead"),
+    (["--rl", "nft", "--rl-set", "adaptive_weight=maybe"], "true or false"),
+    (["--rl", "nft", "--rl-k", "4", "--rl-set", "rollout_batch=3"], "rollout_batch=3"),
+    (["--rl", "grpo", "--rl-set", "rollout_batch=cfg recompute_old_logp=false"], "train.py refuses it"),
+    (["--rl", "nft", "--rl-vae", "big"], "--rl-vae 'big'"),
+    (["--rl", "nft", "--lora", "0"], "pass --lora RANK"),
+])
+def test_rl_plan_flags_checked(flags, match):
+    with pytest.raises(ValueError, match=match):
+        b = bench.parse_args(SMALL + ["--lora", "4"] + (["--world", "1"] if "--grpo" not in flags else []) + flags)
+        rlplan.check(b)
+        rlplan.run(b, bench.planned_net)
+
+
+def test_rl_plan_runs_the_fp8_base_on_one_rank_only(monkeypatch):
+    """--fp8 --lora: train.py holds the e4m3 base whole on every rank, which one rank is: --world 1 --rl runs every
+    call through fp8.linear; more ranks stay refused."""
+    import fp8
+    calls, fp8_linear = [], fp8.linear
+    monkeypatch.setattr(fp8, "linear", lambda *a, **k: calls.append(1) or fp8_linear(*a, **k))
+    res = rlplan.run(rl_flags("--fp8", "--rl", "nft", "--rl-k", "2", "--rl-steps", "2", "--rl-vae", "none"),
+                     bench.planned_net)
+    assert res["status"] == "ok" and res["rl_fp8_base"] and len(calls) > 0
+    with pytest.raises(ValueError, match="--fp8 --lora with --world"):
+        bench.main(SMALL + ["--world", "2", "--lora", "4", "--fp8", "--rl", "nft"])

@@ -1,7 +1,7 @@
 """Context parallelism (cp.py, --cp N) on CPU gloo: the CP forward and its gradients equal the no-CP run to fp32
 rounding (2 and 4 ranks, a camera net included), train.py's loss curves equal over 3 steps, checkpoints resume under
-another (dp, cp) layout, the refusals, and GRPO updates equal the ones without CP. docs/memory.md, "Context
-parallelism", has the design and its promises.
+another (dp, cp) layout, the refusals, and GRPO and DiffusionNFT updates equal the ones without CP. docs/memory.md,
+"Context parallelism", has the design and its promises.
 """
 import json
 import os
@@ -233,7 +233,6 @@ def test_four_ranks_dp2_cp2_continues_a_dp2_run(run_dir, dp2):
     (["--cp", "2"], "--cp 2: 3 latent frames (--frames 9) do not split evenly over 2 ranks"),
     (["--cp", "4", "--frames", "13"], "--cp 4: tiny has 2 heads"),
     (["--cp", "2", "--config", "p25-tiny-agibot"], "--cp 2: 9 latent frames (--frames 9)"),  # 3 views x 3
-    (["--cp", "2", "--frames", "13", "--objective", "nft"], "--cp 2 with --objective nft"),
 ])
 def test_train_refuses(flags, message):
     import train as train_py
@@ -317,11 +316,11 @@ def test_grpo_update_equals_the_no_cp_update():
         _same_update(got, ref)
 
 
-def test_train_grpo_dp2_cp2_equals_dp2(run_dir):
-    """train.py --objective grpo: dp 2 x cp 2 on 4 ranks equals dp 2 x cp 1 on 2 ranks over 2 updates (rollout
-    seeds and group keys by dp rank, advantages over both dp groups from one copy each, counts over dp groups)."""
+@pytest.fixture(scope="module")
+def lora_init(run_dir):
+    """A tiny init with non-zero LoRA adapters in it: their random init would depend on the FSDP layout."""
     from safetensors.torch import save_file
-    init = run_dir / "init_lora.safetensors"  # adapters in the init: their random init depends on the FSDP layout
+    init = run_dir / "init_lora.safetensors"
     torch.manual_seed(0)
     net = DiT(get_config("tiny"))
     net.init_weights()
@@ -332,6 +331,13 @@ def test_train_grpo_dp2_cp2_equals_dp2(run_dir):
             if "lora" in name:
                 p.copy_(0.05 * torch.randn(p.shape, generator=g))
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(init))
+    return init
+
+
+def test_train_grpo_dp2_cp2_equals_dp2(run_dir, lora_init):
+    """train.py --objective grpo: dp 2 x cp 2 on 4 ranks equals dp 2 x cp 1 on 2 ranks over 2 updates (rollout
+    seeds and group keys by dp rank, advantages over both dp groups from one copy each, counts over dp groups)."""
+    init = lora_init
     flags = ["--objective", "grpo", "--lora", "4", "--grpo-num-steps", "3", "--init", str(init),
              "--reward", "tests.reward_plugins:black_latent", "--eval-steps", "2", "--grpo-group-size", "4",
              "--batch-size", "1"]  # latent-only: no decoding; small, for time
@@ -346,4 +352,96 @@ def test_train_grpo_dp2_cp2_equals_dp2(run_dir):
             assert close(got[step][key], ref[step][key]), (step, key, got[step], ref[step])
         for key in ("trajectories", "micro_steps", "padded_steps", "opt_steps"):
             assert got[step][key] == ref[step][key], (step, key, got[step], ref[step])
+        assert close(got[step]["eval_reward"], ref[step]["eval_reward"])
+
+
+# -----------------------------------------------------------------------------
+# DiffusionNFT under --cp: the same promises (nft.train_step's cp_size), its old policy swapped into every shard
+
+
+def _nft_updates(rank, world, cp_size, updates=3):
+    """nft.train_step of one group per dp group for `updates` updates (decay 0.5 after update 1: update 2 samples and
+    trains against the old policy, swapped into the dp x cp shards), as train.py runs them. Returns (per update its
+    metrics, the LoRA gradients of the last optimizer step, the updated LoRA weights, the old policy), full tensors."""
+    import grpo
+    import nft
+    from collectives import shard_model
+    torch.manual_seed(0)
+    net = DiT(get_config("tiny"))
+    net.init_weights()
+    params = add_lora(net, 4)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in params:  # B starts at zero: a non-trivial policy
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    dp_rank = 0
+    if dist.is_initialized():
+        dp_rank, _, group = cp.make_mesh("cpu", world, cp_size)
+        cp.enable(net, group)
+        shard_model(net, torch.device("cpu"), cp_size)
+    params = [p for p in net.parameters() if p.requires_grad]
+    full = (lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t)
+    g = torch.Generator().manual_seed(10 + dp_rank)  # a clip and prompt per dp group
+    emb, gt = torch.randn(2, 8, 1024, generator=g), torch.randn(1, *GRPO_LATENT, generator=g)
+    cond = Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt,
+                     condition_mask=condition_mask(gt, 1), key=(dp_rank, 0))
+    cfg = nft.NFTConfig(group_size=2, num_steps=3, decay_rate=0.5, kl_coef=0.1)
+    optimizer = grpo.lora_optimizer(net, params, cfg)
+    old = [p.detach().clone() for p in params]
+    grads = []
+    optimizer.register_step_pre_hook(lambda *_: grads.append([full(p.grad).clone() for p in params]))  # per step
+
+    def score(video, latent):  # a reward that depends on every element of the sample
+        return {"reward": (latent * torch.linspace(-1, 1, latent[0].numel()).view(latent[0].shape)).mean((1, 2, 3, 4))}
+    rows = [nft.train_step(net, optimizer, params, old, [cond], GRPO_LATENT, cfg, score, lambda x0: None,
+                           seed=100 + 7 * update + dp_rank, update=update, cp_size=cp_size)[1]
+            for update in range(updates)]
+    return rows, grads, [full(p.detach()).clone() for p in params], [full(o).clone() for o in old]
+
+
+def _same_nft_updates(got, ref, lr=3e-4):
+    """Metrics to fp32 rounding (old_deviation, a squared difference of two close velocities, to 1e-4), every step's
+    gradients to 1e-5 of their largest, weights and old policy to 1e-6 (Adam moves an element whose gradient is
+    near its eps, 1e-8, by up to 2 lr on a rounding difference: allowed for each step where it was)."""
+    (rows, grads, weights, old), (rows_ref, grads_ref, weights_ref, old_ref) = got, ref
+    for update, (row, row_ref) in enumerate(zip(rows, rows_ref)):
+        for key in ("reward_mean", "reward_std", "adv_std", "loss", "kl_ref", "old_deviation", "grad_norm"):
+            rel = 1e-4 if key == "old_deviation" else 1e-5
+            assert row[key] == pytest.approx(row_ref[key], rel=rel, abs=1e-9), (update, key, row, row_ref)
+        for key in ("micro_steps", "skipped_updates", "nonfinite_steps", "old_decay"):
+            assert row[key] == row_ref[key], (update, key, row, row_ref)
+    assert len(grads) == len(grads_ref) == len(rows_ref) and grads_ref[0]
+    for step, step_ref in zip(grads, grads_ref):
+        for a, b in zip(step, step_ref):
+            assert (a - b).abs().max() <= 1e-5 * b.abs().max(), ((a - b).abs().max(), b.abs().max())
+    for i, (a, b) in enumerate(zip(weights + old, weights_ref + old_ref)):
+        tiny = sum((step[i % len(weights)].abs() < 1e-6).float() for step in grads_ref)
+        assert ((a - b).abs() - 2 * lr * tiny).max() <= 1e-6, (a - b).abs().max()
+
+
+def test_nft_update_equals_the_no_cp_update():
+    """--cp 2 on 2 ranks (dp 1) equals one process over 3 updates, the third off-policy (the old policy swapped into
+    the shards): rewards, advantages, loss, KL to the base, the old policy's deviation, LoRA gradients, weights and
+    the old policy itself to fp32 rounding."""
+    ref = _nft_updates(0, 1, 1)
+    assert ref[0][0]["reward_std"] > 0 and ref[0][2]["old_deviation"] > 0 and ref[0][1]["old_deviation"] == 0
+    for got in run_dist(_nft_updates, 2, 300, 2):
+        _same_nft_updates(got, ref)
+
+
+def test_train_nft_dp2_cp2_equals_dp2(run_dir, lora_init):
+    """train.py --objective nft: dp 2 x cp 2 on 4 ranks equals dp 2 x cp 1 on 2 ranks over 2 updates (rollout seeds
+    and group keys by dp rank, advantages over both dp groups from one copy each, metrics over dp groups)."""
+    flags = ["--objective", "nft", "--lora", "4", "--nft-num-steps", "3", "--init", str(lora_init),
+             "--reward", "tests.reward_plugins:black_latent", "--eval-steps", "2", "--nft-group-size", "4",
+             "--batch-size", "1"]  # latent-only: no decoding; small, for time
+    _, ref = train(run_dir, "nft_dp2", 2, 2, *flags, sft=False)
+    proc, got = train(run_dir, "nft_dp2cp2", 2, 4, "--cp", "2", *flags, sft=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(dp 2 x cp 2)" in proc.stdout
+    for step in (1, 2):
+        assert ref[step]["reward_std"] > 0 and ref[step]["grad_norm"] > 0
+        for key in ("reward_mean", "reward_std", "adv_std", "loss", "grad_norm", "old_deviation"):
+            assert close(got[step][key], ref[step][key]), (step, key, got[step], ref[step])
+        assert got[step]["micro_steps"] == ref[step]["micro_steps"] == 2 * 4  # dp groups x K x 1 level
         assert close(got[step]["eval_reward"], ref[step]["eval_reward"])

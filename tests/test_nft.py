@@ -1,4 +1,6 @@
 """nft.py: DiffusionNFT's loss (its on-policy gradient and optimum), the old policy, the update and its skips, FSDP."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -226,3 +228,78 @@ def test_fsdp_old_policy_swap_and_update_stay_in_step():
     (same0, g0, p0), (same1, g1, p1) = run_dist(_fsdp_nft, 2, 300)
     assert same0 and same1  # every unit, also those FSDP keeps unsharded after a forward, ran the old adapters
     assert g0 == g1 and all(torch.equal(a, b) for a, b in zip(p0, p1))
+
+
+# -----------------------------------------------------------------------------
+# The fast path (docs/nft.md §4): rollout layouts, the fp8 base in the rollouts, compiled updates without recompiles
+
+
+def test_rollout_layouts_draw_the_same_noise():
+    """rollout_batch n: K / n calls a step from the group's one noise draw; n = K is the default layout bit for bit,
+    smaller n the same samples up to rounding. A layout that would leave an uneven last call is refused."""
+    net, _ = tiny_policy()
+    cond = tiny_condition()
+    cfg = nft.NFTConfig(group_size=4, num_steps=3)
+    ref = nft.sample_group(net, cond, LATENT, cfg, torch.Generator().manual_seed(0))
+    for n in (1, 2, 4):
+        got = nft.sample_group(net, cond, LATENT, dataclasses.replace(cfg, rollout_batch=n),
+                               torch.Generator().manual_seed(0))
+        assert torch.equal(got, ref) if n == 4 else torch.allclose(got, ref, rtol=0, atol=1e-5), n
+    for bad in (-1, 3):
+        with pytest.raises(ValueError, match=f"rollout_batch={bad}: 0 .* or a divisor of group_size=4"):
+            nft.NFTConfig(group_size=4, rollout_batch=bad)
+
+
+def test_fp8_base_runs_every_rollout_call(monkeypatch):
+    """--fp8 with LoRA holds the frozen base in e4m3 only (lora.quantize_base): every Linear of every rollout call
+    runs fp8.linear (there is no bf16 copy to fall back on), and the update trains the adapters through it."""
+    import fp8
+    from lora import adapted_linears, quantize_base
+    net, params = tiny_policy()
+    quantize_base(net)
+    calls, fp8_linear = [], fp8.linear
+    monkeypatch.setattr(fp8, "linear", lambda *a, **k: calls.append(a[0].shape[0]) or fp8_linear(*a, **k))
+    cond = tiny_condition()
+    cfg = nft.NFTConfig(group_size=2, num_steps=3)
+    net_calls = []
+    hook = net.register_forward_pre_hook(lambda module, args: net_calls.append(args[0].shape[0]))
+    x0 = nft.sample_group(net, cond, LATENT, cfg, torch.Generator().manual_seed(0))
+    hook.remove()
+    assert net_calls == [2] * (3 + 1)  # Predict2: 3 AB2 steps and the clean pass, the K = 2 samples in one call
+    assert len(calls) == len(net_calls) * len(adapted_linears(net)) > 0
+    opt = grpo.lora_optimizer(net, params, cfg)
+    stats = nft.nft_update(net, opt, params, [p.detach().clone() for p in params], [cond], [x0],
+                           [torch.tensor([1.0, -1.0])], cfg, torch.Generator().manual_seed(1), True)
+    assert stats["grad_norm"] > 0 and stats["nonfinite_steps"] == 0
+
+
+def test_compiled_updates_do_not_recompile():
+    """--compile (each block; aot_eager here, inductor in train.py) in train.py's order: the held-out evaluation's
+    B = 1 no-grad calls, then updates. Update 0 compiles the rollout's B = K calls and the trained forward and
+    backward; update 2, the first off-policy one (decay 0.25 after update 1), adds the old policy's no-grad forwards,
+    which are the evaluation's variant: no update after the first compiles anything (dynamo's own counters), and the
+    recompile limit is never reached (it raises here instead of falling back to eager)."""
+    from torch._dynamo.utils import counters
+    import sac
+    torch._dynamo.reset()
+    counters.clear()
+    net, params = tiny_policy()
+    sac.apply_per_block(net, sac.block_modes("block", 1, len(net.blocks)))  # the 14B recipe's --sac block
+    for block in net.blocks:
+        block.compile(backend="aot_eager")
+    cond = tiny_condition()
+    cfg = nft.NFTConfig(group_size=2, num_steps=2, decay_rate=0.25, decay_max=0.5)
+    opt = grpo.lora_optimizer(net, params, cfg)
+    old = [p.detach().clone() for p in params]
+    family = build.family(net.cfg)
+    score = lambda video, x0: {"reward": x0[:, 0].mean(dim=(1, 2, 3))}  # noqa: E731
+    graphs = []
+    with torch._dynamo.config.patch(recompile_limit=8, fail_on_recompile_limit_hit=True):
+        with torch.no_grad():  # the held-out evaluation before update 1 (rl.py: the family's sampler, B = 1)
+            family.sample(net, family.initial_state(torch.randn(1, *LATENT)), cond, 0.0, family.ROLLOUT_GRID, 2)
+        for update in range(4):
+            _, metrics = nft.train_step(net, opt, params, old, [cond], LATENT, cfg, score, lambda x0: None, update,
+                                        update)
+            graphs.append((counters["stats"]["unique_graphs"], counters["stats"]["calls_captured"]))
+            assert (metrics["old_deviation"] > 0) == (update >= 2), (update, metrics["old_deviation"])
+    assert graphs[0][0] > 1 and graphs == [graphs[0]] * 4, graphs
