@@ -464,12 +464,12 @@ class GridClips(Dataset):
         return len(self.videos)
 
     def __getitem__(self, item) -> dict:
-        video, attempt, (clip, start) = first_loadable(self, item)
+        video, attempt, (clip, start, *more) = first_loadable(self, item)  # more: a subclass's fields (actionclips.py)
         emb, mask = clip_text(self, video)
         pixels = torch.empty((3,) + clip.shape[:3], dtype=self.dtype)
         pixels.copy_(torch.from_numpy(clip).permute(3, 0, 1, 2))  # [T,H,W,3] uint8 -> [3,T,H,W]
         return {"video": pixels.div_(127.5).sub_(1.0), "text_emb": emb, "text_mask": mask,
-                "prompt": video.prompt, "stem": video.stem, "start": start, "skipped": attempt}
+                "prompt": video.prompt, "stem": video.stem, "start": start, "skipped": attempt, **dict(*more)}
 
     @staticmethod
     def _probe(video: Video):
@@ -562,7 +562,7 @@ class ViewClips(Dataset):
         return len(self.videos)
 
     def __getitem__(self, item) -> dict:
-        video, attempt, (clips, start, w2c, intrinsics) = first_loadable(self, item)
+        video, attempt, (clips, start, w2c, intrinsics, *more) = first_loadable(self, item)
         emb, mask = clip_text(self, video)
         pixels = torch.empty((len(clips), 3) + clips[0].shape[:3], dtype=self.dtype)
         for v, clip in enumerate(clips):  # [T,H,W,3] uint8 -> [3,T,H,W]
@@ -570,7 +570,7 @@ class ViewClips(Dataset):
         return {"video": pixels.div_(127.5).sub_(1.0), "w2c": w2c, "intrinsics": intrinsics,
                 "cameras": "fallback" if self.fallback is not None else "real", "views": list(VIEW_ORDER),
                 "text_emb": emb, "text_mask": mask, "prompt": video.prompt, "stem": video.stem, "start": start,
-                "skipped": attempt}
+                "skipped": attempt, **dict(*more)}
 
     def _clip(self, video: Video, rng) -> tuple:
         for slot in VIEW_ORDER:  # once per file and process

@@ -47,6 +47,10 @@ class DiTConfig:
     timestep_scale: float = 1.0
     fp32_time_modulation: bool = False  # upstream's "Wan fp32 strategy": t-embedding, adaLN GEMMs, final layer in fp32
     camera_channels: int = 0  # > 0: per-block cam_encoder Linear(camera_channels -> D) (robot/multiview-agibot: 1536)
+    # > 0: upstream's ActionConditionedMinimalV1LVGDiT: two MLPs (action_embedder_B_D, action_embedder_B_3D) of the
+    # clip's action chunk flattened (Condition.action [B, transitions, dims]: transitions * dims = action_dim), added
+    # to the time embedding and to the adaLN-LoRA input (needs use_adaln_lora)
+    action_dim: int = 0
 
     @property
     def head_dim(self):
@@ -87,13 +91,30 @@ CONFIGS.update({
                                  crossattn_emb_channels=32, crossattn_proj_in_channels=96, camera_channels=1536, **_P25),
 })
 
+# Action-conditioned Predict2 (upstream cosmos_predict2/configs/action_conditioned/config.py,
+# _PREDICT2_ACTION_CONDITIONED_NET_2B): the v2w-2b network plus the action MLPs; 13 frames (12 transitions) of 7-dim
+# Bridge actions (end-effector displacement xyz + rpy, gripper): action_dim = 7 * 12. tiny-action: the tiny default's
+# 9-frame clips (8 transitions) at stitch stride 4 of make_synthetic's 2-dim square commands: 8 * 4 * 2.
+CONFIGS.update({
+    "v2w-2b-action": replace(CONFIGS["v2w-2b"], action_dim=7 * 12),
+    "tiny-action": replace(CONFIGS["tiny"], action_dim=8 * 4 * 2),
+})
+# The released action-conditioned 2B (upstream README.md and documentations/setup.md: "post-trained on Bridge",
+# 480p, 4 fps; the file name from imaginaire/constants.py get_cosmos_predict2_action_conditioned_checkpoint, its md5
+# from scripts/download_checkpoints.py at upstream commit bc864cb). Not a named init yet: upstream's downloader pins
+# no revision for this repo (REPO_ID_MAPPING lacks it; it downloads whatever the hub's head is), and every named
+# init here is pinned (tests/test_integrity.py). Load it with --init hf://<ACTION_2B_RELEASE>@<revision you checked>.
+ACTION_2B_RELEASE = "nvidia/Cosmos-Predict2-2B-Sample-Action-Conditioned/model-480p-4fps.pt"
+ACTION_2B_RELEASE_MD5 = "b4db0f266cc487f1242dc09a082c6dd5"
+
 # Upstream constructor kwargs that carry no meaning for this network (rope3d is the only positional scheme;
 # the attention backend is a kernel choice; fps bounds and extra_*_extrapolation ratios are unused upstream).
 _UPSTREAM_IGNORED = {"pos_emb_cls", "pos_emb_learnable", "pos_emb_interpolation", "atten_backend", "min_fps", "max_fps",
                      "extra_h_extrapolation_ratio", "extra_w_extrapolation_ratio", "extra_t_extrapolation_ratio",
                      "sac_config", "use_crossattn_projection", "use_wan_fp32_strategy"}
 _UPSTREAM_CLASSES = {"MiniTrainDIT": (False, 0), "MinimalV1LVGDiT": (True, 0),  # (video2world, camera_channels)
-                     "CameraMiniTrainDIT": (False, 1536), "CameraMiniTrainDITwithConditionalMask": (True, 1536)}
+                     "CameraMiniTrainDIT": (False, 1536), "CameraMiniTrainDITwithConditionalMask": (True, 1536),
+                     "ActionConditionedMinimalV1LVGDiT": (True, 0)}  # its action_dim kwarg is required
 
 
 def config_from_upstream(class_name, kwargs):
@@ -102,6 +123,9 @@ def config_from_upstream(class_name, kwargs):
     if name not in _UPSTREAM_CLASSES:
         raise ValueError(f"unsupported upstream class {class_name!r}: expected one of {sorted(_UPSTREAM_CLASSES)}")
     ours = {f.name for f in fields(DiTConfig)} - {"video2world", "fp32_time_modulation", "camera_channels"}
+    if ("action_dim" in kwargs) != (name == "ActionConditionedMinimalV1LVGDiT"):
+        raise ValueError(f"{name}: action_dim is {'missing' if 'action_dim' not in kwargs else 'not a kwarg of it'}"
+                         " (only ActionConditionedMinimalV1LVGDiT takes it, and requires it)")
     unknown = set(kwargs) - ours - _UPSTREAM_IGNORED
     if unknown:
         raise ValueError(f"upstream kwargs not understood by DiTConfig: {sorted(unknown)}")

@@ -73,6 +73,7 @@ class Source:
     task_table: dict  # task_index -> task string
     episodes: list
     cam_params: dict | None = None  # slot -> (convention, extrinsics column, intrinsics column or None); None: none
+    features: dict = dataclasses.field(default_factory=dict)  # info.json's features (actions.py reads action/state)
 
 
 # ------------------------------------------------------------------------------------------------------ metadata
@@ -227,7 +228,7 @@ def open_source(src: str, cameras: str = "") -> Source:
     cam_hw = {s: camera_hw(info["features"][k], k) for s, k in cams.items()}
     params = camera_columns(info["features"], cams, info_path)
     return Source(root=src, name=name, layout=layout, fps=fps, cams=cams, cam_hw=cam_hw, task_table=table,
-                  episodes=episodes, cam_params=params)
+                  episodes=episodes, cam_params=params, features=info["features"])
 
 
 # ----------------------------------------------------------------------------------------------- per episode
@@ -392,9 +393,10 @@ CAMERA_COLOURS = {1: (200, 30, 30), 2: (30, 170, 30), 3: (30, 60, 200)}  # as in
 SYNTHETIC_TASKS = ('Put the marker, then the cap, in the "blue" cup.', "Öffne die Schublade — langsam!")
 
 
-def code_frame(episode: int, camera: int, frame_index: int, height: int, width: int) -> np.ndarray:
+def code_frame(episode: int, camera: int, frame_index: int, height: int, width: int, square=None) -> np.ndarray:
     """The frame code of tests/data/*/README.md, scaled from 180x320: camera colour; white/black bit blocks for the
-    episode (4 bits), camera (2) and sync 1010 on the top band and frame_index (10) on the bottom; a moving square."""
+    episode (4 bits), camera (2) and sync 1010 on the top band and frame_index (10) on the bottom; a moving square,
+    its top-left corner at `square` (x, y) in 320x180 pixels if given (make_synthetic's motion="actions")."""
     img = np.empty((height, width, 3), np.uint8)
     img[:] = CAMERA_COLOURS[camera]
     sx, sy = width / 320, height / 180
@@ -403,8 +405,8 @@ def code_frame(episode: int, camera: int, frame_index: int, height: int, width: 
                            (136, 172, bits(frame_index % 1024, 10))):
         for k, bit in enumerate(values):
             img[round(y0 * sy):round(y1 * sy), round((32 * k + 4) * sx):round((32 * k + 28) * sx)] = 255 * bit
-    x0 = 8 + 8 * (frame_index % 36)
-    img[round(78 * sy):round(102 * sy), round(x0 * sx):round((x0 + 24) * sx)] = (255, 255, 0)
+    x0, y0 = square if square is not None else (8 + 8 * (frame_index % 36), 78)
+    img[round(y0 * sy):round((y0 + 24) * sy), round(x0 * sx):round((x0 + 24) * sx)] = (255, 255, 0)
     return img
 
 
@@ -435,14 +437,43 @@ def synthetic_w2c(camera: int, frame_index: np.ndarray) -> np.ndarray:
     return np.concatenate([rot, -rot @ eye[..., None]], -1)
 
 
+SQUARE_RANGE = ((0, 296), (44, 88))  # the square's top-left corner (x, y) stays clear of the bit bands (320x180)
+
+
+def square_commands(episode: int, length: int) -> tuple:
+    """motion="actions": (position [length, 2], action [length, 2]) float32 in 320x180 pixels. Commands hold for 3-9
+    frames, each (dx, dy) from {-8, -4, 0, 4, 8} x {-4, 0, 4}, cut where the square would leave SQUARE_RANGE, so
+    that position[i+1] = position[i] + action[i] holds exactly: the motion IS the action (the last one leads nowhere).
+    Seeded by the episode alone."""
+    rng = np.random.default_rng([36, episode])
+    (x_lo, x_hi), (y_lo, y_hi) = SQUARE_RANGE
+    pos, act = np.zeros((length, 2)), np.zeros((length, 2))
+    pos[0], command, hold = (rng.integers(x_lo, x_hi + 1), rng.integers(y_lo, y_hi + 1)), (0, 0), 0
+    for i in range(length):
+        if hold == 0:
+            command, hold = (rng.choice([-8, -4, 0, 4, 8]), rng.choice([-4, 0, 4])), int(rng.integers(3, 10))
+        hold -= 1
+        target = np.clip(pos[i] + command, (x_lo, y_lo), (x_hi, y_hi))
+        act[i] = target - pos[i]
+        if i + 1 < length:
+            pos[i + 1] = target
+    return pos.astype(np.float32), act.astype(np.float32)
+
+
 def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: int = 160, fps: int = 15,
-                   cameras: bool = False) -> str:
+                   cameras: bool = False, motion: str = "fixed") -> str:
     """Write a LeRobot v2.1 dataset (lerobot's files, H.264 video) with 3 DROID cameras showing code_frame; with
     cameras, each frame also carries every camera's parameters (sensors.<name>.extrinsic_cv from synthetic_w2c and
     sensors.<name>.intrinsic_cv: a pinhole with fx = fy = 0.8 width, centred), for --layout views.
 
+    motion: "fixed" sweeps the square right whatever the (sinusoid, 8-dim) state and action say; "actions" moves it by
+    each frame's command (square_commands): action [2] = (dx, dy), observation.state [2] = its position (x, y), both
+    in 320x180 pixels, so a model can learn that the commands cause the motion (issue 36, the tiny-action config).
     Tasks alternate between two strings with commas, quotes and non-ASCII; the 8-frame episode is too short for any
     clip. Built in a temporary folder and renamed at the end, so a killed run leaves no half dataset behind."""
+    if motion not in ("fixed", "actions"):
+        raise ValueError(f"motion={motion!r}: expected 'fixed' or 'actions'")
+    robot = 2 if motion == "actions" else 8  # the state and action widths
     if os.path.exists(out):
         raise FileExistsError(f"{out} exists; make_synthetic never writes into an existing folder")
     tmp = f"{out}.tmp-{os.getpid()}"
@@ -457,8 +488,10 @@ def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: i
             "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
             "video_path": "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4",
             "features": {**{c: video for c in cams},
-                         **{k: {"dtype": "float32", "shape": [8], "names": [f"joint_{i}" for i in range(8)]}
-                            for k in ("observation.state", "action")}, "timestamp": scalar("float32"),
+                         **{k: {"dtype": "float32", "shape": [robot], "names": [f"joint_{i}" for i in range(8)]
+                                if robot == 8 else [f"{prefix}{a}" for a in "xy"]}
+                            for k, prefix in (("observation.state", "square_"), ("action", "d"))},
+                         "timestamp": scalar("float32"),
                          **{k: scalar("int64") for k in ("frame_index", "episode_index", "index", "task_index")}}}
     params = {f"sensors.{c.split('.')[-1]}.{kind}_cv": (i, kind) for i, c in enumerate(cams, 1)
               for kind in ("extrinsic", "intrinsic")} if cameras else {}
@@ -471,18 +504,21 @@ def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: i
     for ep, length in enumerate(lengths):
         t, task_index = np.arange(length), ep % len(SYNTHETIC_TASKS)
         state = (np.sin(t[:, None] / 10 + np.arange(8)) / 2).astype(np.float32)
-        cols = {"observation.state": state, "action": np.roll(state, -1, axis=0),
+        state, action = square_commands(ep, length) if robot == 2 else (state, np.roll(state, -1, axis=0))
+        cols = {"observation.state": state, "action": action,
                 "timestamp": (t / fps).astype(np.float32), "frame_index": t, "episode_index": np.full(length, ep),
                 "index": sum(lengths[:ep]) + t, "task_index": np.full(length, task_index)}
         pinhole = np.array([[0.8 * width, 0, width / 2], [0, 0.8 * width, height / 2], [0, 0, 1]], np.float32)
         cols.update({col: synthetic_w2c(i, t).astype(np.float32) if kind == "extrinsic" else
                      np.tile(pinhole, (length, 1, 1)) for col, (i, kind) in params.items()})
-        pq.write_table(pa.table({k: pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), 8) if v.ndim == 2 else
-                                 pa.array(v.tolist()) if v.ndim == 3 else v for k, v in cols.items()}),
+        vector = lambda v: pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), v.shape[1])  # noqa: E731
+        pq.write_table(pa.table({k: vector(v) if v.ndim == 2 else pa.array(v.tolist()) if v.ndim == 3 else v
+                                 for k, v in cols.items()}),
                        os.path.join(tmp, info["data_path"].format(episode_chunk=0, episode_index=ep)))
         for camera, key in enumerate(cams, 1):
             path = os.path.join(tmp, info["video_path"].format(episode_chunk=0, video_key=key, episode_index=ep))
-            encode(path, [code_frame(ep, camera, k, height, width) for k in range(length)], fps)
+            encode(path, [code_frame(ep, camera, k, height, width, state[k] if robot == 2 else None)
+                          for k in range(length)], fps)
         meta["episodes"].append({"episode_index": ep, "tasks": [SYNTHETIC_TASKS[task_index]], "length": length})
         meta["episodes_stats"].append({"episode_index": ep, "stats": {k: {
             "min": v.min(0).tolist(), "max": v.max(0).tolist(), "mean": v.mean(0).tolist(), "std": v.std(0).tolist(),

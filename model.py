@@ -40,7 +40,7 @@ from inits import DiTConfig
 class Condition:
     """What a generation is conditioned on, besides the noisy latent and its time (docs/conditioning.md).
 
-    DiT.forward reads crossattn_emb, condition_mask, padding_mask, fps and camera; the denoisers (edm.denoise,
+    DiT.forward reads crossattn_emb, condition_mask, padding_mask, fps, camera and action; the denoisers (edm.denoise,
     flow.velocity) read gt_frames, flow's also conditional_frame_timestep, CFG reads neg_crossattn_emb, RL reads key.
     Not frozen: FSDP2's root hook rebuilds dataclass inputs field by field
     (torch.distributed.utils._apply_to_tensors, the mixed-precision input cast).
@@ -56,6 +56,7 @@ class Condition:
     conditional_frame_timestep: float = None  # read by Predict2.5 (flow.py) only: -1 or None (one time for all
     # frames) or 0.1 (t = 1e-4 on the conditional frames); Predict2 (edm.py) always shows them at sigma 1e-4
     camera: torch.Tensor = None  # camera nets (agibot): [B, T, H/2, W/2, 1536] Pluecker map (camera.plucker_map)
+    action: torch.Tensor = None  # action nets: [B, transitions, dims] the clip's action chunk (actionclips.py)
 
 
 def uncond(cond: Condition):
@@ -354,6 +355,17 @@ class Block(nn.Module):
         return x + gate * self.mlp(layer_norm(x) * (1 + scale) + shift)
 
 
+class ActionEmbedder(nn.Module):
+    """Upstream's action Mlp: Linear(A -> 4D) -> tanh-approximated GELU -> Linear(4D -> out), with biases."""
+
+    def __init__(self, action_dim, hidden, out):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(action_dim, hidden), nn.Linear(hidden, out)
+
+    def forward(self, action_B_1_A):
+        return self.fc2(F.gelu(self.fc1(action_B_1_A), approximate="tanh"))
+
+
 class FinalLayer(nn.Module):
     def __init__(self, cfg: DiTConfig):
         super().__init__()
@@ -404,6 +416,11 @@ class DiT(nn.Module):
             self.crossattn_proj = nn.Sequential(
                 nn.Linear(cfg.crossattn_proj_in_channels, cfg.crossattn_emb_channels, bias=True), nn.GELU())
         self.t_embedding_norm = nn.RMSNorm(D, eps=1e-6)
+        if cfg.action_dim:  # ActionConditionedMinimalV1LVGDiT: upstream registers them last, so they come last here
+            if not cfg.use_adaln_lora:
+                raise ValueError(f"action_dim={cfg.action_dim} needs use_adaln_lora (upstream adds to its input)")
+            self.action_embedder_B_D = ActionEmbedder(cfg.action_dim, 4 * D, D)
+            self.action_embedder_B_3D = ActionEmbedder(cfg.action_dim, 4 * D, 3 * D)
         self.cp_group = None  # --cp: cp.enable(net, group) splits each sample's latent frames over the group
         if not self.t_embedding_norm.weight.is_meta:
             self.init_weights()
@@ -457,8 +474,8 @@ class DiT(nn.Module):
             if Tp % n or T % cfg.patch_temporal:
                 raise ValueError(f"--cp {n}: {T} latent frames do not split evenly over {n} ranks; use a --cp that "
                                  f"divides the latent frames (1 + (frames - 1) / 4, times the views)")
-            cp.check_replicated([x_B_C_T_H_W, t_B_T, cond.crossattn_emb, cond.condition_mask, cond.camera],
-                                group, "inputs (latent, time, text, mask, camera)")
+            cp.check_replicated([x_B_C_T_H_W, t_B_T, cond.crossattn_emb, cond.condition_mask, cond.camera,
+                                 cond.action], group, "inputs (latent, time, text, mask, camera, action)")
             x = cp.local_frames(x, group, 2)
         x = self.x_embedder(x)  # [B, T', H', W', D] (T'/N frames under --cp)
         Tl, D = x.shape[1], x.shape[-1]
@@ -483,6 +500,9 @@ class DiT(nn.Module):
         t_mlp = self.t_embedder[1](sinusoid)
         # with adaLN-LoRA the raw sinusoid drives the per-block modulations and the MLP output is the shared bias
         emb, adaln_lora = (sinusoid, t_mlp) if cfg.use_adaln_lora else (t_mlp, None)
+        action = self._action(cond.action, B, dtype)  # [B, 1, action_dim]: one per clip, broadcast over frames
+        if action is not None:
+            emb, adaln_lora = emb + self.action_embedder_B_D(action), adaln_lora + self.action_embedder_B_3D(action)
         if fp32:  # the functional form: the module's weight may be bf16
             norm = self.t_embedding_norm
             emb = F.rms_norm(emb.float(), norm.normalized_shape, norm.weight.float(), norm.eps)
@@ -518,6 +538,20 @@ class DiT(nn.Module):
                              " latent frame, one 16x16-pixel patch per token)")
         B, T, H, W = grid_B_T_H_W
         return camera.to(dtype).reshape(B, T, H * W, C)
+
+    def _action(self, action, B, dtype):
+        """The action chunk flattened per clip, [B, 1, action_dim], or None; required iff the config has action_dim."""
+        A = self.cfg.action_dim
+        if (action is None) != (not A):
+            raise ValueError(f"this config has action_dim={A}: pass Condition.action [B, transitions, dims]" if A else
+                             "Condition.action given, but this config has action_dim=0: use an action config such as"
+                             " v2w-2b-action or tiny-action, or drop the action")
+        if action is None:
+            return None
+        if action.ndim < 2 or action.shape[0] != B or action[0].numel() != A:
+            raise ValueError(f"Condition.action {tuple(action.shape)} flattens to {action[0].numel()} values per clip,"
+                             f" the network's action_dim is {A} (transitions x dims, e.g. 12 x 7 for 13 frames)")
+        return action.reshape(B, 1, A).to(dtype)
 
 
 def build_model(cfg: DiTConfig, device=None, dtype=None):

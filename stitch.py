@@ -12,7 +12,8 @@ Grid: top-left exterior_1_left, top-right exterior_2_left, bottom-left wrist, bo
 videos/<stem>.mp4, metas/<stem>.txt, metadata.csv, manifest.jsonl (one line per verified video, written last),
 skips.jsonl (one line per skipped episode with its reason) and RECIPE.json; stems are <source folder>__ep<index>.
 Views: videos/<stem>.<slot>.mp4 per camera slot (ext_1, ext_2, wrist) at --size, all of the same length, and, when the
-dataset has camera parameters, cameras/<stem>.npz (per output frame and view: w2c, intrinsics at --size).
+dataset has camera parameters, cameras/<stem>.npz (per output frame and view: w2c, intrinsics at --size). When the
+dataset has `action`: actions/<stem>.npz (the commands between kept frames, the states at them) and action_stats.json.
 
 Per episode one ffmpeg command cuts each camera out of its mp4 by timestamp, keeps every stride-th frame, logs the
 source timestamp of each kept frame (checked here), resizes it into its cell, stacks the grid and encodes it with
@@ -47,6 +48,7 @@ import imageio_ffmpeg
 import numpy as np
 from tqdm import tqdm
 
+import actions
 import cli
 from lerobot import (SLOTS, BadParquet, Episode, Source, camera_summary, check_frames_table,  # make_synthetic:
                      make_synthetic, open_source, read_cameras, select_episodes)  # --synthetic; the tiny default's
@@ -222,12 +224,6 @@ def episode_command(ep: Episode, source: Source, cfg: StitchConfig, fits: dict, 
             "-filter_complex", ";".join(chains), *maps]
 
 
-def log_tail(f, lines: int = 3) -> str:
-    f.flush()
-    f.seek(0)
-    return " | ".join(f.read().strip().splitlines()[-lines:])
-
-
 # ------------------------------------------------------------------------------------------------ one episode
 
 _CTX = {}  # per worker process (see _init_worker): source, cfg, out, fits, template, template_id, recipe_hash
@@ -251,7 +247,8 @@ def stitch_episode(stem: str, ep: Episode) -> dict:
             if e.errno in WRITE_ERRNOS else skip("worker_error", traceback.format_exc(limit=4).strip())
     except Exception:  # a bug or an odd file must not stop the other 70k episodes: recorded, and retried on rerun
         result = skip("worker_error", traceback.format_exc(limit=4).strip())
-    for partial in [*video_files(_CTX["out"], stem, _CTX["cfg"].layout).values(), camera_file(_CTX["out"], stem)]:
+    for partial in [*video_files(_CTX["out"], stem, _CTX["cfg"].layout).values(), camera_file(_CTX["out"], stem),
+                    actions.action_file(_CTX["out"], stem)]:
         if "skip" in result and os.path.exists(partial + ".tmp"):
             os.remove(partial + ".tmp")
     return result
@@ -315,6 +312,10 @@ def run_episode(stem: str, ep: Episode) -> dict:
                                           for s in SLOTS]).astype(np.float32))
         os.replace(camera_file(_CTX["out"], stem) + ".tmp", camera_file(_CTX["out"], stem))
         cameras = "real"
+    robot, problem = actions.write_episode(_CTX["out"], stem, ep, source, _CTX["actions"], cfg.stride, n) \
+        if _CTX["actions"] else (None, None)  # the commands between the kept frames, the states at them
+    if problem:
+        return skip(*problem)
     prompt = _CTX["template"].format(task=normalize_task(task))
     metas = os.path.join(_CTX["out"], "metas", stem + ".txt")
     with open(metas + ".tmp", "w", encoding="utf-8") as f:
@@ -329,7 +330,7 @@ def run_episode(stem: str, ep: Episode) -> dict:
         "fit": fits, "src_fps": str(fps), "stride": cfg.stride, "out_fps": str(fps / cfg.stride), "src_len": ep.length,
         "cam_frames": counts, "n_out": n, "height": H, "width": W, "task_raw": task, "prompt": prompt,
         "prompt_template_id": _CTX["template_id"], "crf": cfg.crf, **(written.get("grid") or {}),
-        "recipe_hash": _CTX["recipe_hash"]}
+        "recipe_hash": _CTX["recipe_hash"], **({"actions": robot} if robot else {})}
     if views:  # which views in which order, and whether cameras/<stem>.npz holds their real parameters
         record.update(views={s: written[s] for s in SLOTS}, cameras=cameras)
     return {"done": record}
@@ -341,15 +342,15 @@ def encode_episode(ep: Episode, source: Source, cfg: StitchConfig, fits: dict, v
         command = episode_command(ep, source, cfg, fits, [*x264_args(cfg.crf, cfg.preset), "-f", "mp4", "-y",
                                                           video + ".tmp"], log_times=True)
         rc = subprocess.run(command, stderr=log).returncode
+        log.seek(0)
+        text = log.read()
         if rc != 0:
-            tail = log_tail(log)
-            log.seek(0)
-            full = [(errno.errorcode[n], line.strip()) for line in log for n in WRITE_ERRNOS if os.strerror(n) in line]
+            lines = text.strip().splitlines()
+            full = [(errno.errorcode[n], ln.strip()) for ln in lines for n in WRITE_ERRNOS if os.strerror(n) in ln]
             if full:  # the disk, not the episode (ffmpeg prints strerror): named, and retried by a rerun
                 return None, ("write_error", f"{full[0][0]} writing {video}.tmp: ffmpeg rc {rc}: {full[0][1]}")
-            return None, ("ffmpeg_error", f"ffmpeg rc {rc}: {tail}")
-        log.seek(0)
-        return log.read(), None
+            return None, ("ffmpeg_error", f"ffmpeg rc {rc}: {' | '.join(lines[-3:])}")
+        return text, None
 
 
 def kept_frames(text: str, ep: Episode, source: Source, cfg: StitchConfig) -> tuple:
@@ -409,10 +410,9 @@ def metadata_csv(done: dict) -> str:
 
 
 def outputs_intact(out: str, rec: dict, layout: str) -> bool:
-    files = video_files(out, rec.get("stem"), layout)
-    sizes = rec.get("views") or {"grid": {"bytes": rec.get("bytes")}}
+    files, sizes = video_files(out, rec.get("stem"), layout), rec.get("views") or {"grid": {"bytes": rec.get("bytes")}}
     return (set(sizes) == set(files) and all(os.path.isfile(p) and os.path.getsize(p) == sizes[k]["bytes"]
-                                             for k, p in files.items())
+                                             for k, p in files.items()) and actions.intact(out, rec)
             and (rec.get("cameras") != "real" or os.path.isfile(camera_file(out, rec["stem"]))))
 
 
@@ -431,12 +431,14 @@ def stitch(src: str, out: str, **overrides) -> dict:
     if cfg.layout == "views":
         views = ", ".join(f"{s}={k}" for s, k in source.cams.items())
         print(f"stitch: views {views}; {camera_summary(source, camera_params)}")
+    dims, stats, line = actions.plan(source)  # {} without `action`: said once, stitched as before
+    print(line)
     check_ffmpeg()
     recipe, recipe_hash, template, template_id = recipe_of(cfg)
-    prepare_out(out, cfg, recipe, recipe_hash)
+    prepare_out(out, cfg, recipe, recipe_hash, ("actions",) if dims else ())
     min_frames = cfg.min_frames or cfg.frames
     manifest_path, skips_path = os.path.join(out, "manifest.jsonl"), os.path.join(out, "skips.jsonl")
-    # done = a manifest line whose videos (and camera file) are there at the recorded sizes (renamed in complete)
+    # done = a manifest line whose videos (camera, actions files) are there at the recorded sizes (renamed last)
     done = load_records(manifest_path, lambda r: outputs_intact(out, r, cfg.layout))
     skips = {s: r for s, r in load_records(skips_path, lambda r: "stem" in r).items() if s not in done}
     write_atomic(manifest_path, jsonl(done))
@@ -459,7 +461,7 @@ def stitch(src: str, out: str, **overrides) -> dict:
             jobs.append((stem, e))
 
     ctx = {"source": source, "cfg": cfg, "out": out, "fits": fits, "template": template, "template_id": template_id,
-           "camera_params": camera_params, "recipe_hash": recipe_hash}
+           "camera_params": camera_params, "recipe_hash": recipe_hash, "actions": dims}
     with open(manifest_path, "a", encoding="utf-8") as manifest, open(skips_path, "a", encoding="utf-8") as skipf:
         def record(kind: str, rec: dict):
             f = manifest if kind == "done" else skipf
@@ -478,6 +480,8 @@ def stitch(src: str, out: str, **overrides) -> dict:
     write_atomic(manifest_path, jsonl(done))
     write_atomic(skips_path, jsonl(skips))
     write_atomic(os.path.join(out, "metadata.csv"), metadata_csv(done))
+    if dims:  # the normalisation statistics: the dataset's, else computed from every episode written
+        actions.write_stats(out, dims, stats, [stem for stem in sorted(done) if done[stem].get("actions")])
 
     written = sum(stems[e.index] in done for e in episodes)
     reasons = Counter(skips[stems[e.index]]["reason"] for e in episodes if stems[e.index] in skips)
@@ -505,10 +509,10 @@ def recipe_of(cfg: StitchConfig) -> tuple:
     return recipe, recipe_hash, template, template_id
 
 
-def prepare_out(out: str, cfg: StitchConfig, recipe: dict, recipe_hash: str):
-    """out's folders without a killed run's .tmp files, and its RECIPE.json: a folder built by another recipe
-    is refused, not mixed into."""
-    for sub in ("videos", "metas") + (("cameras",) if cfg.layout == "views" else ()):
+def prepare_out(out: str, cfg: StitchConfig, recipe: dict, recipe_hash: str, more: tuple = ()):
+    """out's folders (and `more` of them) without a killed run's .tmp files, and its RECIPE.json: a folder built by
+    another recipe is refused, not mixed into."""
+    for sub in ("videos", "metas") + (("cameras",) if cfg.layout == "views" else ()) + more:
         os.makedirs(os.path.join(out, sub), exist_ok=True)
         for name in os.listdir(os.path.join(out, sub)):  # leftovers of a killed run
             if name.endswith(".tmp"):
@@ -589,10 +593,7 @@ def bench(src: str, rounds: int = 3, **overrides) -> dict:
         work()
         return time.perf_counter() - t0, cpu() - c0
 
-    def run_all(commands):
-        for args in commands:
-            subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
-
+    run_all = lambda commands: [subprocess.run(a, check=True, stdout=subprocess.DEVNULL) for a in commands]  # noqa
     times = {"stitch": [], "decode": [], "encode": [], "graph_unchecked": []}
     with tempfile.TemporaryDirectory(prefix="stitch-bench-") as tmp:
         for r in range(rounds):
