@@ -24,9 +24,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+import build
 import collectives
 from lora import set_lora_enabled
 from model import uncond
+from nft import data_loss  # DDRL's data term: the same loss as NFT's --nft-data-coef
 from rollout import (ROLLOUT_BATCHES, SDE_TYPES, Rollout, branch_predictions, draw_window_start, gaussian_log_prob,
                      generated_mask, guide, mean_of, predict, rollout_group, with_uncond)
 from objective import RLConfig, check_samples, clip_and_step, phase_timer, score_groups
@@ -61,6 +63,8 @@ class GRPOConfig(RLConfig):
     rollout_batch: str = "none"  # rollout network calls: none = B = 1 per state and branch (training's layout: ratio
     # 1 bit for bit); cfg = cond + uncond in one B = 2 call; group = a group's states and branches in one call
     # (B = 2K); cfg and group round unlike training, so they need recompute_old_logp
+    data_coef: float = 0.0  # DDRL's data term as in NFT (--nft-data-coef): weight of the flow-matching loss on each
+    # group's real clip, one more forward and backward per group and optimizer step
     offload_activations: bool = False  # keep the training forward's saved tensors in (pinned) host memory until
     # backward; with sac "block" these are the block inputs: ~11.9 GiB at 14B, 93x432x768, for ~5-10% time
 
@@ -73,6 +77,8 @@ class GRPOConfig(RLConfig):
             raise ValueError(f"sde_type={self.sde_type!r}; valid: {SDE_TYPES}")
         if not 0.0 <= self.eta <= 1.0:
             raise ValueError(f"eta={self.eta} outside [0, 1]")
+        if self.data_coef < 0:
+            raise ValueError(f"data_coef={self.data_coef}: need >= 0")
         if self.rollout_batch not in ROLLOUT_BATCHES:
             raise ValueError(f"rollout_batch={self.rollout_batch!r}; valid: {', '.join(ROLLOUT_BATCHES)}")
         if self.pg_step_weight not in STEP_WEIGHTS:
@@ -270,7 +276,7 @@ def step_weights(rollout: Rollout, cfg: GRPOConfig):
 
 
 def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, generator=None, set_grad_sync=None,
-                cp_size=1):
+                cp_size=1, data_generator=None):
     """Train on a batch of rollouts: backward over every (trajectory, trained step) pair, accumulated, then step. A
     micro-step is one forward (micro_steps: the pairs sharing a state go together); "micro_steps" in the stats
     counts pairs, "forwards" micro-steps.
@@ -291,8 +297,12 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     Returns a dict of stats, including the health checks of the first chunk (theta == theta_old there):
     first_logp_equal (every logp_new == logp_old bitwise), first_max_abs_dlogp, first_ratio, and per optimizer
     step grad_norm (before clipping) and grads_outside_params (must be 0). A non-finite grad norm skips that
-    optimizer step and is counted in nonfinite_steps.
+    optimizer step and is counted in nonfinite_steps. With cfg.data_coef > 0 every chunk that trains adds, on every
+    rank, one forward + backward per group: nft.data_loss on its real clip (noise from data_generator), weighted
+    data_coef / groups (FSDP's mean over dp groups makes it the mean over all groups).
     """
+    if cfg.data_coef > 0 and data_generator is None:
+        raise ValueError("grpo_update: data_coef > 0 draws the data term's noise from data_generator: pass one")
     dp = collectives.world_size() // cp_size
     items = [(g, k) for g, adv in enumerate(advantages) for k in range(len(adv))
              if float(adv[k]) != 0.0 or not cfg.drop_zero_advantage]
@@ -300,7 +310,8 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
              "skipped_chunks": 0, "nonfinite_steps": 0, "grad_norm": [], "grads_outside_params": [], "loss": 0.0, "kl": 0.0,
              "clipfrac_in_update": 0.0, "approx_kl_in_update": 0.0, "clipfrac": None, "approx_kl": None,
              "first_logp_equal": None, "first_max_abs_dlogp": None,
-             "first_ratio": None, "logp_requires_grad": None, "logp_has_grad_fn": None, "optimizer_s": 0.0}
+             "first_ratio": None, "logp_requires_grad": None, "logp_has_grad_fn": None, "optimizer_s": 0.0,
+             "data_loss": 0.0}
     if generator is not None:
         items = [items[j] for j in torch.randperm(len(items), generator=generator).tolist()]
     n_chunks = cfg.opt_steps_per_update
@@ -326,13 +337,14 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
             if rollouts[0].train_steps else []
         if len(chunk) + len(padding) != n_micro:
             raise RuntimeError(f"rank cannot pad its {len(chunk)} micro-steps to {n_micro}: no trainable step")
+        n_backward = n_micro + (len(rollouts) if cfg.data_coef > 0 else 0)  # the last one reduces the gradients
         for done, (g, ks, i, *dummy) in enumerate([m + (1.0,) for m in chunk] + padding, start=1):
             real = dummy[0] != 0.0
             advantage = [advantages[g][k] for k in ks] if real else [0.0]
             loss, infos = grpo_loss(net, rollouts[g], ks, i, advantage, cfg, weights[g][i],
                                     reuse_uncond=stats["opt_steps"] == 0)  # theta == theta_old until a step
             if set_grad_sync is not None:
-                set_grad_sync(done == n_micro)
+                set_grad_sync(done == n_backward)
             (loss * (scale if real else 0.0)).backward()
             stats["forwards"] += 1
             if not real:
@@ -340,12 +352,28 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
                 continue
             for info in infos:
                 record_micro_step(stats, info, cfg)
+        if cfg.data_coef > 0:
+            data_term(net, rollouts, cfg, data_generator, stats, set_grad_sync)
         optimizer_step(net, optimizer, params, cfg, stats, c)
     for key in ("loss", "clipfrac_in_update", "approx_kl_in_update", "kl"):  # means over this rank's real micro-steps
         stats[key] /= max(1, stats["micro_steps"])
     if stats["opt_steps"]:  # same on every rank: the skip decisions above are global
         stats["clipfrac"], stats["approx_kl"] = probe_after_update(net, rollouts[0], cfg)
     return stats
+
+
+def data_term(net, rollouts, cfg: GRPOConfig, generator, stats, set_grad_sync):
+    """DDRL's regulariser in a GRPO chunk: nft.data_loss (flow matching on each group's real clip, cond.gt_frames)
+    at one noise level of the family's training levels, backward with weight data_coef / groups; the last backward
+    reduces the chunk's gradients (set_grad_sync)."""
+    levels = build.family(net.cfg).training_levels(cfg.num_steps)
+    for g, rollout in enumerate(rollouts, start=1):
+        loss = data_loss(net, rollout.cond, levels, generator)
+        stats["data_loss"] += float(loss.detach()) / len(rollouts)
+        if set_grad_sync is not None:
+            set_grad_sync(g == len(rollouts))
+        (cfg.data_coef * loss / len(rollouts)).backward()
+        stats["forwards"] += 1
 
 
 def record_micro_step(stats, info, cfg: GRPOConfig):
@@ -435,7 +463,7 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
     mine, reward_metrics = score_groups(x0s, score, decode, cfg, timed, agree, cp_size)
     stats = timed("update", lambda: grpo_update(net, optimizer, params, rollouts, list(mine), cfg,
                                                set_grad_sync=getattr(net, "set_requires_gradient_sync", None),
-                                               cp_size=cp_size))
+                                               cp_size=cp_size, data_generator=generator))
     times["optimizer"] = stats["optimizer_s"]
     times["update"] -= stats["optimizer_s"]
     dp = collectives.world_size() // cp_size
@@ -443,7 +471,8 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
     sums = torch.tensor([stats[k] * stats["micro_steps"] for k in ("loss", "clipfrac_in_update", "approx_kl_in_update",
                                                                    "kl")]
                         + [stats["micro_steps"], stats["trajectories"], stats["padded_steps"]]
-                        + [stats[k] or 0.0 for k in ("clipfrac", "approx_kl")], dtype=torch.float64, device=device)
+                        + [stats[k] or 0.0 for k in ("clipfrac", "approx_kl", "data_loss")], dtype=torch.float64,
+                        device=device)
     collectives.sum_groups(sums, cp_size)
     n = max(1.0, float(sums[4]))
     probed = stats["clipfrac"] is not None  # an update that stepped (the same on every rank)
@@ -452,6 +481,7 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
                "approx_kl": float(sums[8]) / dp if probed else None,
                "clipfrac_in_update": float(sums[1]) / n, "approx_kl_in_update": float(sums[2]) / n,
                "kl_ref": float(sums[3]) / n if cfg.kl_coef > 0 else None,
+               "data_loss": float(sums[9]) / dp if cfg.data_coef > 0 and probed else None,
                "grad_norm": stats["grad_norm"][-1] if stats["grad_norm"] else None,
                "trajectories": int(sums[5]), "micro_steps": int(sums[4]), "padded_steps": int(sums[6]),
                "rollout_logp_gap": stats["first_max_abs_dlogp"] if stats["first_ratio"] is not None else None,

@@ -609,3 +609,47 @@ def test_p25_eta_zero_rollout_is_the_rf_euler_sampler():
             v = flow.guided_velocity(net, x, torch.tensor([ro.timesteps[i]]), cond, cfg.guidance, noise=noise)
             x = x + (ro.sigmas[i + 1] - ro.sigmas[i]) * v
             torch.testing.assert_close(ro.states[0, i + 1: i + 2], x, atol=1e-5, rtol=1e-5)
+
+
+def test_data_term_adds_the_flow_matching_gradient_once_per_group_and_syncs_last():
+    """--grpo-data-coef: each trained chunk adds nft.data_loss on every group's real clip, weighted data_coef /
+    groups, after the policy-gradient micro-steps; the gradient sync moves to the data term's last backward; the
+    gradient is the zero-coefficient update's plus exactly that term's; all-tie groups still skip everything."""
+    import nft
+    from build import family
+    net, params = tiny_policy()
+    perturb_lora_b(params)
+    cfg = grpo.GRPOConfig(num_steps=4, max_grad_norm=1e9)
+    ros = [rollout(net, cfg, seed=s, cond=tiny_condition(seed=s)) for s in (0, 1)]
+    adv = [torch.tensor([1.0, -1.0]), torch.tensor([-0.5, 0.5])]
+
+    def grads(coef, generator):
+        for p in params:
+            p.grad = None
+        syncs, seen = [], []
+
+        class Capture(torch.optim.SGD):  # the gradient the step sees (the step then zeroes it); lr 0: weights stay
+            def step(self, closure=None):
+                seen.append([p.grad.clone() for p in params])
+                return super().step(closure)
+        stats = grpo.grpo_update(net, Capture(params, lr=0.0), params, ros, adv,
+                                 grpo.GRPOConfig(num_steps=4, max_grad_norm=1e9, data_coef=coef),
+                                 set_grad_sync=syncs.append, data_generator=generator)
+        return seen[0], syncs, stats
+
+    plain, plain_syncs, _ = grads(0.0, None)
+    with_data, syncs, stats = grads(0.7, torch.Generator().manual_seed(3))
+    assert syncs == [False] * (len(plain_syncs) + 1) + [True] and plain_syncs[-1] is True
+    assert stats["data_loss"] > 0 and stats["forwards"] == len(plain_syncs) + 2
+    for p in params:
+        p.grad = None
+    g, levels = torch.Generator().manual_seed(3), family(net.cfg).training_levels(4)
+    for ro in ros:
+        (0.7 * nft.data_loss(net, ro.cond, levels, g) / 2).backward()
+    for a, b, c in zip(plain, with_data, [p.grad for p in params]):
+        torch.testing.assert_close(b, a + c, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="data_generator"):
+        grads(0.7, None)
+    stats = grpo.grpo_update(net, grpo.lora_optimizer(net, params, cfg), params, ros, [torch.zeros(2)] * 2,
+                             grpo.GRPOConfig(num_steps=4, data_coef=0.7), data_generator=torch.Generator())
+    assert stats["opt_steps"] == 0 and stats["data_loss"] == 0.0  # a paired control stays the base
