@@ -62,6 +62,9 @@ def test_reward_rises_against_the_weight_zero_control(objective, knobs, base, ti
     assert all(ref[s][term] == ref[0][term] for s in evals)  # the control is the base, bit for bit
     gain, sd = got[12][term] - ref[12][term], got[1]["reward_group_std"]
     assert sd > 0 and gain > sd, (gain, sd)  # beyond noise (the size over 30 updates: tests/rl_curves.py)
+    assert all(ref[s]["eval_psnr"] == ref[0]["eval_psnr"] for s in evals)  # fidelity: the control's is the base's
+    if objective == "nft":  # its shipped data term (--nft-data-coef 0.5) keeps the world (docs/rl.md)
+        assert got[12]["eval_psnr"] > ref[12]["eval_psnr"] - 0.1, (got[12]["eval_psnr"], ref[12]["eval_psnr"])
     assert all(r.get("skipped_updates", 0) == 1 or r.get("skipped_chunks", 0) == 1 for s, r in ref.items() if s)
 
 
@@ -86,6 +89,12 @@ def test_nft_resumes_bitwise(base, tiny_grid, tmp_path):
     assert sample.parse_config(["--ckpt", whole, "--guidance", "3"]).guidance == 3.0
     runs = [rundir.run_config(whole), rundir.run_config(parts)]
     assert evaluate.runs_reward(runs) == "reward:wrist_brightness"  # scored by the runs' own reward
+    # evaluate.py on the checkpoint, with the run's --eval-steps and the evaluation's 2 draws, reprints its numbers
+    proc = check(in_process(evaluate, [whole, "--steps", "4", "--draws", "2", "--clips", "2", "--seed", "0",
+                                       "--plot", str(tmp_path / "cmp.png")]))
+    got = json.loads(proc.stdout.strip().splitlines()[-1])["runs"][0]
+    assert got["metrics"]["psnr"] == a[4]["eval_psnr"] and got["metrics"]["ssim"] == a[4]["eval_ssim"]
+    assert got["metrics"]["wrist/psnr"] == a[4]["eval_psnr_wrist"] and got["rewards"]["reward"] == a[4]["eval_reward"]
 
 
 def test_rl_flags_belong_to_their_objective():
