@@ -221,8 +221,9 @@ def rl_flags(*flags):
 
 
 @pytest.mark.parametrize("config,flags,want", [
-    # NFT, Predict2: 10 AB2 steps + the clean pass, K in one call; steady state: the old policy's K forwards
-    ("tiny", ["--rl", "nft", "--rl-k", "12"], dict(rollout={12: 11.0}, frozen={1: 12.0}, trained=12.0)),
+    # NFT, Predict2: 10 AB2 steps + the clean pass, K in one call; steady state: the old policy's K forwards; the
+    # shipped data term (--nft-data-coef 0.5): one more trained pass for the group
+    ("tiny", ["--rl", "nft", "--rl-k", "12"], dict(rollout={12: 11.0}, frozen={1: 12.0}, trained=13.0)),
     # Predict2.5's UniPC: one call a step; rollout_batch 2: K / 2 calls a step; 2 levels, the KL reference, the data
     # term (a trained pass per group), and the on-policy schedule (decay 0: the trained forward is v_old)
     ("p25-tiny", ["--rl", "nft", "--rl-steps", "5", "--rl-groups", "2", "--rl-set",
@@ -252,7 +253,8 @@ def test_rl_plan_projects_counts_times_measured_costs(capsys):
     cost, phases = res["rl_costs_s"], res["rl_phases_s"]
     assert res["rl_calls"]["rollout"] == {"2": 3.0} and res["rl_calls"]["frozen"] == {"1": 2.0}
     assert phases["rollout"] == pytest.approx(3 * cost["nograd_b2"], abs=2e-4)
-    assert phases["update"] == pytest.approx(2 * cost["nograd_b1"] + 2 * cost["trained"], abs=2e-4)
+    assert res["rl_calls"]["trained"] == 3.0  # K = 2 and the shipped data term's one pass for the group
+    assert phases["update"] == pytest.approx(2 * cost["nograd_b1"] + 3 * cost["trained"], abs=2e-4)
     assert phases["decode"] == pytest.approx(2 * cost["decode"], abs=2e-4) and cost["decode"] > 0
     assert res["rl_s_per_update"] == pytest.approx(sum(phases.values()), abs=2e-4)
 
