@@ -176,7 +176,8 @@ def test_cp_plan_alltoall_formula_equals_counted(world, cp, sac, net):
     assert res["cp_link_bytes_per_rank"] == round(res["alltoall_bytes"] * (cp - 1) / cp)
     assert res["cp_comm_s"] == res["cp_link_bytes_per_rank"] / 1e6  # 0.001 GB/s
     bounds = res["projected_bounds_s"]
-    assert round(res["compute_s"] + res["cp_comm_s"], 4) <= bounds[0] <= res["projected_step_s"] <= bounds[1]
+    # each number is rounded to 1e-4 on its own: their sum may round one step past the bound's
+    assert res["compute_s"] + res["cp_comm_s"] <= bounds[0] + 2e-4 and bounds[0] <= res["projected_step_s"] <= bounds[1]
 
 
 def test_cp_traffic_by_hand():
