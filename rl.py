@@ -32,7 +32,7 @@ from objective import Objective, check_samples, held_out_slots, sample_seed
 
 MAY_CHANGE = {
     "grpo": ("recompute_old_logp", "rollout_batch", "offload_activations", "lr", "warmup", "weight_decay", "betas", "max_grad_norm"),
-    "nft": ("lr", "warmup", "weight_decay", "betas", "max_grad_norm"),
+    "nft": ("rollout_batch", "lr", "warmup", "weight_decay", "betas", "max_grad_norm"),
 }
 OBJECTIVES = ("sft",) + tuple(MAY_CHANGE)
 
