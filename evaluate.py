@@ -41,7 +41,7 @@ import vae as vae_lib
 from camera import views_map
 from data import TINY_CONFIGS, standin_text
 from formats import STEP_RE
-from fidelity import CAMERAS, reward_video, view_metrics
+from fidelity import CAMERAS, score_sample
 from generate import from_first_frame
 from inits import get_config
 from model import Condition
@@ -207,17 +207,15 @@ def evaluate_run(run, stems, cfg, terms, device, size):
     grid, timestep = math.sampler_defaults(run.cfg["init"], run.cfg["config"])[0], run.cfg["conditional_frame_timestep"]
     print(f"evaluate: {run.checkpoint}{' (EMA)' if cfg.ema else ''}: {run.family}, guidance {run.guidance}, "
           f"negative prompt {neg_source}, {math.describe_sampler(grid, timestep)}", flush=True)
-    layout, clips = "views" if run.views else "grid", []
+    clips = []
     for i, stem in enumerate(stems):
         truth, text, camera = held_out_clip(run, stem, device, dtype)
         cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg[None].to(device), camera=camera,
                          conditional_frame_timestep=timestep)
         for d in range(cfg.draws):  # rl.evaluate's rule: clip i, draw d has the noise seed + i + d * clips
             seed = cfg.seed + i + d * len(stems)
-            generated, _ = from_first_frame(net, vae, truth, cond, cfg.steps, run.guidance, seed, grid, dtype)
-            shaped = (generated[None], truth[None]) if run.views else (generated, truth)  # one sample of V views
-            metrics = view_metrics(*shaped, layout, size)
-            rewards = reward.score(terms, video=reward_video(shaped[0], layout))
+            generated, x0 = from_first_frame(net, vae, truth, cond, cfg.steps, run.guidance, seed, grid, dtype)
+            metrics, rewards = score_sample(generated, truth, x0, run.views, size, terms)  # as rl.evaluate scores
             clips.append({"stem": stem, "seed": seed, "metrics": {k: v.item() for k, v in metrics.items()},
                           "rewards": {k: v.item() for k, v in rewards.items()}})
     del net, vae

@@ -109,3 +109,15 @@ def reward_video(video, layout):
     if layout == "views":
         video = torch.cat([reward.grid_from_views(v, data.VIEW_ORDER) for v in video])
     return video[:, :, 1:].float()
+
+
+def score_sample(video, truth, x0, views, size, terms):
+    """(per-camera PSNR/SSIM {name: [1]}, rewards {name: [1]}) of one held-out generation against its truth:
+    generate.from_first_frame's video and latent x0 (a camera net: video and truth [V, 3, T, H, W], one sample of V
+    views), on frames 1..; the video rewards on the 2x2 grid, the latent ones on x0. What evaluate.py and every RL
+    run's held-out evaluation (rl.evaluate) score."""
+    layout = "views" if views else "grid"
+    shaped = (video[None], truth[None]) if views else (video, truth)
+    rewards = reward.score(terms, video=reward_video(shaped[0], layout) if reward.needs_pixels(terms) else None,
+                           latent=x0)
+    return view_metrics(*shaped, layout, size), rewards

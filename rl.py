@@ -21,7 +21,7 @@ import grpo
 import nft
 import reward
 from camera import split_views
-from fidelity import reward_video, view_metrics
+from fidelity import score_sample
 from generate import from_first_frame
 from model import Condition, map_tensors
 from objective import Objective, check_samples, held_out_slots, sample_seed
@@ -168,37 +168,34 @@ def step_of(net, vae, optimizer, params, cfg, batch, neg_text, terms, update, ra
 EVAL_NOISE_DRAWS = 2  # initial-noise draws per held-out clip
 
 
-def evaluate(net, vae, cfg, clips, neg_text, terms, slot_of):
+def evaluate(net, vae, cfg, batches, truths, slots, neg_text, terms):
     """The held-out evaluation of an RL run, collective: {"eval_reward": the weighted reward, "eval_reward_<name>":
     each term and component, "eval_psnr", "eval_ssim" and "eval_<psnr|ssim>_<camera>": fidelity to the true clip,
     "eval_sd" / "eval_sd_<name>" / "eval_sd_psnr": their spread (population sd) over the held-out samples,
     "eval_samples": their number}; means over every rank's held-out clips x EVAL_NOISE_DRAWS noise draws.
-    clips: train.held_out_batches' (latent, Condition) batches and true videos of this rank; slot_of(i): the global
-    slot of its clip i, of n_slots (clip slot, draw d: noise seed cfg.seed + slot + d * n_slots, as evaluate.py
-    --seed S --draws 2 draws them). Each sample is generate.from_first_frame of the clip's first frame with
-    cfg.eval_steps deterministic steps of the family's sampler at the objective's rollout guidance; PSNR, SSIM and the
-    video rewards are scored on frames 1.. (frame 0 conditions), the latent rewards on the sample's latent."""
-    batches, truths, n_slots = clips
-    guidance, family = config_of(cfg).guidance, build.family(net.cfg)
+    batches, truths: train.held_out_batches' (latent, Condition) batches and true videos of this rank; slots:
+    objective.held_out_slots' (its clips' global slots, of n_slots); clip slot s, draw d has the noise seed cfg.seed +
+    s + d * n_slots, as evaluate.py --seed S --draws 2 draws them. Each sample is generate.from_first_frame of the
+    clip's first frame with cfg.eval_steps deterministic steps of the family's sampler at the objective's rollout
+    guidance, scored by fidelity.score_sample (frames 1..; the latent rewards on the sample's latent)."""
+    (slots, n_slots), guidance, family = slots, config_of(cfg).guidance, build.family(net.cfg)
     grid, dtype = family.sampler_defaults(cfg.init, cfg.config)[0], next(vae.parameters()).dtype
     views = net.cfg.camera_channels > 0
-    layout, size = ("views", (cfg.height, cfg.width)) if views else ("grid", (cfg.height // 2, cfg.width // 2))
+    size = (cfg.height, cfg.width) if views else (cfg.height // 2, cfg.width // 2)
     sums, squares, count = {}, {}, 0  # squares: each quantity's spread over the held-out clips and draws
-    for i, ((latent, batch_cond), truth) in enumerate(zip(batches, truths)):
+    for (latent, batch_cond), truth, slot in zip(batches, truths, slots):
         cond = Condition(crossattn_emb=batch_cond.crossattn_emb, neg_crossattn_emb=neg_text.to(latent.device),
                          camera=batch_cond.camera, conditional_frame_timestep=cfg.conditional_frame_timestep)
         truth = truth.to(latent.device)
         for d in range(EVAL_NOISE_DRAWS):
-            video, x0 = from_first_frame(net, vae, truth, cond, cfg.eval_steps, guidance,
-                                         cfg.seed + slot_of(i) + d * n_slots, grid, dtype)
-            named = dataclasses.replace(batch_cond, key=("held-out", slot_of(i)))
+            video, x0 = from_first_frame(net, vae, truth, cond, cfg.eval_steps, guidance, cfg.seed + slot + d * n_slots,
+                                         grid, dtype)
+            named = dataclasses.replace(batch_cond, key=("held-out", slot))
             collectives.agree("the held-out evaluation", lambda: check_samples([x0], [named], "held-out samples"))
-            shaped = (video[None], truth[None]) if views else (video, truth)  # [1, V, 3, T, H, W]: one sample
-            scores = reward.score(terms, video=reward_video(shaped[0], layout) if reward.needs_pixels(terms)
-                                  else None, latent=x0)
+            metrics, scores = score_sample(video, truth, x0, views, size, terms)  # after the check: no NaN scored
             values = {("eval_reward" if k == "reward" else "eval_reward_" + k.replace("/", "_")): v
                       for k, v in scores.items()}
-            for k, v in view_metrics(*shaped, layout, size).items():  # "psnr", "ext_1/psnr", ...
+            for k, v in metrics.items():  # "psnr", "ext_1/psnr", ...
                 camera, _, metric = k.rpartition("/")
                 values[f"eval_{metric}" + (f"_{camera}" if camera else "")] = v
             for name, value in values.items():
@@ -285,8 +282,8 @@ def objective(run, net, optimizer_params, vae, neg_text, terms):
                        run.dp_rank, seed, old)
 
     def held_out(batches, truths):  # train.held_out_batches' clips, in held_out_slots' order
-        slots, n_slots = held_out_slots(run.dp_rank, run.dp_world, len(batches))
-        return evaluate(net, vae, cfg, (batches, truths, n_slots), neg_text, terms, slots.__getitem__)
+        slots = held_out_slots(run.dp_rank, run.dp_world, len(batches))
+        return evaluate(net, vae, cfg, batches, truths, slots, neg_text, terms)
     return Objective(lr_at=rl_cfg.lr_at, betas=tuple(rl_cfg.betas), weight_decay=rl_cfg.weight_decay,
                      schedule=f"lr {rl_cfg.lr:g} (warm-up {rl_cfg.warmup}, then constant), clip "
                               f"{rl_cfg.max_grad_norm}",

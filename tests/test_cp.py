@@ -256,10 +256,9 @@ def test_compiled_blocks_with_selective_checkpointing(run_dir, ref):
 GRPO_LATENT = (16, 4, 4, 4)  # C, T, H, W: 4 latent frames (2 per cp rank), the first one conditioning
 
 
-def _grpo_update(rank, world, cp_size):
-    """grpo.train_step of one group per dp group, under collectives.shard_model as train.py runs it (no dist: plain net).
-    Returns (metrics, the LoRA gradients of the optimizer step, the updated LoRA weights), all full tensors."""
-    import grpo
+def _rl_policy(world, cp_size):
+    """The tiny LoRA policy (B moved off zero) under collectives.shard_model as train.py runs it (no dist: plain net),
+    and one clip and prompt per dp group. Returns (net, params, cond, full: DTensor -> full tensor, dp_rank)."""
     from collectives import shard_model
     torch.manual_seed(0)
     net = DiT(get_config("tiny"))
@@ -280,6 +279,14 @@ def _grpo_update(rank, world, cp_size):
     emb, gt = torch.randn(2, 8, 1024, generator=g), torch.randn(1, *GRPO_LATENT, generator=g)
     cond = Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt,
                      condition_mask=condition_mask(gt, 1), key=(dp_rank, 0))
+    return net, params, cond, full, dp_rank
+
+
+def _grpo_update(rank, world, cp_size):
+    """grpo.train_step of one group per dp group, under collectives.shard_model as train.py runs it (no dist: plain net).
+    Returns (metrics, the LoRA gradients of the optimizer step, the updated LoRA weights), all full tensors."""
+    import grpo
+    net, params, cond, full, dp_rank = _rl_policy(world, cp_size)
     cfg = grpo.GRPOConfig(num_steps=3)
     optimizer = grpo.lora_optimizer(net, params, cfg)
     grads = []
@@ -365,26 +372,7 @@ def _nft_updates(rank, world, cp_size, updates=3):
     metrics, the LoRA gradients of the last optimizer step, the updated LoRA weights, the old policy), full tensors."""
     import grpo
     import nft
-    from collectives import shard_model
-    torch.manual_seed(0)
-    net = DiT(get_config("tiny"))
-    net.init_weights()
-    params = add_lora(net, 4)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in params:  # B starts at zero: a non-trivial policy
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    dp_rank = 0
-    if dist.is_initialized():
-        dp_rank, _, group = cp.make_mesh("cpu", world, cp_size)
-        cp.enable(net, group)
-        shard_model(net, torch.device("cpu"), cp_size)
-    params = [p for p in net.parameters() if p.requires_grad]
-    full = (lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t)
-    g = torch.Generator().manual_seed(10 + dp_rank)  # a clip and prompt per dp group
-    emb, gt = torch.randn(2, 8, 1024, generator=g), torch.randn(1, *GRPO_LATENT, generator=g)
-    cond = Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt,
-                     condition_mask=condition_mask(gt, 1), key=(dp_rank, 0))
+    net, params, cond, full, dp_rank = _rl_policy(world, cp_size)
     cfg = nft.NFTConfig(group_size=2, num_steps=3, decay_rate=0.5, kl_coef=0.1)
     optimizer = grpo.lora_optimizer(net, params, cfg)
     old = [p.detach().clone() for p in params]
