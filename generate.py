@@ -38,16 +38,17 @@ def generate_latent(net, vae, video_B_3_T_H_W, cond: Condition, num_steps, guida
     return math.sample(net, noise, cond, guidance, grid, num_steps)
 
 
-def decode(net, vae, x0, dtype, views):
-    """x0 of generate_latent decoded in `dtype`: [1, 3, T, H, W], or a camera net's [V, 3, T, H, W]."""
-    return vae.decode((split_views(x0, views) if net.cfg.camera_channels else x0).to(dtype))
+def decode(vae, x0, dtype, views):
+    """x0 of generate_latent decoded in `dtype`: [1, 3, T, H, W], or a camera net's `views` [V, 3, T, H, W] (0: a
+    grid net's one video)."""
+    return vae.decode((split_views(x0, views) if views else x0).to(dtype))
 
 
 @torch.no_grad()
 def generate(net, vae, video_B_3_T_H_W, cond: Condition, num_steps, guidance, seed, grid, num_conditional_frames=1):
     """generate_latent, decoded: the generated video in the video's dtype ([V,3,T,H,W] for a camera net)."""
     x0 = generate_latent(net, vae, video_B_3_T_H_W, cond, num_steps, guidance, seed, grid, num_conditional_frames)
-    return decode(net, vae, x0, video_B_3_T_H_W.dtype, len(video_B_3_T_H_W))
+    return decode(vae, x0, video_B_3_T_H_W.dtype, len(video_B_3_T_H_W) if net.cfg.camera_channels else 0)
 
 
 @torch.no_grad()
@@ -58,7 +59,7 @@ def from_first_frame(net, vae, truth, cond: Condition, num_steps, guidance, seed
     first = truth[:, :, :1].to(dtype)
     given = torch.cat([first, torch.full_like(first, -1).expand(-1, -1, truth.shape[2] - 1, -1, -1)], dim=2)
     x0 = generate_latent(net, vae, given, cond, num_steps, guidance, seed, grid)
-    return decode(net, vae, x0, dtype, len(given)).float(), x0
+    return decode(vae, x0, dtype, len(given) if net.cfg.camera_channels else 0).float(), x0
 
 
 @torch.no_grad()

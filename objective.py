@@ -45,7 +45,8 @@ class Objective:
     schedule: str  # the optimizer line's learning-rate part
     step: object  # (step, next_batch) -> the step's metrics row (runs the optimizer step)
     held_out: object  # (batches, truths) -> {"eval_loss"} or {"eval_reward", "eval_psnr", ...}
-    watch: object  # (row, history) -> True to stop after a held-out evaluation (RL's fidelity guard), or None
+    watch: object  # (row, history, agree) after each held-out evaluation: RL's fidelity guard (rl.fidelity_guard;
+    # raises rl.FidelityStop to stop the run), or None
     bar: object  # row -> the progress bar's fields
     guidance: float  # the sample videos' CFG (RL: the rollouts' own)
     name: str  # the progress bar's

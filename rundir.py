@@ -292,9 +292,8 @@ def plot_fidelity(ax, rows, max_drop, held_out):
     """The held-out PSNR panel of loss.png: the mean over cameras, each camera, and the guard's floor."""
     steps = [r["step"] for r in rows]
     ax.plot(steps, [r["eval_psnr"] for r in rows], "o-", lw=1.5, label="mean over cameras")
-    for camera in ("ext_1", "ext_2", "wrist"):
-        if f"eval_psnr_{camera}" in rows[0]:
-            ax.plot(steps, [r[f"eval_psnr_{camera}"] for r in rows], lw=0.8, alpha=0.7, label=camera)
+    for key in sorted(k for k in rows[0] if k.startswith("eval_psnr_")):  # each camera's (rl.evaluate)
+        ax.plot(steps, [r[key] for r in rows], lw=0.8, alpha=0.7, label=key[len("eval_psnr_"):])
     if max_drop and rows[0]["step"] == 0:
         ax.axhline(rows[0]["eval_psnr"] - max_drop, ls="--", color="red", lw=1, label=f"step 0 - {max_drop:g} dB")
     ax.set_xlabel("update")

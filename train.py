@@ -455,8 +455,8 @@ def held_out_batches(run, dataset, n_train, to_latent):
     eval_ids = list(range(n_train, len(dataset))) or list(range(n_train))
     clips, batches, truths = getattr(dataset, "clips", dataset), [], []  # --latents: its pixel dataset
     for slot in held_out_slots(run.dp_rank, run.dp_world)[0]:
-        video = clips.videos[eval_ids[slot % len(eval_ids)]]
-        item = cache.Windows(clips, [(eval_ids[slot % len(eval_ids)], 0)])[0]
+        index = eval_ids[slot % len(eval_ids)]
+        video, item = clips.videos[index], cache.Windows(clips, [(index, 0)])[0]
         if "error" in item:
             raise ValueError(f"held-out video {video.path}: {item['error']}; re-stitch it or remove it")
         batch = dict(item, stem=video.stem, start=0, text_emb=data.clip_text(clips, video)[0])
