@@ -33,8 +33,7 @@ sample at 512 x 100352, twice that in float32), its rows all unmasked (Reason1's
 
 Contents, top to bottom: Video and the folder listing (manifest or upstream layout, negative_prompt_path) -> text
 embeddings (safe unpickling, shape checks, Reason1 files, the start-up check) -> GridClips -> ViewClips ->
-ClipSampler. Decoding a clip (read_clip, ClipError) and probing a file are video.py.
-"""
+ClipSampler. Decoding a clip (read_clip, ClipError) and probing a file are video.py."""
 import hashlib
 import io
 import json
@@ -260,13 +259,14 @@ def check_text_embeddings(files: list, text_len: int, text_dim: int) -> int:
     return len(files)
 
 
-TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot")  # CPU-fast configs: tiny VAE, 9x64x112, the stand-in prompt
+TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot", "tiny-action")  # CPU-fast: tiny VAE, 9x64x112, stand-in prompt
 T5_WIDTH = 1024  # T5-XXL's embedding width
 
 
 def tiny_data(config):
-    """The tiny default's own folder (train.py builds it): 2x2 grids, or separate views for a camera net."""
-    return "data/tiny_views" if get_config(config).camera_channels else "data/tiny_grid"
+    """The tiny default's own folder (train.py builds it): 2x2 grids, a camera net's views, an action net's grids."""
+    net = get_config(config)
+    return "data/tiny_" + ("views" if net.camera_channels else "action_grid" if net.action_dim else "grid")
 
 
 def standin_text(config, data_dir):

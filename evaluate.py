@@ -38,11 +38,12 @@ import resume
 import rundir
 import reward
 import vae as vae_lib
+from actionclips import open_clips, other_actions
 from camera import views_map
 from data import TINY_CONFIGS, standin_text
 from formats import STEP_RE
-from fidelity import CAMERAS, score_sample
-from generate import from_first_frame
+from fidelity import CAMERAS, score_sample, view_metrics
+from generate import from_first_frame, rollout
 from inits import get_config
 from model import Condition
 
@@ -131,8 +132,7 @@ def open_run(path, cfg):
     text = dict(text_len=run["text_len"], text_dim=mcfg.crossattn_proj_in_channels, seed=run["seed"],
                 **text_settings(run))
     views = bool(mcfg.camera_channels)
-    dataset = (data.ViewClips if views else data.GridClips)(run["data"], run["frames"], run["height"], run["width"],
-                                                            **text)
+    dataset = open_clips(run["config"], run["data"], run["frames"], run["height"], run["width"], **text)
     held_out = held_out_stems(dataset.videos, run["holdout"])
     meta = resume.read_meta(latest)
     recorded = meta["extra"].get("episodes")  # what it held out when it trained (steps since)
@@ -176,20 +176,22 @@ def shown(items, most=4):
     return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
 
 
-def held_out_clip(run, stem, device, dtype):
-    """(video, text, camera) of a held-out episode's window at frame 0: video [1, 3, T, H, W] or views [V, 3, T, H, W]
-    float32 in [-1, 1] as training reads them (cache.Windows: GridClips' / ViewClips' own code and checks), the prompt
-    embedding [1, L, D] and a views run's Pluecker map [1, V*T', H/16, W/16, C] (else None)."""
+def held_out_clip(run, stem, device, dtype, start=0):
+    """(video, text, camera, action) of a held-out episode's window at frame `start`: video [1, 3, T, H, W] or views
+    [V, 3, T, H, W] float32 in [-1, 1] as training reads them (cache.Windows: GridClips' / ViewClips' own code and
+    checks), the prompt embedding [1, L, D], a views run's Pluecker map [1, V*T', H/16, W/16, C] and an action run's
+    chunk [1, T-1, stride*A] (else None)."""
     index = run.held_out[stem]
-    item = cache.Windows(run.dataset, [(index, 0)])[0]
+    item = cache.Windows(run.dataset, [(index, start)])[0]
     if "error" in item:
-        raise ValueError(f"{run.path}: held-out video {stem} of {run.cfg['data']}: {item['error']}")
+        raise ValueError(f"{run.path}: held-out video {stem} of {run.cfg['data']} at frame {start}: {item['error']}")
     text, _ = data.clip_text(run.dataset, run.dataset.videos[index])
     video = item["video"].to(device)  # float32: the truth is not rounded to the compute dtype
+    action = item["action"][None].to(device) if "action" in item else None
     if not run.views:
-        return video[None], text[None].to(device), None
+        return video[None], text[None].to(device), None, action
     camera = views_map(item["w2c"].to(device), item["intrinsics"].to(device), run.cfg["height"], run.cfg["width"])
-    return video, text[None].to(device), camera[None].to(dtype)
+    return video, text[None].to(device), camera[None].to(dtype), action
 
 
 @torch.no_grad()
@@ -207,16 +209,25 @@ def evaluate_run(run, stems, cfg, terms, device, size):
     grid, timestep = math.sampler_defaults(run.cfg["init"], run.cfg["config"])[0], run.cfg["conditional_frame_timestep"]
     print(f"evaluate: {run.checkpoint}{' (EMA)' if cfg.ema else ''}: {run.family}, guidance {run.guidance}, "
           f"negative prompt {neg_source}, {math.describe_sampler(grid, timestep)}", flush=True)
-    clips = []
-    for i, stem in enumerate(stems):
-        truth, text, camera = held_out_clip(run, stem, device, dtype)
-        cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg[None].to(device), camera=camera,
+    clips, held = [], [held_out_clip(run, stem, device, dtype) for stem in stems]
+    wrong = other_actions([h[3] for h in held]) if mcfg.action_dim else [None] * len(held)
+    for i, (stem, (truth, text, camera, action)) in enumerate(zip(stems, held)):
+        cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg[None].to(device), camera=camera, action=action,
                          conditional_frame_timestep=timestep)
         for d in range(cfg.draws):  # rl.evaluate's rule: clip i, draw d has the noise seed + i + d * clips
             seed = cfg.seed + i + d * len(stems)
             generated, x0 = from_first_frame(net, vae, truth, cond, cfg.steps, run.guidance, seed, grid, dtype)
             metrics, rewards = score_sample(generated, truth, x0, run.views, size, terms)  # as rl.evaluate scores
-            clips.append({"stem": stem, "seed": seed, "metrics": {k: v.item() for k, v in metrics.items()},
+            metrics = {k: v.item() for k, v in metrics.items()}
+            if action is not None:  # the same frame and noise under another episode's commands (or these reversed)
+                other = from_first_frame(net, vae, truth, dataclasses.replace(cond, action=wrong[i]), cfg.steps,
+                                         run.guidance, seed, grid, dtype)
+                metrics["psnr_other_actions"] = score_sample(other[0], truth, other[1], run.views, size, terms)[0][
+                    "psnr"].item()
+                metrics["action_gap_db"] = metrics["psnr"] - metrics["psnr_other_actions"]
+            if cfg.chunks > 1:  # drift over the horizon: PSNR of each chained chunk against the episode's truth
+                metrics.update(chunk_psnr(net, vae, run, stem, cond, cfg, seed, grid, dtype, size))
+            clips.append({"stem": stem, "seed": seed, "metrics": metrics,
                           "rewards": {k: v.item() for k, v in rewards.items()}})
     del net, vae
     if device.type == "cuda":
@@ -225,22 +236,41 @@ def evaluate_run(run, stems, cfg, terms, device, size):
     return {"clips": clips, "metrics": mean("metrics"), "rewards": mean("rewards")}
 
 
+def chunk_psnr(net, vae, run, stem, cond, cfg, seed, grid, dtype, size):
+    """{"chunk<k>/psnr"}: a cfg.chunks-chunk rollout (generate.rollout) from the held-out episode's frame 0, chunk k
+    conditioned on the last frame generated and (an action run) the episode's actions of its window, scored on
+    frames 1.. against the true window at frame k*(T-1); a ValueError when the episode is too short for it."""
+    T = run.cfg["frames"]
+    need, have = 1 + cfg.chunks * (T - 1), run.dataset.videos[run.held_out[stem]].frames
+    if have < need:
+        raise ValueError(f"--chunks {cfg.chunks}: held-out episode {stem} of {run.cfg['data']} has {have} frames, "
+                         f"{cfg.chunks} chunks of {T} need {need}; pass fewer --chunks")
+    windows = [held_out_clip(run, stem, next(net.parameters()).device, dtype, k * (T - 1)) for k in range(cfg.chunks)]
+    conds = [dataclasses.replace(cond, action=w[3]) for w in windows]
+    chunks = rollout(net, vae, windows[0][0][:, :, :1], conds, T, cfg.steps, run.guidance, seed, grid, dtype)
+    return {f"chunk{k + 1}/psnr": view_metrics(c, w[0], "grid", size)["psnr"].item()
+            for k, (c, w) in enumerate(zip(chunks, windows))}
+
+
 # -----------------------------------------------------------------------------
 # Output: the table, the curves of metrics.jsonl, the plot
 
 
 def table(rows, terms):
     """One row per run: name, family, step, CFG, PSNR / SSIM per camera and their means, the total reward and each
-    term's; fixed-width columns."""
+    term's, then action_gap_db (action runs) and each chunk's PSNR (--chunks); fixed-width columns."""
     rewards = ["reward"] + [t.name for t in terms]
+    chunks = sorted({k for row in rows for k in row["metrics"] if k.startswith("chunk")}, key=lambda k: int(k[5:-5]))
+    extra = [k for k in ("action_gap_db",) if any(k in row["metrics"] for row in rows)] + chunks
     head = ["run", "family", "step", "cfg"] + [f"{c} {m}" for c in CAMERAS for m in ("psnr", "ssim")] + \
-        ["psnr", "ssim"] + rewards
+        ["psnr", "ssim"] + rewards + extra
     lines = [head]
     for row in rows:
         m, r = row["metrics"], row["rewards"]
         lines.append([row["run"], row["family"], str(row["step"]), f"{row['guidance']:g}"]
                      + [f"{m[f'{c}/{k}']:.{2 if k == 'psnr' else 4}f}" for c in CAMERAS for k in ("psnr", "ssim")]
-                     + [f"{m['psnr']:.2f}", f"{m['ssim']:.4f}"] + [f"{r[k]:.4g}" for k in rewards])
+                     + [f"{m['psnr']:.2f}", f"{m['ssim']:.4f}"] + [f"{r[k]:.4g}" for k in rewards]
+                     + [f"{m[k]:.2f}" if k in m else "-" for k in extra])  # "-": a run without actions
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in
                                enumerate(zip(line, widths))).rstrip() for line in lines)
@@ -308,6 +338,7 @@ class EvalConfig:
     # SFT its sample videos' --guidance, 7.0 unless set)
     seed: int = 0  # initial noise of clip i (draw d): seed + i (+ d * clips), the same for every run
     draws: int = 1  # noise draws per clip (an RL run's held-out evaluation: 2, rl.EVAL_NOISE_DRAWS)
+    chunks: int = 1  # > 1: also a long rollout of N chained chunks per clip (grid runs), its PSNR per chunk (drift)
     reward: str = ""  # reward terms scored on the grid video (reward.parse_rewards: default, module:fn=WEIGHT); "": the
     # runs' own --reward when every RL run among them shares one, else default
     plot: str = "compare.png"  # the plot of the runs' curves (.png, .pdf or .svg; needs matplotlib); replaces only a
@@ -319,8 +350,9 @@ class EvalConfig:
 def parse_config(argv):
     """The flags, checked before any run is read."""
     cfg = cli.parse(EvalConfig, argv, description=__doc__, positional=("runs",), prog="evaluate.py")
-    if min(cfg.clips, cfg.steps, cfg.draws) < 1:
-        raise ValueError(f"--clips {cfg.clips}, --steps {cfg.steps} and --draws {cfg.draws} must be >= 1")
+    if min(cfg.clips, cfg.steps, cfg.draws, cfg.chunks) < 1:
+        raise ValueError(f"--clips {cfg.clips}, --steps {cfg.steps}, --draws {cfg.draws} and --chunks {cfg.chunks} "
+                         "must be >= 1")
     if cfg.guidance < 0 and cfg.guidance != -1:
         raise ValueError(f"--guidance {cfg.guidance}: >= 0, or -1 for each run's own")
     if cfg.device not in ("", "cuda", "cpu"):
@@ -390,6 +422,9 @@ def main(argv=None):
     print(f"evaluate: the plot goes to {plot}{replaced}" if plots else
           f"evaluate: {cfg.plot}: matplotlib is not installed (pip install matplotlib): no plot", flush=True)
     runs = [open_run(path, cfg) for path in cfg.runs]
+    if cfg.chunks > 1 and any(run.views for run in runs):
+        raise ValueError(f"--chunks {cfg.chunks}: chained rollouts take grid runs; {[r.path for r in runs if r.views]}"
+                         " are views runs: evaluate them without --chunks")
     cfg.reward = cfg.reward or runs_reward([run.cfg for run in runs])
     print(f"evaluate: reward {cfg.reward}", flush=True)
     terms = pixel_terms(cfg.reward)

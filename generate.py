@@ -63,6 +63,28 @@ def from_first_frame(net, vae, truth, cond: Condition, num_steps, guidance, seed
 
 
 @torch.no_grad()
+def rollout(net, vae, first, conds: list, frames, num_steps, guidance, seed, grid, dtype):
+    """A long rollout of len(conds) chained chunks of `frames` frames from first [1, 3, 1, H, W] (a grid net's):
+    chunk k is generated from one conditioning frame, the last frame of chunk k-1 as decoded (chunk 0: first), under
+    conds[k] (an action net: the actions of frames k*(frames-1) .. (k+1)*(frames-1)), noise seed + k. Returns the
+    chunks [1, 3, frames, H, W] float32; chunk k's frame 0 is chunk k-1's last (join() writes it once)."""
+    if net.cfg.camera_channels:
+        raise ValueError("a rollout of chained chunks takes a grid net; a camera net's views are not chained yet")
+    chunks, frame = [], first.to(dtype)
+    for k, cond in enumerate(conds):
+        given = torch.cat([frame, torch.full_like(frame, -1).expand(-1, -1, frames - 1, -1, -1)], dim=2)
+        chunks.append(decode(vae, generate_latent(net, vae, given, cond, num_steps, guidance, seed + k, grid), dtype,
+                             0).float())
+        frame = chunks[-1][:, :, -1:].to(dtype)  # what the model made, not the truth: drift compounds, as in use
+    return chunks
+
+
+def join(chunks):
+    """One video of rollout()'s chunks: the first whole, each later one without its conditioning frame 0."""
+    return torch.cat(chunks[:1] + [c[:, :, 1:] for c in chunks[1:]], dim=2)
+
+
+@torch.no_grad()
 def write_sample(net, vae, dataset, index, cfg, neg_text, guidance, path, master):
     """train.py's sample videos: a clip generated from the first frame of a fixed (held-out, if any) video of
     `dataset`, written beside the truth. cfg: the run's TrainConfig."""
@@ -73,7 +95,8 @@ def write_sample(net, vae, dataset, index, cfg, neg_text, guidance, path, master
     camera = None if "w2c" not in item else views_map(item["w2c"].to(device), item["intrinsics"].to(device),
                                                       cfg.height, cfg.width)[None].to(video.dtype)
     video = video if camera is not None else video[None]
-    cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg_text.to(device), camera=camera,
+    action = item["action"][None].to(device) if "action" in item else None  # an action net: the clip's actions
+    cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg_text.to(device), camera=camera, action=action,
                      conditional_frame_timestep=cfg.conditional_frame_timestep)
     grid = family(net.cfg).sampler_defaults(cfg.init, cfg.config)[0]
     generated = generate(net, vae, video, cond, cfg.sample_steps, guidance, cfg.seed, grid=grid).to(video.dtype)

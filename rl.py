@@ -185,7 +185,8 @@ def evaluate(net, vae, cfg, batches, truths, slots, neg_text, terms):
     sums, squares, count = {}, {}, 0  # squares: each quantity's spread over the held-out clips and draws
     for (latent, batch_cond), truth, slot in zip(batches, truths, slots):
         cond = Condition(crossattn_emb=batch_cond.crossattn_emb, neg_crossattn_emb=neg_text.to(latent.device),
-                         camera=batch_cond.camera, conditional_frame_timestep=cfg.conditional_frame_timestep)
+                         camera=batch_cond.camera, action=batch_cond.action,  # an action net: the clip's own actions
+                         conditional_frame_timestep=cfg.conditional_frame_timestep)
         truth = truth.to(latent.device)
         for d in range(EVAL_NOISE_DRAWS):
             video, x0 = from_first_frame(net, vae, truth, cond, cfg.eval_steps, guidance, cfg.seed + slot + d * n_slots,

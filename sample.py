@@ -34,7 +34,8 @@ import rundir
 import vae as vae_lib
 from camera import views_map
 from data import TINY_CONFIGS, standin_text, tiny_data
-from generate import generate
+from actionclips import episode_chunks, open_clips, read_actions_file
+from generate import generate, join, rollout
 from inits import get_config
 from model import Condition
 from video import write_mp4
@@ -74,6 +75,9 @@ class SampleConfig:
     # else shift; Predict2: karras, its only grid)
     conditional_frame_timestep: float = -1.0  # Predict2.5 only: -1 = the noisy frames' time, 0.1 -> t = 1e-4 (default:
     # upstream's for --ckpt: 0.1 for p25-2b-post and agibot)
+    actions: str = ""  # an action net's commands: FILE.npz with `action` [chunks x (frames-1), stride*A], normalised as
+    # training saw them; default: those of the last video of --data (a run's held-out episode), from its first frame
+    chunks: int = 1  # a long rollout: N chained chunks, each from the last frame generated (and the next actions)
     seed: int = 0  # initial noise (numpy, as upstream)
     fps: int = 16  # frame rate written into the mp4
     device: str = ""  # cuda | cpu (default: cuda when available)
@@ -170,11 +174,21 @@ def parse_config(argv):
             raise ValueError(unstitched)
     if cfg.ckpt == "random" and "ema" in given:
         raise ValueError("--ema/--no-ema does nothing with --ckpt random")
+    if cfg.chunks < 1 or (cfg.chunks > 1 and mcfg.camera_channels):
+        raise ValueError(f"--chunks {cfg.chunks}: >= 1, and chained chunks (> 1) take a grid net, not {cfg.config}")
+    if cfg.actions and not mcfg.action_dim:
+        raise ValueError(f"--actions does nothing with --config {cfg.config} (action_dim 0): drop it, or sample an "
+                         "action-conditioned run (tiny-action, v2w-2b-action)")
+    if mcfg.action_dim and cfg.image and not cfg.actions:
+        raise ValueError(f"--image with --config {cfg.config} needs --actions FILE.npz: the commands to follow from "
+                         "that frame (without --image: the last episode of --data, its frame 0 and its own actions)")
+    if cfg.actions and not os.path.isfile(cfg.actions):
+        raise ValueError(f"--actions {cfg.actions}: no such file")
     return cfg
 
 
-def load_first_frame(cfg):
-    """[1, 3, 1, H, W] in [-1, 1] from --image, or the first frame of the first video in --data."""
+def load_first_frame(cfg, video=None):
+    """[1, 3, 1, H, W] in [-1, 1] from --image, or the first frame of `video` (default: the first video in --data)."""
     import imageio.v2 as imageio
     if cfg.image:
         try:  # a text file, a truncated png: imageio's own errors range from struct.error to a missing-plugin hint
@@ -192,7 +206,7 @@ def load_first_frame(cfg):
         if not os.path.isdir(cfg.data):
             raise ValueError(f"--data {cfg.data}: no such folder to take the first frame from: pass --image FILE (the "
                              "tiny default's folder appears after one `python train.py`)")
-        path = data.list_videos(cfg.data)[0].path
+        path = video or data.list_videos(cfg.data)[0].path
         try:
             frame = torch.from_numpy(data.read_clip(path, 0, 1, cfg.height, cfg.width)[0])
         except data.ClipError as e:  # e.g. a folder stitched at another size: never resized silently
@@ -203,13 +217,32 @@ def load_first_frame(cfg):
     return (frame / 127.5 - 1).clamp(-1, 1)[:, :, None]
 
 
+def episode_actions(cfg):
+    """(action chunks [1, T-1, D] per chunk, the video whose frame 0 starts the rollout): an action net's --actions
+    file (from --image, else the first video of --data), or the last video of --data and its own actions (train.py
+    holds out the last videos: a run's held-out episode); (None, None) for a net without actions."""
+    mcfg = get_config(cfg.config)
+    if not mcfg.action_dim:
+        return None, None
+    if cfg.actions:
+        action = read_actions_file(cfg.actions, (cfg.chunks * (cfg.frames - 1), mcfg.action_dim // (cfg.frames - 1)))
+        print(f"sample: actions of {cfg.actions}", flush=True)
+        return list(action.chunk(cfg.chunks, dim=1)), None
+    clips = open_clips(cfg.config, cfg.data, cfg.frames, cfg.height, cfg.width, text="standin", text_len=16,
+                       text_dim=mcfg.crossattn_proj_in_channels)
+    video = clips.videos[-1]
+    print(f"sample: {video.path}: its frame 0 and its own actions ({cfg.chunks} chunk(s))", flush=True)
+    return episode_chunks(clips, len(clips.videos) - 1, cfg.chunks), video.path
+
+
 def main(argv=None):
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     # a run's newest step or a step itself, checked (files whole, LoRA base there) before any model
     step = rundir.checked_step(cfg.ckpt, "--ckpt ") if is_run(cfg.ckpt) or run_settings(cfg.ckpt) else None
-    first = None if get_config(cfg.config).camera_channels else load_first_frame(cfg).to(device)  # before any model
+    actions, episode = episode_actions(cfg)  # an action net's chunks, and the episode they come from
+    first = None if get_config(cfg.config).camera_channels else load_first_frame(cfg, episode).to(device)
     if step is not None:  # a train.py run (its newest checkpoint) or one of its steps: rebuilt as trained
         net = resume.build_from_step(step, device, bool(cfg.ema))
         source = f"{step}, step {resume.read_meta(step)['step']}{' (EMA)' if cfg.ema else ''}"
@@ -242,10 +275,17 @@ def main(argv=None):
     print(f"sample: negative prompt: {neg_source}", flush=True)
     cond = Condition(crossattn_emb=text[None].to(device), neg_crossattn_emb=neg[None].to(device), camera=camera,
                      conditional_frame_timestep=cfg.conditional_frame_timestep)
-    generated = generate(net, vae, video.to(dtype), cond, cfg.steps, cfg.guidance, cfg.seed, grid=cfg.grid)
+    if cfg.chunks > 1 or actions:  # a grid net's rollout: one chunk, or N chained, each under its own actions
+        conds = [dataclasses.replace(cond, action=a.to(device) if a is not None else None)
+                 for a in actions or [None] * cfg.chunks]
+        generated = join(rollout(net, vae, first, conds, cfg.frames, cfg.steps, cfg.guidance, cfg.seed, cfg.grid,
+                                 dtype))
+    else:
+        generated = generate(net, vae, video.to(dtype), cond, cfg.steps, cfg.guidance, cfg.seed, grid=cfg.grid)
     write_mp4(cfg.out, views_side_by_side(generated) if camera is not None else generated[0], fps=cfg.fps)
     sampler = family.describe_sampler(cfg.grid, cfg.conditional_frame_timestep)
-    print(f"sample: wrote {cfg.out} ({cfg.frames} frames, {cfg.height}x{cfg.width}, {cfg.steps} steps, {sampler}, "
+    print(f"sample: wrote {cfg.out} ({generated.shape[-3]} frames: {cfg.chunks} chunk(s) of {cfg.frames}, "
+          f"{cfg.height}x{cfg.width}, {cfg.steps} steps, {sampler}, "
           f"guidance {cfg.guidance}, seed {cfg.seed}, weights {source})", flush=True)
 
 

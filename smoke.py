@@ -138,7 +138,8 @@ def build_vae(cfg: SmokeConfig, device, dtype):
 
 def make_condition(cfg: SmokeConfig, mcfg, latent_shape, device):
     """Random stand-ins for the cached text embeddings (T5, or Reason1's width for Predict2.5) and the encoded first
-    frame of one group; a camera net gets its views' frame-init mask and the fallback rig's Pluecker map."""
+    frame of one group; a camera net gets its views' frame-init mask and the fallback rig's Pluecker map, an action
+    net a random action chunk."""
     g = torch.Generator(device=device).manual_seed(cfg.seed + 3)
     emb = torch.randn(2, cfg.text_tokens, mcfg.crossattn_proj_in_channels, generator=g, device=device)
     gt = torch.randn(1, *latent_shape, generator=g, device=device)
@@ -147,6 +148,8 @@ def make_condition(cfg: SmokeConfig, mcfg, latent_shape, device):
     if mcfg.camera_channels:
         w2c, intrinsics = fallback_cameras(VIEWS, latent_shape[1] // VIEWS, cfg.height, cfg.width)
         extra["camera"] = views_map(w2c, intrinsics, cfg.height, cfg.width)[None].to(device)
+    if mcfg.action_dim:  # an action net: a random chunk, flattened as the network takes it
+        extra["action"] = torch.randn(1, 1, mcfg.action_dim, generator=g, device=device)
     mask = flow.frame_mask(gt, VIEWS if mcfg.camera_channels else 0, cfg.cond_frames)
     return Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt, condition_mask=mask,
                      key=("smoke-episode", "smoke task"), **extra)

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+import actionclips
 import cache
 import ckpt
 import cli
@@ -252,17 +253,17 @@ def synthetic_data(cfg):
 # The tiny default's data and the settings a resumed run keeps (the rest of the run directory: rundir.py)
 
 
-def make_tiny_dataset(root, views=False):
+def make_tiny_dataset(root, views=False, actions=False):
     """Synthetic LeRobot episodes (stitch.make_synthetic, with camera poses) stitched into a small grid or views
-    folder. The grid and the views folder beside it come from one LeRobot folder (`tiny_lerobot` next to root), so
-    their videos share stems: the same episodes, as a Path A and a Path B run compare them (evaluate.py). Under a
-    lock (tiny_lerobot.lock): a second tiny default started at once waits, then only re-reads the finished folders."""
-    raw = os.path.join(os.path.dirname(root) or ".", "tiny_lerobot")
+    folder. The grid and the views folder beside it come from one LeRobot folder (`tiny_lerobot`, or with actions
+    `tiny_action_lerobot`: squares moved by them, next to root), so their videos share stems: the same episodes, as
+    Path A and B runs compare them (evaluate.py). Under a lock: a second tiny default waits, then only re-reads."""
+    raw = os.path.join(os.path.dirname(root) or ".", "tiny_action_lerobot" if actions else "tiny_lerobot")
     os.makedirs(os.path.dirname(os.path.abspath(raw)), exist_ok=True)
     with rundir.claim(raw + ".lock", "", wait=True):
-        if not os.path.exists(raw):  # 6 usable episodes (the tiny preset holds out 2: 4 train, shards evenly over 1,
-            # 2 or 4 ranks) and 1 too short to use
-            stitch.make_synthetic(raw, lengths=(48, 40, 8, 56, 44, 52, 60), cameras=True)
+        if not os.path.exists(raw):  # 6 usable episodes (tiny holds out 2: 4 train, over 1, 2 or 4 ranks), 1 too short
+            stitch.make_synthetic(raw, lengths=actionclips.TINY_ACTION_LENGTHS if actions else
+                                  (48, 40, 8, 56, 44, 52, 60), cameras=True, motion="actions" if actions else "fixed")
         stitch.stitch(raw, root, stride=4, frames=TINY["frames"], size=f"{TINY['height']}x{TINY['width']}", workers=1,
                       layout="views" if views else "grid")
 
@@ -340,17 +341,17 @@ def load_data(run):
     cfg = run.cfg
     if synthetic_data(cfg):  # (re)stitching a finished folder only re-reads its manifest; a killed one resumes
         if run.master:
-            make_tiny_dataset(cfg.data, views=bool(run.views))
+            make_tiny_dataset(cfg.data, views=bool(run.views), actions=get_config(cfg.config).action_dim > 0)
         if run.distributed:
             dist.barrier()
     text = text_source(run)
+    actionclips.refuse_latents(cfg.config, cfg.latents)
     if cfg.latents:  # the encoded windows of cache.py, checked against this run's VAE, clip settings and videos
         dataset = cache.LatentClips(cfg.latents, cfg.data, cfg.frames, cfg.height, cfg.width, vae=cfg.vae,
                                     vae_ckpt=cfg.vae_ckpt, dtype="bf16" if run.device.type == "cuda" else "fp32",
                                     **text)
-    else:  # clips of cfg.frames frames, encoded online by the VAE
-        dataset = (data.ViewClips if run.views else data.GridClips)(cfg.data, cfg.frames, cfg.height, cfg.width,
-                                                                     **text)
+    else:  # clips of cfg.frames frames, encoded online by the VAE; an action config's with their actions
+        dataset = actionclips.open_clips(cfg.config, cfg.data, cfg.frames, cfg.height, cfg.width, run.say, **text)
     holdout = cfg.holdout if cfg.holdout >= 0 else max(1, len(dataset) // 50)
     if len(dataset) - holdout < 1:  # the cause first (videos shorter than the clips, or too few episodes), the fix
         short, n = data.short_videos(dataset.skipped, cfg.frames), len(dataset)
@@ -361,14 +362,14 @@ def load_data(run):
     return dataset, len(dataset) - holdout, text
 
 
-def condition_of(cfg, latent, text, camera):
-    """The conditioning record of a batch (the one producer, docs/conditioning.md): its prompt, its clean latent with
-    the first latent frame as the conditioning frame (a camera net: agibot's frame-init mask over the views stacked
-    on time, and their Pluecker map) and the run's conditional_frame_timestep (read by Predict2.5 only). SFT redraws the mask
-    per sample (sft.training_loss); RL adds the negative prompt and a key per clip (rl.conditions)."""
+def condition_of(cfg, latent, text, camera, action=None):
+    """The conditioning record of a batch (the one producer, docs/conditioning.md): prompt, clean latent with the
+    first latent frame as the conditioning frame (a camera net: agibot's frame-init mask over the views stacked on
+    time, and their Pluecker map), an action net's chunks [B, T-1, stride*A], the run's conditional_frame_timestep
+    (Predict2.5 only). SFT redraws the mask per sample (sft.training_loss); RL adds the negative prompt and keys."""
     views = len(data.VIEW_ORDER) if camera is not None else 0
     mask = flow.frame_mask(latent, views, 1)
-    return Condition(crossattn_emb=text, gt_frames=latent, condition_mask=mask, camera=camera,
+    return Condition(crossattn_emb=text, gt_frames=latent, condition_mask=mask, camera=camera, action=action,
                      conditional_frame_timestep=cfg.conditional_frame_timestep)
 
 
@@ -394,7 +395,7 @@ def make_encoder(run, vae):
                 latent_cache.update(zip(keys, latent))
         else:
             latent = torch.stack([latent_cache[k] for k in keys])
-        return latent, condition_of(cfg, latent, text, camera)
+        return latent, condition_of(cfg, latent, text, camera, batch["action"].to(device) if "action" in batch else None)
     return to_latent
 
 
@@ -490,8 +491,7 @@ def train(run, lock, dataset, n_train, text, episodes):
     neg_text = None  # the uncond branch of CFG in RL rollouts and samples
     if cfg.objective != "sft" or cfg.sample_every:
         neg_text, source = data.negative_embedding(cfg.data, cfg.text_len, text["text_dim"],
-                                                   standin=text["text"] == "standin",
-                                                   text_encoder=text["text_encoder"])
+                                                   standin=text["text"] == "standin", text_encoder=text["text_encoder"])
         neg_text = neg_text[None]
         run.say(f"negative prompt: {source}")
     vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, run.device, run.compute_dtype)
