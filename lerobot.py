@@ -461,19 +461,22 @@ def square_commands(episode: int, length: int) -> tuple:
 
 
 def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: int = 160, fps: int = 15,
-                   cameras: bool = False, motion: str = "fixed") -> str:
+                   cameras: bool = False, motion: str = "fixed", action_width: int = 2) -> str:
     """Write a LeRobot v2.1 dataset (lerobot's files, H.264 video) with 3 DROID cameras showing code_frame; with
     cameras, each frame also carries every camera's parameters (sensors.<name>.extrinsic_cv from synthetic_w2c and
     sensors.<name>.intrinsic_cv: a pinhole with fx = fy = 0.8 width, centred), for --layout views.
 
     motion: "fixed" sweeps the square right whatever the (sinusoid, 8-dim) state and action say; "actions" moves it by
     each frame's command (square_commands): action [2] = (dx, dy), observation.state [2] = its position (x, y), both
-    in 320x180 pixels, so a model can learn that the commands cause the motion (issue 36, the tiny-action config).
+    in 320x180 pixels, so a model can learn that the commands cause the motion (issue 36, the tiny-action config);
+    action_width > 2 pads the command with zeros to that width (7: Bridge's, for v2w-2b-action's action_dim 12 x 7).
     Tasks alternate between two strings with commas, quotes and non-ASCII; the 8-frame episode is too short for any
     clip. Built in a temporary folder and renamed at the end, so a killed run leaves no half dataset behind."""
-    if motion not in ("fixed", "actions"):
-        raise ValueError(f"motion={motion!r}: expected 'fixed' or 'actions'")
+    if motion not in ("fixed", "actions") or action_width < 2 or (motion == "fixed" and action_width != 2):
+        raise ValueError(f"motion={motion!r}, action_width={action_width}: expected 'fixed' or 'actions', and a width "
+                         ">= 2 with 'actions' only")
     robot = 2 if motion == "actions" else 8  # the state and action widths
+    widths = {"observation.state": robot, "action": action_width if motion == "actions" else robot}
     if os.path.exists(out):
         raise FileExistsError(f"{out} exists; make_synthetic never writes into an existing folder")
     tmp = f"{out}.tmp-{os.getpid()}"
@@ -488,8 +491,9 @@ def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: i
             "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
             "video_path": "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4",
             "features": {**{c: video for c in cams},
-                         **{k: {"dtype": "float32", "shape": [robot], "names": [f"joint_{i}" for i in range(8)]
-                                if robot == 8 else [f"{prefix}{a}" for a in "xy"]}
+                         **{k: {"dtype": "float32", "shape": [widths[k]], "names": [f"joint_{i}" for i in range(8)]
+                                if robot == 8 else [f"{prefix}{a}" for a in "xy"] + [f"pad_{i}" for i in
+                                                                                   range(widths[k] - 2)]}
                             for k, prefix in (("observation.state", "square_"), ("action", "d"))},
                          "timestamp": scalar("float32"),
                          **{k: scalar("int64") for k in ("frame_index", "episode_index", "index", "task_index")}}}
@@ -505,6 +509,7 @@ def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: i
         t, task_index = np.arange(length), ep % len(SYNTHETIC_TASKS)
         state = (np.sin(t[:, None] / 10 + np.arange(8)) / 2).astype(np.float32)
         state, action = square_commands(ep, length) if robot == 2 else (state, np.roll(state, -1, axis=0))
+        action = np.pad(action, ((0, 0), (0, widths["action"] - action.shape[1])))  # action_width's zero dims
         cols = {"observation.state": state, "action": action,
                 "timestamp": (t / fps).astype(np.float32), "frame_index": t, "episode_index": np.full(length, ep),
                 "index": sum(lengths[:ep]) + t, "task_index": np.full(length, task_index)}
