@@ -1,0 +1,100 @@
+"""Issue 36 items 3-6: actions through the conditioning record (SFT, held-out batches, samples, RL, evaluate.py),
+action_gap_db, and long rollouts of chained chunks, on the tiny-action preset's own synthetic data."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import actionclips
+import evaluate
+import sample
+import train
+from model import uncond
+
+SHORT = ["--sample-every", "0", "--save-every", "100", "--workers", "0"]
+
+
+@pytest.fixture(scope="module")
+def action_grid(tmp_path_factory):
+    """train.py's tiny-action data: make_synthetic(motion="actions") episodes stitched as the preset stitches them."""
+    root = str(tmp_path_factory.mktemp("data") / "tiny_action_grid")
+    train.make_tiny_dataset(root, actions=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def action_run(action_grid, tmp_path_factory):
+    """A short tiny-action SFT run on it (the test of the actions' effect trains its own, longer)."""
+    out = str(tmp_path_factory.mktemp("runs") / "act")
+    train.main(["--config", "tiny-action", "--data", action_grid, "--steps", "20", "--out", out] + SHORT)
+    return out
+
+
+def test_an_action_config_refuses_a_folder_without_actions_and_a_plain_config_says_it_trains_without(
+        action_grid, tmp_path, capsys):
+    plain = str(tmp_path / "plain")
+    os.makedirs(plain)
+    with pytest.raises(ValueError) as e:
+        actionclips.open_clips("tiny-action", plain, 9, 64, 112, text="standin", text_len=16, text_dim=1024)
+    assert "\n" not in str(e.value) and plain in str(e.value) and "stitch.py" in str(e.value)
+    clips = actionclips.open_clips("tiny", action_grid, 9, 64, 112, text="standin", text_len=16, text_dim=1024)
+    assert "takes none (action_dim 0): trained and sampled on the videos alone" in capsys.readouterr().out
+    assert "action" not in clips[0]
+    with pytest.raises(ValueError, match="the latent cache holds no actions"):
+        train.main(["--config", "tiny-action", "--data", action_grid, "--latents", str(tmp_path)] + SHORT)
+
+
+def test_actions_travel_in_the_record_to_sft_held_out_batches_and_cfgs_uncond_branch(action_grid, action_run):
+    cfg = train.parse_config(["--config", "tiny-action", "--data", action_grid, "--out", action_run] + SHORT)
+    run = train.setup(cfg)
+    dataset, n_train, _ = train.load_data(run)
+    to_latent = train.make_encoder(run, __import__("vae").build_vae("tiny", "", run.device, torch.float32))
+    latent, cond = to_latent(torch.utils.data.default_collate([dataset[(0, 3)]]))
+    assert cond.action.shape == (1, 8, 8) and torch.equal(cond.action[0], dataset[(0, 3)]["action"])
+    assert uncond(cond).action is cond.action  # CFG's uncond branch drops the prompt, never the actions
+    _, batches, _ = train.held_out_batches(run, dataset, n_train, to_latent)
+    held = actionclips.episode_chunks(dataset, n_train, 1)[0]  # the first held-out episode's window at frame 0
+    assert torch.equal(batches[0][1].action, held)
+    rows = [json.loads(line) for line in open(os.path.join(action_run, "metrics.jsonl"))]
+    assert rows[-1]["step"] == 20 and np.isfinite(rows[-1]["eval_loss"])
+
+
+def test_sample_chains_three_chunks_under_the_episodes_actions_or_a_files(action_run, tmp_path, capsys):
+    out = str(tmp_path / "roll.mp4")
+    sample.main(["--ckpt", action_run, "--chunks", "3", "--steps", "2", "--out", out])
+    said = capsys.readouterr().out
+    assert "its frame 0 and its own actions (3 chunk(s))" in said and "25 frames: 3 chunk(s) of 9" in said
+    np.savez(tmp_path / "a.npz", action=np.zeros((16, 8), np.float32))
+    with pytest.raises(ValueError, match=r"needs an `action` array of \(24, 8\)"):
+        sample.main(["--ckpt", action_run, "--chunks", "3", "--actions", str(tmp_path / "a.npz"), "--out", out])
+    sample.main(["--ckpt", action_run, "--chunks", "2", "--steps", "2", "--actions", str(tmp_path / "a.npz"),
+                 "--out", out])
+    assert "17 frames: 2 chunk(s) of 9" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="needs --actions FILE.npz"):
+        sample.parse_config(["--ckpt", action_run, "--image", out])
+
+
+def test_evaluate_scores_each_chunk_of_a_rollout_and_the_action_gap(action_run, tmp_path, capsys):
+    evaluate.main([action_run, "--clips", "2", "--steps", "2", "--chunks", "3", "--plot", str(tmp_path / "c.png")])
+    lines = capsys.readouterr().out.splitlines()
+    result = json.loads(lines[-1])["runs"][0]["metrics"]
+    head = next(line for line in lines if line.startswith("run "))
+    assert "action_gap_db" in head and "chunk3/psnr" in head
+    assert result["chunk1/psnr"] == result["psnr"]  # chunk 1 is the ordinary held-out generation
+    assert result["action_gap_db"] == pytest.approx(result["psnr"] - result["psnr_other_actions"])
+    assert all(np.isfinite(result[f"chunk{k}/psnr"]) for k in (1, 2, 3))
+
+
+def test_rl_rollouts_and_their_held_out_evaluation_carry_the_actions(action_run, tmp_path, monkeypatch):
+    import rl
+    seen = []
+    real = rl.from_first_frame
+    monkeypatch.setattr(rl, "from_first_frame", lambda net, vae, truth, cond, *a: seen.append(cond.action) or
+                        real(net, vae, truth, cond, *a))
+    train.main(["--config", "tiny-action", "--data", json.load(open(os.path.join(action_run, "config.json")))["data"],
+                "--objective", "nft", "--init", os.path.join(action_run, "step_00000020"), "--lora", "4", "--steps",
+                "1", "--eval-steps", "1", "--nft-group-size", "2", "--batch-size", "1", "--out", str(tmp_path / "nft"),
+                "--workers", "0", "--sample-every", "0", "--guard-max-ratio", "10"])
+    assert seen and all(a is not None and a.shape == (1, 8, 8) for a in seen)
