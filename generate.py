@@ -5,7 +5,7 @@ generate encodes the given video's first frame(s) with the VAE (causal: latent f
 keeps them as the conditioning frames, samples the rest with the family's sampler (build.family: edm.py's Karras
 AB2 for Predict2, flow.py's UniPC for Predict2.5) and decodes. A camera net (agibot) takes one sample's views as the
 batch: they are stacked on latent time, sampled jointly (frame-init mask, one noise draw for every view) and
-returned per view.
+returned per view. rollout chains chunks into a long video, each from the last frame generated (issue 36).
 """
 import dataclasses
 

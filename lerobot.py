@@ -396,8 +396,7 @@ SYNTHETIC_TASKS = ('Put the marker, then the cap, in the "blue" cup.', "Öffne d
 def code_frame(episode: int, camera: int, frame_index: int, height: int, width: int, square=None) -> np.ndarray:
     """The frame code of tests/data/*/README.md, scaled from 180x320: camera colour; white/black bit blocks for the
     episode (4 bits), camera (2) and sync 1010 on the top band and frame_index (10) on the bottom; a moving square,
-    24 pixels wide, or ACTION_SQUARE wide with its top-left corner at `square` (x, y) in 320x180 pixels if given
-    (make_synthetic's motion="actions")."""
+    its top-left corner at `square` (x, y) in 320x180 pixels if given (make_synthetic's motion="actions")."""
     img = np.empty((height, width, 3), np.uint8)
     img[:] = CAMERA_COLOURS[camera]
     sx, sy = width / 320, height / 180
@@ -407,8 +406,7 @@ def code_frame(episode: int, camera: int, frame_index: int, height: int, width: 
         for k, bit in enumerate(values):
             img[round(y0 * sy):round(y1 * sy), round((32 * k + 4) * sx):round((32 * k + 28) * sx)] = 255 * bit
     x0, y0 = square if square is not None else (8 + 8 * (frame_index % 36), 78)
-    size = 24 if square is None else ACTION_SQUARE
-    img[round(y0 * sy):round((y0 + size) * sy), round(x0 * sx):round((x0 + size) * sx)] = (255, 255, 0)
+    img[round(y0 * sy):round((y0 + 24) * sy), round(x0 * sx):round((x0 + 24) * sx)] = (255, 255, 0)
     return img
 
 
@@ -439,11 +437,7 @@ def synthetic_w2c(camera: int, frame_index: np.ndarray) -> np.ndarray:
     return np.concatenate([rot, -rot @ eye[..., None]], -1)
 
 
-# motion="actions": the square is 48 pixels wide (not 24): at the tiny default's 32x56 camera cells that is one 8x8
-# cell of the tiny codec, so where it went is visible in the latents (at 24 the tiny net never learned the actions:
-# action_gap_db +0.0 after 3000 steps); its top-left corner (x, y) stays clear of the bit bands (320x180)
-ACTION_SQUARE = 48
-SQUARE_RANGE = ((0, 320 - ACTION_SQUARE), (44, 136 - ACTION_SQUARE))
+SQUARE_RANGE = ((0, 296), (44, 88))  # the square's top-left corner (x, y) stays clear of the bit bands (320x180)
 
 
 def square_commands(episode: int, length: int) -> tuple:
