@@ -209,7 +209,8 @@ def main(argv=None):
     print("raw reward statistics: " + ", ".join(f"{k} {v.tolist()}" for k, v in scores.items() if k != "reward"))
 
     with phases("update"), flop_count(count_flops) as counter:
-        stats = grpo.grpo_update(net, optimizer, params, [rollout], [advantages.to(device)], gcfg)
+        stats = grpo.grpo_update(net, optimizer, params, [rollout], [advantages.to(device)], gcfg,
+                                 data_generator=generator)  # the shipped data term (--grpo-data-coef) on the clip
     update_flops = counter.get_total_flops() if counter else None
     update_seconds = phases.rows[-1][1]
     sac_check = None

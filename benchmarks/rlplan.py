@@ -151,7 +151,7 @@ def count_update(b, cfg, mcfg):
             ros = [rollout.rollout_group(net, cond, shape, cfg, generator, window_start=start) for cond in conds]
             rolled.update(net.calls)
             net.calls = []
-            grpo.grpo_update(net, optimizer, params, ros, advantages, cfg)
+            grpo.grpo_update(net, optimizer, params, ros, advantages, cfg, data_generator=generator)  # + its data term
             store += sum(ro.states.numel() + sum(u.numel() for u in ro.uncond.values()) for ro in ros)
         updated.update(net.calls)
     n = len(starts)

@@ -230,12 +230,13 @@ def rl_flags(*flags):
     ("p25-tiny", ["--rl", "nft", "--rl-steps", "5", "--rl-groups", "2", "--rl-set",
                   "rollout_batch=2 timesteps=2 kl_coef=0.1 data_coef=1 decay_rate=0"],
      dict(rollout={2: 20.0}, frozen={1: 16.0}, trained=18.0)),
-    # GRPO's defaults: (N + 1) x K x 2 branches of B = 1; N - 1 trained steps a trajectory; the probe's 2 x 7 calls
-    ("tiny", ["--rl", "grpo"], dict(rollout={1: 72.0}, frozen={1: 14.0}, trained=28.0)),
-    # the 14B fast path (docs/benchmarks-log.md, window start 2): 35 B = 2 calls, 5 forward + backward passes, the
-    # KL reference 5 B = 2 calls, the probe 4 B = 1 calls
+    # GRPO's defaults: (N + 1) x K x 2 branches of B = 1; N - 1 trained steps a trajectory and the shipped data
+    # term's pass for the group (--grpo-data-coef 0.005); the probe's 2 x 7 calls
+    ("tiny", ["--rl", "grpo"], dict(rollout={1: 72.0}, frozen={1: 14.0}, trained=29.0)),
+    # the 14B fast path (docs/benchmarks-log.md, window start 2): 35 B = 2 calls, 5 forward + backward passes and
+    # the data term's, the KL reference 5 B = 2 calls, the probe 4 B = 1 calls
     ("tiny", ["--rl", "grpo", "--rl-steps", "10", "--rl-set", "window_size=2 window_range=2,4 same_latent=true "
-              "kl_coef=0.004 rollout_batch=cfg"], dict(rollout={2: 35.0}, frozen={1: 4.0, 2: 5.0}, trained=5.0)),
+              "kl_coef=0.004 rollout_batch=cfg"], dict(rollout={2: 35.0}, frozen={1: 4.0, 2: 5.0}, trained=6.0)),
 ])
 def test_rl_plan_counts_the_objectives_own_calls(config, flags, want):
     b = rl_flags("--config", config, *flags)

@@ -96,7 +96,7 @@ def test_grpo_first_ratio_is_exactly_one_on_the_fp8_path():
     net, params = tiny_policy()
     perturb_lora_b(params)
     lora.quantize_base(net)  # rollout and training both run the fp8 base
-    cfg = grpo.GRPOConfig(num_steps=4, kl_coef=0.004)
+    cfg = grpo.GRPOConfig(data_coef=0.0, num_steps=4, kl_coef=0.004)
     ro = rollout(net, cfg)
     opt = grpo.lora_optimizer(net, params, cfg)
     stats = grpo.grpo_update(net, opt, params, [ro], [torch.tensor([1.0, -1.0])], cfg)

@@ -1,4 +1,5 @@
-"""grpo.py: exact step log-probs, masking, advantages, the clipped loss, ratio == 1, LoRA-only gradients."""
+"""grpo.py: exact step log-probs, masking, advantages, the clipped loss, ratio == 1, LoRA-only gradients. Tests of
+GRPO's own math set data_coef=0 (plain Flow-GRPO); the shipped data term has its own test."""
 import math
 
 import pytest
@@ -154,7 +155,7 @@ def test_stored_log_prob_recomputes_bitwise_with_grad():
 
 def test_update_ratio_one_and_lora_only_gradients():
     net, params = tiny_policy()
-    cfg = grpo.GRPOConfig(num_steps=4, kl_coef=0.004)
+    cfg = grpo.GRPOConfig(data_coef=0.0, num_steps=4, kl_coef=0.004)
     ro = rollout(net, cfg)
     base = {n: p.detach().clone() for n, p in net.named_parameters() if not p.requires_grad}
     opt = grpo.lora_optimizer(net, params, cfg)
@@ -230,7 +231,7 @@ def test_one_sgd_step_moves_log_probs_along_the_advantage():
     """Sign check: after one small step, sum_k A_k (logp_new - logp_old) > 0 (catches sign errors)."""
     net, params = tiny_policy()
     perturb_lora_b(params)
-    cfg = grpo.GRPOConfig(num_steps=4, max_grad_norm=1e9)
+    cfg = grpo.GRPOConfig(data_coef=0.0, num_steps=4, max_grad_norm=1e9)
     ro = rollout(net, cfg)
     adv = torch.tensor([1.0, -1.0])
     opt = torch.optim.SGD(params, lr=1e-3)
@@ -243,14 +244,14 @@ def test_one_sgd_step_moves_log_probs_along_the_advantage():
 
 def test_zero_advantages_skip_the_update():
     net, params = tiny_policy()
-    cfg = grpo.GRPOConfig(num_steps=4)
+    cfg = grpo.GRPOConfig(data_coef=0.0, num_steps=4)
     ro = rollout(net, cfg)
     before = [p.detach().clone() for p in params]
     stats = grpo.grpo_update(net, grpo.lora_optimizer(net, params, cfg), params, [ro], [torch.zeros(2)], cfg)
     assert stats["trajectories"] == 0 and stats["opt_steps"] == 0
     assert all(torch.equal(a, b) for a, b in zip(before, params))
     # kept (same micro-step count on every FSDP rank): they run, with gradient sync on the last micro-step only
-    cfg = grpo.GRPOConfig(num_steps=4, drop_zero_advantage=False, opt_steps_per_update=2)
+    cfg = grpo.GRPOConfig(data_coef=0.0, num_steps=4, drop_zero_advantage=False, opt_steps_per_update=2)
     syncs = []
     stats = grpo.grpo_update(net, grpo.lora_optimizer(net, params, cfg), params, [ro], [torch.zeros(2)], cfg,
                              set_grad_sync=syncs.append)
@@ -445,7 +446,7 @@ def test_old_log_probs_from_the_updates_own_forward(layout):
     for recompute in (False, True):
         net, params = tiny_policy()
         perturb_lora_b(params)
-        cfg = grpo.GRPOConfig(num_steps=4, recompute_old_logp=recompute, max_grad_norm=1e9,
+        cfg = grpo.GRPOConfig(data_coef=0.0, num_steps=4, recompute_old_logp=recompute, max_grad_norm=1e9,
                               rollout_batch=layout if recompute else "none")
         ro = rollout(net, cfg)
         calls = []
@@ -468,8 +469,8 @@ def test_trajectories_sharing_a_state_train_in_one_forward():
     for the group (K - 1 forwards fewer) with the summed loss; the gradient is the per-trajectory sum's."""
     net, params = tiny_policy()
     perturb_lora_b(params)
-    cfg = grpo.GRPOConfig(num_steps=6, window_size=2, window_range=(1, 5), same_latent=True, group_size=3,
-                          kl_coef=0.01, max_grad_norm=1e9)
+    cfg = grpo.GRPOConfig(data_coef=0.0, num_steps=6, window_size=2, window_range=(1, 5), same_latent=True,
+                          group_size=3, kl_coef=0.01, max_grad_norm=1e9)
     ro = rollout_group(net, tiny_condition(), LATENT, cfg, torch.Generator().manual_seed(4), window_start=2)
     assert ro.shared_until == 2 and ro.shares(2) and not ro.shares(3)
     # the rollout: steps 0..2 once (the shared prefix and the window's first step), 3..5 and the clean pass 3 times
@@ -511,7 +512,7 @@ def _fsdp_update(rank, ws, advantages_per_rank, opt_steps):
         fully_shard(block, mesh=mesh)
     fully_shard(net, mesh=mesh)
     params = [p for p in net.parameters() if p.requires_grad]
-    cfg = grpo.GRPOConfig(num_steps=4, opt_steps_per_update=opt_steps)
+    cfg = grpo.GRPOConfig(data_coef=0.0, num_steps=4, opt_steps_per_update=opt_steps)
     ro = rollout(net, cfg, seed=rank)
     # buffers on the tensor's (group's) device
     gathered = collectives.gather_groups(torch.tensor([float(rank), 10.0 + rank]))
@@ -581,7 +582,7 @@ def test_p25_coefficients_preserve_the_noise_level_and_end_on_x0():
 @pytest.mark.parametrize("cft", [-1.0, 0.1])
 def test_p25_rollout_first_ratio_is_one_bitwise(cft):
     net, params = p25_policy()
-    cfg = grpo.GRPOConfig(num_steps=4, kl_coef=0.004)
+    cfg = grpo.GRPOConfig(data_coef=0.0, num_steps=4, kl_coef=0.004)
     ro = rollout_group(net, p25_condition(cft=cft), LATENT, cfg, torch.Generator().manual_seed(0))
     sigmas, timesteps = flow.time_grid("shift", 4)
     assert ro.sigmas == [float(s) for s in sigmas] and ro.timesteps == timesteps.tolist()
