@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 
-import build
 import bench
 import rlplan
 import collectives
