@@ -7,6 +7,7 @@ its sampler grid and conditional-frame timestep); check_init_config and checkpoi
 source is resolved or rejected here (ckpt.load and ckpt.py check call resolve_source); formats.py then reads
 the file and ckpt.py loads it. This module imports no model code: model.py imports DiTConfig from here.
 """
+import hashlib
 import os
 from dataclasses import dataclass, fields, replace
 
@@ -101,9 +102,9 @@ CONFIGS.update({
 })
 # The released action-conditioned 2B (upstream README.md and documentations/setup.md: "post-trained on Bridge",
 # 480p, 4 fps; the file name from imaginaire/constants.py get_cosmos_predict2_action_conditioned_checkpoint, its md5
-# from scripts/download_checkpoints.py at upstream commit bc864cb). Not a named init yet: upstream's downloader pins
-# no revision for this repo (REPO_ID_MAPPING lacks it; it downloads whatever the hub's head is), and every named
-# init here is pinned (tests/test_integrity.py). Load it with --init hf://<ACTION_2B_RELEASE>@<revision you checked>.
+# from scripts/download_checkpoints.py at upstream commit bc864cb). Upstream's downloader pins no revision for this
+# repo (REPO_ID_MAPPING lacks it: it downloads the hub's head and checks the md5), so the named init "action-2b" is
+# pinned by that md5 instead (NamedInit.md5): a changed file is refused, never loaded.
 ACTION_2B_RELEASE = "nvidia/Cosmos-Predict2-2B-Sample-Action-Conditioned/model-480p-4fps.pt"
 ACTION_2B_RELEASE_MD5 = "b4db0f266cc487f1242dc09a082c6dd5"
 
@@ -179,6 +180,7 @@ class NamedInit:
     config: str  # the DiT config (CONFIGS) it loads into
     grid: str = "shift"  # the sampler's sigma grid upstream samples it on: shift | karras
     conditional_frame_timestep: float = -1.0  # the conditional frames' timestep (-1: the same as the others')
+    md5: str = ""  # the content pin of a file upstream pins no revision for (its downloader checks the same md5)
 
 
 _REVISIONS = {"2B": "f50c09f5d8ab133a90cac3f4886a6471e9ba3f18", "14B": "03b03a377fede782647afac998f674d9f358e319"}
@@ -201,6 +203,7 @@ INITS = {
                                          "@2bc4ca5ba5a20b9858a7ddb856bc82d70b030fbe", "p25-14b"),
     "p25-2b-agibot": NamedInit(_P25_2B + "robot/multiview-agibot/f740321e-2cd6-4370-bbfe-545f4eca2065_ema_bf16.pt"
                                          "@fbe72c18d152053029a19db3b211cf78671ad422", "p25-2b-agibot", "shift", 0.1),
+    "action-2b": NamedInit("hf://" + ACTION_2B_RELEASE, "v2w-2b-action", md5=ACTION_2B_RELEASE_MD5),
 }
 NAMED_INITS = {name: init.url for name, init in INITS.items()}
 INIT_CONFIGS = {name: init.config for name, init in INITS.items()}
@@ -225,9 +228,12 @@ def resolve_source(init, offline=None):
     init = os.fspath(init)
     if init == "random":
         raise CheckpointError("'random' is not a checkpoint: the caller keeps init_weights() and must not call load")
-    init = NAMED_INITS.get(init, init)
+    named, init = INITS.get(init), NAMED_INITS.get(init, init)
     if init.startswith("hf://"):
-        return _hf_download(init, offline)
+        path = _hf_download(init, offline)
+        if named is not None and named.md5:
+            check_md5(path, named.md5, init)
+        return path
     if not os.path.exists(init):
         hint = "" if os.sep in init or "." in init else f" (not a named init either: {sorted(NAMED_INITS)})"
         raise CheckpointError(f"checkpoint not found: {init}{hint}; use --init random to train from scratch")
@@ -254,6 +260,18 @@ def resolve_source(init, offline=None):
         raise CheckpointError(f"{init}: unsupported checkpoint format (.pt/.pth, .safetensors, an index json, a DCP"
                               " dir)")
     return init
+
+
+def check_md5(path, want, url):
+    """The content pin of a named init without a revision: the file's md5 (~10 s for 4 GB, on every load)."""
+    digest = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    if digest.hexdigest() != want:
+        raise CheckpointError(f"{url}: {path} has md5 {digest.hexdigest()}, upstream's downloader expects {want}: the"
+                              " hub's file changed since. Check the new file's keys (`python ckpt.py check`) and pass"
+                              " it as --init hf://ORG/REPO/FILE@REVISION")
 
 
 def check_init_config(init, cfg):

@@ -446,7 +446,7 @@ def test_keys_are_normalised_by_whole_segments():
 def test_named_inits_and_offline_error():
     assert {"droid", "2b-480p-16fps", "2b-720p-16fps", "2b-480p-10fps", "2b-720p-10fps", "14b-480p-16fps",
             "14b-720p-16fps", "14b-480p-10fps", "14b-720p-10fps", "p25-2b-pre", "p25-2b-post", "p25-14b-pre",
-            "p25-14b-post", "p25-2b-agibot"} == set(ckpt.NAMED_INITS) == set(ckpt.INIT_CONFIGS)
+            "p25-14b-post", "p25-2b-agibot", "action-2b"} == set(ckpt.NAMED_INITS) == set(ckpt.INIT_CONFIGS)
     assert ckpt.NAMED_INITS["droid"].endswith("@ebc29d30a3fab504bcc779a85bca073d14ad39f9")
     # upstream's registry (cosmos_oss/checkpoints_predict2.py): repo, file and full revision of each 2.5 release
     assert ckpt.NAMED_INITS["p25-2b-post"] == ("hf://nvidia/Cosmos-Predict2.5-2B/base/post-trained/"

@@ -3,12 +3,14 @@ is here a clear error naming the file, key or flag and the fix (or a correct loa
 reading different files, CRCs and save-time checksums combined over ranks, an EMA into FSDP2 shards) run in
 tests/test_ckpt.py's 2-rank job.
 """
+import hashlib
 import json
 import re
 import os
 import shutil
 import tempfile
 import zlib
+from dataclasses import replace
 
 import pytest
 import torch
@@ -20,7 +22,7 @@ import ckpt
 import formats
 import resume
 from formats import CheckpointError
-from inits import get_config
+from inits import INITS, get_config
 from lora import add_lora
 from model import DiT
 from run_utils import in_process, script
@@ -115,15 +117,29 @@ def test_lora_run_ema_covers_the_adapters_and_check_explains_a_lora_step_dir(tmp
 
 
 def test_every_named_init_is_pinned_and_identity_tells_files_apart(tmp_path):
-    for name, url in ckpt.NAMED_INITS.items():
-        rev = url.rpartition("@")[2]
-        assert len(rev) == 40 and all(c in "0123456789abcdef" for c in rev), name
+    hexadecimal = lambda text, n: len(text) == n and all(c in "0123456789abcdef" for c in text)  # noqa: E731
+    for name, url in ckpt.NAMED_INITS.items():  # a hub revision, else (upstream pins none) the file's md5
+        assert hexadecimal(url.rpartition("@")[2], 40) or ("@" not in url and hexadecimal(INITS[name].md5, 32)), name
     a, b = str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")
     save_file({"w": torch.zeros(4)}, a)
     save_file({"w": torch.ones(4)}, b)
     assert formats.identity(a) != formats.identity(b)
     shutil.copy(a, str(tmp_path / "c.safetensors"))
     assert formats.identity(a) == formats.identity(str(tmp_path / "c.safetensors"))  # the path is not the identity
+
+
+def test_a_named_init_pinned_by_md5_refuses_a_changed_file(tmp_path, monkeypatch):
+    import inits
+    release = tmp_path / "model-480p-4fps.pt"
+    release.write_bytes(b"the released bytes")
+    monkeypatch.setattr(inits, "_hf_download", lambda url, offline: str(release))
+    monkeypatch.setitem(inits.INITS, "action-2b", replace(INITS["action-2b"], md5=hashlib.md5(b"the released bytes")
+                                                          .hexdigest()))
+    assert ckpt.resolve_source("action-2b") == str(release)
+    release.write_bytes(b"the hub's head moved on")
+    with pytest.raises(ckpt.CheckpointError, match=r"has md5 [0-9a-f]{32}, upstream's downloader expects .*the hub's file changed"):
+        ckpt.resolve_source("action-2b")
+    assert ckpt.resolve_source("hf://org/repo/model-480p-4fps.pt") == str(release)  # a URL of yours: no md5 pin
 
 
 # -----------------------------------------------------------------------------
