@@ -67,6 +67,8 @@ class GRPOConfig(RLConfig):
     # group's real clip, one more forward and backward per group and optimizer step. 0.005 keeps held-out PSNR within
     # 0.1 dB of the paired control on the tiny default while rewards rise (docs/rl.md "Regularised defaults"); 0: plain
     # Flow-GRPO
+    probe_every: int = 1  # the after-step probe (clipfrac, approx_kl: a no-grad forward per trained step of trajectory
+    # 0) on updates 0, N, 2N, ...; 0: never. A diagnostic: ~9 s of a ~256 s update at 14B (docs/grpo.md §13)
     offload_activations: bool = False  # keep the training forward's saved tensors in (pinned) host memory until
     # backward; with sac "block" these are the block inputs: ~11.9 GiB at 14B, 93x432x768, for ~5-10% time
 
@@ -81,6 +83,8 @@ class GRPOConfig(RLConfig):
             raise ValueError(f"eta={self.eta} outside [0, 1]")
         if self.data_coef < 0:
             raise ValueError(f"data_coef={self.data_coef}: need >= 0")
+        if self.probe_every < 0:
+            raise ValueError(f"probe_every={self.probe_every}: need >= 0 (0: never probe)")
         if self.rollout_batch not in ROLLOUT_BATCHES:
             raise ValueError(f"rollout_batch={self.rollout_batch!r}; valid: {', '.join(ROLLOUT_BATCHES)}")
         if self.pg_step_weight not in STEP_WEIGHTS:
@@ -278,7 +282,7 @@ def step_weights(rollout: Rollout, cfg: GRPOConfig):
 
 
 def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, generator=None, set_grad_sync=None,
-                cp_size=1, data_generator=None):
+                cp_size=1, data_generator=None, probe=True):
     """Train on a batch of rollouts: backward over every (trajectory, trained step) pair, accumulated, then step. A
     micro-step is one forward (micro_steps: the pairs sharing a state go together); "micro_steps" in the stats
     counts pairs, "forwards" micro-steps.
@@ -359,7 +363,7 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
         optimizer_step(net, optimizer, params, cfg, stats, c)
     for key in ("loss", "clipfrac_in_update", "approx_kl_in_update", "kl"):  # means over this rank's real micro-steps
         stats[key] /= max(1, stats["micro_steps"])
-    if stats["opt_steps"]:  # same on every rank: the skip decisions above are global
+    if stats["opt_steps"] and probe:  # same on every rank: the skip decisions above are global
         stats["clipfrac"], stats["approx_kl"] = probe_after_update(net, rollouts[0], cfg)
     return stats
 
@@ -439,8 +443,13 @@ def window_starts(cfg: GRPOConfig, n_groups, seed):
     return [draw_window_start(cfg, generator) for _ in range(n_groups)]
 
 
+def probes(cfg: GRPOConfig, update: int) -> bool:
+    """Whether update `update` (0-based) runs the after-step probe (cfg.probe_every)."""
+    return cfg.probe_every > 0 and update % cfg.probe_every == 0
+
+
 def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, score, decode, seed, window_seed,
-               agree=None, cp_size=1):
+               agree=None, cp_size=1, probe=True):
     """One GRPO update over this rank's groups (collective under torch.distributed: call it on every rank).
 
     conds: one Condition per group (a clip and its prompt). score(video, latent) -> {"reward": [K], name: [K], ...}
@@ -465,7 +474,7 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
     mine, reward_metrics = score_groups(x0s, score, decode, cfg, timed, agree, cp_size)
     stats = timed("update", lambda: grpo_update(net, optimizer, params, rollouts, list(mine), cfg,
                                                set_grad_sync=getattr(net, "set_requires_gradient_sync", None),
-                                               cp_size=cp_size, data_generator=generator))
+                                               cp_size=cp_size, data_generator=generator, probe=probe))
     times["optimizer"] = stats["optimizer_s"]
     times["update"] -= stats["optimizer_s"]
     dp = collectives.world_size() // cp_size
@@ -477,13 +486,13 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
                         device=device)
     collectives.sum_groups(sums, cp_size)
     n = max(1.0, float(sums[4]))
-    probed = stats["clipfrac"] is not None  # an update that stepped (the same on every rank)
+    probed, stepped = stats["clipfrac"] is not None, stats["opt_steps"] > 0  # the same on every rank
     metrics = {"loss": float(sums[0]) / n, **reward_metrics, "first_ratio": stats["first_ratio"],
                "clipfrac": float(sums[7]) / dp if probed else None,
                "approx_kl": float(sums[8]) / dp if probed else None,
                "clipfrac_in_update": float(sums[1]) / n, "approx_kl_in_update": float(sums[2]) / n,
                "kl_ref": float(sums[3]) / n if cfg.kl_coef > 0 else None,
-               "data_loss": float(sums[9]) / dp if cfg.data_coef > 0 and probed else None,
+               "data_loss": float(sums[9]) / dp if cfg.data_coef > 0 and stepped else None,
                "grad_norm": stats["grad_norm"][-1] if stats["grad_norm"] else None,
                "trajectories": int(sums[5]), "micro_steps": int(sums[4]), "padded_steps": int(sums[6]),
                "rollout_logp_gap": stats["first_max_abs_dlogp"] if stats["first_ratio"] is not None else None,

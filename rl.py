@@ -31,7 +31,8 @@ from objective import Objective, check_samples, held_out_slots, sample_seed
 # change (optimizer and memory settings); every other knob of its config must stay (train.resume_keys).
 
 MAY_CHANGE = {
-    "grpo": ("recompute_old_logp", "rollout_batch", "offload_activations", "lr", "warmup", "weight_decay", "betas", "max_grad_norm"),
+    "grpo": ("recompute_old_logp", "rollout_batch", "offload_activations", "probe_every", "lr", "warmup", "weight_decay",
+             "betas", "max_grad_norm"),
     "nft": ("rollout_batch", "lr", "warmup", "weight_decay", "betas", "max_grad_norm"),
 }
 OBJECTIVES = ("sft",) + tuple(MAY_CHANGE)
@@ -153,7 +154,7 @@ def step_of(net, vae, optimizer, params, cfg, batch, neg_text, terms, update, ra
     if cfg.objective == "grpo":
         _, metrics = grpo.train_step(net, optimizer, params, conds, shape, cfg.grpo, score, decoder(vae, terms, views),
                                      seed=seed(update, "rollout", rank), window_seed=seed(update, "window"),
-                                     agree=collectives.agree, cp_size=cfg.cp)
+                                     agree=collectives.agree, cp_size=cfg.cp, probe=grpo.probes(cfg.grpo, update))
     else:
         _, metrics = nft.train_step(net, optimizer, params, list(old.values()), conds, shape, cfg.nft, score,
                                     decoder(vae, terms, views), seed=seed(update, "rollout", rank), update=update,

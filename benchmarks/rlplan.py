@@ -150,8 +150,15 @@ def count_update(b, cfg, mcfg):
         else:
             ros = [rollout.rollout_group(net, cond, shape, cfg, generator, window_start=start) for cond in conds]
             rolled.update(net.calls)
+            share = 1.0 / cfg.probe_every if cfg.probe_every else 0.0  # of updates that run the after-step probe
+            for probe, weight in ((True, share), (False, 1.0 - share)):  # the mean update over the probe cadence
+                if not weight:
+                    continue
+                net.calls = []
+                grpo.grpo_update(net, optimizer, params, ros, advantages, cfg, data_generator=generator,  # + data term
+                                 probe=probe)
+                updated.update({call: weight * n for call, n in collections.Counter(net.calls).items()})
             net.calls = []
-            grpo.grpo_update(net, optimizer, params, ros, advantages, cfg, data_generator=generator)  # + its data term
             store += sum(ro.states.numel() + sum(u.numel() for u in ro.uncond.values()) for ro in ros)
         updated.update(net.calls)
     n = len(starts)

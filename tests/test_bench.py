@@ -232,6 +232,9 @@ def rl_flags(*flags):
     # GRPO's defaults: (N + 1) x K x 2 branches of B = 1; N - 1 trained steps a trajectory and the shipped data
     # term's pass for the group (--grpo-data-coef 0.005); the probe's 2 x 7 calls
     ("tiny", ["--rl", "grpo"], dict(rollout={1: 72.0}, frozen={1: 14.0}, trained=29.0)),
+    # --grpo-probe-every: the mean update over the cadence (half the updates probe; none)
+    ("tiny", ["--rl", "grpo", "--rl-set", "probe_every=2"], dict(rollout={1: 72.0}, frozen={1: 7.0}, trained=29.0)),
+    ("tiny", ["--rl", "grpo", "--rl-set", "probe_every=0"], dict(rollout={1: 72.0}, frozen={}, trained=29.0)),
     # the 14B fast path (docs/benchmarks-log.md, window start 2): 35 B = 2 calls, 5 forward + backward passes and
     # the data term's, the KL reference 5 B = 2 calls, the probe 4 B = 1 calls
     ("tiny", ["--rl", "grpo", "--rl-steps", "10", "--rl-set", "window_size=2 window_range=2,4 same_latent=true "

@@ -170,6 +170,29 @@ def test_update_ratio_one_and_lora_only_gradients():
     assert all(p.grad is None for p in net.parameters())  # zeroed (set to None) after the step
 
 
+def test_probe_cadence_skips_the_after_step_forwards():
+    """--grpo-probe-every N: updates 0, N, 2N, ... probe (clipfrac, approx_kl); the others run none of its forwards
+    and change nothing else (same gradient norm)."""
+    assert [grpo.probes(grpo.GRPOConfig(probe_every=3), u) for u in range(5)] == [True, False, False, True, False]
+    assert not any(grpo.probes(grpo.GRPOConfig(probe_every=0), u) for u in range(3))
+    with pytest.raises(ValueError, match="probe_every=-1"):
+        grpo.GRPOConfig(probe_every=-1)
+    cfg = grpo.GRPOConfig(data_coef=0.0, num_steps=4, max_grad_norm=1e9)
+    seen = {}
+    for probe in (True, False):
+        net, params = tiny_policy()
+        ro = rollout(net, cfg)
+        calls = []
+        net.register_forward_hook(lambda *_: calls.append(1))
+        stats = grpo.grpo_update(net, torch.optim.SGD(params, lr=0.0), params, [ro], [torch.tensor([1.0, -1.0])], cfg,
+                                 probe=probe)
+        seen[probe] = (len(calls), stats)
+    (probed, a), (plain, b) = seen[True], seen[False]
+    assert a["approx_kl"] is not None and b["approx_kl"] is None and b["clipfrac"] is None
+    assert probed - plain == 3 * 2  # the probe: one forward per trained step of trajectory 0, cond and uncond
+    assert a["grad_norm"] == b["grad_norm"] and a["opt_steps"] == b["opt_steps"] == 1
+
+
 def test_offloaded_activations_give_identical_gradients():
     net, params = tiny_policy()
     perturb_lora_b(params)

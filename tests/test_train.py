@@ -390,10 +390,13 @@ def test_p25_tiny_trains_with_the_rf_loss_samples_with_unipc_and_resumes_bitwise
     assert json.load(open(os.path.join(ref, "config.json")))["conditional_frame_timestep"] == -1.0
     grpo_out = str(tmp_path / "grpo")
     run(["--config", "p25-tiny", "--data", grid, "--out", grpo_out, "--objective", "grpo", "--lora", "4", "--steps",
-         "1", "--grpo-num-steps", "3", "--conditional-frame-timestep", "0.1", "--grpo-group-size", "2",
-         "--batch-size", "1", "--eval-steps", "2"])
-    row = metrics(grpo_out)[1]
+         "2", "--grpo-num-steps", "3", "--conditional-frame-timestep", "0.1", "--grpo-group-size", "2",
+         "--batch-size", "1", "--eval-steps", "2", "--grpo-probe-every", "2"])
+    row, unprobed = metrics(grpo_out)[1], metrics(grpo_out)[2]
     assert row["first_ratio"] == 1.0 and row["micro_steps"] == 2 * 2 and 0 < row["grad_norm"] < float("inf")
+    # --grpo-probe-every 2: the after-step probe on update 1 (index 0) only; its forwards are gone from update 2
+    assert row["approx_kl"] is not None and unprobed["approx_kl"] is None and unprobed["clipfrac"] is None
+    assert unprobed["data_loss"] > 0 and unprobed["opt_steps"] == 1
 
 
 def test_p25_loss_settings_are_refused_where_they_do_nothing():
