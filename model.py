@@ -437,11 +437,11 @@ class DiT(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.RMSNorm):
                 nn.init.ones_(module.weight)
-        # adaLN up-projections start small: residual branches start nearly closed, yet every weight gets gradient
-        for module in [*self.blocks, self.final_layer]:
-            for name, child in module.named_children():
-                if name.startswith("adaln_modulation"):
-                    nn.init.normal_(child[-1].weight, std=0.02, generator=generator)
+        # start small: adaLN up-projections (residual branches nearly closed, yet all get gradient) and the action
+        # MLPs' outputs (at full size a random action drowns the time sinusoid it is added to: docs/actions.md)
+        small = [c[-1] for m in [*self.blocks, self.final_layer] for n, c in m.named_children() if "adaln_mod" in n]
+        for layer in small + [m.fc2 for m in self.modules() if isinstance(m, ActionEmbedder)]:
+            nn.init.normal_(layer.weight, std=0.02, generator=generator)
         if self.cfg.extra_per_block_abs_pos_emb:
             for p in self.extra_pos_embedder.parameters():
                 nn.init.normal_(p, std=0.02, generator=generator)

@@ -187,7 +187,8 @@ def square_corner(cell: np.ndarray) -> np.ndarray:
     """The yellow square's top-left corner (x, y) in 320x180 pixels, from its pixels in one camera cell."""
     ys, xs = np.nonzero((cell[..., 0] > 180) & (cell[..., 1] > 180) & (cell[..., 2] < 90))
     h, w = cell.shape[:2]
-    return np.array([xs.mean() * 320 / w - 11.5, ys.mean() * 180 / h - 11.5])
+    half = (lerobot.ACTION_SQUARE - 1) / 2  # from the centre of its pixels to its top-left one
+    return np.array([xs.mean() * 320 / w - half, ys.mean() * 180 / h - half])
 
 
 def test_action_clips_pack_the_commands_between_kept_frames_and_the_square_moves_by_them(square_data):
