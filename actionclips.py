@@ -9,7 +9,8 @@ with an `action` feature (the layout, the alignment and how a stride > 1 packs t
 A run's network decides whether its clips carry actions (open_clips): an action config (action_dim > 0) on a folder
 without actions is refused in one line; a config without actions on a folder with them trains on the videos alone
 and says so once (the actions are not silently dropped: the start-up line names them and the action configs).
-Contents: the datasets -> open_clips -> the actions of a sample or an evaluation (another episode's, a file's).
+Contents: the datasets -> open_clips -> the actions of a sample or an evaluation (another episode's, a file's, a
+stand-in's).
 """
 import os
 
@@ -98,6 +99,13 @@ def other_actions(actions: list) -> list:
     if len(actions) == 1:
         return [actions[0].flip(1)]
     return actions[1:] + actions[:1]
+
+
+def standin_action(mcfg, batch: int, device=None, generator=None):
+    """A random action chunk [batch, 1, action_dim] for an action network fed stand-in inputs (smoke.py, bench.py's
+    step and RL plan, sac.auto_plan on "meta": their cost depends on its shape alone); None for a net without
+    actions."""
+    return torch.randn(batch, 1, mcfg.action_dim, device=device, generator=generator) if mcfg.action_dim else None
 
 
 def episode_chunks(clips, index: int, chunks: int) -> list:

@@ -49,6 +49,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts, noop_context_fn
 
 import fp8
+from actionclips import standin_action
 from lora import LORA_TARGETS, adapted_linears, add_lora, quantize_base, target_linears
 from model import Block, Condition, DiT, condition_mask
 
@@ -486,7 +487,7 @@ def auto_plan(net, world, device, dtype, latent, text_len, lora, mem_budget_gib,
     with torch.no_grad():  # the net itself, not a loss: only the shapes matter (camera maps for agibot configs)
         text = torch.empty(B, text_len, cfg.crossattn_proj_in_channels, device="meta")
         camera = torch.empty(*grid, cfg.camera_channels, device="meta") if cfg.camera_channels else None
-        action = torch.empty(B, 1, cfg.action_dim, device="meta") if cfg.action_dim else None  # an action net's chunk
+        action = standin_action(cfg, B, "meta")  # an action net's chunk
         cond = Condition(text, condition_mask=condition_mask(x0, 1), camera=camera, action=action)
         net_meta(x0, torch.ones(B, device="meta"), cond)
     wrapped = torch.nn.ModuleDict({"blocks": torch.nn.ModuleList([block])})

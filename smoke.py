@@ -24,6 +24,7 @@ import flow
 import grpo
 import reward
 import sac
+from actionclips import standin_action
 from grpo import GRPOConfig
 from camera import fallback_cameras, split_views, views_map
 from data import TINY_CONFIGS, VIEW_ORDER
@@ -148,8 +149,7 @@ def make_condition(cfg: SmokeConfig, mcfg, latent_shape, device):
     if mcfg.camera_channels:
         w2c, intrinsics = fallback_cameras(VIEWS, latent_shape[1] // VIEWS, cfg.height, cfg.width)
         extra["camera"] = views_map(w2c, intrinsics, cfg.height, cfg.width)[None].to(device)
-    if mcfg.action_dim:  # an action net: a random chunk, flattened as the network takes it
-        extra["action"] = torch.randn(1, 1, mcfg.action_dim, generator=g, device=device)
+    extra["action"] = standin_action(mcfg, 1, device, g)  # an action net: a random chunk, flattened
     mask = flow.frame_mask(gt, VIEWS if mcfg.camera_channels else 0, cfg.cond_frames)
     return Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt, condition_mask=mask,
                      key=("smoke-episode", "smoke task"), **extra)

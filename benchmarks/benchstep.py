@@ -12,6 +12,7 @@ import torch
 
 import build
 import flow
+from actionclips import standin_action
 from camera import fallback_cameras, views_map
 from edm import denoise
 from model import Condition
@@ -61,7 +62,8 @@ def make_batch(b, cfg, device, dtype):
     if cfg.camera_channels:
         w2c, intrinsics = fallback_cameras(b.views, shape[2] // b.views, b.height, b.width)
         camera = views_map(w2c, intrinsics, b.height, b.width)[None].to(device, dtype)
-    cond = Condition(crossattn_emb=text, gt_frames=x0, condition_mask=mask, camera=camera)
+    cond = Condition(crossattn_emb=text, gt_frames=x0, condition_mask=mask, camera=camera,
+                     action=standin_action(cfg, shape[0], device, g))
     batch = dict(x0=x0, eps=eps, sigma=sigma, cond=cond, offload=b.offload)
     return batch
 

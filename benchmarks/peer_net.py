@@ -132,6 +132,9 @@ def transformer_kwargs(cfg):
             cfg.crossattn_emb_channels:
         raise ValueError("--vs diffusers: this DiTConfig (no adaLN-LoRA, learnable positions or a text projection) "
                          "has no CosmosTransformer3DModel counterpart here; use v2w-*, t2i-* or tiny")
+    if cfg.action_dim:  # its blocks are v2w-2b's, but the action MLPs have no diffusers counterpart to compare
+        raise ValueError(f"--vs diffusers: action_dim {cfg.action_dim}: CosmosTransformer3DModel takes no actions; "
+                         "compare the network without them (v2w-2b, tiny)")
     pt, p = cfg.patch_temporal, cfg.patch_spatial
     return dict(in_channels=cfg.in_channels + int(cfg.video2world) + int(cfg.concat_padding_mask),
                 out_channels=cfg.out_channels, num_attention_heads=cfg.num_heads, attention_head_dim=cfg.head_dim,

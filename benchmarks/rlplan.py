@@ -27,6 +27,7 @@ import grpo
 import nft
 import rollout
 import sac
+from actionclips import standin_action
 from benchstep import latent_shape, make_batch, timer, train_step
 from edm import denoise
 from inits import get_config
@@ -119,8 +120,8 @@ def standin_conditions(b, mcfg, groups):
     gt = torch.zeros(1, 16, latent_shape(b)[2], 2, 2)
     emb = torch.zeros(1, 1, mcfg.crossattn_proj_in_channels)
     mask = flow.frame_mask(gt, b.views, b.cond_frames)
-    return [Condition(crossattn_emb=emb, neg_crossattn_emb=emb, gt_frames=gt, condition_mask=mask, key=(0, g))
-            for g in range(groups)]
+    return [Condition(crossattn_emb=emb, neg_crossattn_emb=emb, gt_frames=gt, condition_mask=mask, key=(0, g),
+                      action=standin_action(mcfg, 1)) for g in range(groups)]
 
 
 def count_update(b, cfg, mcfg):

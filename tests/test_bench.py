@@ -10,6 +10,7 @@ import torch
 import bench
 import rlplan
 import collectives
+import peer_net
 import sac
 from dist_utils import run_dist
 from inits import get_config
@@ -307,3 +308,16 @@ def test_rl_plan_runs_the_fp8_base_on_one_rank_only(monkeypatch):
     assert res["status"] == "ok" and res["rl_fp8_base"] and len(calls) > 0
     with pytest.raises(ValueError, match="--fp8 --lora with --world"):
         bench.main(SMALL + ["--world", "2", "--lora", "4", "--fp8", "--rl", "nft"])
+
+
+def test_an_action_net_gets_a_stand_in_chunk_in_the_step_and_the_rl_plan(capsys):
+    """bench.py feeds an action config (tiny-action) a random chunk of its shape, as smoke.py and sac.auto_plan do: a
+    step and an NFT update's plan run (without one the net refuses: "pass Condition.action"); --vs diffusers, whose
+    network takes no actions, refuses it in one line."""
+    action = ["--config", "tiny-action", "--sac", "block"]
+    bench.main(SMALL + action)
+    bench.main(SMALL + action + ["--world", "1", "--lora", "4", "--rl", "nft", "--rl-k", "2"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines() if line.startswith("{")]
+    assert [r["config"] for r in rows] == ["tiny-action"] * 2 and rows[0]["status"] == "ok" and rows[1]["plan"]
+    with pytest.raises(ValueError, match="action_dim 64: CosmosTransformer3DModel takes no actions"):
+        peer_net.transformer_kwargs(get_config("tiny-action"))
