@@ -72,9 +72,9 @@ def rollout(net, vae, first, conds: list, frames, num_steps, guidance, seed, gri
         raise ValueError("a rollout of chained chunks takes a grid net; a camera net's views are not chained yet")
     chunks, frame = [], first.to(dtype)
     for k, cond in enumerate(conds):
-        given = torch.cat([frame, torch.full_like(frame, -1).expand(-1, -1, frames - 1, -1, -1)], dim=2)
-        chunks.append(decode(vae, generate_latent(net, vae, given, cond, num_steps, guidance, seed + k, grid), dtype,
-                             0).float())
+        # from_first_frame reads frame 0 and the length of what it is given: the chunk's frame 0 and T
+        chunks.append(from_first_frame(net, vae, frame.expand(-1, -1, frames, -1, -1), cond, num_steps, guidance,
+                                       seed + k, grid, dtype)[0])
         frame = chunks[-1][:, :, -1:].to(dtype)  # what the model made, not the truth: drift compounds, as in use
     return chunks
 
