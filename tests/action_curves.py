@@ -1,0 +1,149 @@
+"""Which tiny-action setting learns to follow its actions? Variants of the tiny preset through the real entry points.
+
+    python tests/action_curves.py --variants base,abspos --steps 3000 --jobs 2 --out runs/act
+    python tests/action_curves.py --variants abspos --set abspos:num_blocks=4 --out S   # one variant changed
+
+Every variant is one `train.py --config tiny-action` run in its own folder OUT/<variant> (so its synthetic data is
+its own: data/tiny_action_grid under it), then `evaluate.py --guidance 0 --draws 2` of each saved step: held-out
+PSNR and action_gap_db (docs/actions.md). A variant changes the network (DiTConfig fields), the synthetic episodes
+(the command set, how long a command holds, the square's size, how many episodes) or train.py flags; the worker
+process applies the change before train.py / evaluate.py import it, in that process only. One JSON line at the end.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LONG = (112, 100, 120, 104, 116, 100, 108, 124, 104, 100)
+# name -> {"net": DiTConfig fields, "data": square_commands' knobs / square / episodes, "flags": train.py flags}
+VARIANTS = {
+    "base": {},
+    "abspos": {"net": {"extra_per_block_abs_pos_emb": True}},
+    "many": {"data": {"episodes": 40}, "flags": ["--holdout", "4"]},
+    "slow": {"data": {"dx": [-2, -1, 0, 1, 2], "dy": [-1, 0, 1]}},
+    "steady": {"data": {"hold": [40, 60]}},
+    "abspos_many": {"net": {"extra_per_block_abs_pos_emb": True}, "data": {"episodes": 40}, "flags": ["--holdout", "4"]},
+    "abspos_slow": {"net": {"extra_per_block_abs_pos_emb": True}, "data": {"dx": [-2, -1, 0, 1, 2], "dy": [-1, 0, 1]}},
+    "abspos_steady": {"net": {"extra_per_block_abs_pos_emb": True}, "data": {"hold": [40, 60]}},
+    "wide_abspos": {"net": {"extra_per_block_abs_pos_emb": True, "model_channels": 128, "num_heads": 4}},
+    "abspos_steady_many": {"net": {"extra_per_block_abs_pos_emb": True}, "data": {"hold": [40, 60], "episodes": 40},
+                           "flags": ["--holdout", "4"]},
+    "steady_many": {"data": {"hold": [40, 60], "episodes": 40}, "flags": ["--holdout", "4"]},
+    "abspos_lr1e-3": {"net": {"extra_per_block_abs_pos_emb": True}, "flags": ["--lr", "1e-3"]},
+    "abspos_steady_slow": {"net": {"extra_per_block_abs_pos_emb": True}, "data": {"hold": [40, 60], "dx": [-2, -1, 0, 1, 2],
+                                                                                  "dy": [-1, 0, 1]}},
+    "wide_abspos_steady": {"net": {"extra_per_block_abs_pos_emb": True, "model_channels": 128, "num_heads": 4},
+                           "data": {"hold": [40, 60]}},
+    "abspos_blocks4": {"net": {"extra_per_block_abs_pos_emb": True, "num_blocks": 4}},
+    "steady_many_s1": {"data": {"hold": [40, 60], "episodes": 40}, "flags": ["--holdout", "4", "--seed", "1"]},
+    "steady_many_s2": {"data": {"hold": [40, 60], "episodes": 40}, "flags": ["--holdout", "4", "--seed", "2"]},
+    "steady_many_h8": {"data": {"hold": [40, 60], "episodes": 40}, "flags": ["--holdout", "8"]},
+    "steady_many80": {"data": {"hold": [40, 60], "episodes": 80}, "flags": ["--holdout", "4"]},
+    "steady_many80_h8": {"data": {"hold": [40, 60], "episodes": 80}, "flags": ["--holdout", "8"]},
+    "steady_many160": {"data": {"hold": [40, 60], "episodes": 160}, "flags": ["--holdout", "8"]},
+    "semi_many": {"data": {"hold": [20, 40], "episodes": 40}, "flags": ["--holdout", "4"]},
+    "semi_many80": {"data": {"hold": [20, 40], "episodes": 80}, "flags": ["--holdout", "8"]},
+    "steady_many_lr3e-3": {"data": {"hold": [40, 60], "episodes": 40}, "flags": ["--holdout", "4", "--lr", "3e-3"]},
+    "steady_many_lr1e-3": {"data": {"hold": [40, 60], "episodes": 40}, "flags": ["--holdout", "4", "--lr", "1e-3"]},
+    "abspos_steady_many80": {"net": {"extra_per_block_abs_pos_emb": True}, "data": {"hold": [40, 60], "episodes": 80},
+                             "flags": ["--holdout", "8"]},
+    "steady_many_sq64": {"data": {"hold": [40, 60], "episodes": 40, "square": 64}, "flags": ["--holdout", "4"]},
+    "still_many": {"data": {"hold": [60, 100], "episodes": 40}, "flags": ["--holdout", "4"]},
+}
+
+
+def patch(variant: dict):
+    """Apply a variant's network and data changes to this process's modules (before train/evaluate read them)."""
+    import numpy as np
+    import actionclips
+    import inits
+    import lerobot
+    inits.CONFIGS["tiny-action"] = replace(inits.CONFIGS["tiny-action"], **variant.get("net", {}))
+    knobs = variant.get("data", {})
+    if "square" in knobs:
+        lerobot.ACTION_SQUARE = knobs["square"]
+        lerobot.SQUARE_RANGE = ((0, 320 - knobs["square"]), (0, 180 - knobs["square"]))
+    if "episodes" in knobs:
+        actionclips.TINY_ACTION_LENGTHS = tuple(LONG[i % len(LONG)] for i in range(knobs["episodes"])) + (8,)
+    dxs, dys, (h_lo, h_hi) = knobs.get("dx", [-8, -4, 0, 4, 8]), knobs.get("dy", [-4, 0, 4]), knobs.get("hold", [3, 9])
+
+    def square_commands(episode, length):  # lerobot.square_commands with the variant's command set and hold
+        rng = np.random.default_rng([36, episode])
+        (x_lo, x_hi), (y_lo, y_hi) = lerobot.SQUARE_RANGE
+        pos, act = np.zeros((length, 2)), np.zeros((length, 2))
+        pos[0], command, hold = (rng.integers(x_lo, x_hi + 1), rng.integers(y_lo, y_hi + 1)), (0, 0), 0
+        for i in range(length):
+            if hold == 0:
+                command, hold = (rng.choice(dxs), rng.choice(dys)), int(rng.integers(h_lo, h_hi + 1))
+            hold -= 1
+            target = np.clip(pos[i] + command, (x_lo, y_lo), (x_hi, y_hi))
+            act[i] = target - pos[i]
+            if i + 1 < length:
+                pos[i + 1] = target
+        return pos.astype(np.float32), act.astype(np.float32)
+    if knobs.keys() & {"dx", "dy", "hold"}:
+        lerobot.square_commands = square_commands
+
+
+def worker(name: str, spec: str, entry: str, argv: list):
+    sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+    patch(json.loads(spec))
+    import evaluate
+    import train
+    print(f"variant {name}: {spec}", flush=True)
+    (train if entry == "train" else evaluate).main(argv)
+
+
+def run_variant(name, variant, args):
+    out = os.path.join(args.out, name)
+    os.makedirs(out, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    call = lambda entry, argv, log: subprocess.run(  # noqa: E731
+        [sys.executable, os.path.abspath(__file__), "--worker", name, json.dumps(variant), entry, *argv], cwd=out,
+        env=env, stdout=open(os.path.join(out, log), "w"), stderr=subprocess.STDOUT).returncode
+    rc = call("train", ["--config", "tiny-action", "--out", "run", "--steps", str(args.steps), "--save-every",
+                        str(args.save_every), "--sample-every", "0", "--device", "cpu", *variant.get("flags", [])],
+              "train.log")
+    rows = {}
+    for step in sorted(d for d in os.listdir(os.path.join(out, "run")) if d.startswith("step_")) if rc == 0 else []:
+        log = f"eval_{step}.log"
+        call("evaluate", [os.path.join("run", step), "--guidance", "0", "--draws", "2", "--clips", "4"], log)
+        lines = [ln for ln in open(os.path.join(out, log)) if ln.startswith("{")]
+        if lines:
+            metrics = json.loads(lines[-1])["runs"][0]["metrics"]
+            rows[step] = {k: round(metrics[k], 3) for k in ("psnr", "psnr_other_actions", "action_gap_db")}
+        print(name, step, rows.get(step, "evaluate failed: " + log), flush=True)
+    return name, {"train_rc": rc, **rows}
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        return worker(*sys.argv[2:5], sys.argv[5:])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variants", default="base,abspos")
+    p.add_argument("--set", default="", help="VARIANT:field=value,... (a JSON value) added to a variant's net")
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--save-every", type=int, default=1000)
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    for item in filter(None, args.set.split(";")):
+        name, pairs = item.split(":", 1)
+        for pair in pairs.split(","):
+            key, value = pair.split("=")
+            VARIANTS[name].setdefault("net", {})[key] = json.loads(value)
+    names = args.variants.split(",")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; known: {sorted(VARIANTS)}")
+    with ThreadPoolExecutor(args.jobs) as pool:
+        results = dict(pool.map(lambda n: run_variant(n, VARIANTS[n], args), names))
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
