@@ -447,23 +447,27 @@ def synthetic_w2c(camera: int, frame_index: np.ndarray) -> np.ndarray:
 # episode's commands: the action_gap_db a perfect model would score): with the bit bands and the 24-pixel square, 0.36
 # dB (the codec blurs the clock's 10 changing bits, which dominate the error); a plain frame, 2.1 dB at 24 pixels, 4.5
 # dB at 48. The bit bands also name the episode and frame, so a net could recall a training clip's motion from its
-# first frame alone instead of reading the actions.
-ACTION_SQUARE = 48  # pixels of 320x180: about 8x9 pixels of a 32x56 camera cell, one codec cell
+# first frame alone instead of reading the actions. 64 pixels and commands held for 40-60 frames (a 33-frame clip sees
+# one or two) are what a tiny net learns to follow on a CPU (docs/actions.md "Measured": with 48 pixels and commands
+# changing every 3-9 frames it never did).
+ACTION_SQUARE = 64  # pixels of 320x180: about 11x11 pixels of a 32x56 camera cell, about one codec cell
 SQUARE_RANGE = ((0, 320 - ACTION_SQUARE), (0, 180 - ACTION_SQUARE))  # the square's top-left corner (x, y) stays inside
+COMMAND_HOLD = (40, 61)  # frames a command holds: [low, high)
 
 
 def square_commands(episode: int, length: int) -> tuple:
-    """motion="actions": (position [length, 2], action [length, 2]) float32 in 320x180 pixels. Commands hold for 3-9
-    frames, each (dx, dy) from {-8, -4, 0, 4, 8} x {-4, 0, 4}, cut where the square would leave SQUARE_RANGE, so
-    that position[i+1] = position[i] + action[i] holds exactly: the motion IS the action (the last one leads nowhere).
-    Seeded by the episode alone."""
+    """motion="actions": (position [length, 2], action [length, 2]) float32 in 320x180 pixels. Commands hold for 40-60
+    frames (COMMAND_HOLD), each (dx, dy) from {-8, -4, 0, 4, 8} x {-4, 0, 4}, cut where the square would leave
+    SQUARE_RANGE, so that position[i+1] = position[i] + action[i] holds exactly: the motion IS the action (the last one
+    leads nowhere). Seeded by the episode alone."""
     rng = np.random.default_rng([36, episode])
     (x_lo, x_hi), (y_lo, y_hi) = SQUARE_RANGE
     pos, act = np.zeros((length, 2)), np.zeros((length, 2))
     pos[0], command, hold = (rng.integers(x_lo, x_hi + 1), rng.integers(y_lo, y_hi + 1)), (0, 0), 0
     for i in range(length):
         if hold == 0:
-            command, hold = (rng.choice([-8, -4, 0, 4, 8]), rng.choice([-4, 0, 4])), int(rng.integers(3, 10))
+            command = rng.choice([-8, -4, 0, 4, 8]), rng.choice([-4, 0, 4])
+            hold = int(rng.integers(*COMMAND_HOLD))
         hold -= 1
         target = np.clip(pos[i] + command, (x_lo, y_lo), (x_hi, y_hi))
         act[i] = target - pos[i]

@@ -70,7 +70,8 @@ class SampleConfig:
     width: int = 0  # pixels, a multiple of 16 (default: the run's, or 112 for tiny, 768)
     steps: int = 35  # sampler steps (Predict2.5 Karras grid: steps + 1 network evaluations)
     guidance: float = 7.0  # CFG, upstream convention x0_c + g (x0_c - x0_u) (Predict2.5: v_c + g (v_c - v_u));
-    # default for a GRPO/NFT run: its rollouts' (--grpo-guidance / --nft-guidance: NFT's policy is CFG-free)
+    # default for a GRPO/NFT run: its rollouts' (--grpo-guidance / --nft-guidance: NFT's policy is CFG-free); for an
+    # action net 0, as upstream samples it
     grid: str = ""  # Predict2.5 only: shift | karras (default: upstream's for --ckpt: karras for p25-2b-post,
     # else shift; Predict2: karras, its only grid)
     conditional_frame_timestep: float = -1.0  # Predict2.5 only: -1 = the noisy frames' time, 0.1 -> t = 1e-4 (default:
@@ -134,6 +135,8 @@ def parse_config(argv):
     cfg.config = cfg.config or "tiny"
     tiny = cfg.config in TINY_CONFIGS
     mcfg = get_config(cfg.config)
+    if mcfg.action_dim and "guidance" not in given and "guidance" not in run:
+        cfg.guidance = 0.0  # an action net samples without CFG, as upstream's does (train.py's preset too)
     cfg.ema = cfg.ema if "ema" in given else None  # None: the only copy a file holds (both: an error)
     cfg.data = cfg.data or tiny_data(cfg.config)
     cfg.vae = cfg.vae or ("tiny" if tiny else "real")

@@ -8,9 +8,9 @@
     python train.py --config p25-tiny --out runs/p25-tiny      # the Predict2.5 tiny default
 
 Flags not given take the preset of --config: tiny, p25-tiny (data/tiny_grid, 9x64x112, 1000 steps at lr 2e-3,
-warm-up 20, the tiny codec, 2 held-out videos; an RL objective: TINY_RL) or every other config (93x432x768, 20k
-steps at lr 2^-14.5, warm-up 1000, the real VAE). The RL objectives have their own optimizer flags (--grpo-lr, ...;
---nft-lr, ...): the SFT ones are refused with them.
+warm-up 20, the tiny codec, 2 held-out videos; an RL objective: TINY_RL; tiny-action: TINY_ACTION) or every other
+config (93x432x768, 20k steps at lr 2^-14.5, warm-up 1000, the real VAE); an action config samples at guidance 0.
+The RL objectives have their own optimizer flags (--grpo-lr, ...; --nft-lr, ...): the SFT ones are refused with them.
 One script, top to bottom: config -> setup -> data -> run directory -> model -> optimizer -> resume -> loop.
 """
 import dataclasses
@@ -47,7 +47,7 @@ from camera import stack_views, views_map
 from data import TINY_CONFIGS, standin_text, tiny_data
 from generate import write_sample
 from grpo import GRPOConfig
-from inits import get_config
+from inits import CONFIGS, get_config
 from model import Condition, matmul_peak, model_flops, num_params
 from nft import NFTConfig
 from objective import Objective, held_out_slots
@@ -102,7 +102,8 @@ class TrainConfig:
     keep: int = 3  # complete checkpoints kept (>= 2)
     sample_every: int = 0  # write a sample mp4 every N steps (0 = never; the tiny default: every 500)
     sample_steps: int = 35  # sampler steps of those samples
-    guidance: float = 7.0  # CFG of the sample videos, upstream convention x0_c + g (x0_c - x0_u) (rollouts: --grpo-guidance)
+    guidance: float = 7.0  # CFG of the sample videos, upstream convention x0_c + g (x0_c - x0_u) (rollouts:
+    # --grpo-guidance); an action net's preset: 0, as upstream samples it
     seed: int = 0  # every random draw depends on (seed, step, sample, purpose) only
     device: str = ""  # cuda | cpu (default: cuda when available)
     workers: int = 2  # DataLoader worker processes per rank
@@ -122,6 +123,8 @@ class TrainConfig:
 
 TINY = dict(data="data/tiny_grid", vae="tiny", frames=9, height=64, width=112, steps=1000, lr=2e-3, warmup=20,
             save_every=500, sample_every=500, text_len=16, workers=0, cache_latents=True, holdout=2)
+# tiny-action learns to follow its commands: 36 episodes for 6000 steps at 3e-3, 4 held out (docs/actions.md "Measured")
+TINY_ACTION = dict(steps=6000, lr=3e-3, holdout=4)
 # RL on a tiny config (from the tiny SFT checkpoint, docs/grpo.md "The tiny default"): 8 samples a group, 4 groups an
 # update, a held-out evaluation every 5 updates
 TINY_RL = dict(steps=30, save_every=15, sample_every=15, eval_every=5, eval_steps=20, batch_size=4,
@@ -134,6 +137,10 @@ def parse_config(argv):
     given = cli.parse_flags(TrainConfig, argv, description=__doc__)  # argparse rejects unknown flags
     name = given.get("config", TrainConfig.config)
     preset = dict(TINY, data=tiny_data(name)) if name in TINY_CONFIGS else REAL
+    if name == "tiny-action":
+        preset.update(TINY_ACTION)
+    if name in CONFIGS and CONFIGS[name].action_dim:  # upstream samples its action net without CFG: the actions stay
+        preset["guidance"] = 0.0  # in the uncond branch, so the prompt is all guidance would push (docs/actions.md)
     objective = given.get("objective", TrainConfig.objective)
     if name in TINY_CONFIGS and objective != "sft":  # the chosen objective's knobs only: config.json records no
         preset.update({k: v for k, v in TINY_RL.items() if k not in rl.MAY_CHANGE or k == objective})  # unused ones

@@ -54,6 +54,16 @@ VARIANTS = {
     "steady_many_sq64": {"data": {"hold": [40, 60], "episodes": 40, "square": 64}, "flags": ["--holdout", "4"]},
     "still_many": {"data": {"hold": [60, 100], "episodes": 40}, "flags": ["--holdout", "4"]},
 }
+COMBO = {"hold": [40, 60], "episodes": 40, "square": 64}
+for seed in range(3):
+    VARIANTS[f"combo_s{seed}"] = {"data": COMBO, "flags": ["--holdout", "4", "--lr", "3e-3", "--seed", str(seed)]}
+    VARIANTS[f"noaction_combo_s{seed}"] = {"config": "tiny", "data": COMBO,
+                                           "flags": ["--holdout", "4", "--lr", "3e-3", "--seed", str(seed)]}
+    VARIANTS[f"steady_many_sq64_s{seed}"] = {"data": COMBO, "flags": ["--holdout", "4", "--seed", str(seed)]}
+    VARIANTS[f"steady_many_lr3e-3_s{seed}"] = {"data": {"hold": [40, 60], "episodes": 40},
+                                               "flags": ["--holdout", "4", "--lr", "3e-3", "--seed", str(seed)]}
+VARIANTS["combo_h8"] = {"data": COMBO, "flags": ["--holdout", "8", "--lr", "3e-3"]}
+VARIANTS["combo80"] = {"data": dict(COMBO, episodes=80), "flags": ["--holdout", "4", "--lr", "3e-3"]}
 
 
 def patch(variant: dict):
@@ -95,6 +105,10 @@ def worker(name: str, spec: str, entry: str, argv: list):
     import evaluate
     import train
     print(f"variant {name}: {spec}", flush=True)
+    variant = json.loads(spec)
+    if entry == "train" and variant.get("config", "tiny-action") != "tiny-action":  # the same episodes, no actions
+        train.make_tiny_dataset(train.tiny_data("tiny-action"), actions=True)
+        argv += ["--data", train.tiny_data("tiny-action")]
     (train if entry == "train" else evaluate).main(argv)
 
 
@@ -105,7 +119,7 @@ def run_variant(name, variant, args):
     call = lambda entry, argv, log: subprocess.run(  # noqa: E731
         [sys.executable, os.path.abspath(__file__), "--worker", name, json.dumps(variant), entry, *argv], cwd=out,
         env=env, stdout=open(os.path.join(out, log), "w"), stderr=subprocess.STDOUT).returncode
-    rc = call("train", ["--config", "tiny-action", "--out", "run", "--steps", str(args.steps), "--save-every",
+    rc = call("train", ["--config", variant.get("config", "tiny-action"), "--out", "run", "--steps", str(args.steps), "--save-every",
                         str(args.save_every), "--sample-every", "0", "--device", "cpu", *variant.get("flags", [])],
               "train.log")
     rows = {}
@@ -115,7 +129,8 @@ def run_variant(name, variant, args):
         lines = [ln for ln in open(os.path.join(out, log)) if ln.startswith("{")]
         if lines:
             metrics = json.loads(lines[-1])["runs"][0]["metrics"]
-            rows[step] = {k: round(metrics[k], 3) for k in ("psnr", "psnr_other_actions", "action_gap_db")}
+            rows[step] = {k: round(metrics[k], 3) for k in ("psnr", "psnr_other_actions", "action_gap_db")
+                          if k in metrics}
         print(name, step, rows.get(step, "evaluate failed: " + log), flush=True)
     return name, {"train_rc": rc, **rows}
 

@@ -10,7 +10,6 @@ import torch
 from safetensors.torch import load_file
 
 import check_reference
-import ckpt
 from camera import fallback_cameras, plucker_map
 from inits import config_from_upstream, get_config, is_p25
 from lora import add_lora
