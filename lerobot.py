@@ -551,3 +551,22 @@ def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: i
         f.write(json.dumps(info, indent=4))
     os.rename(tmp, out)
     return out
+
+
+def check_synthetic(root: str, lengths, motion: str, stitched: str) -> None:
+    """A make_synthetic folder written by another generator (other episode lengths, or with motion="actions" other
+    commands or square size: episode 0's square positions differ) is a ValueError naming it and `stitched`, the
+    folder made from it, so a tiny preset never trains on what an older version of this file wrote."""
+    with open(os.path.join(root, "meta", "episodes.jsonl"), encoding="utf-8") as f:
+        got = [json.loads(line)["length"] for line in f if line.strip()]
+    same = got == list(lengths)
+    if same and motion == "actions":
+        table = pq.read_table(os.path.join(root, "data", "chunk-000", "episode_000000.parquet"),
+                              columns=["observation.state"])
+        state = np.asarray(table.column("observation.state").to_pylist(), np.float32)
+        same = np.array_equal(state, square_commands(0, lengths[0])[0])
+    if not same:
+        what = f"{len(got)} episodes, this version writes {len(lengths)}" if len(got) != len(lengths) else \
+            "other square commands than this version's"
+        raise ValueError(f"{root}: written by another version of the synthetic generator ({what}): delete {root} and "
+                         f"{stitched} (and any other folder stitched from it), then rerun: they are rebuilt")

@@ -267,10 +267,16 @@ def make_tiny_dataset(root, views=False, actions=False):
     Path A and B runs compare them (evaluate.py). Under a lock: a second tiny default waits, then only re-reads."""
     raw = os.path.join(os.path.dirname(root) or ".", "tiny_action_lerobot" if actions else "tiny_lerobot")
     os.makedirs(os.path.dirname(os.path.abspath(raw)), exist_ok=True)
+    # tiny: 6 usable episodes (it holds out 2: 4 train, over 1, 2 or 4 ranks), 1 too short
+    lengths, motion = ((actionclips.TINY_ACTION_LENGTHS, "actions") if actions else
+                       ((48, 40, 8, 56, 44, 52, 60), "fixed"))
     with rundir.claim(raw + ".lock", "", wait=True):
-        if not os.path.exists(raw):  # 6 usable episodes (tiny holds out 2: 4 train, over 1, 2 or 4 ranks), 1 too short
-            stitch.make_synthetic(raw, lengths=actionclips.TINY_ACTION_LENGTHS if actions else
-                                  (48, 40, 8, 56, 44, 52, 60), cameras=True, motion="actions" if actions else "fixed")
+        if not os.path.exists(raw):
+            if os.path.exists(root):  # stitched from a source that is gone: its videos would be kept as "done"
+                raise ValueError(f"{root} exists but {raw}, its source, does not: delete {root}, then rerun (both are "
+                                 "rebuilt)")
+            stitch.make_synthetic(raw, lengths=lengths, cameras=True, motion=motion)
+        lerobot.check_synthetic(raw, lengths, motion, stitched=root)
         stitch.stitch(raw, root, stride=4, frames=TINY["frames"], size=f"{TINY['height']}x{TINY['width']}", workers=1,
                       layout="views" if views else "grid")
 

@@ -18,6 +18,7 @@ import check_reference
 import ckpt
 import lerobot
 import stitch
+import train
 from actionclips import ActionClips, ViewActionClips
 from inits import config_from_upstream, get_config
 from model import Condition, DiT, num_params
@@ -300,3 +301,20 @@ def test_bad_actions_are_named_skips_statistics_fall_back_and_a_rerun_redoes_a_l
     with pytest.raises(ValueError, match="stats.json: no usable statistics of 'action'"):
         stitch.stitch(str(tmp_path / "bad_stats"), str(tmp_path / "o2"), size="48x80", frames=5, stride=2)
     assert not os.path.exists(tmp_path / "o2")  # refused before any work
+
+
+def test_a_tiny_source_from_another_generator_version_is_refused_not_reused(tmp_path, monkeypatch):
+    """train.make_tiny_dataset never trains on a stale folder: other episode lengths, other square commands (an older
+    COMMAND_HOLD or square size), or a stitched folder whose source is gone are each one line naming the folders."""
+    src = lerobot.make_synthetic(str(tmp_path / "src"), lengths=(12, 10, 8), motion="actions")
+    lerobot.check_synthetic(src, (12, 10, 8), "actions", stitched="grid")  # this version's: accepted
+    with pytest.raises(ValueError, match=r"3 episodes, this version writes 2\): delete .*src and grid"):
+        lerobot.check_synthetic(src, (12, 10), "actions", stitched="grid")
+    monkeypatch.setattr(lerobot, "COMMAND_HOLD", (3, 10))  # the commands before issue 36's preset
+    with pytest.raises(ValueError, match="other square commands than this version's") as e:
+        lerobot.check_synthetic(src, (12, 10, 8), "actions", stitched="grid")
+    assert "\n" not in str(e.value)
+    root = tmp_path / "data" / "tiny_action_grid"
+    root.mkdir(parents=True)
+    with pytest.raises(ValueError, match="tiny_action_grid exists but .*tiny_action_lerobot, its source, does not"):
+        train.make_tiny_dataset(str(root), actions=True)
