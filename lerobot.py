@@ -453,11 +453,12 @@ def synthetic_w2c(camera: int, frame_index: np.ndarray) -> np.ndarray:
 ACTION_SQUARE = 64  # pixels of 320x180: about 11x11 pixels of a 32x56 camera cell, about one codec cell
 SQUARE_RANGE = ((0, 320 - ACTION_SQUARE), (0, 180 - ACTION_SQUARE))  # the square's top-left corner (x, y) stays inside
 COMMAND_HOLD = (40, 61)  # frames a command holds: [low, high)
+COMMAND_DX, COMMAND_DY = (-8, -4, 0, 4, 8), (-4, 0, 4)  # a command's (dx, dy) in 320x180 pixels a frame
 
 
 def square_commands(episode: int, length: int) -> tuple:
     """motion="actions": (position [length, 2], action [length, 2]) float32 in 320x180 pixels. Commands hold for 40-60
-    frames (COMMAND_HOLD), each (dx, dy) from {-8, -4, 0, 4, 8} x {-4, 0, 4}, cut where the square would leave
+    frames (COMMAND_HOLD), each (dx, dy) from COMMAND_DX x COMMAND_DY, cut where the square would leave
     SQUARE_RANGE, so that position[i+1] = position[i] + action[i] holds exactly: the motion IS the action (the last one
     leads nowhere). Seeded by the episode alone."""
     rng = np.random.default_rng([36, episode])
@@ -466,7 +467,7 @@ def square_commands(episode: int, length: int) -> tuple:
     pos[0], command, hold = (rng.integers(x_lo, x_hi + 1), rng.integers(y_lo, y_hi + 1)), (0, 0), 0
     for i in range(length):
         if hold == 0:
-            command = rng.choice([-8, -4, 0, 4, 8]), rng.choice([-4, 0, 4])
+            command = rng.choice(COMMAND_DX), rng.choice(COMMAND_DY)
             hold = int(rng.integers(*COMMAND_HOLD))
         hold -= 1
         target = np.clip(pos[i] + command, (x_lo, y_lo), (x_hi, y_hi))

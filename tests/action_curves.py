@@ -8,6 +8,9 @@ its own: data/tiny_action_grid under it), then `evaluate.py --guidance 0 --draws
 PSNR and action_gap_db (docs/actions.md). A variant changes the network (DiTConfig fields), the synthetic episodes
 (the command set, how long a command holds, the square's size, how many episodes) or train.py flags; the worker
 process applies the change before train.py / evaluate.py import it, in that process only. One JSON line at the end.
+Every variant starts from the tiny-action preset as it was before issue 36's sweep (BASE: a 48-pixel square, commands
+held 3-9 frames, 10 episodes, lr 2e-3, 2 held out), so the names reproduce docs/benchmarks-log.md's table; `combo`
+is the preset shipped since.
 """
 import argparse
 import json
@@ -19,6 +22,8 @@ from dataclasses import replace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LONG = (112, 100, 120, 104, 116, 100, 108, 124, 104, 100)
+BASE_DATA = {"square": 48, "hold": [3, 9], "episodes": 10}  # inclusive hold range
+BASE_FLAGS = ["--lr", "2e-3", "--holdout", "2"]  # a variant's own flags come after, and win
 # name -> {"net": DiTConfig fields, "data": square_commands' knobs / square / episodes, "flags": train.py flags}
 VARIANTS = {
     "base": {},
@@ -68,35 +73,17 @@ VARIANTS["combo80"] = {"data": dict(COMBO, episodes=80), "flags": ["--holdout", 
 
 def patch(variant: dict):
     """Apply a variant's network and data changes to this process's modules (before train/evaluate read them)."""
-    import numpy as np
     import actionclips
     import inits
     import lerobot
     inits.CONFIGS["tiny-action"] = replace(inits.CONFIGS["tiny-action"], **variant.get("net", {}))
-    knobs = variant.get("data", {})
-    if "square" in knobs:
-        lerobot.ACTION_SQUARE = knobs["square"]
-        lerobot.SQUARE_RANGE = ((0, 320 - knobs["square"]), (0, 180 - knobs["square"]))
-    if "episodes" in knobs:
-        actionclips.TINY_ACTION_LENGTHS = tuple(LONG[i % len(LONG)] for i in range(knobs["episodes"])) + (8,)
-    dxs, dys, (h_lo, h_hi) = knobs.get("dx", [-8, -4, 0, 4, 8]), knobs.get("dy", [-4, 0, 4]), knobs.get("hold", [3, 9])
-
-    def square_commands(episode, length):  # lerobot.square_commands with the variant's command set and hold
-        rng = np.random.default_rng([36, episode])
-        (x_lo, x_hi), (y_lo, y_hi) = lerobot.SQUARE_RANGE
-        pos, act = np.zeros((length, 2)), np.zeros((length, 2))
-        pos[0], command, hold = (rng.integers(x_lo, x_hi + 1), rng.integers(y_lo, y_hi + 1)), (0, 0), 0
-        for i in range(length):
-            if hold == 0:
-                command, hold = (rng.choice(dxs), rng.choice(dys)), int(rng.integers(h_lo, h_hi + 1))
-            hold -= 1
-            target = np.clip(pos[i] + command, (x_lo, y_lo), (x_hi, y_hi))
-            act[i] = target - pos[i]
-            if i + 1 < length:
-                pos[i + 1] = target
-        return pos.astype(np.float32), act.astype(np.float32)
-    if knobs.keys() & {"dx", "dy", "hold"}:
-        lerobot.square_commands = square_commands
+    knobs = dict(BASE_DATA, **variant.get("data", {}))
+    lerobot.ACTION_SQUARE = knobs["square"]
+    lerobot.SQUARE_RANGE = ((0, 320 - knobs["square"]), (0, 180 - knobs["square"]))
+    actionclips.TINY_ACTION_LENGTHS = tuple(LONG[i % len(LONG)] for i in range(knobs["episodes"])) + (8,)
+    # the command set and hold of lerobot.square_commands (knobs: inclusive [low, high] frames)
+    lerobot.COMMAND_DX, lerobot.COMMAND_DY = knobs.get("dx", (-8, -4, 0, 4, 8)), knobs.get("dy", (-4, 0, 4))
+    lerobot.COMMAND_HOLD = (knobs["hold"][0], knobs["hold"][1] + 1)
 
 
 def worker(name: str, spec: str, entry: str, argv: list):
@@ -120,7 +107,8 @@ def run_variant(name, variant, args):
         [sys.executable, os.path.abspath(__file__), "--worker", name, json.dumps(variant), entry, *argv], cwd=out,
         env=env, stdout=open(os.path.join(out, log), "w"), stderr=subprocess.STDOUT).returncode
     rc = call("train", ["--config", variant.get("config", "tiny-action"), "--out", "run", "--steps", str(args.steps), "--save-every",
-                        str(args.save_every), "--sample-every", "0", "--device", "cpu", *variant.get("flags", [])],
+                        str(args.save_every), "--sample-every", "0", "--device", "cpu", *BASE_FLAGS,
+                        *variant.get("flags", [])],
               "train.log")
     rows = {}
     for step in sorted(d for d in os.listdir(os.path.join(out, "run")) if d.startswith("step_")) if rc == 0 else []:
