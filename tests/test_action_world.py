@@ -14,6 +14,7 @@ import sample
 import train
 from fidelity import view_metrics
 from model import uncond
+from run_utils import check, script, script_beside
 from vae import LinearCodec
 
 SHORT = ["--sample-every", "0", "--save-every", "100", "--workers", "0"]
@@ -162,20 +163,14 @@ def test_the_tiny_preset_follows_its_actions_better_than_the_same_net_trained_wi
     tiny net without actions trained the same way (steps, lr, held-out episodes, guidance 0) on the same folder;
     evaluate.py scores both on the same held-out clips and noise. The action net must beat the one without actions on
     held-out PSNR with the true actions, and score action_gap_db > 0.5 dB (the issue's target)."""
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    data = train.tiny_data("tiny-action")
+    data = os.path.abspath(train.tiny_data("tiny-action"))  # the scripts run in the repo root: absolute paths
     train.make_tiny_dataset(data, actions=True)  # once, before the two runs read it
-    plain = ["--config", "tiny", "--data", data, "--guidance", "0"] + [
-        f"--{k.replace('_', '-')}={v}" for k, v in train.TINY_ACTION.items()]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, os.path.join(root, "train.py"), *argv, "--out", out], env=env,
-                              stdout=open(f"{out}.log", "w"), stderr=subprocess.STDOUT)
-             for argv, out in ((["--config", "tiny-action"], "act"), (plain, "plain"))]
-    assert [p.wait() for p in procs] == [0, 0], open("act.log").read()[-2000:] + open("plain.log").read()[-2000:]
-    out = subprocess.run([sys.executable, os.path.join(root, "evaluate.py"), "act", "plain", "--draws", "2",
-                          "--plot", str(tmp_path / "c.png")], env=env, capture_output=True, text=True, check=True).stdout
+    preset = [f"--{k.replace('_', '-')}={v}" for k, v in train.TINY_ACTION.items()]
+    act, plain = os.path.abspath("act"), os.path.abspath("plain")
+    beside = script_beside(["--config", "tiny", "--data", data, "--guidance", "0", *preset, "--out", plain])
+    check(script(["--config", "tiny-action", "--data", data, "--out", act], timeout=1500))
+    check(beside.result(timeout=1500))
+    out = check(script([act, plain, "--draws", "2", "--plot", str(tmp_path / "c.png")], name="evaluate.py")).stdout
     act, plain = (row["metrics"] for row in json.loads(out.splitlines()[-1])["runs"])
     print(out)
     assert act["psnr"] > plain["psnr"] and act["action_gap_db"] > 0.5, (act, plain)
