@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 
 import torch
 
@@ -57,20 +58,30 @@ def script(argv, torchrun=0, name="train.py", env=None, timeout=600):
 
 def script_beside(argv, name="train.py", env=None):
     """`python name argv` started now, one thread, while this process goes on with other work (an in-process run:
-    on 2 cores each gets one); .result(timeout) waits and returns what script() would have."""
+    on 2 cores each gets one); .result(timeout) waits and returns what script() would have. Its output goes to
+    temporary files, not pipes: a long run's progress bars would fill a pipe nobody reads yet and stall it."""
     cmd = [sys.executable, os.path.join(ROOT, name), *map(str, argv)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
 
     def result(timeout=600):
         try:
-            out, err = proc.communicate(timeout=timeout)
+            proc.wait(timeout=timeout)
+            timed_out = False
         except subprocess.TimeoutExpired:
             proc.kill()
-            out, err = proc.communicate()
-            raise AssertionError(f"{name} {' '.join(map(str, argv))} timed out after {timeout}s:\n{out[-3000:]}\n"
-                                 f"{err[-3000:]}") from None
-        return subprocess.CompletedProcess(cmd[1:], proc.returncode, out, err)
+            proc.wait()
+            timed_out = True
+        text = []
+        for f in (out, err):
+            f.seek(0)
+            text.append(f.read())
+            f.close()
+        if timed_out:
+            raise AssertionError(f"{name} {' '.join(map(str, argv))} timed out after {timeout}s:\n{text[0][-3000:]}\n"
+                                 f"{text[1][-3000:]}")
+        return subprocess.CompletedProcess(cmd[1:], proc.returncode, *text)
     proc.result = result
     return proc
 
