@@ -172,15 +172,14 @@ def test_condition_survives_fsdp2_input_handling():
         assert torch.equal(net(x, t, cast), want)
 
 
-def test_compiled_build_never_falls_back_to_eager_and_compile_seconds_counts(monkeypatch):
+def test_compiled_build_never_falls_back_to_eager_and_compile_seconds_counts():
     """build.py's --compile: GRPO's block variants fit under the recompile limit, and past it dynamo raises instead
     of running eager in silence; compile_seconds (train.py's s_compile) grows on a compile and not on a cache hit."""
     import build
-    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", False)  # restored after the test
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    net = build.build(build.NetSpec(config="tiny", compile=True), torch.device("cpu"))
-    assert torch._dynamo.config.fail_on_recompile_limit_hit
-    assert torch._dynamo.config.recompile_limit >= build.RECOMPILE_LIMIT
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=False, recompile_limit=8):  # restored on exit
+        net = build.build(build.NetSpec(config="tiny", compile=True), torch.device("cpu"))
+        assert torch._dynamo.config.fail_on_recompile_limit_hit
+        assert torch._dynamo.config.recompile_limit >= build.RECOMPILE_LIMIT
     assert all(block._compiled_call_impl is not None for block in net.blocks)  # nn.Module.compile, in place
     fn = torch.compile(lambda x: torch.sin(x) * 2, backend="eager")  # no inductor: a second, not a minute, on CPU
     before = build.compile_seconds()

@@ -158,3 +158,20 @@ def test_each_model_family_has_one_home_with_the_same_names_chosen_in_one_place(
     calls = [f"{rel}:{n}" for rel, text in tracked_text_files() if rel.endswith(".py") and not rel.startswith("tests/")
              for n, line in enumerate(text.splitlines(), start=1) if "is_p25(" in line and "def is_p25" not in line]
     assert len(calls) == 1 and calls[0].startswith("build.py:"), calls
+
+
+def test_torch_settings_a_test_changes_are_put_back():
+    """conftest's autouse fixture: dynamo's config (a key set, a key deleted, which makes dynamo say it "does not
+    exist") and the process-wide torch settings return to what they were, so no test depends on the order."""
+    import torch
+    import torch._dynamo.config
+    from conftest import restore_torch_settings, torch_settings
+    saved = torch_settings()
+    limit, dtype, threads = torch._dynamo.config.recompile_limit, torch.get_default_dtype(), torch.get_num_threads()
+    torch._dynamo.config.fail_on_recompile_limit_hit = not torch._dynamo.config.fail_on_recompile_limit_hit
+    del torch._dynamo.config.recompile_limit
+    torch.set_default_dtype(torch.float64)
+    torch.set_num_threads(threads + 1)
+    restore_torch_settings(saved)
+    assert torch._dynamo.config.recompile_limit == limit and torch_settings() == saved
+    assert (torch.get_default_dtype(), torch.get_num_threads()) == (dtype, threads)
