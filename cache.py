@@ -42,13 +42,14 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
-import cli
-import data
-import rundir
-import vae as vae_lib
-from camera import stack_views
-from formats import identity
-from video import write_atomic
+from base import cli
+from base.camera import stack_views
+from base.formats import identity
+from base.video import write_atomic
+from clips import data
+from engine import rundir
+from engine.build import build_vae
+from nets import vae as vae_lib
 
 FORMAT = "nanocosmos-latent-cache-v2"  # bump when the bytes written for one key change (v2: per-window sums)
 READ_KEY = ("format", "vae", "vae_config", "vae_ckpt", "frames", "height", "width", "layout", "camera_params",
@@ -317,7 +318,7 @@ def encode_videos(cfg: CacheConfig, clips, todo: list, khash: str, device: torch
     """Encode every window of the videos clips.videos[i] for i in todo and write one file per video: returns
     ({stem: index entry}, {stem: ClipError text}, {"videos", "windows", "bytes", "seconds"} of this rank)."""
     views = len(data.VIEW_ORDER) if isinstance(clips, data.ViewClips) else 0
-    vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, device, vae_lib.DTYPES[dtype])
+    vae = build_vae(cfg.vae, cfg.vae_ckpt, device, vae_lib.DTYPES[dtype])
     items = [(i, s) for i in todo for s in window_starts(clips.videos[i].frames, cfg.frames, cfg.stride)]
     loader = DataLoader(Windows(clips, items), batch_size=None, num_workers=cfg.workers,
                         prefetch_factor=2 if cfg.workers else None, pin_memory=device.type == "cuda")

@@ -29,15 +29,25 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
-import cli
-import inits
-from collectives import agree, gather, local_rows, rank, say, world_size
-from formats import (CheckpointError, bitsum, check_sums, crc_range, crc_shift, dcp_call, identity, open_source,
-                     read_rows, tensor_crc, verify_bytes)
-from inits import CONFIGS, check_init_config, get_config, resolve_source
-from lora import add_lora
-from edm import denoise
+from base import cli, inits
+from base.collectives import agree, gather, local_rows, rank, say, world_size
+from base.formats import (
+    CheckpointError,
+    bitsum,
+    check_sums,
+    crc_range,
+    crc_shift,
+    dcp_call,
+    identity,
+    open_source,
+    read_rows,
+    tensor_crc,
+    verify_bytes,
+)
+from base.inits import CONFIGS, check_init_config, get_config, resolve_source
 from model import DiT
+from nets.edm import denoise
+from nets.lora import add_lora
 
 NAMED_INITS, INIT_CONFIGS = inits.NAMED_INITS, inits.INIT_CONFIGS  # read as ckpt.* by train.py and the tests
 
@@ -472,7 +482,7 @@ GUARD_MAX_RATIO = 0.75
 @torch.no_grad()
 def guard_loss(net, x0, cond, sigmas=GUARD_SIGMAS, seed=0):
     """(loss, zero_loss): rectified-flow velocity MSE mean((v - (eps - x0))^2) at fixed sigmas with seeded noise,
-    and the same MSE for v = 0, given the batch's model.Condition (x0 is its gt_frames). Conditioning frames (target
+    and the same MSE for v = 0, given the batch's condition.Condition (x0 is its gt_frames). Conditioning frames (target
     unpredictable there) are left out. Collective under FSDP: every rank passes its own batch; the sums are
     all-reduced so every rank gets the same numbers."""
     g = torch.Generator(device=x0.device).manual_seed(seed * 1000 + rank())

@@ -29,23 +29,20 @@ import sys
 
 import torch
 
-import build
 import cache
 import ckpt
-import cli
-import data
-import resume
-import rundir
+import condition
 import reward
-import vae as vae_lib
-from actionclips import open_clips, other_actions
-from camera import views_map
-from data import TINY_CONFIGS, standin_text
-from formats import STEP_RE
-from fidelity import CAMERAS, score_sample, view_metrics
-from generate import from_first_frame, rollout
-from inits import get_config
-from model import Condition
+from base import cli
+from base.formats import STEP_RE
+from base.inits import get_config
+from clips import data
+from clips.actionclips import open_clips, other_actions
+from clips.data import TINY_CONFIGS, standin_text
+from clips.fidelity import CAMERAS, score_sample, view_metrics
+from engine import build, resume, rundir
+from engine.generate import from_first_frame, rollout
+from nets.family import family_of
 
 CURVES = {"eval_reward": "held-out reward (eval_reward)", "eval_psnr": "held-out PSNR, dB (eval_psnr)",
           "reward_mean": "training reward (reward_mean)",
@@ -73,7 +70,7 @@ class Run:
 
     @property
     def family(self):
-        return f"{build.family(get_config(self.cfg['config'])).NAME} " \
+        return f"{family_of(get_config(self.cfg['config'])).NAME} " \
                f"{'views' if self.views else 'grid'}"
 
     @property
@@ -95,12 +92,10 @@ def run_guidance(path, run, given):
     the guidance its sample videos used (train.py --guidance, default 7.0)."""
     if given >= 0:
         return given
-    objective = run["objective"]
-    if objective == "sft":
-        return float(run["guidance"])
-    if "guidance" not in run.get(objective, {}):
-        raise ValueError(f"{path}/config.json: objective {objective!r} without {objective}.guidance; pass --guidance")
-    return float(run[objective]["guidance"])
+    own = rundir.objective_settings(run)  # an RL run's knobs, else the run's own
+    if "guidance" not in (own or run):
+        raise ValueError(f"{path}/config.json: {run.get('objective')} settings without a guidance; pass --guidance")
+    return float((own or run)["guidance"])
 
 
 def run_directory(path):
@@ -159,7 +154,7 @@ def text_settings(run):
     """The text GridClips / ViewClips read for a run, as train.main chooses it: the stand-in, T5 or Reason1."""
     tiny = run["config"] in TINY_CONFIGS
     return dict(text="standin" if standin_text(run["config"], run["data"]) else "t5",
-                text_encoder="t5" if tiny else build.family(get_config(run["config"])).TEXT_ENCODER)
+                text_encoder="t5" if tiny else family_of(get_config(run["config"])).TEXT_ENCODER)
 
 
 def common_stems(runs):
@@ -176,22 +171,18 @@ def shown(items, most=4):
     return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
 
 
-def held_out_clip(run, stem, device, dtype, start=0):
-    """(video, text, camera, action) of a held-out episode's window at frame `start`: video [1, 3, T, H, W] or views
-    [V, 3, T, H, W] float32 in [-1, 1] as training reads them (cache.Windows: GridClips' / ViewClips' own code and
-    checks), the prompt embedding [1, L, D], a views run's Pluecker map [1, V*T', H/16, W/16, C] and an action run's
-    chunk [1, T-1, stride*A] (else None)."""
+def held_out_clip(run, stem, device, start=0):
+    """(video, batch) of a held-out episode's window at frame `start`: video [1, 3, T, H, W] or views [V, 3, T, H, W]
+    float32 in [-1, 1] as training reads them (cache.Windows: GridClips' / ViewClips' own code and checks), and the
+    window as a batch of one (its prompt embedding, a views run's cameras, an action run's chunk) for
+    condition.from_batch."""
     index = run.held_out[stem]
     item = cache.Windows(run.dataset, [(index, start)])[0]
     if "error" in item:
         raise ValueError(f"{run.path}: held-out video {stem} of {run.cfg['data']} at frame {start}: {item['error']}")
     text, _ = data.clip_text(run.dataset, run.dataset.videos[index])
     video = item["video"].to(device)  # float32: the truth is not rounded to the compute dtype
-    action = item["action"][None].to(device) if "action" in item else None
-    if not run.views:
-        return video[None], text[None].to(device), None, action
-    camera = views_map(item["w2c"].to(device), item["intrinsics"].to(device), run.cfg["height"], run.cfg["width"])
-    return video, text[None].to(device), camera[None].to(dtype), action
+    return (video if run.views else video[None]), condition.as_batch(dict(item, text_emb=text))
 
 
 @torch.no_grad()
@@ -200,33 +191,36 @@ def evaluate_run(run, stems, cfg, terms, device, size):
     "metrics", "rewards" (their means over clips)}."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     net = resume.build_from_step(run.checkpoint, device, cfg.ema).to(dtype).eval()
-    vae = vae_lib.build_vae(run.cfg["vae"], run.cfg["vae_ckpt"], device, dtype)
+    vae = build.build_vae(run.cfg["vae"], run.cfg["vae_ckpt"], device, dtype)
     mcfg, settings = net.cfg, text_settings(run.cfg)
     neg, neg_source = data.negative_embedding(run.cfg["data"], run.cfg["text_len"], mcfg.crossattn_proj_in_channels,
                                               standin=settings["text"] == "standin",
                                               text_encoder=settings["text_encoder"])
-    math = build.family(mcfg)
+    math = family_of(mcfg)
     grid, timestep = math.sampler_defaults(run.cfg["init"], run.cfg["config"])[0], run.cfg["conditional_frame_timestep"]
     print(f"evaluate: {run.checkpoint}{' (EMA)' if cfg.ema else ''}: {run.family}, guidance {run.guidance}, "
           f"negative prompt {neg_source}, {math.describe_sampler(grid, timestep)}", flush=True)
-    clips, held = [], [held_out_clip(run, stem, device, dtype) for stem in stems]
-    wrong = other_actions([h[3] for h in held]) if mcfg.action_dim else [None] * len(held)
-    for i, (stem, (truth, text, camera, action)) in enumerate(zip(stems, held)):
-        cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg[None].to(device), camera=camera, action=action,
-                         conditional_frame_timestep=timestep)
+
+    def record(batch):  # a held-out window's conditioning (condition.from_batch), with the negative prompt for CFG
+        return condition.from_batch(batch, device, run.cfg["height"], run.cfg["width"], dtype, timestep,
+                                    neg_crossattn_emb=neg[None].to(device))
+    clips, held = [], [held_out_clip(run, stem, device) for stem in stems]
+    conds = [record(batch) for _, batch in held]
+    wrong = other_actions([c.action for c in conds]) if mcfg.action_dim else [None] * len(held)
+    for i, (stem, (truth, _), cond) in enumerate(zip(stems, held, conds)):
         for d in range(cfg.draws):  # rl.evaluate's rule: clip i, draw d has the noise seed + i + d * clips
             seed = cfg.seed + i + d * len(stems)
             generated, x0 = from_first_frame(net, vae, truth, cond, cfg.steps, run.guidance, seed, grid, dtype)
             metrics, rewards = score_sample(generated, truth, x0, run.views, size, terms)  # as rl.evaluate scores
             metrics = {k: v.item() for k, v in metrics.items()}
-            if action is not None:  # the same frame and noise under another episode's commands (or these reversed)
+            if cond.action is not None:  # the same frame and noise under another episode's commands (or these reversed)
                 other = from_first_frame(net, vae, truth, dataclasses.replace(cond, action=wrong[i]), cfg.steps,
                                          run.guidance, seed, grid, dtype)
                 metrics["psnr_other_actions"] = score_sample(other[0], truth, other[1], run.views, size, terms)[0][
                     "psnr"].item()
                 metrics["action_gap_db"] = metrics["psnr"] - metrics["psnr_other_actions"]
             if cfg.chunks > 1:  # drift over the horizon: PSNR of each chained chunk against the episode's truth
-                metrics.update(chunk_psnr(net, vae, run, stem, cond, cfg, seed, grid, dtype, size))
+                metrics.update(chunk_psnr(net, vae, run, stem, record, cfg, seed, grid, dtype, size))
             clips.append({"stem": stem, "seed": seed, "metrics": metrics,
                           "rewards": {k: v.item() for k, v in rewards.items()}})
     del net, vae
@@ -236,18 +230,19 @@ def evaluate_run(run, stems, cfg, terms, device, size):
     return {"clips": clips, "metrics": mean("metrics"), "rewards": mean("rewards")}
 
 
-def chunk_psnr(net, vae, run, stem, cond, cfg, seed, grid, dtype, size):
+def chunk_psnr(net, vae, run, stem, record, cfg, seed, grid, dtype, size):
     """{"chunk<k>/psnr"}: a cfg.chunks-chunk rollout (generate.rollout) from the held-out episode's frame 0, chunk k
-    conditioned on the last frame generated and (an action run) the episode's actions of its window, scored on
-    frames 1.. against the true window at frame k*(T-1); a ValueError when the episode is too short for it."""
+    conditioned on the last frame generated and record(its window) (an action run: the episode's actions of that
+    window), scored on frames 1.. against the true window at frame k*(T-1); a ValueError when the episode is too short
+    for it."""
     T = run.cfg["frames"]
     need, have = 1 + cfg.chunks * (T - 1), run.dataset.videos[run.held_out[stem]].frames
     if have < need:
         raise ValueError(f"--chunks {cfg.chunks}: held-out episode {stem} of {run.cfg['data']} has {have} frames, "
                          f"{cfg.chunks} chunks of {T} need {need}; pass fewer --chunks")
-    windows = [held_out_clip(run, stem, next(net.parameters()).device, dtype, k * (T - 1)) for k in range(cfg.chunks)]
-    conds = [dataclasses.replace(cond, action=w[3]) for w in windows]
-    chunks = rollout(net, vae, windows[0][0][:, :, :1], conds, T, cfg.steps, run.guidance, seed, grid, dtype)
+    windows = [held_out_clip(run, stem, next(net.parameters()).device, k * (T - 1)) for k in range(cfg.chunks)]
+    chunks = rollout(net, vae, windows[0][0][:, :, :1], [record(batch) for _, batch in windows], T, cfg.steps,
+                     run.guidance, seed, grid, dtype)
     return {f"chunk{k + 1}/psnr": view_metrics(c, w[0], "grid", size)["psnr"].item()
             for k, (c, w) in enumerate(zip(chunks, windows))}
 
@@ -408,7 +403,7 @@ def pixel_terms(spec):
 def runs_reward(runs):
     """The --reward of the RL runs among `runs` (their config.json) when they all share one, else "default" (the grid
     reward)."""
-    specs = {run["reward"] for run in runs if run.get("objective", "sft") != "sft"}
+    specs = {run["reward"] for run in runs if rundir.objective_settings(run) is not None}
     return specs.pop() if len(specs) == 1 else "default"
 
 

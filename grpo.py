@@ -19,19 +19,32 @@ one update of a training run (train_step: rollouts, decode, rewards, advantages 
 (objective.score_groups, shared with nft.py), update), which train.py calls; there is no trainer class.
 """
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
-import build
-import collectives
-from lora import set_lora_enabled
-from model import uncond
-from nft import data_loss  # DDRL's data term: the same loss as NFT's --nft-data-coef
-from rollout import (ROLLOUT_BATCHES, SDE_TYPES, Rollout, branch_predictions, draw_window_start, gaussian_log_prob,
-                     generated_mask, guide, mean_of, predict, rollout_group, with_uncond)
-from objective import RLConfig, check_samples, clip_and_step, phase_timer, score_groups
+from base import collectives
+from condition import uncond
+from engine import rl
+from engine.objective import RLConfig, check_samples, clip_and_step, data_loss, phase_timer, score_groups
+from engine.rollout import (
+    ROLLOUT_BATCHES,
+    SDE_TYPES,
+    Rollout,
+    branch_predictions,
+    draw_window_start,
+    gaussian_log_prob,
+    generated_mask,
+    guide,
+    mean_of,
+    predict,
+    rollout_group,
+    with_uncond,
+)
+from nets.family import family_of
+from nets.lora import set_lora_enabled
 
 # -----------------------------------------------------------------------------
 # Config
@@ -304,7 +317,7 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     first_logp_equal (every logp_new == logp_old bitwise), first_max_abs_dlogp, first_ratio, and per optimizer
     step grad_norm (before clipping) and grads_outside_params (must be 0). A non-finite grad norm skips that
     optimizer step and is counted in nonfinite_steps. With cfg.data_coef > 0 every chunk that trains adds, on every
-    rank, one forward + backward per group: nft.data_loss on its real clip (noise from data_generator), weighted
+    rank, one forward + backward per group: objective.data_loss on its real clip (noise from data_generator), weighted
     data_coef / groups (FSDP's mean over dp groups makes it the mean over all groups).
     """
     if cfg.data_coef > 0 and data_generator is None:
@@ -369,10 +382,10 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
 
 
 def data_term(net, rollouts, cfg: GRPOConfig, generator, stats, set_grad_sync):
-    """DDRL's regulariser in a GRPO chunk: nft.data_loss (flow matching on each group's real clip, cond.gt_frames)
+    """DDRL's regulariser in a GRPO chunk: objective.data_loss (flow matching on each group's real clip, cond.gt_frames)
     at one noise level of the family's training levels, backward with weight data_coef / groups; the last backward
     reduces the chunk's gradients (set_grad_sync)."""
-    levels = build.family(net.cfg).training_levels(cfg.num_steps)
+    levels = family_of(net.cfg).training_levels(cfg.num_steps)
     for g, rollout in enumerate(rollouts, start=1):
         loss = data_loss(net, rollout.cond, levels, generator)
         stats["data_loss"] += float(loss.detach()) / len(rollouts)
@@ -506,3 +519,43 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
     metrics.update(nonfinite_steps=stats["nonfinite_steps"], **({"skipped": "nonfinite"} if stats["nonfinite_steps"]
                                                                  and not stats["opt_steps"] else {}))
     return stats, metrics
+
+
+# -----------------------------------------------------------------------------
+# The objective: what train.py's loop and flags need of GRPO (sft.py and nft.py have the same names; train.objective_of
+# picks one)
+
+NAME = "grpo"
+CONFIG = GRPOConfig  # TrainConfig.grpo: the --grpo-* flags
+MAY_CHANGE = ("recompute_old_logp", "rollout_batch", "offload_activations", "probe_every", "lr", "warmup",
+              "weight_decay", "betas", "max_grad_norm")  # of CONFIG's knobs, those a resumed run may change
+TINY = dict(rl.TINY, grpo=dict(group_size=8, lr=3e-3))  # the tiny default's (docs/grpo.md "The tiny default")
+resume_keys = partial(rl.resume_keys, name=NAME, may_change=MAY_CHANGE)
+rewards = rl.rewards
+
+
+def validate(cfg, given):
+    """GRPO's checks on top of every RL objective's (rl.validate); returns {flag: why it would do nothing}."""
+    unused = rl.validate(cfg, given, NAME)
+    if cfg.grpo.eta <= 0:
+        raise ValueError(f"--grpo-eta {cfg.grpo.eta}: a noiseless rollout has no log-prob to train (use > 0)")
+    # a compiled training graph, or batched rollout calls, round unlike the rollout's B = 1 eager calls
+    why = [w for w, on in (("--compile", cfg.compile),
+                           (f"--grpo-rollout-batch {cfg.grpo.rollout_batch}", cfg.grpo.rollout_batch != "none")) if on]
+    if why and not cfg.grpo.recompute_old_logp:
+        if "grpo.recompute_old_logp" in given:
+            raise ValueError(f"{' and '.join(why)} with --no-grpo-recompute-old-logp: the rollout rounds unlike the "
+                             "training forward, so the ratio would not start at 1")
+        cfg.grpo = replace(cfg.grpo, recompute_old_logp=True)
+    return unused
+
+
+def make(run, net, params, vae, neg_text, terms):
+    """GRPO's record for train.py's loop (rl.objective around train_step). run: train.Run."""
+    cfg = run.cfg
+
+    def update(conds, latent_shape, decode, score, index, seed, rank):
+        return train_step(net, run.optimizer, params, conds, latent_shape, cfg.grpo, score, decode,
+                          seed=seed(index, "rollout", rank), window_seed=seed(index, "window"),
+                          agree=collectives.agree, cp_size=cfg.cp, probe=probes(cfg.grpo, index))[1]
+    return rl.objective(run, net, vae, neg_text, terms, NAME, update)

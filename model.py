@@ -15,13 +15,12 @@ model on CPU at all), a no-op in an fp32 model. Its other part, q/k in fp32 for 
 Context parallelism (--cp, cp.py): under cp.enable a DiT computes its rank's share of the latent frames, and each
 self-attention exchanges q, k, v and its output with the other ranks of the cp group (Ulysses all-to-all).
 
-Contents, top to bottom: Condition -> blocks -> DiT -> condition mask -> FLOPs. DiTConfig: inits.py; LoRA: lora.py;
-the denoisers (the net as an x0 or velocity prediction): edm.py (Predict2), flow.py (Predict2.5).
+Contents, top to bottom: blocks -> DiT. Its input record: condition.py; DiTConfig: base/inits.py; LoRA: nets/lora.py;
+the denoisers (the net as an x0 or velocity prediction): nets/edm.py (Predict2), nets/flow.py (Predict2.5); FLOPs
+and the matmul peak: nets/flops.py.
 """
 import math
-import time
 from contextlib import nullcontext
-from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.distributed as dist
@@ -29,48 +28,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import cp
-from inits import DiTConfig
-
-# -----------------------------------------------------------------------------
-# The conditioning record: one per batch (or per RL group), the same object from its producer to DiT.forward
-
-
-@dataclass
-class Condition:
-    """What a generation is conditioned on, besides the noisy latent and its time (docs/conditioning.md).
-
-    DiT.forward reads crossattn_emb, condition_mask, padding_mask, fps, camera and action; the denoisers (edm.denoise,
-    flow.velocity) read gt_frames, flow's also conditional_frame_timestep, CFG reads neg_crossattn_emb, RL reads key.
-    Not frozen: FSDP2's root hook rebuilds dataclass inputs field by field
-    (torch.distributed.utils._apply_to_tensors, the mixed-precision input cast).
-    """
-    crossattn_emb: torch.Tensor  # [B, S, D_text] prompt embedding (T5 1024, or Reason1 28 x 3584 for Predict2.5)
-    neg_crossattn_emb: torch.Tensor = None  # [B or 1, S, D_text] negative prompt: CFG's uncond branch
-    gt_frames: torch.Tensor = None  # [B, 16, T, H, W] clean latent; only its conditioning frames are read
-    condition_mask: torch.Tensor = None  # [B, 1, T, H, W] 1 on conditioning latent frames (condition_mask, or
-    # flow.multiview_condition_mask); None = no conditioning frames
-    padding_mask: torch.Tensor = None  # [B, 1, H', W'] any size (resized to the latent's); None = zeros
-    fps: float = None  # frames per second (a float or [B]); read only by fps-modulated RoPE (no release uses it)
-    key: tuple = ()  # RL group key of the advantages: (episode, instruction) or (rank, clip), never the text
-    conditional_frame_timestep: float = None  # read by Predict2.5 (flow.py) only: -1 or None (one time for all
-    # frames) or 0.1 (t = 1e-4 on the conditional frames); Predict2 (edm.py) always shows them at sigma 1e-4
-    camera: torch.Tensor = None  # camera nets (agibot): [B, T, H/2, W/2, 1536] Pluecker map (camera.plucker_map)
-    action: torch.Tensor = None  # action nets: [B, transitions, dims] the clip's action chunk (actionclips.py)
-
-
-def uncond(cond: Condition):
-    """The unconditional branch of classifier-free guidance: the negative prompt in place of the prompt, the same
-    conditioning frames and camera."""
-    return replace(cond, crossattn_emb=cond.neg_crossattn_emb)
-
-
-def map_tensors(cond: Condition, fn):
-    """cond with fn applied to each of its tensor fields (None fields, fps floats and the key stay): one sample of a
-    batch's record (rl.conditions), a one-sample record as a batch (nft.rollout_group)."""
-    tensors = {f.name: v for f in fields(cond) if isinstance(v := getattr(cond, f.name), torch.Tensor)}
-    return replace(cond, **{name: fn(v) for name, v in tensors.items()})
-
+from base import cp
+from base.inits import DiTConfig
+from condition import Condition
 
 # -----------------------------------------------------------------------------
 # Building blocks
@@ -562,90 +522,3 @@ def build_model(cfg: DiTConfig, device=None, dtype=None):
 
 def num_params(model, trainable_only=False):
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
-
-
-# -----------------------------------------------------------------------------
-# The conditioning frames of one video: its first latent frames (a camera net's: flow.multiview_condition_mask)
-
-
-def condition_mask(latent_B_C_T_H_W, num_conditional_frames):
-    """[B,1,T,H,W] mask, 1 on the first n latent frames; n is an int or a per-sample LongTensor [B]."""
-    B, _, T, H, W = latent_B_C_T_H_W.shape
-    n = torch.as_tensor(num_conditional_frames, device=latent_B_C_T_H_W.device).reshape(-1, 1)
-    frames = torch.arange(T, device=latent_B_C_T_H_W.device)[None, :]
-    mask_B_T = (frames < n).to(latent_B_C_T_H_W.dtype).expand(B, T)
-    return mask_B_T[:, None, :, None, None].expand(B, 1, T, H, W).contiguous()
-
-
-# -----------------------------------------------------------------------------
-# FLOPs of the formula (MFU in train.py, smoke.py and bench.py) and the matmul peak they are held against
-
-
-def model_flops(cfg, latent, text_len, lora_rank=0):
-    """Forward FLOPs of one sample (a multiply-add = 2 FLOPs), and the step total under two backward rules.
-
-    Per block, L video tokens of width D, S text tokens of width Dc, MLP hidden F, Tt adaLN rows (one per frame):
-      self-attention projections q,k,v,o  4 * 2LD^2        self-attention  QK^T and PV: 4 L^2 D
-      cross-attention q,o                 2 * 2LD^2        cross-attention QK^T and PV: 4 L S D
-      cross-attention k,v on the text     2 * 2S Dc D      MLP                          2 * 2LDF
-      adaLN(-LoRA) modulations            3 * 2Tt(D r + r 3D)   (or 3 * 2Tt D 3D without adaLN-LoRA)
-      LoRA adapters on each target linear 2 tokens r (in + out)
-      camera encoder (agibot)             2 L C_cam D
-    plus the patch embedding, the final layer (with its adaLN), the timestep MLP (Tt rows) and the text projection
-    when the config has one. Recompute under activation checkpointing is not counted.
-    Returns (fwd, step_3x, step_needed): step_3x = 3 * fwd, the usual rule (each linear's backward costs twice
-    its forward); step_needed drops the weight gradients that a LoRA run does not compute (frozen linears cost 1x
-    in backward, attention always 2x).
-    """
-    _, C, T, H, W = latent
-    p, pt = cfg.patch_spatial, cfg.patch_temporal
-    Tt, L, S = T // pt, (T // pt) * (H // p) * (W // p), text_len
-    D, Dc, F = cfg.model_channels, cfg.crossattn_emb_channels, int(cfg.model_channels * cfg.mlp_ratio)
-    r_ada = cfg.adaln_lora_dim if cfg.use_adaln_lora else 0
-    ada = 3 * 2 * Tt * (D * r_ada + r_ada * 3 * D) if r_ada else 3 * 2 * Tt * D * 3 * D
-    linear = 4 * 2 * L * D * D + 2 * 2 * L * D * D + 2 * 2 * S * Dc * D + 2 * 2 * L * D * F
-    attn = 4 * L * L * D + 4 * L * S * D
-    linear += 2 * L * cfg.camera_channels * D
-    lora = 0
-    if lora_rank:
-        r = lora_rank
-        lora = (4 * 2 * L * r * 2 * D  # self q,k,v,o
-                + 2 * 2 * L * r * 2 * D + 2 * 2 * S * r * (Dc + D)  # cross q,o on video; k,v on text
-                + 2 * 2 * L * r * (D + F))  # mlp layer1, layer2
-    in_ch = C + int(cfg.video2world) + int(cfg.concat_padding_mask)
-    outer = (2 * L * in_ch * pt * p * p * D + 2 * L * D * cfg.out_channels * pt * p * p  # embed, final linear
-             + 2 * Tt * (D * r_ada + r_ada * 2 * D if r_ada else D * 2 * D)  # final adaLN
-             + 2 * Tt * (D * D + D * (3 * D if r_ada else D)))  # timestep MLP
-    if cfg.crossattn_proj_in_channels != Dc:
-        outer += 2 * S * cfg.crossattn_proj_in_channels * Dc
-    per_block = linear + attn + ada + lora
-    fwd = cfg.num_blocks * per_block + outer
-    step_3x = 3 * fwd
-    if not lora_rank:
-        return fwd, step_3x, step_3x
-    frozen = cfg.num_blocks * (linear + ada) + outer
-    step_needed = fwd + 2 * cfg.num_blocks * attn + frozen + 2 * cfg.num_blocks * lora
-    return fwd, step_3x, step_needed
-
-
-def matmul_peak(device, dtype, n=8192, reps=20):
-    """Median FLOP/s of an n^3 matmul on random data (zeros run faster than real data on this GPU)."""
-    if device.type != "cuda":
-        n, reps = 512, 5
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    times = []
-    for i in range(reps + 3):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            a @ b
-            end.record()
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1e3
-        else:
-            t0 = time.perf_counter()
-            a @ b
-            seconds = time.perf_counter() - t0
-        if i >= 3:  # three warm-ups: clocks up, cuBLAS heuristics cached
-            times.append(seconds)
-    return 2 * n ** 3 / sorted(times)[len(times) // 2]

@@ -19,15 +19,17 @@ Contents, top to bottom: config -> the old policy -> rollout -> loss -> update -
 """
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
-import build
-import collectives
-from lora import set_lora_enabled
-from model import Condition, map_tensors
-from objective import RLConfig, check_samples, clip_and_step, phase_timer, score_groups
-from rollout import generated_mask, with_uncond
+from base import collectives
+from condition import Condition, map_tensors
+from engine import rl
+from engine.objective import RLConfig, check_samples, clip_and_step, data_loss, masked_mean, phase_timer, score_groups
+from engine.rollout import generated_mask, with_uncond
+from nets.family import family_of
+from nets.lora import set_lora_enabled
 
 # -----------------------------------------------------------------------------
 # Config
@@ -124,7 +126,7 @@ def sample_group(net, cond: Condition, latent_shape, cfg: NFTConfig, generator):
     layout. The net's family's deterministic sampler (Predict2: Karras AB2 from sigma_max noise; Predict2.5: UniPC on
     the shift grid) on its ROLLOUT_GRID. The noise is drawn for the whole group first, so every layout samples from
     the same noise (and at rollout_batch K exactly as 0)."""
-    K, family = cfg.group_size, build.family(net.cfg)
+    K, family = cfg.group_size, family_of(net.cfg)
     noise = torch.randn(K, *latent_shape, generator=generator, device=generator.device)
     with_uncond(cond, cfg.guidance)  # refuses guidance without a negative prompt, before any forward
     n = cfg.rollout_batch or K
@@ -143,12 +145,7 @@ def forward_velocity(net, cond: Condition, x0, eps, level):
     (the family's training_levels): x0_hat - x0 = -t (v - u) on the generated frames in both families (t = sigma /
     (1 + sigma) for Predict2's EDM sigma, t = sigma for rectified flow), so the loss is written in velocity units
     with the factor t."""
-    return build.family(net.cfg).forward_velocity(net, cond, x0, eps, level)
-
-
-def masked_mean(x, gen_mask):
-    """Mean over the generated elements of x [1, C, T, H, W] (gen_mask [1, 1, T, H, W])."""
-    return (x * gen_mask).sum() / (gen_mask.sum() * x.shape[1])
+    return family_of(net.cfg).forward_velocity(net, cond, x0, eps, level)
 
 
 def nft_loss(v, v_old, u, t, r, gen_mask, cfg: NFTConfig):
@@ -188,22 +185,13 @@ def frozen_velocities(net, conds, grids, x0s, draws):
              for k, sample_draws in enumerate(group)] for cond, grid, x0, group in zip(conds, grids, x0s, draws)]
 
 
-def data_loss(net, cond: Condition, grid, generator):
-    """DDRL's regulariser: flow matching on the group's real clip (cond.gt_frames, the whole encoded clip) at one
-    noise level of the grid, the generated frames only: mean |v - (eps - x_data)|^2."""
-    i = int(torch.randint(len(grid), (1,), generator=generator, device=generator.device))
-    eps = torch.randn(cond.gt_frames.shape, generator=generator, device=generator.device)
-    v, u, _ = forward_velocity(net, cond, cond.gt_frames.float(), eps, grid[i])
-    return masked_mean((v - u).square(), generated_mask(cond, tuple(v.shape[1:]), v.device))
-
-
 def nft_update(net, optimizer, params, old, conds, x0s, advantages, cfg: NFTConfig, generator, old_is_current,
                set_grad_sync=None):
     """One optimizer step on every (group, sample, noise level). old: the old policy's adapter values (ignored when
     old_is_current: then v_old is the trained forward's own value, detached, saving a forward). Every rank runs the
     same number of forwards (groups x K x timesteps, + one data forward per group): FSDP's collectives stay in step.
     Returns stats; a non-finite gradient norm skips the step (counted in nonfinite_steps)."""
-    levels = build.family(net.cfg).training_levels(cfg.num_steps)  # the rollout grid's, the last excluded
+    levels = family_of(net.cfg).training_levels(cfg.num_steps)  # the rollout grid's, the last excluded
     grids = [levels for _ in conds]
     draws = [draw_levels(cfg, grid, x0, generator) for grid, x0 in zip(grids, x0s)]
     v_old = None
@@ -310,3 +298,29 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
     metrics.update({f"s_{name}": times.get(name, 0.0) for name in ("rollout", "decode", "reward", "update",
                                                                     "optimizer")})
     return stats, metrics
+
+
+# -----------------------------------------------------------------------------
+# The objective: what train.py's loop and flags need of NFT (sft.py and grpo.py have the same names; train.objective_of
+# picks one)
+
+NAME = "nft"
+CONFIG = NFTConfig  # TrainConfig.nft: the --nft-* flags
+MAY_CHANGE = ("rollout_batch", "lr", "warmup", "weight_decay", "betas", "max_grad_norm")  # a resume may change these
+TINY = dict(rl.TINY, nft=dict(group_size=8, lr=3e-3))  # the tiny default's (docs/nft.md)
+validate = partial(rl.validate, name=NAME)
+resume_keys = partial(rl.resume_keys, name=NAME, may_change=MAY_CHANGE)
+rewards = rl.rewards
+
+
+def make(run, net, params, vae, neg_text, terms):
+    """NFT's record for train.py's loop (rl.objective around train_step). Its old policy (the sampler), copies of the
+    trainable adapters, is saved with every checkpoint as extra_state "nft_old" and restored on resume."""
+    cfg = run.cfg
+    old = {n: p.detach().clone() for n, p in net.named_parameters() if p.requires_grad}
+
+    def update(conds, latent_shape, decode, score, index, seed, rank):
+        return train_step(net, run.optimizer, params, list(old.values()), conds, latent_shape, cfg.nft, score, decode,
+                          seed=seed(index, "rollout", rank), update=index, agree=collectives.agree,
+                          cp_size=cfg.cp)[1]
+    return rl.objective(run, net, vae, neg_text, terms, NAME, update, extra_state={"nft_old": old})

@@ -48,10 +48,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts, noop_context_fn
 
-import fp8
-from actionclips import standin_action
-from lora import LORA_TARGETS, adapted_linears, add_lora, quantize_base, target_linears
-from model import Block, Condition, DiT, condition_mask
+import condition
+from base import fp8
+from model import Block, DiT
+from nets.lora import LORA_TARGETS, adapted_linears, add_lora, quantize_base, target_linears
 
 MODES = ("none", "block", "mm", "attn", "selective")
 
@@ -483,12 +483,9 @@ def auto_plan(net, world, device, dtype, latent, text_len, lora, mem_budget_gib,
     net_meta.blocks[0].register_forward_pre_hook(lambda m, args: captured.setdefault("args", args))
     x0 = torch.empty(latent, device="meta")
     B, _, T, H, W = latent
-    grid = (B, T // cfg.patch_temporal, H // cfg.patch_spatial, W // cfg.patch_spatial)
     with torch.no_grad():  # the net itself, not a loss: only the shapes matter (camera maps for agibot configs)
         text = torch.empty(B, text_len, cfg.crossattn_proj_in_channels, device="meta")
-        camera = torch.empty(*grid, cfg.camera_channels, device="meta") if cfg.camera_channels else None
-        action = standin_action(cfg, B, "meta")  # an action net's chunk
-        cond = Condition(text, condition_mask=condition_mask(x0, 1), camera=camera, action=action)
+        cond = condition.standin(cfg, x0, text, pixels=(8 * H, 8 * W))  # camera maps and actions of their shapes
         net_meta(x0, torch.ones(B, device="meta"), cond)
     wrapped = torch.nn.ModuleDict({"blocks": torch.nn.ModuleList([block])})
     if lora:

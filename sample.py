@@ -1,5 +1,5 @@
 """Sample a video2world clip from a first frame and write an mp4: a train.py run as trained, a release checkpoint,
-or random weights. The sampler is the net's family's (generate.py -> build.family): Predict2's 35 Karras steps,
+or random weights. The sampler is the net's family's (generate.py -> nets/family.family_of): Predict2's 35 Karras steps,
 Euler then 2-step Adams-Bashforth (edm.py), or Predict2.5's UniPC (flow.py: shift-5 or Karras grid per checkpoint,
 v_c + g (v_c - v_u)), with classifier-free guidance in upstream's convention.
 
@@ -22,23 +22,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import build
 import ckpt
-import cli
-import data
-import formats
-import inits
-import lerobot
-import resume
-import rundir
-import vae as vae_lib
-from camera import views_map
-from data import TINY_CONFIGS, standin_text, tiny_data
-from actionclips import episode_chunks, open_clips, read_actions_file
-from generate import generate, join, rollout
-from inits import get_config
-from model import Condition
-from video import write_mp4
+import condition
+from base import cli, formats, inits, lerobot
+from base.inits import get_config
+from base.video import write_mp4
+from clips import data
+from clips.actionclips import episode_chunks, open_clips, read_actions_file
+from clips.data import TINY_CONFIGS, standin_text, tiny_data
+from engine import build, resume, rundir
+from engine.generate import generate, join, rollout
+from nets.family import family_of
+
 
 def views_side_by_side(video_V_3_T_H_W):
     """Decoded views [V,3,T,H,W] -> one [3,T,H,V*W] video, view 0 on the left (write_mp4 takes it)."""
@@ -124,9 +119,9 @@ def parse_config(argv):
     if saved is not None:
         run = {k: saved[k] for k in ("config", "vae", "vae_ckpt", "data", "frames", "height", "width") if k in saved}
         run_p25 = {k: saved[k] for k in ("init", "conditional_frame_timestep") if k in saved}  # sampler defaults
-        objective = saved.get("objective", "sft")
-        if objective != "sft" and objective in saved:  # an RL run: the CFG its policy was trained to sample with
-            run["guidance"] = saved[objective]["guidance"]
+        own = rundir.objective_settings(saved)
+        if own is not None:  # an RL run: the CFG its policy was trained to sample with
+            run["guidance"] = own["guidance"]
         if "config" in given and given["config"] != run["config"]:
             raise ValueError(f"--config {given['config']}: the run in {ckpt} trained {run['config']}; pass --ckpt "
                              f"with a {given['config']} run (train.py --config {given['config']} --out DIR), or "
@@ -149,7 +144,7 @@ def parse_config(argv):
     if mcfg.camera_channels and cfg.image:
         raise ValueError(f"--image does nothing with --config {cfg.config}: a multi-view net starts from the first "
                          "frame and cameras of every view of the first episode in --data (stitch.py --layout views)")
-    family = build.family(mcfg)
+    family = family_of(mcfg)
     for name in ("grid", "conditional_frame_timestep"):
         if name in given and name not in family.SAMPLER_FLAGS:
             raise ValueError(f"{cli.flag(name)} is a Predict2.5 (UniPC) setting: --config {cfg.config} samples "
@@ -256,17 +251,17 @@ def main(argv=None):
         net = build.build(build.NetSpec(config=cfg.config, init=source, ema=cfg.ema), device)
     mcfg = net.cfg
     net = net.to(dtype).eval()
-    vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, device, dtype)
+    vae = build.build_vae(cfg.vae, cfg.vae_ckpt, device, dtype)
 
     dim = mcfg.crossattn_proj_in_channels  # the embedding as stored (Predict2.5: before the net's crossattn_proj)
-    family = build.family(mcfg)
+    family = family_of(mcfg)
     text_encoder = "t5" if cfg.config in TINY_CONFIGS else family.TEXT_ENCODER
-    camera = None
+    batch = {}  # what the clip gives condition.from_batch besides the prompt
     if mcfg.camera_channels:  # the first episode of a views folder: each view's first frame and its cameras
         views = data.ViewClips(cfg.data, cfg.frames, cfg.height, cfg.width, text="standin", text_len=16,
                                text_dim=dim)[(0, 0)]
         first = views["video"][:, :, :1].to(device)
-        camera = views_map(views["w2c"], views["intrinsics"], cfg.height, cfg.width)[None].to(device, dtype)
+        batch = condition.as_batch({"w2c": views["w2c"], "intrinsics": views["intrinsics"]})
     video = torch.cat([first, torch.full_like(first, -1).expand(-1, -1, cfg.frames - 1, -1, -1)], dim=2)
     if cfg.prompt_emb:
         load = data.load_reason1_embedding if family.TEXT_ENCODER == "reason1" else data.load_text_embedding
@@ -276,8 +271,8 @@ def main(argv=None):
     neg, neg_source = data.negative_embedding(cfg.data, text.shape[0], dim, standin=standin_text(cfg.config, cfg.data),
                                               path=cfg.neg_prompt_emb, text_encoder=text_encoder)
     print(f"sample: negative prompt: {neg_source}", flush=True)
-    cond = Condition(crossattn_emb=text[None].to(device), neg_crossattn_emb=neg[None].to(device), camera=camera,
-                     conditional_frame_timestep=cfg.conditional_frame_timestep)
+    cond = condition.from_batch(dict(batch, text_emb=text[None]), device, cfg.height, cfg.width, dtype,
+                                cfg.conditional_frame_timestep, neg_crossattn_emb=neg[None].to(device))
     if cfg.chunks > 1 or actions:  # a grid net's rollout: one chunk, or N chained, each under its own actions
         conds = [dataclasses.replace(cond, action=a.to(device) if a is not None else None)
                  for a in actions or [None] * cfg.chunks]
@@ -285,7 +280,7 @@ def main(argv=None):
                                  dtype))
     else:
         generated = generate(net, vae, video.to(dtype), cond, cfg.steps, cfg.guidance, cfg.seed, grid=cfg.grid)
-    write_mp4(cfg.out, views_side_by_side(generated) if camera is not None else generated[0], fps=cfg.fps)
+    write_mp4(cfg.out, views_side_by_side(generated) if cond.camera is not None else generated[0], fps=cfg.fps)
     sampler = family.describe_sampler(cfg.grid, cfg.conditional_frame_timestep)
     print(f"sample: wrote {cfg.out} ({generated.shape[-3]} frames: {cfg.chunks} chunk(s) of {cfg.frames}, "
           f"{cfg.height}x{cfg.width}, {cfg.steps} steps, {sampler}, "

@@ -2,23 +2,25 @@
 Predict2, flow.training_loss for Predict2.5), its learning-rate schedule and the held-out loss. train.py runs it as
 the `sft` objective; grpo.py and nft.py are the RL ones.
 
-Contents, top to bottom: the loss -> one step -> the schedule -> the held-out loss -> the objective.
+Contents, top to bottom: the loss -> one step -> the schedule -> the held-out loss -> the objective (NAME, CONFIG,
+MAY_CHANGE, TINY, validate, resume_keys, rewards, make: the same names as grpo.py's and nft.py's).
 """
 import math
 
 import numpy as np
 import torch
 
-from build import family
-from collectives import all_mean, any_rank, ranks_any
-from objective import Objective, clip_and_step, sample_seed
+from base.collectives import all_mean, any_rank, ranks_any
+from engine.objective import Objective, clip_and_step, sample_seed
+from engine.rl import unused_rl_flags
+from nets.family import family_of
 
 
 def training_loss(net, cfg, latent, cond, seeds):
     """The video2world training loss of the net's family (edm.training_loss: Predict2; flow.training_loss:
     Predict2.5), one seed per sample. cond: the batch's record (train.condition_of); the family redraws its
     conditioning frames per sample."""
-    return family(net.cfg).training_loss(net, latent, cond, seeds, cfg)
+    return family_of(net.cfg).training_loss(net, latent, cond, seeds, cfg)
 
 
 def sft_step(net, optimizer, trainable, cfg, next_batch, step, rank, world):
@@ -44,7 +46,7 @@ def sft_step(net, optimizer, trainable, cfg, next_batch, step, rank, world):
 
 def nonfinite_cause(cfg, net, trainable, bad_loss, bad_batch, device):
     """Collective: the likely cause of a skipped SFT step, from what was NaN/Inf on any rank."""
-    scale = family(net.cfg).nonfinite_hint(cfg)
+    scale = family_of(net.cfg).nonfinite_hint(cfg)
     if bad_batch:
         return "a NaN/Inf in the batch (the clips' latents, text embeddings or cameras): check the data"
     weights = [p.to_local() if hasattr(p, "to_local") else p for p in trainable]
@@ -84,20 +86,39 @@ def evaluate(net, cfg, batches):
 
 
 # -----------------------------------------------------------------------------
-# The sft row of train.py's objective table
+# The objective: what train.py's loop and flags need of SFT (grpo.py and nft.py have the same names; train.objective_of
+# picks one)
+
+NAME = "sft"
+CONFIG = None  # SFT's knobs are TrainConfig's own (--lr, --warmup, ...)
+MAY_CHANGE = ()  # of CONFIG's knobs, those a resumed run may change
+TINY = {}  # the tiny default's settings of this objective (train.TINY is SFT's)
 
 
-def objective(run, net, optimizer_params, vae, neg_text, terms):
-    """The sft row of train.py's objective table. run: train.Run (cfg, optimizer, device, dp_rank, dp_world)."""
+def validate(cfg, given):
+    """{flag: why it does nothing} for the RL flags given to an SFT run."""
+    return unused_rl_flags(cfg, given, NAME)
+
+
+def resume_keys(cfg):
+    return []
+
+
+def rewards(cfg):
+    return None  # SFT scores no samples
+
+
+def make(run, net, optimizer_params, vae, neg_text, terms):
+    """The record of SFT for train.py's loop. run: train.Run (cfg, optimizer, device, dp_rank, dp_world)."""
     cfg = run.cfg
 
     def step(step, next_batch):
         loss, grad_norm, cause = sft_step(net, run.optimizer, optimizer_params, cfg, next_batch, step,
-                                              run.dp_rank, run.dp_world)
+                                          run.dp_rank, run.dp_world)
         return {"loss": all_mean(loss, run.device), "grad_norm": grad_norm, **nonfinite_fields(cause)}
     return Objective(lr_at=lambda s: lr_at(cfg, s), betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
                      schedule=f"lr {cfg.lr:g} (warm-up {cfg.warmup}, cosine to x{cfg.lr_min_ratio}), clip "
                               f"{cfg.grad_clip}",
                      step=step, held_out=lambda batches, truths: evaluate(net, cfg, batches), watch=None,
                      bar=lambda row: {"loss": f"{row['loss']:.4f}"}, guidance=cfg.guidance, name="train", mfu=True,
-                     extra_state={}, eval_at_start=False)
+                     extra_state={}, eval_at_start=False, max_psnr_drop=0.0, lr_flag="--lr")

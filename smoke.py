@@ -18,20 +18,20 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import build
-import cli
-import flow
+import condition
 import grpo
 import reward
 import sac
-from actionclips import standin_action
+from base import cli
+from base.camera import split_views
+from base.inits import get_config
+from clips.data import TINY_CONFIGS, VIEW_ORDER
+from engine import build
+from engine.rollout import LOG_SQRT_2PI, rollout_group
 from grpo import GRPOConfig
-from camera import fallback_cameras, split_views, views_map
-from data import TINY_CONFIGS, VIEW_ORDER
-from inits import get_config
-from model import Condition, matmul_peak, model_flops
-from rollout import LOG_SQRT_2PI, rollout_group
-from vae import WanVAE, get_vae_config, latent_frames
+from nets.family import family_of
+from nets.flops import matmul_peak, model_flops
+from nets.vae import WanVAE, get_vae_config, latent_frames
 
 VIEWS = len(VIEW_ORDER)  # a camera net's views (robot/multiview-agibot: 3)
 
@@ -53,7 +53,7 @@ class SmokeConfig:
     vae: str = "auto"  # tiny | real (architecture; random weights); auto = tiny for the tiny DiTs, else real
     seed: int = 0  # weights, condition and rollout noise
     count_flops: str = "false"  # also run FlopCounterMode (true | false | auto = cuda): it defeats activation
-    # checkpointing's memory savings (the 14B update went out of memory at 137 GiB under it); MFU uses model.model_flops
+    # checkpointing's memory savings (the 14B update went out of memory at 137 GiB under it); MFU uses nets/flops.model_flops
     # (on CPU the counter's per-op Python dispatch costs ~10x on the tiny model, and it cannot count CPU attention)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)  # the GRPO knobs, as train.py's --grpo-* (docs/grpo.md)
 
@@ -144,15 +144,10 @@ def make_condition(cfg: SmokeConfig, mcfg, latent_shape, device):
     g = torch.Generator(device=device).manual_seed(cfg.seed + 3)
     emb = torch.randn(2, cfg.text_tokens, mcfg.crossattn_proj_in_channels, generator=g, device=device)
     gt = torch.randn(1, *latent_shape, generator=g, device=device)
-    extra = {}
-    extra["conditional_frame_timestep"] = build.family(mcfg).sampler_defaults(cfg.init, cfg.config)[1]  # Predict2.5's
-    if mcfg.camera_channels:
-        w2c, intrinsics = fallback_cameras(VIEWS, latent_shape[1] // VIEWS, cfg.height, cfg.width)
-        extra["camera"] = views_map(w2c, intrinsics, cfg.height, cfg.width)[None].to(device)
-    extra["action"] = standin_action(mcfg, 1, device, g)  # an action net: a random chunk, flattened
-    mask = flow.frame_mask(gt, VIEWS if mcfg.camera_channels else 0, cfg.cond_frames)
-    return Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt, condition_mask=mask,
-                     key=("smoke-episode", "smoke task"), **extra)
+    return condition.standin(mcfg, gt, emb[:1], neg_crossattn_emb=emb[1:], generator=g,
+                             views=VIEWS if mcfg.camera_channels else 0, cond_frames=cfg.cond_frames,
+                             pixels=(cfg.height, cfg.width), key=("smoke-episode", "smoke task"),
+                             conditional_frame_timestep=family_of(mcfg).sampler_defaults(cfg.init, cfg.config)[1])
 
 
 # -----------------------------------------------------------------------------
@@ -185,7 +180,7 @@ def main(argv=None):
     if device.type == "cuda":
         with phases("peak"):
             peak_flops = matmul_peak(device, torch.bfloat16)
-        print(f"measured matmul peak: {peak_flops / 1e12:.1f} TFLOP/s (bf16 8192^3 matmul, model.matmul_peak)")
+        print(f"measured matmul peak: {peak_flops / 1e12:.1f} TFLOP/s (bf16 8192^3 matmul, nets/flops.matmul_peak)")
 
     cond = make_condition(cfg, mcfg, latent_shape, device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)

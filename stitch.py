@@ -48,11 +48,20 @@ import imageio_ffmpeg
 import numpy as np
 from tqdm import tqdm
 
-import actions
-import cli
-from lerobot import (SLOTS, BadParquet, Episode, Source, camera_summary, check_frames_table,  # make_synthetic:
-                     make_synthetic, open_source, read_cameras, select_episodes)  # --synthetic; the tiny default's
-from video import check_ffmpeg, ffmpeg_exe, probe_video, sha1_file, write_atomic
+from base import actions, cli
+from base.lerobot import (  # make_synthetic:
+    SLOTS,
+    BadParquet,
+    Episode,
+    Source,
+    camera_summary,
+    check_frames_table,
+    make_synthetic,  # --synthetic; the tiny default's
+    open_source,
+    read_cameras,
+    select_episodes,
+)
+from base.video import check_ffmpeg, ffmpeg_exe, probe_video, sha1_file, write_atomic
 
 RECIPE_VERSION = 1  # bump when the code changes the bytes written for the same recipe
 DROID_TEMPLATE = (

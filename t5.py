@@ -43,8 +43,8 @@ import safetensors
 import safetensors.torch
 import torch
 
-import cli
-from data import NEGATIVE_STEM, REASON1_FORMAT, list_videos, reason1_path
+from base import cli
+from clips.data import NEGATIVE_STEM, REASON1_FORMAT, list_videos, reason1_path
 
 ENCODERS = ("t5", "reason1")
 FOLDERS = {"t5": "t5_xxl", "reason1": "reason1"}  # under ROOT

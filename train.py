@@ -25,32 +25,29 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-import actionclips
 import cache
 import ckpt
-import cli
-import collectives
-import cp
-import data
-import flow
-import lerobot
-import resume
-import rundir
-import reward
-import rl
+import condition
+import grpo
+import nft
 import sac
 import sft
 import stitch
-import vae as vae_lib
-from build import FAMILIES, NetSpec, compile_seconds, describe, family, materialise, meta_net, trainable
-from camera import stack_views, views_map
-from data import TINY_CONFIGS, standin_text, tiny_data
-from generate import write_sample
+from base import cli, collectives, cp, lerobot
+from base.camera import stack_views
+from base.inits import CONFIGS, get_config
+from clips import actionclips, data
+from clips.data import TINY_CONFIGS, standin_text, tiny_data
+from engine import resume, rl, rundir
+from engine.build import NetSpec, build_vae, compile_seconds, describe, materialise, meta_net, trainable
+from engine.generate import write_sample
+from engine.objective import Objective, held_out_slots
 from grpo import GRPOConfig
-from inits import CONFIGS, get_config
-from model import Condition, matmul_peak, model_flops, num_params
+from model import num_params
+from nets import vae as vae_lib
+from nets.family import FAMILIES, family_of
+from nets.flops import matmul_peak, model_flops
 from nft import NFTConfig
-from objective import Objective, held_out_slots
 
 # -----------------------------------------------------------------------------
 # Config: every field is a --flag (cli.py: the comment is its --help); unknown flags are an error. 0 / "" / -1 mean
@@ -125,10 +122,6 @@ TINY = dict(data="data/tiny_grid", vae="tiny", frames=9, height=64, width=112, s
             save_every=500, sample_every=500, text_len=16, workers=0, cache_latents=True, holdout=2)
 # tiny-action learns to follow its commands: 36 episodes for 6000 steps at 3e-3, 4 held out (docs/actions.md "Measured")
 TINY_ACTION = dict(steps=6000, lr=3e-3, holdout=4)
-# RL on a tiny config (from the tiny SFT checkpoint, docs/grpo.md "The tiny default"): 8 samples a group, 4 groups an
-# update, a held-out evaluation every 5 updates
-TINY_RL = dict(steps=30, save_every=15, sample_every=15, eval_every=5, eval_steps=20, batch_size=4,
-               reward="reward:wrist_brightness", grpo=dict(group_size=8, lr=3e-3), nft=dict(group_size=8, lr=3e-3))
 REAL = dict(vae="real", frames=93, height=432, width=768, steps=20000, lr=2 ** -14.5, warmup=1000, save_every=200,
             sample_every=1000)
 FAMILY_ONLY = {k: f.NAME for f in FAMILIES for k in f.TRAIN_FLAGS}  # loss knobs of one model family: its owner
@@ -141,9 +134,8 @@ def parse_config(argv):
         preset.update(TINY_ACTION)
     if name in CONFIGS and CONFIGS[name].action_dim:  # upstream samples its action net without CFG: the actions stay
         preset["guidance"] = 0.0  # in the uncond branch, so the prompt is all guidance would push (docs/actions.md)
-    objective = given.get("objective", TrainConfig.objective)
-    if name in TINY_CONFIGS and objective != "sft":  # the chosen objective's knobs only: config.json records no
-        preset.update({k: v for k, v in TINY_RL.items() if k not in rl.MAY_CHANGE or k == objective})  # unused ones
+    if name in TINY_CONFIGS:  # the objective's own tiny settings (RL: from the tiny SFT checkpoint, rl.TINY)
+        preset.update(objective_of(given.get("objective", TrainConfig.objective)).TINY)
     return validate(cli.build(TrainConfig, preset, given), given)
 
 
@@ -151,15 +143,14 @@ def validate(cfg, given=None):
     """Fail fast, before anything is built or written: every setting is used, validated or refused."""
     given = cli.flatten(given or {})
     mcfg = get_config(cfg.config)  # raises with the valid names
-    if cfg.objective not in rl.OBJECTIVES:
-        raise ValueError(f"--objective {cfg.objective!r}: valid are {', '.join(rl.OBJECTIVES)}")
+    objective = objective_of(cfg.objective)  # raises with the valid names
     unused = {}
     views = len(data.VIEW_ORDER) if mcfg.camera_channels else 1  # stacked on latent time, split with it
     cp.check_split(cfg.cp, cfg.config, mcfg.num_heads, vae_lib.latent_frames(cfg.frames) * views, cfg.frames)
     if cfg.cp > 1 and cfg.sac == "auto":
         raise ValueError(f"--cp {cfg.cp} with --sac auto: the auto plan measures a block without CP; pick a --sac mode"
                          f" with `bench.py --world N --cp {cfg.cp}` (docs/memory.md)")
-    unused.update(rl.validate_objective(cfg, given))
+    unused.update(objective.validate(cfg, given))  # RL: imports the reward plug-ins (a typo fails before a model)
     if cfg.lora == 0:
         unused.update({k: "without --lora" for k in ("lora_alpha",) if k in given})
     if cfg.sac in ("none", "auto"):
@@ -171,18 +162,16 @@ def validate(cfg, given=None):
     if cfg.sample_every == 0:
         unused.update({k: "with --sample-every 0" for k in ("sample_steps", "guidance") if k in given})
     unused.update({k: f"with --config {cfg.config} (a {owner} loss setting)" for k, owner in FAMILY_ONLY.items()
-                   if k in given and k not in family(mcfg).TRAIN_FLAGS})
+                   if k in given and k not in family_of(mcfg).TRAIN_FLAGS})
     if unused:
         raise ValueError("; ".join(f"{cli.flag(k)} does nothing {why}" for k, why in unused.items())
                          + ": drop it (nothing is silently ignored)")
-    if cfg.objective != "sft":
-        reward.parse_rewards(cfg.reward)  # imports the plug-ins now: a typo fails before any model is built
     if cfg.ema_weights not in ("", "net", "net_ema"):
         raise ValueError(f"--ema-weights {cfg.ema_weights!r}: net or net_ema")
     if cfg.save_every < 0:
         raise ValueError(f"--save-every {cfg.save_every}: >= 0 (0 = only at the end and on a signal)")
     if "conditional_frame_timestep" not in given:  # upstream's value for the checkpoint (Predict2: never read)
-        cfg.conditional_frame_timestep = family(mcfg).sampler_defaults(cfg.init, cfg.config)[1]
+        cfg.conditional_frame_timestep = family_of(mcfg).sampler_defaults(cfg.init, cfg.config)[1]
     if cfg.conditional_frame_timestep != -1 and not 0 <= cfg.conditional_frame_timestep < 1000:
         raise ValueError(f"--conditional-frame-timestep {cfg.conditional_frame_timestep}: -1 (the noisy frames' "
                          "time) or a timestep in [0, 1000) (0.1: t = 1e-4)")
@@ -286,14 +275,19 @@ def resume_keys(cfg):
     objective); all others (steps, optimizer, memory and logging settings) may change and are reported."""
     keys = ["config", "init", "ema_weights", "lora", "lora_alpha", "objective", "vae", "vae_ckpt", "frames", "height",
             "width", "text_len", "batch_size", "grad_accum", "seed", "data", "holdout", "ema", "latents"]
-    if cfg.objective != "sft":
-        keys += rl.resume_keys(cfg)
-    return keys
+    return keys + objective_of(cfg.objective).resume_keys(cfg)
 
 
-# The objective table: what differs between SFT and the RL objectives in the loop (objective.Objective; train.py has no
-# other objective branch). The math lives in sft.py, and in rl.py / grpo.py / nft.py.
-OBJECTIVE = {"sft": sft.objective, "grpo": rl.objective, "nft": rl.objective}  # rl.OBJECTIVES
+# The objectives: each module has the same names (NAME, CONFIG, MAY_CHANGE, TINY, validate, resume_keys, rewards,
+# make), and this is the one place --objective is read: the rest of train.py asks the module, never which one it is
+OBJECTIVES = {module.NAME: module for module in (sft, grpo, nft)}
+
+
+def objective_of(name):
+    """The objective module of --objective `name` (sft.py, grpo.py or nft.py); a ValueError names the valid ones."""
+    if name not in OBJECTIVES:
+        raise ValueError(f"--objective {name!r}: valid are {', '.join(OBJECTIVES)}")
+    return OBJECTIVES[name]
 
 
 # -----------------------------------------------------------------------------
@@ -346,7 +340,7 @@ def text_source(run):
                                              f"{cfg.config}'s text is {mcfg.crossattn_proj_in_channels} wide: no "
                                              "released encoder writes it") + ")")
     return dict(text_len=cfg.text_len, text_dim=mcfg.crossattn_proj_in_channels, text="standin" if standin else "t5",
-                seed=cfg.seed, text_encoder="t5" if tiny else family(mcfg).TEXT_ENCODER)
+                seed=cfg.seed, text_encoder="t5" if tiny else family_of(mcfg).TEXT_ENCODER)
 
 
 def load_data(run):
@@ -375,28 +369,13 @@ def load_data(run):
     return dataset, len(dataset) - holdout, text
 
 
-def condition_of(cfg, latent, text, camera, action=None):
-    """The conditioning record of a batch (the one producer, docs/conditioning.md): prompt, clean latent with the
-    first latent frame as the conditioning frame (a camera net: agibot's frame-init mask over the views stacked on
-    time, and their Pluecker map), an action net's chunks [B, T-1, stride*A], the run's conditional_frame_timestep
-    (Predict2.5 only). SFT redraws the mask per sample (sft.training_loss); RL adds the negative prompt and keys."""
-    views = len(data.VIEW_ORDER) if camera is not None else 0
-    mask = flow.frame_mask(latent, views, 1)
-    return Condition(crossattn_emb=text, gt_frames=latent, condition_mask=mask, camera=camera, action=action,
-                     conditional_frame_timestep=cfg.conditional_frame_timestep)
-
-
 def make_encoder(run, vae):
-    """to_latent(batch) -> (latent, its Condition): views are encoded one by one and stacked on latent time, with
-    their Pluecker map built here on the device (~570 MB fp32 per 93x432x768 sample: too big for the DataLoader);
-    camera None for a grid net. --cache-latents keeps encoded clips in memory by (video, start frame)."""
+    """to_latent(batch) -> (latent, its Condition: condition.from_batch): views are encoded one by one and stacked on
+    latent time. --cache-latents keeps encoded clips in memory by (video, start frame)."""
     cfg, device, views, latent_cache = run.cfg, run.device, run.views, {}
 
     def to_latent(batch):
         keys = list(zip(batch["stem"], batch["start"].tolist()))
-        camera = None if not views else views_map(batch["w2c"].to(device), batch["intrinsics"].to(device),
-                                                  cfg.height, cfg.width).to(run.compute_dtype)
-        text = batch["text_emb"].to(device)
         if "latent" in batch:  # --latents: encoded by cache.py exactly as below (views already stacked)
             latent = batch["latent"].to(device).float()
         elif not (cfg.cache_latents and all(k in latent_cache for k in keys)):
@@ -408,7 +387,8 @@ def make_encoder(run, vae):
                 latent_cache.update(zip(keys, latent))
         else:
             latent = torch.stack([latent_cache[k] for k in keys])
-        return latent, condition_of(cfg, latent, text, camera, batch["action"].to(device) if "action" in batch else None)
+        return latent, condition.from_batch(batch, device, cfg.height, cfg.width, run.compute_dtype,
+                                            cfg.conditional_frame_timestep, latent=latent)
     return to_latent
 
 
@@ -498,21 +478,20 @@ def main(argv=None):
 def train(run, lock, dataset, n_train, text, episodes):
     """Everything after the run directory is claimed: model, objective, resume, the loop. Returns the metrics rows."""
     cfg = run.cfg
-    terms = reward.parse_rewards(cfg.reward) if cfg.objective != "sft" else None  # validated: None for SFT only
-    if terms is not None:
-        run.say(rl.reward_line(cfg, terms))
+    module = objective_of(cfg.objective)
+    terms = module.rewards(cfg)  # validated; None for SFT, which scores no samples
     neg_text = None  # the uncond branch of CFG in RL rollouts and samples
-    if cfg.objective != "sft" or cfg.sample_every:
+    if terms is not None or cfg.sample_every:
         neg_text, source = data.negative_embedding(cfg.data, cfg.text_len, text["text_dim"],
                                                    standin=text["text"] == "standin", text_encoder=text["text_encoder"])
         neg_text = neg_text[None]
         run.say(f"negative prompt: {source}")
-    vae = vae_lib.build_vae(cfg.vae, cfg.vae_ckpt, run.device, run.compute_dtype)
+    vae = build_vae(cfg.vae, cfg.vae_ckpt, run.device, run.compute_dtype)
     to_latent = make_encoder(run, vae)
     net, sac_modes = build_net(run)
     rundir.check_lora_base(run, net)
     params = trainable(net)  # after fully_shard: the DTensor parameters
-    objective = OBJECTIVE[cfg.objective](run, net, params, vae, neg_text, terms)
+    objective = module.make(run, net, params, vae, neg_text, terms)
     run.optimizer = make_optimizer(run, objective, params)
     ema = [p.detach().clone() for p in params] if cfg.ema else None
     names = [n for n, p in net.named_parameters() if p.requires_grad]  # the order of `params`
@@ -630,7 +609,8 @@ def train_loop(loop, start_step):
     cfg, run = loop.run.cfg, loop.run
     stop = rundir.stop_on_signals(run.say)  # SIGTERM, SIGUSR1 (pre-emption notices), Ctrl-C: finish, save, exit 0
     peak = matmul_peak(run.device, torch.bfloat16) / 1e12 if run.device.type == "cuda" else None  # TFLOP/s
-    log = rundir.MetricsLog(cfg, run, start_step, loop.has_holdout, rundir.config_hash(cfg, resume_keys(cfg)))
+    log = rundir.MetricsLog(cfg, run, start_step, loop.has_holdout, rundir.config_hash(cfg, resume_keys(cfg)),
+                            loop.objective.max_psnr_drop)
     if loop.objective.eval_at_start and start_step == 0:  # once: a restart keeps it
         row = {"step": 0, **loop.held_out()}
         run.say(f"held-out evaluation before the first update: {row}")
@@ -650,7 +630,8 @@ def train_loop(loop, start_step):
             loop.objective.watch(row, log.history[:-1], lambda stop: collectives.any_rank(stop, run.device))
         if run.master:
             bar.set_postfix(**loop.objective.bar(row), s_it=f"{row['s_per_step']:.2f}")
-        nonfinite = rundir.count_nonfinite(row, nonfinite, cfg, say=lambda line: run.master and tqdm.write(line))
+        nonfinite = rundir.count_nonfinite(row, nonfinite, cfg, loop.objective,
+                                           say=lambda line: run.master and tqdm.write(line))
         if cfg.sample_every and done % cfg.sample_every == 0:
             loop.write_sample(done)
         if stopping:

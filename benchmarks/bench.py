@@ -14,7 +14,7 @@
 Without --world: forward + backward, no optimizer step. The model is built on `meta`, materialised in bf16 on the
 GPU with random weights (no download), and trained on random latents [1, 16, T, H/8, W/8] (T = 1 + (frames-1)/4, the
 Wan VAE's compression) with a 512 x 1024 text embedding and the video2world condition mask. Model FLOPs come from the
-explicit formula in `model.model_flops`; MFU is against a bf16 matmul peak measured in the same process.
+explicit formula in `nets/flops.model_flops`; MFU is against a bf16 matmul peak measured in the same process.
 With --world N: train.py's step (fp32 master weights, collectives.shard_model's FSDP2, bf16 compute, AdamW) as rank 0 of N
 ranks under a fake process group: per-rank memory, compute s/step, FSDP bytes moved and a projected step time
 (docs/memory.md, "Before you queue a job"). An out-of-memory is reported as status "OOM", not a crash. With --cp C
@@ -45,19 +45,25 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-import build  # noqa: E402
 import ckpt  # noqa: E402
 import grpo  # noqa: E402
-import cli  # noqa: E402
-import cp  # noqa: E402
 import peer  # noqa: E402  (bench.py --vs; peer.py imports benchstep, never bench)
 import rlplan  # noqa: E402  (bench.py --world --rl: an RL update's plan)
-import rollout  # noqa: E402
 import sac  # noqa: E402
+from base import (
+    cli,  # noqa: E402
+    cp,  # noqa: E402
+)
+from base.inits import get_config  # noqa: E402
 from benchstep import build_net, emit, latent_shape, make_batch, timer, train_step  # noqa: E402
-from inits import get_config  # noqa: E402
-from lora import add_lora, quantize_base  # noqa: E402
-from model import DiT, matmul_peak, model_flops, num_params  # noqa: E402
+from engine import (
+    build,  # noqa: E402
+    rollout,  # noqa: E402
+)
+from model import DiT, num_params  # noqa: E402
+from nets.family import family_of
+from nets.flops import matmul_peak, model_flops
+from nets.lora import add_lora, quantize_base  # noqa: E402
 
 
 @dataclass
@@ -416,7 +422,7 @@ def run_grpo(b: BenchConfig):
     cond = dataclasses.replace(batch["cond"], neg_crossattn_emb=torch.randn(
         batch["cond"].crossattn_emb.shape, device=device, generator=g).to(dtype))
     gcfg = grpo.GRPOConfig(group_size=K, num_steps=2, recompute_old_logp=True)
-    family = build.family(cfg)  # its 2-step rollout grid: a stochastic step 0, a deterministic last step
+    family = family_of(cfg)  # its 2-step rollout grid: a stochastic step 0, a deterministic last step
     sigmas, timesteps = family.rollout_grid(2)
     (alpha, beta), last = [rollout.step_coefficients("ddim_eta", sigmas[i], sigmas[i + 1], eta, family)
                            for i, eta in enumerate((0.5, 0.0))]
@@ -489,8 +495,9 @@ def parity(b: BenchConfig):
     """The upstream v2w reference case (CPU fp32 outputs) run here in fp32, bf16 and bf16 with the fp8 base (--fp8):
     how close is this device, and what does fp8 add to bf16's error?"""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    import check_reference
     from safetensors.torch import load_file
+
+    import check_reference
     stem = os.path.join(ROOT, "tests", "data", "reference", "v2w_lora_cond")
     case, io = json.load(open(stem + ".json")), load_file(stem + ".io.safetensors")
     res = dict(parity="v2w_lora_cond", device=b.device, torch=torch.__version__)

@@ -10,13 +10,10 @@ import time
 
 import torch
 
-import build
-import flow
-from actionclips import standin_action
-from camera import fallback_cameras, views_map
-from edm import denoise
-from model import Condition
-from vae import latent_frames
+import condition
+from engine import build
+from nets.edm import denoise
+from nets.vae import latent_frames
 
 
 def latent_shape(b):
@@ -57,13 +54,9 @@ def make_batch(b, cfg, device, dtype):
     eps = torch.randn(shape, device=device, generator=g)
     text = torch.randn(1, b.text_len, cfg.crossattn_proj_in_channels, device=device, generator=g).to(dtype)
     sigma = torch.ones(1, device=device)
-    mask = flow.frame_mask(x0, b.views, b.cond_frames)  # agibot's frame-init mask for its views
-    camera = None  # a camera net: a map of the fallback rig (its cost is the shape's, not the values')
-    if cfg.camera_channels:
-        w2c, intrinsics = fallback_cameras(b.views, shape[2] // b.views, b.height, b.width)
-        camera = views_map(w2c, intrinsics, b.height, b.width)[None].to(device, dtype)
-    cond = Condition(crossattn_emb=text, gt_frames=x0, condition_mask=mask, camera=camera,
-                     action=standin_action(cfg, shape[0], device, g))
+    # agibot's frame-init mask and a map of the fallback rig for a camera net (its cost is the shape's, not the values')
+    cond = condition.standin(cfg, x0, text, views=b.views, cond_frames=b.cond_frames, pixels=(b.height, b.width),
+                             camera_dtype=dtype, generator=g)
     batch = dict(x0=x0, eps=eps, sigma=sigma, cond=cond, offload=b.offload)
     return batch
 

@@ -57,12 +57,25 @@ from torch._dynamo.utils import counters
 from torch.nn.attention import SDPBackend, _cur_sdpa_kernel_backends
 
 import benchstep
-import cli
 import sac
-from inits import get_config
-from peer_net import (PeerNet, build_stock, compare, diffusers_inputs, diffusers_lora_targets, import_diffusers,
-                      their_decode, their_encode, to_diffusers, transformer_kwargs, vae_to_diffusers, velocity, weights)
-from vae import WanVAE, get_vae_config
+from base import cli
+from base.inits import get_config
+from nets.vae import WanVAE, get_vae_config
+from peer_net import (
+    PeerNet,
+    build_stock,
+    compare,
+    diffusers_inputs,
+    diffusers_lora_targets,
+    import_diffusers,
+    their_decode,
+    their_encode,
+    to_diffusers,
+    transformer_kwargs,
+    vae_to_diffusers,
+    velocity,
+    weights,
+)
 
 PEFT_MISSING = ("--lora with stock diffusers (--vs-standalone, --vs-side stock) needs PEFT, diffusers' LoRA backend "
                 "(pip install peft>=0.17.0); or drop --vs-standalone")

@@ -1,7 +1,7 @@
 """diffusers' networks fed our weights: the key maps ours -> diffusers, the builds and the call adapter.
 
     peer = to_diffusers(net)                  # a diffusers-built CosmosTransformer3DModel, net's values copied in
-    y = PeerNet(peer, net.cfg)(x, t, Condition(text, condition_mask=mask))   # behind our DiT.forward signature
+    y = PeerNet(peer, net.cfg)(x, t, cond)    # behind our DiT.forward signature (cond: a condition.Condition)
     vae = vae_to_diffusers(ours)              # AutoencoderKLWan, likewise; their_encode / their_decode
 
 Every diffusers model here is built by diffusers itself from its config, on the device and in the dtype it is used
@@ -16,11 +16,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import build
-from lora import LORA_TARGETS, LoRALinear, add_lora
-from edm import denoise
-from model import Condition
-from vae import LATENT_MEAN, LATENT_STD
+from condition import Condition
+from engine import build
+from nets.edm import denoise
+from nets.lora import LORA_TARGETS, LoRALinear, add_lora
+from nets.vae import LATENT_MEAN, LATENT_STD
 
 MISSING = "bench.py --vs diffusers needs diffusers (pip install diffusers==0.42.1); it is a benchmark-only dependency"
 

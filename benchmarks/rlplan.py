@@ -21,18 +21,18 @@ import typing
 
 import torch
 
-import cli
-import flow
+import condition
 import grpo
 import nft
-import rollout
 import sac
-from actionclips import standin_action
+from base import cli
+from base.inits import get_config
 from benchstep import latent_shape, make_batch, timer, train_step
-from edm import denoise
-from inits import get_config
-from model import Condition, map_tensors
-from vae import WanVAE, build_vae, get_vae_config
+from condition import map_tensors
+from engine import rollout
+from engine.build import build_vae
+from nets.edm import denoise
+from nets.vae import WanVAE, get_vae_config
 
 OBJECTIVES = {"grpo": grpo.GRPOConfig, "nft": nft.NFTConfig}
 VAES = ("real", "tiny", "none")  # --rl-vae: the decode a reward that reads pixels runs (none: latent-only rewards)
@@ -119,9 +119,8 @@ def standin_conditions(b, mcfg, groups):
     """One Condition per group on a 2 x 2 latent of the plan's frames (the call counts do not depend on H, W)."""
     gt = torch.zeros(1, 16, latent_shape(b)[2], 2, 2)
     emb = torch.zeros(1, 1, mcfg.crossattn_proj_in_channels)
-    mask = flow.frame_mask(gt, b.views, b.cond_frames)
-    return [Condition(crossattn_emb=emb, neg_crossattn_emb=emb, gt_frames=gt, condition_mask=mask, key=(0, g),
-                      action=standin_action(mcfg, 1)) for g in range(groups)]
+    return [condition.standin(mcfg, gt, emb, neg_crossattn_emb=emb, views=b.views, cond_frames=b.cond_frames,
+                              key=(0, g)) for g in range(groups)]
 
 
 def count_update(b, cfg, mcfg):

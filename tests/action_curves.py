@@ -73,9 +73,8 @@ VARIANTS["combo80"] = {"data": dict(COMBO, episodes=80), "flags": ["--holdout", 
 
 def patch(variant: dict):
     """Apply a variant's network and data changes to this process's modules (before train/evaluate read them)."""
-    import actionclips
-    import inits
-    import lerobot
+    from base import inits, lerobot
+    from clips import actionclips
     inits.CONFIGS["tiny-action"] = replace(inits.CONFIGS["tiny-action"], **variant.get("net", {}))
     knobs = dict(BASE_DATA, **variant.get("data", {}))
     lerobot.ACTION_SQUARE = knobs["square"]

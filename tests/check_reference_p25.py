@@ -25,8 +25,8 @@ import torch
 from safetensors.torch import load_file
 
 from check_reference import BOUND, MISSING, build_dit_case, max_abs
-import flow
-from model import Condition, condition_mask
+from condition import Condition, condition_mask
+from nets import flow
 
 GRID_SIGMA_BOUND = 1e-7  # the reference README: fp32 sigmas are 3e-8 from the float64 formula
 UNIPC_BOUND = 1e-5  # the README: a float64 implementation of the formulas moves the states by 1.4e-6
@@ -171,7 +171,7 @@ def check_condition_draws(book, spec):
         B, T = theirs.shape[0], theirs.shape[2]
         n = [flow.num_conditional_frames(stream.random(), T) for _ in range(B)]
         book.compare(key, condition_mask(torch.zeros(B, 1, T, 1, 1), torch.tensor(n)), 0.0,
-                     f"{key} (n = {n}, model.condition_mask)")
+                     f"{key} (n = {n}, condition.condition_mask)")
     stream = random.Random(0)
     n = [flow.num_conditional_frames(stream.random(), 4) for _ in range(40_000)]
     frequencies = spec["empirical_frequencies_40000_draws_random_seed_0"]

@@ -2,7 +2,11 @@
 
     python tests/compare_metrics.py BEFORE AFTER    # exit 1 if any run differs or is missing
 """
-import json, sys, os, re
+import json
+import os
+import re
+import sys
+
 base, new = sys.argv[1], sys.argv[2]
 TIMING = re.compile(r"^(s_|time|wall|mfu|peak|mem|.*_s$|.*per_s|it_s|elapsed|tflops|step_s|gib)")
 bad = 0

@@ -16,15 +16,18 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ckpt  # noqa: E402
-import data  # noqa: E402
 import grpo  # noqa: E402
-import vae as vae_lib  # noqa: E402
-from inits import get_config  # noqa: E402
-from model import uncond  # noqa: E402
-from lora import add_lora  # noqa: E402
-from model import Condition, DiT, condition_mask  # noqa: E402
-from rollout import generated_mask, guide, mean_of, predict, rollout_group  # noqa: E402
-
+from base.inits import get_config  # noqa: E402
+from clips import data  # noqa: E402
+from condition import (  # noqa: E402
+    Condition,
+    condition_mask,
+    uncond,  # noqa: E402
+)
+from engine import build  # noqa: E402
+from engine.rollout import generated_mask, guide, mean_of, predict, rollout_group  # noqa: E402
+from model import DiT
+from nets.lora import add_lora  # noqa: E402
 
 
 def branches(net, x, step, grid, cond, cfg):
@@ -61,7 +64,7 @@ def main():
     net.init_weights()
     ckpt.load(net, args.init)
     params = add_lora(net, 4)
-    codec = vae_lib.build_vae("tiny", "", torch.device("cpu"), torch.float32)
+    codec = build.build_vae("tiny", "", torch.device("cpu"), torch.float32)
     item = data.GridClips(args.data, 9, 64, 112, text_len=16, text_dim=1024, text="standin")[(0, 0)]
     latent = codec.encode(item["video"][None]).float()
     cond = Condition(crossattn_emb=item["text_emb"][None], neg_crossattn_emb=torch.zeros(1, 16, 1024),

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from vae import WanVAE, get_vae_config, vae_config_from_upstream  # noqa: E402
+from nets.vae import WanVAE, get_vae_config, vae_config_from_upstream  # noqa: E402
 
 LATENT_BOUND = 1e-5
 DECODED_BOUND = 3e-5

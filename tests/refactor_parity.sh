@@ -29,8 +29,8 @@ python evaluate.py $OUT/sft --steps 4 --plot $OUT/c1.png > $OUT/e_sft.json 2> $O
 python evaluate.py $OUT/p25 --steps 4 --plot $OUT/c2.png > $OUT/e_p25.json 2> $OUT/e_p25.log || true
 python smoke.py > $OUT/smoke.log 2>&1 || true
 python train.py --config tiny-action --steps 20 --save-every 20 --eval-every 10 --warmup 5 $R --out $OUT/act > $OUT/act.log 2>&1
-python train.py --config tiny-action --objective nft --lora 4 --init $OUT/act/step_00000020 --guard-max-ratio 0.99 --steps 1 --save-every 1 --eval-every 1 --eval-steps 4 --batch-size 1 --nft-group-size 2 $R --out $OUT/actnft > $OUT/actnft.log 2>&1
-python train.py --config tiny-action --objective grpo --lora 4 --init $OUT/act/step_00000020 --guard-max-ratio 0.99 --steps 1 --save-every 1 --eval-every 1 --eval-steps 4 --batch-size 1 --grpo-group-size 2 --grpo-num-steps 4 $R --out $OUT/actgrpo > $OUT/actgrpo.log 2>&1
+python train.py --config tiny-action --objective nft --lora 4 --init $OUT/act/step_00000020 --guard-max-ratio 10 --steps 1 --save-every 1 --eval-every 1 --eval-steps 4 --batch-size 1 --nft-group-size 2 $R --out $OUT/actnft > $OUT/actnft.log 2>&1
+python train.py --config tiny-action --objective grpo --lora 4 --init $OUT/act/step_00000020 --guard-max-ratio 10 --steps 1 --save-every 1 --eval-every 1 --eval-steps 4 --batch-size 1 --grpo-group-size 2 --grpo-num-steps 4 $R --out $OUT/actgrpo > $OUT/actgrpo.log 2>&1
 python sample.py --ckpt $OUT/act --steps 6 --chunks 2 --out $OUT/s_act.mp4 > $OUT/s_act.log 2>&1
 python evaluate.py $OUT/act --steps 4 --chunks 2 --plot $OUT/c3.png > $OUT/e_act.json 2> $OUT/e_act.log || true
 echo done

@@ -11,18 +11,18 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_stitch import V21, V30, manifest, skips
 from torch.utils.data import DataLoader
 
-import actions
 import check_reference
 import ckpt
-import lerobot
 import stitch
 import train
-from actionclips import ActionClips, ViewActionClips
-from inits import config_from_upstream, get_config
-from model import Condition, DiT, num_params
-from test_stitch import V21, V30, manifest, skips
+from base import actions, lerobot
+from base.inits import config_from_upstream, get_config
+from clips.actionclips import ActionClips, ViewActionClips
+from condition import Condition
+from model import DiT, num_params
 
 ACTION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "action")
 BOUND = 2e-5

@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-import actionclips
 import evaluate
-import lerobot
 import sample
 import train
-from fidelity import view_metrics
-from model import uncond
+from base import lerobot
+from clips import actionclips
+from clips.fidelity import view_metrics
+from condition import uncond
+from nets.vae import LinearCodec
 from run_utils import check, script, script_beside
-from vae import LinearCodec
 
 SHORT = ["--sample-every", "0", "--save-every", "100", "--workers", "0"]
 
@@ -54,7 +54,7 @@ def test_actions_travel_in_the_record_to_sft_held_out_batches_and_cfgs_uncond_br
     cfg = train.parse_config(["--config", "tiny-action", "--data", action_grid, "--out", action_run] + SHORT)
     run = train.setup(cfg)
     dataset, n_train, _ = train.load_data(run)
-    to_latent = train.make_encoder(run, __import__("vae").build_vae("tiny", "", run.device, torch.float32))
+    to_latent = train.make_encoder(run, __import__("engine.build", fromlist=["build"]).build_vae("tiny", "", run.device, torch.float32))
     latent, cond = to_latent(torch.utils.data.default_collate([dataset[(0, 3)]]))
     assert cond.action.shape == (1, 8, 8) and torch.equal(cond.action[0], dataset[(0, 3)]["action"])
     assert uncond(cond).action is cond.action  # CFG's uncond branch drops the prompt, never the actions
@@ -106,7 +106,7 @@ def test_evaluate_scores_each_chunk_of_a_rollout_and_the_action_gap(action_run, 
 
 
 def test_rl_rollouts_and_their_held_out_evaluation_carry_the_actions(action_run, tmp_path, monkeypatch):
-    import rl
+    from engine import rl
     seen = []
     real = rl.from_first_frame
     monkeypatch.setattr(rl, "from_first_frame", lambda net, vae, truth, cond, *a: seen.append(cond.action) or

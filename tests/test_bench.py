@@ -8,14 +8,14 @@ import pytest
 import torch
 
 import bench
-import rlplan
-import collectives
 import peer_net
+import rlplan
 import sac
+from base import collectives
+from base.inits import get_config
 from dist_utils import run_dist
-from inits import get_config
-from lora import add_lora
 from model import DiT
+from nets.lora import add_lora
 
 SMALL = ["--device", "cpu", "--dtype", "float32", "--config", "tiny", "--frames", "5", "--height", "64", "--width",
          "64", "--text-len", "8", "--steps", "1", "--warmup", "0"]
@@ -300,7 +300,7 @@ def test_rl_plan_flags_checked(flags, match):
 def test_rl_plan_runs_the_fp8_base_on_one_rank_only(monkeypatch):
     """--fp8 --lora: train.py holds the e4m3 base whole on every rank, which one rank is: --world 1 --rl runs every
     call through fp8.linear; more ranks stay refused."""
-    import fp8
+    from base import fp8
     calls, fp8_linear = [], fp8.linear
     monkeypatch.setattr(fp8, "linear", lambda *a, **k: calls.append(1) or fp8_linear(*a, **k))
     res = rlplan.run(rl_flags("--fp8", "--rl", "nft", "--rl-k", "2", "--rl-steps", "2", "--rl-vae", "none"),

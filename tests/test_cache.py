@@ -14,9 +14,9 @@ import torch
 from torch.utils.data import DataLoader
 
 import cache
-import data
-import vae
+from clips import data
 from dist_utils import run_dist
+from nets import vae
 
 # stitch, synthetic and sample are imported where used: the 2-rank test's spawned processes import this module, and
 # those would double their start-up (the DiT, pyarrow)
@@ -41,7 +41,7 @@ def one_thread():  # before the module's fixtures: the tiny VAE is ~10x slower o
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     import stitch
-    import lerobot
+    from base import lerobot
     root = tmp_path_factory.mktemp("cache_data")
     lerobot.make_synthetic(str(root / "src"), lengths=(24, 20, 8, 28), cameras=True)
     for layout in ("grid", "views"):
@@ -102,7 +102,7 @@ def test_cached_windows_are_the_vae_encoding_of_gridclips_windows(folders, built
         index = json.load(f)
     assert {s: e["starts"] for s, e in index["videos"].items()} == STARTS and list(index["videos"]) == STEMS
     clips = data.GridClips(str(folders / "grid"), FRAMES, *SIZE, **TEXT)
-    net = vae.build_vae("tiny", "", CPU, torch.float32)
+    net = cache.build_vae("tiny", "", CPU, torch.float32)
     for i, stem in enumerate(STEMS):
         tensors = cached(out, stem)
         assert tensors["latent"].shape == (len(STARTS[stem]), 16, 2, SIZE[0] // 8, SIZE[1] // 8)
@@ -166,7 +166,7 @@ def test_a_stale_cache_is_refused_in_one_line_naming_what_changed(folders, built
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)  # a WanVAE of the tiny config (build_vae("tiny") is the weight-free LinearCodec)
         safetensors.torch.save_file(vae.WanVAE(vae.get_vae_config("tiny")).state_dict(), ckpt)
-    monkeypatch.setattr(vae, "build_vae", fake_real_vae)
+    monkeypatch.setattr(cache, "build_vae", fake_real_vae)
     real = tmp_path / "real"
     cache.build(config(grid, real, vae="real", vae_ckpt=ckpt), CPU)
     cache.check_cache(str(real), grid, **(KEY | dict(vae="real", vae_ckpt=ckpt)))
@@ -298,7 +298,7 @@ def test_a_restitched_video_is_refused_by_the_reader_and_reencoded_by_a_rerun(fo
     summary = cache.build(config(grid, again), CPU)
     assert (summary["encoded"], summary["reused"]) == ([STEMS[1]], [STEMS[0], STEMS[2]])
     clips = data.GridClips(str(grid), FRAMES, *SIZE, **TEXT)
-    expected = vae.build_vae("tiny", "", CPU, torch.float32).encode(window_of(clips, 1, 0)["video"][None])[0]
+    expected = cache.build_vae("tiny", "", CPU, torch.float32).encode(window_of(clips, 1, 0)["video"][None])[0]
     ds = cache.LatentClips(str(again), str(grid), FRAMES, *SIZE, **TEXT, vae="tiny", dtype="fp32")
     assert torch.equal(ds[1]["latent"], expected)
 
@@ -339,13 +339,13 @@ def test_two_gloo_ranks_encode_each_video_once(folders, built, tmp_path):
 
 
 def test_views_round_trip_with_their_cameras(folders, tmp_path):
-    from camera import stack_views
+    from base.camera import stack_views
     views, out = str(folders / "views"), tmp_path / "views"
     summary = cache.build(config(views, out), CPU)
     assert (summary["videos"], summary["windows"]) == (3, 5)
     clips = data.ViewClips(views, FRAMES, *SIZE, **TEXT)
     ds = cache.LatentClips(str(out), views, FRAMES, *SIZE, **TEXT, vae="tiny", dtype="fp32")
-    net = vae.build_vae("tiny", "", CPU, torch.float32)
+    net = cache.build_vae("tiny", "", CPU, torch.float32)
     for i, stem in enumerate(STEMS):
         tensors = cached(out, stem)
         assert tensors["latent"].shape == (len(STARTS[stem]), 16, 3 * 2, SIZE[0] // 8, SIZE[1] // 8)

@@ -4,12 +4,12 @@ function are failures, never skipped."""
 import json
 import os
 
+import check_reference_p25
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import check_reference_p25
-import flow
+from nets import flow
 
 REF = load_file(os.path.join(os.path.dirname(__file__), "data", "flow_ref.safetensors"))
 GRIDS = ("shift5_N4", "karras_N8")

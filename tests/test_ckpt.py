@@ -22,12 +22,14 @@ from torch.distributed.tensor import DTensor
 
 import bench
 import ckpt
-import resume
+import export
+from base.inits import get_config
+from condition import Condition
 from dist_utils import run_dist
-from inits import get_config
-from lora import add_lora
-from edm import denoise
-from model import Condition, DiT
+from engine import resume
+from model import DiT
+from nets.edm import denoise
+from nets.lora import add_lora
 from run_utils import in_process
 
 # tiny, with an odd dim 0 (crossattn_proj.0: 33 rows -> 17 + 16 on 2 ranks)
@@ -420,10 +422,10 @@ def test_lora_only_checkpoint_excludes_base_and_resumes_bitwise(dist_job):
 def test_export_round_trip(dist_job, tmp_path):
     step3 = dist_job[0]["state_step3"]
     out_dir = dist_job[0]["out_dir"]
-    resume.export_safetensors(out_dir, str(tmp_path / "m.safetensors"))
+    export.export_safetensors(out_dir, str(tmp_path / "m.safetensors"))
     got = load_file(str(tmp_path / "m.safetensors"))
     assert got.keys() == step3.keys() and all(torch.equal(got[k], step3[k]) for k in got)
-    resume.export_release_pt(os.path.join(out_dir, "step_00000003"), str(tmp_path / "release.pt"))
+    export.export_release_pt(os.path.join(out_dir, "step_00000003"), str(tmp_path / "release.pt"))
     rel = torch.load(str(tmp_path / "release.pt"), weights_only=True)
     assert all(torch.equal(rel["net." + k], v.to(torch.bfloat16)) for k, v in step3.items())
     net = build(sharded=False)
@@ -576,7 +578,7 @@ def test_init_guard_separates_random_init_from_loaded_weights(tmp_path):
                                                      not_loaded[0] / not_loaded[1]) > 1.0
     # with conditioning frames (video2world): they are excluded, and the guard still runs
     x2 = torch.cat([x0, x0], dim=2)
-    from model import condition_mask
+    from condition import condition_mask
     loss, zero = ckpt.guard_loss(fresh, x2, Condition(emb, condition_mask=condition_mask(x2, 1)))
     assert 0 < loss < zero
 

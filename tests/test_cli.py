@@ -8,14 +8,14 @@ import pytest
 
 import bench
 import ckpt
-import cli
-import resume
+import export
 import sample
 import smoke
 import stitch
 import t5
 import train
-import vae
+import vae_bench
+from base import cli
 from grpo import GRPOConfig
 
 
@@ -65,8 +65,8 @@ def test_help_comes_from_the_field_comments():
 
 
 @pytest.mark.parametrize("cls", [train.TrainConfig, GRPOConfig, sample.SampleConfig, smoke.SmokeConfig,
-                                 bench.BenchConfig, stitch.StitchConfig, t5.T5Config, ckpt.Check, resume.Export,
-                                 vae.BenchConfig])
+                                 bench.BenchConfig, stitch.StitchConfig, t5.T5Config, ckpt.Check, export.Export,
+                                 vae_bench.BenchConfig])
 def test_every_flag_of_every_script_has_help(cls):
     """`--help` of every script shows each flag's meaning (and its default)."""
     helps = cli.field_help(cls)
@@ -86,7 +86,7 @@ def test_abbreviated_flags_are_unknown_flags(capsys):
 
 
 @pytest.mark.parametrize("cls", [train.TrainConfig, sample.SampleConfig, smoke.SmokeConfig, bench.BenchConfig,
-                                 stitch.StitchConfig, t5.T5Config, ckpt.Check, resume.Export, vae.BenchConfig])
+                                 stitch.StitchConfig, t5.T5Config, ckpt.Check, export.Export, vae_bench.BenchConfig])
 def test_an_unknown_flag_is_one_line_with_the_closest_flags(cls, capsys):
     """A typo: one line naming the closest valid flags and --help, exit code 2; not ~45 lines of usage."""
     name = max((cli.flag(f.name) for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(f.type)), key=len)

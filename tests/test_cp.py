@@ -11,12 +11,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import cp
 import sac
+from base import cp
+from base.inits import get_config
+from condition import Condition, condition_mask
 from dist_utils import run_dist
-from inits import get_config
-from lora import add_lora
-from model import Condition, DiT, condition_mask
+from model import DiT
+from nets.lora import add_lora
 from run_utils import in_process, script
 
 
@@ -132,8 +133,9 @@ def test_refusals(ranks4):
 def run_dir(tmp_path_factory):
     """A grid folder whose clips have 13 frames (4 latent frames: splits over 2 and 4 ranks), and one random init
     file, so that a plain and an FSDP2 model start from the same weights (their random inits differ)."""
-    import stitch
     from safetensors.torch import save_file
+
+    import stitch
     root = tmp_path_factory.mktemp("cp")
     stitch.make_synthetic(str(root / "raw"), lengths=(80, 72, 88, 64))
     stitch.stitch(str(root / "raw"), str(root / "grid"), stride=4, frames=13, size="64x112", workers=1)
@@ -259,7 +261,7 @@ GRPO_LATENT = (16, 4, 4, 4)  # C, T, H, W: 4 latent frames (2 per cp rank), the 
 def _rl_policy(world, cp_size):
     """The tiny LoRA policy (B moved off zero) under collectives.shard_model as train.py runs it (no dist: plain net),
     and one clip and prompt per dp group. Returns (net, params, cond, full: DTensor -> full tensor, dp_rank)."""
-    from collectives import shard_model
+    from base.collectives import shard_model
     torch.manual_seed(0)
     net = DiT(get_config("tiny"))
     net.init_weights()

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
+from test_stitch import SIZE, V30, grid_codes, stitched
 from torch.utils.data import DataLoader
 
-import data
 import stitch
 import t5
+from clips import data
 from run_utils import in_process
-from test_stitch import SIZE, V30, grid_codes, stitched
 
 STEMS = [f"lerobot_v30_tiny__ep{i:06d}" for i in range(3)]  # 94, 93, 103 frames at stride 4
 
@@ -364,7 +364,8 @@ def test_t5_pickles_of_every_protocol_load_and_code_does_not(tmp_path, protocol)
     import pickle
 
     import numpy as np
-    from data import load_text_embedding
+
+    from clips.data import load_text_embedding
     arr = np.arange(6 * 8, dtype=np.float16).reshape(6, 8)
     path = str(tmp_path / f"p{protocol}.pickle")
     with open(path, "wb") as f:
@@ -410,7 +411,7 @@ def test_view_clips_order_alignment_and_cameras_per_latent_frame(capsys):
     capsys.readouterr()
     ds = data.ViewClips(bare, 9, *VIEW_SIZE, text_len=16, text_dim=8, text="standin")
     assert "NO camera parameters" in capsys.readouterr().out
-    import camera
+    from base import camera
     w2c, k = camera.fallback_cameras(3, 3, *VIEW_SIZE)
     sample = ds[0]
     assert sample["cameras"] == "fallback" and torch.equal(sample["w2c"], w2c) and torch.equal(sample["intrinsics"], k)

@@ -12,12 +12,11 @@ import sys
 import pytest
 import torch
 
-import data
 import evaluate
-import fidelity
 import sample
 import stitch
 import train
+from clips import data, fidelity
 from run_utils import check, in_process
 
 # -----------------------------------------------------------------------------

@@ -13,10 +13,11 @@ import torch
 from safetensors.torch import load_file
 
 import ckpt
-import flow
-import inits
-from inits import DiTConfig
-from model import Condition, DiT, condition_mask
+from base import inits
+from base.inits import DiTConfig
+from condition import Condition, condition_mask, multiview_condition_mask
+from model import DiT
+from nets import flow
 
 DROPOUT = SimpleNamespace(text_dropout=0.2)  # the TrainConfig field flow.training_loss reads
 
@@ -198,14 +199,14 @@ def test_sampler_velocities_given_the_stored_latents(net):
 
 def test_multiview_condition_mask():
     latent = torch.zeros(2, 16, 6, 4, 6)  # 3 views x 2 latents
-    mask = flow.multiview_condition_mask(latent, 3, 1)
+    mask = multiview_condition_mask(latent, 3, 1)
     assert mask.shape == (2, 1, 6, 4, 6)
     assert mask[0, 0, :, 0, 0].tolist() == [1, 0, 1, 0, 1, 0]  # the agibot reference's frame-init mask
-    per_sample = flow.multiview_condition_mask(torch.zeros(2, 16, 9, 2, 2), 3, torch.tensor([0, 2]))
+    per_sample = multiview_condition_mask(torch.zeros(2, 16, 9, 2, 2), 3, torch.tensor([0, 2]))
     assert per_sample[0, 0, :, 0, 0].tolist() == [1, 0, 0, 0, 0, 0, 0, 0, 0]
     assert per_sample[1, 0, :, 0, 0].tolist() == [1, 0, 0, 1, 1, 0, 1, 1, 0]  # view 0 keeps only latent 0
     with pytest.raises(ValueError, match="not 3 views"):
-        flow.multiview_condition_mask(torch.zeros(1, 16, 7, 2, 2), 3, 1)
+        multiview_condition_mask(torch.zeros(1, 16, 7, 2, 2), 3, 1)
 
 
 def test_multiview_initial_noise_is_one_draw_per_view():
@@ -233,7 +234,7 @@ def test_camera_reaches_the_net():
 def test_multiview_camera_loss_and_sampler_run_on_a_camera_net():
     """p25-tiny-agibot: views stacked on time, the frame-init mask, a camera map per latent frame; the camera moves
     the loss (it reaches every block), and a missing camera is refused by the net."""
-    from inits import get_config
+    from base.inits import get_config
     from model import build_model
     torch.manual_seed(0)
     cam_net = build_model(get_config("p25-tiny-agibot"))
@@ -243,7 +244,7 @@ def test_multiview_camera_loss_and_sampler_run_on_a_camera_net():
     latent = torch.randn(1, 16, 6, 4, 6)  # 3 views x 2 latents
     text = torch.randn(1, 8, 96)
     camera = torch.randn(1, 6, 2, 3, 1536)
-    mask_fn = lambda x, n: flow.multiview_condition_mask(x, 3, n)  # noqa: E731
+    mask_fn = lambda x, n: multiview_condition_mask(x, 3, n)  # noqa: E731
     with torch.no_grad():
         cond = Condition(text, conditional_frame_timestep=0.1, camera=camera)
         no_dropout = SimpleNamespace(text_dropout=0.0)  # the camera selects the views' frame-init mask (mask_fn's)

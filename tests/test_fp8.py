@@ -3,17 +3,17 @@ ratio = 1 on the fp8 path, train.py's --fp8 checks, and LoRA adapters that do no
 import pytest
 import torch
 import torch.nn.functional as F
-
-import collectives
-import fp8
-import grpo
-import lora
-import train
-from dist_utils import run_dist
-from inits import get_config
-from lora import LoRALinear, add_lora
-from model import Condition, build_model, condition_mask
 from test_grpo import LATENT, perturb_lora_b, rollout, tiny_policy
+
+import grpo
+import train
+from base import collectives, fp8
+from base.inits import get_config
+from condition import Condition, condition_mask
+from dist_utils import run_dist
+from model import build_model
+from nets import lora
+from nets.lora import LoRALinear, add_lora
 
 
 def rel(a, b):

@@ -5,14 +5,16 @@ import math
 import pytest
 import torch
 
-import collectives
 import grpo
 import reward
-from inits import get_config
-from lora import add_lora, set_lora_enabled
-from model import Condition, build_model, condition_mask
-from edm import guided_x0_fn, karras_sigmas, step_mean
-from rollout import LOG_SQRT_2PI, gaussian_log_prob, rollout_group, step_coefficients
+from base import collectives
+from base.inits import get_config
+from condition import Condition, condition_mask
+from engine import objective
+from engine.rollout import LOG_SQRT_2PI, gaussian_log_prob, rollout_group, step_coefficients
+from model import build_model
+from nets.edm import guided_x0_fn, karras_sigmas, step_mean
+from nets.lora import add_lora, set_lora_enabled
 
 LATENT = (16, 3, 4, 4)  # C, T, H, W: 3 latent frames, the first one conditioning
 
@@ -569,11 +571,10 @@ def test_fsdp_ranks_with_uneven_zero_advantages_stay_in_step():
 
 
 def test_data_term_adds_the_flow_matching_gradient_once_per_group_and_syncs_last():
-    """--grpo-data-coef: each trained chunk adds nft.data_loss on every group's real clip, weighted data_coef /
+    """--grpo-data-coef: each trained chunk adds objective.data_loss on every group's real clip, weighted data_coef /
     groups, after the policy-gradient micro-steps; the gradient sync moves to the data term's last backward; the
     gradient is the zero-coefficient update's plus exactly that term's; all-tie groups still skip everything."""
-    import nft
-    from build import family
+    from nets.family import family_of
     net, params = tiny_policy()
     perturb_lora_b(params)
     cfg = grpo.GRPOConfig(num_steps=4, max_grad_norm=1e9)
@@ -600,9 +601,9 @@ def test_data_term_adds_the_flow_matching_gradient_once_per_group_and_syncs_last
     assert stats["data_loss"] > 0 and stats["forwards"] == len(plain_syncs) + 2
     for p in params:
         p.grad = None
-    g, levels = torch.Generator().manual_seed(3), family(net.cfg).training_levels(4)
+    g, levels = torch.Generator().manual_seed(3), family_of(net.cfg).training_levels(4)
     for ro in ros:
-        (0.7 * nft.data_loss(net, ro.cond, levels, g) / 2).backward()
+        (0.7 * objective.data_loss(net, ro.cond, levels, g) / 2).backward()
     for a, b, c in zip(plain, with_data, [p.grad for p in params]):
         torch.testing.assert_close(b, a + c, rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="data_generator"):

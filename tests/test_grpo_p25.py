@@ -4,14 +4,15 @@ import math
 
 import pytest
 import torch
-
-import flow
-import grpo
-from inits import get_config
-from lora import add_lora
-from model import Condition, build_model, condition_mask
-from rollout import rollout_group, step_coefficients
 from test_grpo import LATENT
+
+import grpo
+from base.inits import get_config
+from condition import Condition, condition_mask
+from engine.rollout import rollout_group, step_coefficients
+from model import build_model
+from nets import flow
+from nets.lora import add_lora
 
 
 def p25_policy(seed=0, rank=4):

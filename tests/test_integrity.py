@@ -5,8 +5,8 @@ tests/test_ckpt.py's 2-rank job.
 """
 import hashlib
 import json
-import re
 import os
+import re
 import shutil
 import tempfile
 import zlib
@@ -19,12 +19,13 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import MetadataIndex
 
 import ckpt
-import formats
-import resume
-from formats import CheckpointError
-from inits import INITS, get_config
-from lora import add_lora
+import export
+from base import formats
+from base.formats import CheckpointError
+from base.inits import INITS, get_config
+from engine import resume
 from model import DiT
+from nets.lora import add_lora
 from run_utils import in_process, script
 
 CFG = get_config("tiny")
@@ -129,7 +130,7 @@ def test_every_named_init_is_pinned_and_identity_tells_files_apart(tmp_path):
 
 
 def test_a_named_init_pinned_by_md5_refuses_a_changed_file(tmp_path, monkeypatch):
-    import inits
+    from base import inits
     release = tmp_path / "model-480p-4fps.pt"
     release.write_bytes(b"the released bytes")
     monkeypatch.setattr(inits, "_hf_download", lambda url, offline: str(release))
@@ -180,7 +181,7 @@ def test_a_bit_flipped_in_a_saved_distcp_is_caught_naming_the_tensor(tmp_path, c
             with pytest.raises(CheckpointError, match=rf"differ from the checksums recorded.*{fqn}"):
                 ckpt.load(tiny(), os.path.join(bad, "step_00000001"), ema=fqn.startswith("ema."))
             with pytest.raises(CheckpointError, match=rf"differ from the checksums recorded.*{fqn}"):
-                resume.export_release_pt(bad, str(tmp_path / "x.pt"), ema=True)
+                export.export_release_pt(bad, str(tmp_path / "x.pt"), ema=True)
 
 
 def test_a_bit_flipped_in_a_pt_fails_its_zip_crc(tmp_path, capsys):
@@ -242,7 +243,7 @@ def test_a_truncated_meta_json_is_named_with_the_fix(tmp_path):
     text = open(os.path.join(step, "meta.json")).read()
     open(os.path.join(step, "meta.json"), "w").write(text[: len(text) // 2])
     for call in (lambda: resume.resume(os.path.dirname(step), tiny()), lambda: ckpt.load(tiny(), step),
-                 lambda: resume.export_safetensors(step, str(tmp_path / "x.safetensors"))):
+                 lambda: export.export_safetensors(step, str(tmp_path / "x.safetensors"))):
         with pytest.raises(CheckpointError, match=r"meta.json: truncated or corrupt.*move .*step_00000001 away"):
             call()
     open(os.path.join(step, "meta.json"), "w").write('{"step": 1}')
@@ -369,16 +370,16 @@ def test_export_names_a_missing_parent_directory(tmp_path):
     step, _, _ = run(tmp_path)
     for out in ("x.safetensors", "x.pt"):
         with pytest.raises(CheckpointError, match=rf"its directory {tmp_path}/nope/deeper does not exist; create it"):
-            (resume.export_safetensors if out.endswith("safetensors") else resume.export_release_pt)(
+            (export.export_safetensors if out.endswith("safetensors") else export.export_release_pt)(
                 step, str(tmp_path / "nope" / "deeper" / out))
 
 
 def test_the_clis_keep_their_command_lines_and_print_user_errors_as_one_line(tmp_path):
     """One real command line per script; the other cases run its main in this process under the same cli.main."""
     step, _, _ = run(tmp_path)
-    proc = script(["export", step, str(tmp_path / "nope" / "m.pt"), "--ema"], name="resume.py")
+    proc = script([step, str(tmp_path / "nope" / "m.pt"), "--ema"], name="export.py")
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
-    assert "resume.py: error:" in proc.stderr and f"{tmp_path}/nope does not exist" in proc.stderr
+    assert "export.py: error:" in proc.stderr and f"{tmp_path}/nope does not exist" in proc.stderr
     proc = in_process(resume, ["export", step, str(tmp_path / "m.safetensors"), "--dtype", "bf16"])
     assert proc.returncode == 0 and os.path.exists(tmp_path / "m.safetensors"), proc.stdout + proc.stderr
     proc = in_process(resume, ["export", step, str(tmp_path / "m.pt"), "--dtype", "bf16"])

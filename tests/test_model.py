@@ -6,10 +6,11 @@ import pytest
 import torch
 
 import check_reference
-from inits import get_config
-from lora import LoRALinear, add_lora, set_lora_enabled
-from edm import denoise
-from model import Condition, DiT, build_model, condition_mask, num_params
+from base.inits import get_config
+from condition import Condition, condition_mask
+from model import DiT, build_model, num_params
+from nets.edm import denoise
+from nets.lora import LoRALinear, add_lora, set_lora_enabled
 
 REF = os.path.join(os.path.dirname(__file__), "data", "reference")
 DIT_CASES = sorted(p for p in glob.glob(os.path.join(REF, "*.json"))
@@ -175,7 +176,7 @@ def test_condition_survives_fsdp2_input_handling():
 def test_compiled_build_never_falls_back_to_eager_and_compile_seconds_counts():
     """build.py's --compile: GRPO's block variants fit under the recompile limit, and past it dynamo raises instead
     of running eager in silence; compile_seconds (train.py's s_compile) grows on a compile and not on a cache hit."""
-    import build
+    from engine import build
     with torch._dynamo.config.patch(fail_on_recompile_limit_hit=False, recompile_limit=8):  # restored on exit
         net = build.build(build.NetSpec(config="tiny", compile=True), torch.device("cpu"))
         assert torch._dynamo.config.fail_on_recompile_limit_hit

@@ -4,12 +4,14 @@ import dataclasses
 import pytest
 import torch
 
-import build
 import grpo
 import nft
-from inits import get_config
-from lora import add_lora, set_lora_enabled
-from model import Condition, build_model, condition_mask
+from base.inits import get_config
+from condition import Condition, condition_mask
+from engine import objective
+from model import build_model
+from nets.family import family_of
+from nets.lora import add_lora, set_lora_enabled
 
 LATENT = (16, 3, 4, 4)  # C, T, H, W: 3 latent frames, the first one conditioning
 
@@ -60,7 +62,7 @@ def test_on_policy_gradient_is_advantage_weighted_flow_matching():
             v = torch.randn(1, *LATENT, generator=g, requires_grad=True)
             nft.nft_loss(v, v.detach(), u, 0.7, r, gen, cfg).backward()
             v2 = v.detach().clone().requires_grad_(True)  # the advantage-weighted flow-matching loss
-            (cfg.adv_clip * (2 * r - 1) * nft.masked_mean((0.7 * (v2 - u)).square(), gen)).backward()
+            (cfg.adv_clip * (2 * r - 1) * objective.masked_mean((0.7 * (v2 - u)).square(), gen)).backward()
             torch.testing.assert_close(v.grad, v2.grad, rtol=1e-5, atol=1e-7)
             if r == 0.5:
                 assert v.grad.abs().max() < 1e-6
@@ -177,7 +179,7 @@ def test_kl_reference_is_the_lora_disabled_base():
     cond = tiny_condition()
     x0 = torch.randn(1, *LATENT)
     eps = torch.randn(1, *LATENT)
-    level = build.family(net.cfg).training_levels(4)[1]
+    level = family_of(net.cfg).training_levels(4)[1]
     set_lora_enabled(net, False)
     base, _, _ = nft.forward_velocity(net, cond, x0, eps, level)
     set_lora_enabled(net, True)
@@ -212,11 +214,11 @@ def _fsdp_nft(rank, ws):
     with torch.no_grad():
         old = [p.detach().clone() * 0 for p in params]  # the base (B = 0 and A = 0): its velocity differs
     with nft.adapters(net, params, old):
-        swapped = nft.frozen_velocities(net, [cond], [build.family(net.cfg).training_levels(4)], [x0[:1]],
+        swapped = nft.frozen_velocities(net, [cond], [family_of(net.cfg).training_levels(4)], [x0[:1]],
                                         [[[(1, torch.ones(1, *LATENT))]]])[0][0][0]
     set_lora_enabled(net, False)
     with torch.no_grad():
-        base = nft.forward_velocity(net, cond, x0[:1], torch.ones(1, *LATENT), build.family(net.cfg).training_levels(4)[1])[0]
+        base = nft.forward_velocity(net, cond, x0[:1], torch.ones(1, *LATENT), family_of(net.cfg).training_levels(4)[1])[0]
     set_lora_enabled(net, True)
     stats = nft.nft_update(net, opt, params, old, [cond], [x0], [torch.tensor([1.0, -1.0])], cfg,
                            torch.Generator().manual_seed(rank), False, net.set_requires_gradient_sync)
@@ -253,8 +255,8 @@ def test_rollout_layouts_draw_the_same_noise():
 def test_fp8_base_runs_every_rollout_call(monkeypatch):
     """--fp8 with LoRA holds the frozen base in e4m3 only (lora.quantize_base): every Linear of every rollout call
     runs fp8.linear (there is no bf16 copy to fall back on), and the update trains the adapters through it."""
-    import fp8
-    from lora import adapted_linears, quantize_base
+    from base import fp8
+    from nets.lora import adapted_linears, quantize_base
     net, params = tiny_policy()
     quantize_base(net)
     calls, fp8_linear = [], fp8.linear
@@ -280,6 +282,7 @@ def test_compiled_updates_do_not_recompile():
     which are the evaluation's variant: no update after the first compiles anything (dynamo's own counters), and the
     recompile limit is never reached (it raises here instead of falling back to eager)."""
     from torch._dynamo.utils import counters
+
     import sac
     torch._dynamo.reset()
     counters.clear()
@@ -291,7 +294,7 @@ def test_compiled_updates_do_not_recompile():
     cfg = nft.NFTConfig(group_size=2, num_steps=2, decay_rate=0.25, decay_max=0.5)
     opt = grpo.lora_optimizer(net, params, cfg)
     old = [p.detach().clone() for p in params]
-    family = build.family(net.cfg)
+    family = family_of(net.cfg)
     score = lambda video, x0: {"reward": x0[:, 0].mean(dim=(1, 2, 3))}  # noqa: E731
     graphs = []
     with torch._dynamo.config.patch(recompile_limit=8, fail_on_recompile_limit_hit=True):

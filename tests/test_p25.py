@@ -10,10 +10,12 @@ import torch
 from safetensors.torch import load_file
 
 import check_reference
-from camera import fallback_cameras, plucker_map
-from inits import config_from_upstream, get_config, is_p25
-from lora import add_lora
-from model import Condition, DiT, build_model, condition_mask, model_flops, num_params
+from base.camera import fallback_cameras, plucker_map
+from base.inits import config_from_upstream, get_config, is_p25
+from condition import Condition, condition_mask
+from model import DiT, build_model, num_params
+from nets.flops import model_flops
+from nets.lora import add_lora
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 ATOL = 2e-5  # the reference README's bound for network outputs (other CPU kernels move them 2.4e-6)

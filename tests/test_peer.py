@@ -18,10 +18,11 @@ pytest.importorskip("diffusers")
 import bench  # noqa: E402
 import peer  # noqa: E402
 import peer_net  # noqa: E402
-from inits import get_config  # noqa: E402
-from lora import add_lora  # noqa: E402
-from model import Condition, DiT, condition_mask  # noqa: E402
-from vae import WanVAE, get_vae_config  # noqa: E402
+from base.inits import get_config  # noqa: E402
+from condition import Condition, condition_mask  # noqa: E402
+from model import DiT
+from nets.lora import add_lora  # noqa: E402
+from nets.vae import WanVAE, get_vae_config  # noqa: E402
 
 CPU = ["--device", "cpu", "--dtype", "float32", "--config", "tiny", "--frames", "9", "--height", "64", "--width", "64",
        "--text-len", "16", "--steps", "1", "--warmup", "0"]

@@ -66,33 +66,48 @@ def test_tests_run_in_an_empty_directory_outside_the_checkout():
     assert os.path.realpath(os.getcwd()) != os.path.realpath(ROOT) and os.listdir(os.getcwd()) == []
 
 
-def modules(folder):
-    """{module name: path} of folder's *.py (a module is named by its file's stem: the folder is on sys.path)."""
-    return {os.path.basename(f)[:-3]: f for f in sorted(glob.glob(os.path.join(folder, "*.py")))}
+PACKAGES = ("base", "nets", "clips", "engine")  # the library's layers, bottom up (README's file map)
+
+
+def modules(folder, package=""):
+    """{module name: path} of folder's *.py (a top-level or benchmarks/ module is named by its file's stem: the folder
+    is on sys.path; a package's by package.stem)."""
+    return {package + os.path.basename(f)[:-3]: f for f in sorted(glob.glob(os.path.join(folder, "*.py")))
+            if not f.endswith("__init__.py")}
+
+
+def library_modules():
+    """{module: path} of the top-level files and the packages' modules (benchmarks/ aside)."""
+    found = modules(ROOT)
+    for package in PACKAGES:
+        found.update(modules(os.path.join(ROOT, package), package + "."))
+    return found
+
+
+def imported(node, ours):
+    """Our modules an import statement names: `import a`, `from pkg import mod`, `from pkg.mod import name`."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name in ours]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        if node.module in ours:
+            return [node.module]
+        return [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in ours]
+    return []
 
 
 def own_imports():
-    """({module: {our modules it imports anywhere}}, ["file:line: function imports module"]) of the top-level *.py
+    """({module: {our modules it imports anywhere}}, ["file:line: function imports module"]) of the library's modules
     and benchmarks/*.py."""
-    files = [*modules(ROOT).values(), *modules(BENCHMARKS).values()]
-    ours = {os.path.basename(f)[:-3] for f in files}
+    files = {**library_modules(), **modules(BENCHMARKS)}
     graph, inside = {}, []
-    for path in files:
-        name = os.path.basename(path)[:-3]
+    for name, path in files.items():
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)
-
-        def imported(node):
-            if isinstance(node, ast.Import):
-                return [a.name.split(".")[0] for a in node.names]
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                return [node.module.split(".")[0]]
-            return []
-        graph[name] = {m for node in ast.walk(tree) for m in imported(node) if m in ours and m != name}
+        graph[name] = {m for node in ast.walk(tree) for m in imported(node, files) if m != name}
         for fn in ast.walk(tree):
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 inside += [f"{os.path.relpath(path, ROOT)}:{node.lineno}: {fn.name} imports {m}"
-                           for node in ast.walk(fn) for m in imported(node) if m in ours]
+                           for node in ast.walk(fn) for m in imported(node, files)]
     return graph, sorted(set(inside))
 
 
@@ -118,7 +133,7 @@ def test_imports_go_downward():
     """Our modules import each other at the top of the file, along a graph without cycles (counting imports anywhere
     in a file), so that what a module needs is visible in its header and none is loaded half-initialised."""
     graph, inside = own_imports()
-    assert {"model", "lora", "ckpt", "bench", "peer"} <= set(graph)  # the scan found the modules, benchmarks/ too
+    assert {"model", "nets.lora", "ckpt", "bench", "peer"} <= set(graph)  # the scan found the modules, benchmarks/ too
     cycles = import_cycles(graph)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
     assert not inside, "functions import our modules (import them at the top): " + "; ".join(inside)
@@ -128,7 +143,7 @@ def test_library_never_imports_benchmarks():
     """benchmarks/ sits on top of the library: its scripts import the top-level modules, never the other way round,
     so training runs without benchmarks/ on sys.path. No benchmarks/ module takes a top-level module's name (one would
     shadow the other on the tests' sys.path)."""
-    library, benchmarks = modules(ROOT), modules(BENCHMARKS)
+    library, benchmarks = library_modules(), modules(BENCHMARKS)
     assert {"bench", "benchstep", "peer", "peer_net"} <= set(benchmarks) and "model" in library
     assert not set(library) & set(benchmarks), f"named twice: {sorted(set(library) & set(benchmarks))}"
     graph, _ = own_imports()
@@ -144,11 +159,11 @@ FAMILY_API = ("NAME", "TEXT_ENCODER", "TRAIN_FLAGS", "SAMPLER_FLAGS", "GRIDS", "
 
 
 def test_each_model_family_has_one_home_with_the_same_names_chosen_in_one_place():
-    """edm.py (Predict2) and flow.py (Predict2.5) define the same family API with the same parameters; build.family
+    """edm.py (Predict2) and flow.py (Predict2.5) define the same family API with the same parameters; nets/family.family_of
     is the only caller of inits.is_p25, so no module branches on the family itself."""
     import inspect
-    import edm
-    import flow
+
+    from nets import edm, flow
     for name in FAMILY_API:
         a, b = getattr(edm, name), getattr(flow, name)
         if callable(a):
@@ -157,7 +172,7 @@ def test_each_model_family_has_one_home_with_the_same_names_chosen_in_one_place(
             assert type(a) is type(b), name
     calls = [f"{rel}:{n}" for rel, text in tracked_text_files() if rel.endswith(".py") and not rel.startswith("tests/")
              for n, line in enumerate(text.splitlines(), start=1) if "is_p25(" in line and "def is_p25" not in line]
-    assert len(calls) == 1 and calls[0].startswith("build.py:"), calls
+    assert len(calls) == 1 and calls[0].startswith("nets/family.py:"), calls
 
 
 def test_torch_settings_a_test_changes_are_put_back():
@@ -165,6 +180,7 @@ def test_torch_settings_a_test_changes_are_put_back():
     exist") and the process-wide torch settings return to what they were, so no test depends on the order."""
     import torch
     import torch._dynamo.config
+
     from conftest import restore_torch_settings, torch_settings
     saved = torch_settings()
     limit, dtype, threads = torch._dynamo.config.recompile_limit, torch.get_default_dtype(), torch.get_num_threads()

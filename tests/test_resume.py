@@ -12,14 +12,15 @@ import pytest
 import torch
 
 import ckpt
-import resume
-import rundir
+import export
 import sample
 import train
+from base.inits import get_config
 from ckpt import CheckpointError
-from inits import get_config
-from lora import add_lora
-from model import Condition, DiT
+from condition import Condition
+from engine import resume, rundir
+from model import DiT
+from nets.lora import add_lora
 from run_utils import check, in_process, suggested
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,9 +32,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KILL_CHILD = r"""
 import os, sys, time
 sys.path.insert(0, sys.argv[3])
-import torch, resume
+import torch
+from engine import resume
 import torch.distributed.checkpoint.filesystem as fs
-from inits import get_config
+from base.inits import get_config
 from model import DiT
 out, point = sys.argv[1], sys.argv[2]
 torch.manual_seed(0)
@@ -153,7 +155,7 @@ def test_extra_state_round_trips_bitwise_and_strictly(tmp_path):
 def test_release_export_with_ema_loads_strictly_as_net_ema(tmp_path):
     out, net, state = tiny_run(tmp_path)
     step = os.path.join(out, "step_00000001")
-    path = resume.export_release_pt(step, str(tmp_path / "release.pt"), ema=True)
+    path = export.export_release_pt(step, str(tmp_path / "release.pt"), ema=True)
     keys = torch.load(path, weights_only=True).keys()
     assert keys == {p + k for p in ("net.", "net_ema.") for k in net.state_dict()}
     bf16 = lambda t: t.to(torch.bfloat16).float()  # noqa: E731 (a release file holds bf16)
@@ -165,13 +167,13 @@ def test_release_export_with_ema_loads_strictly_as_net_ema(tmp_path):
     with pytest.raises(CheckpointError, match="both net. and net_ema."):
         ckpt.load(DiT(get_config("tiny")), path)  # two copies: the caller must choose
     # the CLI; an EMA export needs a checkpoint saved with one, and a .pt
-    assert resume.main(["export", step, str(tmp_path / "cli.pt"), "--ema"]) == 0
+    assert export.main([step, str(tmp_path / "cli.pt"), "--ema"]) == 0
     assert torch.load(str(tmp_path / "cli.pt"), weights_only=True).keys() == keys
     plain, _, _ = tiny_run(tmp_path, ema=False)
     with pytest.raises(CheckpointError, match=r"--ema: .* holds no EMA \(its run was trained without train.py --ema"):
-        resume.export_release_pt(plain, str(tmp_path / "x.pt"), ema=True)
+        export.export_release_pt(plain, str(tmp_path / "x.pt"), ema=True)
     with pytest.raises(ValueError, match="--ema: only .pt"):  # a flag error: one line from cli.main
-        resume.main(["export", step, str(tmp_path / "x.safetensors"), "--ema"])
+        export.main([step, str(tmp_path / "x.safetensors"), "--ema"])
 
 
 @pytest.fixture(scope="module")
@@ -274,6 +276,7 @@ def test_a_kill_while_rotating_leaves_no_half_deleted_checkpoint(tmp_path, monke
 
 def test_a_full_disk_is_named_and_nothing_earlier_is_lost(tmp_path, monkeypatch):
     import errno
+
     import torch.distributed.checkpoint.filesystem as fs
     out = str(tmp_path)
     net = DiT(get_config("tiny"))
@@ -353,6 +356,7 @@ def test_a_run_records_its_episodes_and_refuses_a_data_folder_that_changed(tiny_
     since (the held-out set would shift onto a trained-on episode) and a same-size folder of other content are refused
     by the resume and by evaluate.py in one line each, naming what changed."""
     import json
+
     import evaluate
     grid = str(tmp_path / "grid")
     shutil.copytree(tiny_grid, grid)

@@ -84,8 +84,8 @@ def test_nft_resumes_bitwise(base, tiny_grid, tmp_path):
             assert a[step][key] == b[step][key], (step, key)
     assert a[4]["eval_reward"] == b[4]["eval_reward"] and a[4]["old_deviation"] > 0
     import evaluate
-    import rundir
     import sample
+    from engine import rundir
     assert sample.parse_config(["--ckpt", whole]).guidance == 0.0  # an NFT run samples CFG-free, as trained
     assert sample.parse_config(["--ckpt", whole, "--guidance", "3"]).guidance == 3.0
     runs = [rundir.run_config(whole), rundir.run_config(parts)]
@@ -161,6 +161,7 @@ def test_grpo_objective_updates_lora_and_resumes(tiny_grid, tmp_path):
 
 def test_every_grpo_knob_is_a_flag_and_sft_flags_are_refused_with_grpo():
     import dataclasses
+
     import grpo
     base = ["--objective", "grpo", "--lora", "4"]
     for f in dataclasses.fields(grpo.GRPOConfig):
@@ -238,8 +239,9 @@ def test_a_diverged_policy_is_named_by_the_held_out_evaluation_not_the_reward(ti
     """An absurd --grpo-lr diverges the policy in its first update; the held-out evaluation after it finds NaN samples
     and says so, instead of calling the reward on them (which blamed the reward plug-in: "its reward is not
     finite"). Finite samples beyond objective.MAX_SAMPLE_ABS are named likewise."""
-    import objective
     import torch
+
+    from engine import objective
     proc = run(["--data", tiny_grid, "--objective", "grpo", "--lora", "4", "--grpo-lr", "1e6", "--steps", "2",
                 "--batch-size", "1", "--grpo-group-size", "2", "--grpo-num-steps", "3", "--eval-steps", "2",
                 "--eval-every", "1", "--sample-every", "0", "--reward", "reward_plugins:black_latent",
@@ -273,7 +275,7 @@ def test_the_fidelity_guard_warns_once_and_names_the_newest_checkpoint_within_th
     """rl.fidelity_guard on made-up evaluation rows: step 0's PSNR and reward are the control's."""
     import types
 
-    import rl
+    from engine import rl
     cfg = types.SimpleNamespace(max_psnr_drop=0.5, stop_on_psnr_drop=False, out="OUT", init="BASE")
     said = []
     watch = rl.fidelity_guard(cfg, said.append, master=True)

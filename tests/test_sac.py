@@ -14,10 +14,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import bench
 import sac
-from inits import get_config
-from lora import add_lora
-from edm import denoise
-from model import Condition, build_model, condition_mask, model_flops
+from base.inits import get_config
+from condition import Condition, condition_mask
+from model import build_model
+from nets.edm import denoise
+from nets.flops import model_flops
+from nets.lora import add_lora
 
 
 class OpCounter(TorchDispatchMode):
@@ -182,7 +184,7 @@ def test_dropout_is_refused():
 
 
 def test_flop_formula_matches_flop_counter():
-    """model.model_flops' matmul terms equal torch's FlopCounterMode on the forward (attention counted apart)."""
+    """nets/flops.model_flops' matmul terms equal torch's FlopCounterMode on the forward (attention counted apart)."""
     cfg = get_config("tiny")
     model = build_model(cfg)
     x0, _, text, mask = batch()

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-import camera
 import evaluate
-import resume
+import export
 import sample
 import train
+from base import camera
+from engine import resume
 from run_utils import check, in_process, script, suggested
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,7 +76,7 @@ def test_sample_from_a_lora_run_with_ema(tiny_grid, tmp_path):
 
 def test_no_ema_picks_the_raw_copy_of_a_file_holding_both(tmp_path):
     """--no-ema works for a release file that holds net. and net_ema.; without a choice it is an error."""
-    from inits import get_config
+    from base.inits import get_config
     from model import DiT
     net = DiT(get_config("tiny"))
     torch.manual_seed(0)
@@ -117,14 +118,14 @@ def test_p25_cli_samples_with_unipc_and_refuses_unipc_flags_for_predict2(tmp_pat
 
 
 def test_generate_p25_is_flow_sample_decoded():
-    import flow
-    import vae as vae_lib
-    from inits import get_config
-    from generate import generate
-    from model import Condition, build_model, condition_mask
+    from base.inits import get_config
+    from condition import Condition, condition_mask
+    from engine.build import build_vae
+    from engine.generate import generate
+    from model import build_model
+    from nets import flow
     torch.manual_seed(0)
-    net, vae = build_model(get_config("p25-tiny")).eval(), vae_lib.build_vae("tiny", "", torch.device("cpu"),
-                                                                               torch.float32)
+    net, vae = build_model(get_config("p25-tiny")).eval(), build_vae("tiny", "", torch.device("cpu"), torch.float32)
     video = torch.rand(1, 3, 9, 32, 32) * 2 - 1
     text, neg = torch.randn(1, 4, 96), torch.randn(1, 4, 96)
     cond = Condition(text, neg, conditional_frame_timestep=0.1)
@@ -220,7 +221,7 @@ def test_an_adapters_export_or_a_killed_save_is_named_for_what_it_is(base_and_lo
     """Item 12: not "would NOT load: 3 tensors match; missing 47, unexpected 40": what the file is, and what to pass."""
     lora = base_and_lora["lora"]
     adapters = str(tmp_path / "adapters.safetensors")
-    resume.export_safetensors(lora, adapters)
+    export.export_safetensors(lora, adapters)
     message = refused(in_process(sample, ["--ckpt", adapters, "--data", tiny_grid, "--steps", "1"]),
                       f"{adapters}: adapters only (a LoRA export", f"or pass the run directory ({lora})")
     (script_name, argv), = suggested(message)  # the merge it names works, and the merged file samples

@@ -18,8 +18,8 @@ import time
 import numpy as np
 import pytest
 
-import lerobot
 import stitch
+from base import lerobot
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 V21, V30 = os.path.join(DATA, "lerobot_v21_tiny"), os.path.join(DATA, "lerobot_v30_tiny")

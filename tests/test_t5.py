@@ -14,14 +14,20 @@ import pytest
 import safetensors
 import safetensors.torch
 import torch
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-from transformers import (PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, T5Config,
-                          T5EncoderModel, T5ForConditionalGeneration)
-
-import cli
-import data
-import t5
 from test_stitch import SIZE, V30, stitched
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from transformers import (
+    PreTrainedTokenizerFast,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    T5Config,
+    T5EncoderModel,
+    T5ForConditionalGeneration,
+)
+
+import t5
+from base import cli
+from clips import data
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 WORDS = "a robot puts the marker in cup open drawer place red block bowl close laptop lid".split()

@@ -15,13 +15,16 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import resume  # noqa: E402
-import rundir  # noqa: E402
-import sft  # noqa: E402
 import reward  # noqa: E402
-import rl  # noqa: E402
+import sft  # noqa: E402
 import train  # noqa: E402
-from run_utils import check as checked, in_process, script  # noqa: E402
+from engine import (
+    resume,  # noqa: E402
+    rl,  # noqa: E402
+    rundir,  # noqa: E402
+)
+from run_utils import check as checked  # noqa: E402
+from run_utils import in_process, script
 
 
 @pytest.fixture(scope="module")
@@ -153,8 +156,8 @@ def test_a_second_ctrl_c_aborts_at_once():
 
 @pytest.fixture(scope="module")
 def trained_file(trained, tmp_path_factory):
-    import resume
-    return resume.export_safetensors(trained, str(tmp_path_factory.mktemp("export") / "trained.safetensors"))
+    import export
+    return export.export_safetensors(trained, str(tmp_path_factory.mktemp("export") / "trained.safetensors"))
 
 
 def test_fsdp_two_gloo_ranks_match_one_process(grid, trained_file, tmp_path):
@@ -173,9 +176,10 @@ def test_fsdp_two_gloo_ranks_match_one_process(grid, trained_file, tmp_path):
 
 
 def test_init_guard_passes_trained_weights_and_stops_rerandomised_ones(grid, trained_file, tmp_path):
-    from inits import get_config
-    from model import DiT
     from safetensors.torch import save_file
+
+    from base.inits import get_config
+    from model import DiT
     proc = run(["--data", grid, "--out", str(tmp_path / "ft"), "--steps", "1", "--init", trained_file])
     assert "init guard" in proc.stdout
     net = DiT(get_config("tiny"))
@@ -199,8 +203,8 @@ def test_options_are_validated_before_anything_is_built():
     with pytest.raises(ValueError, match="at least 2"):
         train.parse_config(["--keep", "1"])
     control = train.parse_config(["--objective", "grpo", "--lora", "4", "--reward", "default=0"])  # a paired control,
-    assert "every term has weight 0, so every sample scores 0" in rl.reward_line(control, reward.parse_rewards(
-        control.reward)) and "paired control" in rl.reward_line(control, reward.parse_rewards(control.reward))  # said
+    line = rl.reward_line("grpo", control.grpo, control.reward, reward.parse_rewards(control.reward))  # said
+    assert "every term has weight 0, so every sample scores 0" in line and "paired control" in line
     with pytest.raises(ValueError, match="--guidance -3.0 >= 0"):
         train.parse_config(["--guidance", "-3"])
     raw = os.path.join(ROOT, "tests", "data", "lerobot_v21_tiny")
@@ -221,6 +225,7 @@ def test_newcomer_refusals_name_only_what_applies(grid, trained, tmp_path):
 def test_tiny_on_a_folder_of_yours_reads_its_t5_embeddings(grid, tmp_path):
     """--config tiny is T5-wide: on a stitched folder with t5_xxl/ it trains on those (512 tokens), not stand-ins."""
     import shutil
+
     from safetensors.torch import save_file
     mine = str(tmp_path / "mine")
     shutil.copytree(grid, mine)
@@ -313,7 +318,7 @@ def test_user_errors_are_one_line_and_nothing_is_written(grid, tmp_path, capsys)
              (["--out", str(a_file)], "is a file"),
              (["--init", str(tmp_path / "nope.pt")], "nope.pt"),
              (["--vae-ckpt", "x.pth"], "--vae-ckpt does nothing without --vae real")]
-    import cli
+    from base import cli
     for args, message in cases:
         if "--device" in args and torch.cuda.is_available():
             continue
@@ -473,7 +478,7 @@ def test_nonfinite_sft_steps_are_skipped_logged_and_stop_the_run(grid, tmp_path,
     rows = metrics(out)
     assert sorted(rows) == [1, 2, 3] and all(r["skipped"] == "nonfinite" and r["nonfinite_steps"] == 1
                                              for r in rows.values())
-    from inits import get_config
+    from base.inits import get_config
     from model import DiT
     with torch.device("meta"):
         init = DiT(get_config("tiny"))

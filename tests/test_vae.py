@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import vae
+from nets import vae
+from nets.vae import WanVAE, get_vae_config, vae_config_from_upstream
 from ref_vae import run_vae_case
-from vae import WanVAE, get_vae_config, vae_config_from_upstream
 
 REF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "reference")
 CASES = sorted(glob.glob(os.path.join(REF_DIR, "vae_*.json")))
@@ -145,7 +145,7 @@ def test_bench_runs_on_cpu():
 def test_tokenizer_pth_loads_through_the_strict_checkpoint_path(tmp_path):
     """tokenizer.pth is a plain state_dict saved with torch.save: ckpt.load takes it key for key."""
     import ckpt
-    from vae import WanVAE, get_vae_config
+    from nets.vae import WanVAE, get_vae_config
     torch.manual_seed(0)
     src = WanVAE(get_vae_config("tiny"))
     path = str(tmp_path / "tokenizer.pth")

@@ -48,10 +48,10 @@ import safetensors.torch
 import torch
 from torch.utils.data import Dataset, Sampler
 
-import camera
-import vae
-from inits import get_config
-from video import ClipError, probe_video, read_clip, sha1_file
+from base import camera
+from base.inits import get_config
+from base.video import ClipError, probe_video, read_clip, sha1_file
+from nets import vae
 
 NEGATIVE_STEM = "negative_prompt"  # t5.py writes the negative prompt's embedding as t5_xxl/negative_prompt.pickle
 MANIFEST_KEYS = ("stem", "prompt", "n_out", "height", "width")  # what GridClips needs of a manifest.jsonl line

@@ -11,8 +11,7 @@ import hashlib
 import os
 from dataclasses import dataclass, fields, replace
 
-from formats import STEP_RE, CheckpointError, denied, weight_map
-
+from base.formats import STEP_RE, CheckpointError, denied, weight_map
 
 # -----------------------------------------------------------------------------
 # DiT configs: one per model family and size

@@ -8,8 +8,8 @@ Contents: PSNR and SSIM -> cameras of a grid or views video -> the per-camera me
 import torch
 import torch.nn.functional as F
 
-import data
 import reward
+from clips import data
 
 CAMERAS = ("ext_1", "ext_2", "wrist")  # stitch.py's grid cells: top-left, top-right, bottom-left (bottom-right black)
 SSIM_WINDOW, SSIM_SIGMA, SSIM_C1, SSIM_C2 = 11, 1.5, 0.01 ** 2, 0.03 ** 2  # Wang et al. 2004, intensities in [0, 1]

@@ -5,7 +5,7 @@ before any reward sees them, scoring every group into group-normalised advantage
 
 Below every objective: sft, grpo, nft and rl import it, it imports none of them.
 Contents, top to bottom: seeds -> the Objective record -> the RL knobs both RL objectives share -> the guarded
-optimizer step -> RL phases and scoring.
+optimizer step -> RL phases and scoring -> DDRL's data term.
 """
 import hashlib
 import math
@@ -14,7 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-import collectives
+from base import collectives
+from condition import Condition
+from engine.rollout import generated_mask
+from nets.family import family_of
 from reward import group_advantages
 
 
@@ -32,13 +35,13 @@ def held_out_slots(dp_rank, dp_world, per_rank=2):
 
 
 # -----------------------------------------------------------------------------
-# The objective table's record (train.py's OBJECTIVE: sft.objective, rl.objective for grpo and nft)
+# The record of an objective for train.py's loop (sft.make, grpo.make, nft.make; train.objective_of picks the module)
 
 
 @dataclass(kw_only=True)
 class Objective:
     """What differs between SFT and the RL objectives in train.py's loop (it has no other objective branch). Built
-    by keyword."""
+    by keyword by each objective module's make(run, net, params, vae, neg_text, terms)."""
     lr_at: object  # step -> learning rate
     betas: tuple  # AdamW's, with:
     weight_decay: float
@@ -53,6 +56,8 @@ class Objective:
     mfu: bool  # RL's MFU: smoke.py (rollouts and updates differ too much for one number)
     extra_state: dict  # saved with every checkpoint and resumed (NFT: its old policy), {} else
     eval_at_start: bool  # RL: a held-out evaluation before the first update, every curve's starting point
+    max_psnr_drop: float  # RL's fidelity bound, drawn in loss.png (0: none)
+    lr_flag: str  # the flag and value of its learning rate, named when a NaN/Inf skips a step
 
 
 # -----------------------------------------------------------------------------
@@ -210,3 +215,21 @@ def score_groups(x0s, score, decode, cfg, timed, agree=None, cp_size=1):
     metrics.update({f"reward_{name.replace('/', '_')}": float(everyone[i].mean())
                     for i, name in enumerate(names) if name != "reward"})
     return advantages.view(world, len(x0s), cfg.group_size)[rank].to(device), metrics
+
+
+# -----------------------------------------------------------------------------
+# DDRL's data term, the regulariser GRPO and NFT share (--grpo-data-coef, --nft-data-coef)
+
+
+def masked_mean(x, gen_mask):
+    """Mean over the generated elements of x [1, C, T, H, W] (gen_mask [1, 1, T, H, W])."""
+    return (x * gen_mask).sum() / (gen_mask.sum() * x.shape[1])
+
+
+def data_loss(net, cond: Condition, grid, generator):
+    """DDRL's regulariser: flow matching on the group's real clip (cond.gt_frames, the whole encoded clip) at one
+    noise level of the grid, the generated frames only: mean |v - (eps - x_data)|^2."""
+    i = int(torch.randint(len(grid), (1,), generator=generator, device=generator.device))
+    eps = torch.randn(cond.gt_frames.shape, generator=generator, device=generator.device)
+    v, u, _ = family_of(net.cfg).forward_velocity(net, cond, cond.gt_frames.float(), eps, grid[i])
+    return masked_mean((v - u).square(), generated_mask(cond, tuple(v.shape[1:]), v.device))

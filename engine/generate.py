@@ -2,7 +2,7 @@
 sample videos of train.py share.
 
 generate encodes the given video's first frame(s) with the VAE (causal: latent frame 0 is pixel frame 0 alone),
-keeps them as the conditioning frames, samples the rest with the family's sampler (build.family: edm.py's Karras
+keeps them as the conditioning frames, samples the rest with the family's sampler (nets/family.family_of: edm.py's Karras
 AB2 for Predict2, flow.py's UniPC for Predict2.5) and decodes. A camera net (agibot) takes one sample's views as the
 batch: they are stacked on latent time, sampled jointly (frame-init mask, one noise draw for every view) and
 returned per view. rollout chains chunks into a long video, each from the last frame generated (issue 36).
@@ -11,11 +11,11 @@ import dataclasses
 
 import torch
 
-import flow
-from build import family
-from camera import split_views, stack_views, views_map
-from model import Condition
-from video import write_mp4
+import condition
+from base.camera import split_views, stack_views
+from base.video import write_mp4
+from condition import Condition, frame_mask
+from nets.family import family_of
 
 
 @torch.no_grad()
@@ -31,9 +31,9 @@ def generate_latent(net, vae, video_B_3_T_H_W, cond: Condition, num_steps, guida
     views = len(video_B_3_T_H_W) if net.cfg.camera_channels else 0
     if views:
         latent = stack_views(latent, views)
-    mask = flow.frame_mask(latent, views, num_conditional_frames)
+    mask = frame_mask(latent, views, num_conditional_frames)
     cond = dataclasses.replace(cond, gt_frames=latent, condition_mask=mask)
-    math = family(net.cfg)
+    math = family_of(net.cfg)
     noise = math.initial_noise(tuple(latent.shape), seed, max(views, 1)).to(video_B_3_T_H_W.device)
     return math.sample(net, noise, cond, guidance, grid, num_steps)
 
@@ -91,14 +91,10 @@ def write_sample(net, vae, dataset, index, cfg, neg_text, guidance, path, master
     item = dataset[(index, 0)]
     device = next(net.parameters()).device
     video = item["video"].to(device, next(vae.parameters()).dtype)  # [3,T,H,W], or [V,3,T,H,W] for a camera net
-    text = item["text_emb"][None].to(device)
-    camera = None if "w2c" not in item else views_map(item["w2c"].to(device), item["intrinsics"].to(device),
-                                                      cfg.height, cfg.width)[None].to(video.dtype)
-    video = video if camera is not None else video[None]
-    action = item["action"][None].to(device) if "action" in item else None  # an action net: the clip's actions
-    cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg_text.to(device), camera=camera, action=action,
-                     conditional_frame_timestep=cfg.conditional_frame_timestep)
-    grid = family(net.cfg).sampler_defaults(cfg.init, cfg.config)[0]
+    cond = condition.from_batch(condition.as_batch(item), device, cfg.height, cfg.width, video.dtype,
+                                cfg.conditional_frame_timestep, neg_crossattn_emb=neg_text.to(device))
+    video = video if cond.camera is not None else video[None]
+    grid = family_of(net.cfg).sampler_defaults(cfg.init, cfg.config)[0]
     generated = generate(net, vae, video, cond, cfg.sample_steps, guidance, cfg.seed, grid=grid).to(video.dtype)
     if master:  # left: data, right: generated; views one above the other
         write_mp4(path, torch.cat(list(torch.cat([video, generated], dim=-1)), dim=-2))

@@ -30,8 +30,8 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from lerobot import BadParquet, read_jsonl, read_parquet
-from video import ClipError, write_atomic
+from base.lerobot import BadParquet, read_jsonl, read_parquet
+from base.video import ClipError, write_atomic
 
 ACTION, STATE = "action", "observation.state"
 STATS_FILE = "action_stats.json"

@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from formats import CheckpointError
+from base.formats import CheckpointError
 
 # -----------------------------------------------------------------------------
 # Ranks agree on every outcome (ckpt.py's and resume.py's loading and saving, train.py's settings)

@@ -1,11 +1,12 @@
-"""What train.py needs to run an RL objective (GRPO: grpo.py, DiffusionNFT: nft.py) on its batches.
+"""What GRPO (grpo.py) and DiffusionNFT (nft.py) share between train.py's loop and their math.
 
-Both objectives post-train the LoRA adapters from the same clips, rewards (reward.py) and run directory; they differ
-only in their update. This file holds what they share between train.py's loop and their math: the objective table
-(each config's resume keys and optimizer settings), one Condition per clip, the decoder, one update, and the held-out
-evaluation that every RL run logs (eval_reward_*: the deterministic sampler on fixed held-out clips and noise).
+Both post-train the LoRA adapters from the same clips, rewards (reward.py) and run directory; they differ only in
+their update. This file holds the rest: their flags checked (validate), the settings a resumed run keeps
+(resume_keys), the start-up line, the decoder, the held-out evaluation every RL run logs (eval_reward_*, eval_psnr:
+the deterministic sampler on fixed held-out clips and noise), the fidelity guard, and `objective`, which makes either
+one's record for train.py's loop (engine/objective.Objective) around its update.
 
-Contents, top to bottom: the objective table -> conditions and decoding -> one update -> held-out evaluation.
+Contents, top to bottom: flags and resume keys -> decoding -> held-out evaluation -> the fidelity guard -> the record.
 """
 import dataclasses
 
@@ -13,31 +14,24 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-import build
-import cli
-import collectives
-import data
-import grpo
-import nft
+import condition
 import reward
-from camera import split_views
-from fidelity import score_sample
-from generate import from_first_frame
-from model import Condition, map_tensors
-from objective import Objective, check_samples, held_out_slots, sample_seed
+from base import cli, collectives
+from base.camera import split_views
+from clips import data
+from clips.fidelity import score_sample
+from engine.generate import from_first_frame
+from engine.objective import Objective, RLConfig, check_samples, held_out_slots, sample_seed
+from nets.family import family_of
 
 # -----------------------------------------------------------------------------
-# The objective table: each RL objective's config field in TrainConfig, its step, and the knobs a resumed run may
-# change (optimizer and memory settings); every other knob of its config must stay (train.resume_keys).
+# Flags and resume keys
 
-MAY_CHANGE = {
-    "grpo": ("recompute_old_logp", "rollout_batch", "offload_activations", "probe_every", "lr", "warmup", "weight_decay",
-             "betas", "max_grad_norm"),
-    "nft": ("rollout_batch", "lr", "warmup", "weight_decay", "betas", "max_grad_norm"),
-}
-OBJECTIVES = ("sft",) + tuple(MAY_CHANGE)
-
-
+# The tiny default's RL settings (train.py's preset for a tiny config, docs/grpo.md "The tiny default"): 8 samples a
+# group (each objective's own TINY), 4 groups an update, a held-out evaluation every 5 updates
+TINY = dict(steps=30, save_every=15, sample_every=15, eval_every=5, eval_steps=20, batch_size=4,
+            reward="reward:wrist_brightness")
+RL_ONLY = ("reward", "eval_steps", "max_psnr_drop", "stop_on_psnr_drop")  # TrainConfig flags only RL reads
 # Flags that only shape the SFT optimizer or batch: with an RL objective they would be silently unused (the RL
 # configs have their own: --grpo-lr, --nft-lr, ...)
 SFT_ONLY = {"lr": "lr", "warmup": "warmup", "lr_min_ratio": "(constant after the warm-up)",
@@ -45,56 +39,54 @@ SFT_ONLY = {"lr": "lr", "warmup": "warmup", "lr_min_ratio": "(constant after the
             "grad_accum": "(RL accumulates over samples and steps itself)", "text_dropout": "(rollouts keep the prompt)"}
 
 
-def validate_objective(cfg, given):
-    """The objective's own checks; returns {flag: why it would do nothing} for the flags it leaves unused."""
-    others = [o for o in MAY_CHANGE if o != cfg.objective]  # the other RL objectives' knobs
-    unused = {k: f"with --objective {cfg.objective}" for k in given
-              if k.split(".")[0] in others or (cfg.objective == "sft" and k in ("reward", "eval_steps", "max_psnr_drop",
-                                                                                  "stop_on_psnr_drop"))}
-    if cfg.objective != "sft" and "guidance" in given:  # samples and evaluation use the policy's own CFG
-        unused["guidance"] = f"with --objective {cfg.objective} (its samples use {cli.flag(cfg.objective)}-guidance)"
-    if cfg.objective == "sft":
-        return unused
+def rl_fields(cfg):
+    """The TrainConfig fields that hold an RL objective's own knobs (grpo, nft): RLConfig dataclasses."""
+    return [f.name for f in dataclasses.fields(cfg) if isinstance(getattr(cfg, f.name), RLConfig)]
+
+
+def unused_rl_flags(cfg, given, name, keep=""):
+    """{flag: why it does nothing} for the RL flags given to an objective that does not read them: every RL config's
+    knobs but `keep`'s, and (keep = "": SFT) the RL-only flags."""
+    others = [f for f in rl_fields(cfg) if f != keep]
+    return {k: f"with --objective {name}" for k in given
+            if k.split(".")[0] in others or (not keep and k in RL_ONLY)}
+
+
+def validate(cfg, given, name):
+    """The checks every RL objective shares (its own: grpo.validate / nft.validate); returns {flag: why it would do
+    nothing} for the flags it leaves unused. Imports the reward plug-ins now: a typo fails before any model."""
+    unused = unused_rl_flags(cfg, given, name, keep=name)
+    if "guidance" in given:  # samples and evaluation use the policy's own CFG
+        unused["guidance"] = f"with --objective {name} (its samples use {cli.flag(name)}-guidance)"
     if not cfg.lora:
-        raise ValueError(f"--objective {cfg.objective} trains LoRA adapters only: pass --lora RANK (e.g. 32)")
-    unused.update({k: f"with --objective {cfg.objective} (use "
-                   + (alt if alt.startswith("(") else cli.flag(f"{cfg.objective}.{alt}")) + ")"
-                   for k, alt in SFT_ONLY.items() if k in given})
+        raise ValueError(f"--objective {name} trains LoRA adapters only: pass --lora RANK (e.g. 32)")
+    unused.update({k: f"with --objective {name} (use " + (alt if alt.startswith("(") else cli.flag(f"{name}.{alt}"))
+                   + ")" for k, alt in SFT_ONLY.items() if k in given})
     if cfg.eval_steps < 1:
         raise ValueError(f"--eval-steps {cfg.eval_steps}: the held-out evaluation needs >= 1 sampler step")
     if cfg.max_psnr_drop < 0 or (cfg.stop_on_psnr_drop and not cfg.max_psnr_drop):
         raise ValueError(f"--max-psnr-drop {cfg.max_psnr_drop:g}: >= 0 dB (0: no fidelity guard), and > 0 with "
                          "--stop-on-psnr-drop")
-    if cfg.objective == "grpo":
-        if cfg.grpo.eta <= 0:
-            raise ValueError(f"--grpo-eta {cfg.grpo.eta}: a noiseless rollout has no log-prob to train (use > 0)")
-        # a compiled training graph, or batched rollout calls, round unlike the rollout's B = 1 eager calls
-        why = [w for w, on in (("--compile", cfg.compile),
-                               (f"--grpo-rollout-batch {cfg.grpo.rollout_batch}", cfg.grpo.rollout_batch != "none"))
-               if on]
-        if why and not cfg.grpo.recompute_old_logp:
-            if "grpo.recompute_old_logp" in given:
-                raise ValueError(f"{' and '.join(why)} with --no-grpo-recompute-old-logp: the rollout rounds unlike "
-                                 "the training forward, so the ratio would not start at 1")
-            cfg.grpo = dataclasses.replace(cfg.grpo, recompute_old_logp=True)
+    reward.parse_rewards(cfg.reward)
     return unused
 
 
-def config_of(cfg):
-    """The RL objective's own config (cfg.grpo or cfg.nft) of a TrainConfig."""
-    return getattr(cfg, cfg.objective)
+def rewards(cfg):
+    """The run's reward terms (reward.parse_rewards of --reward), for an RL objective's rollouts and evaluation."""
+    return reward.parse_rewards(cfg.reward)
 
 
-def resume_keys(cfg):
-    """The reward and every knob of the objective's config except MAY_CHANGE, as flattened TrainConfig keys."""
-    fields = [f.name for f in dataclasses.fields(config_of(cfg))]
-    return ["reward"] + [f"{cfg.objective}.{k}" for k in fields if k not in MAY_CHANGE[cfg.objective]]
+def resume_keys(cfg, name, may_change):
+    """The reward and every knob of the objective's config (cfg.<name>) except may_change, as flattened TrainConfig
+    keys."""
+    fields = [f.name for f in dataclasses.fields(getattr(cfg, name))]
+    return ["reward"] + [f"{name}.{k}" for k in fields if k not in may_change]
 
 
-def reward_line(cfg, terms):
+def reward_line(name, rl_cfg, spec, terms):
     """The start-up line of an RL run: its knobs and reward. A reward whose every weight is 0 is said to be what it
     is: a paired control (every group ties, no update trains, the policy stays its init)."""
-    line = f"{cfg.objective}: {config_of(cfg)}; reward {cfg.reward}" + (
+    line = f"{name}: {rl_cfg}; reward {spec}" + (
         " (decoded videos)" if reward.needs_pixels(terms) else " (latents only: no decoding)")
     if sum(term.weight for term in terms) == 0:
         line += ("; every term has weight 0, so every sample scores 0, every group ties and no update trains: this "
@@ -103,17 +95,7 @@ def reward_line(cfg, terms):
 
 
 # -----------------------------------------------------------------------------
-# Conditions and decoding
-
-
-def conditions(batch, neg_text, rank):
-    """One Condition per clip of a (latent, batch Condition) batch (train.condition_of): its first latent frame (the
-    multi-view mask and cameras for a camera net), the clip's whole latent (NFT's data term reads it), its prompt,
-    the negative prompt and its group key."""
-    latent, cond = batch
-    neg = neg_text.to(latent.device)
-    return [dataclasses.replace(map_tensors(cond, lambda v: v[b: b + 1]), neg_crossattn_emb=neg, key=(rank, b))
-            for b in range(latent.shape[0])]
+# Decoding
 
 
 def decoder(vae, terms, views):
@@ -133,43 +115,13 @@ def decoder(vae, terms, views):
 
 
 # -----------------------------------------------------------------------------
-# One update
-
-
-def old_adapters(cfg, net):
-    """NFT's old policy: {fqn: tensor} copies of the trainable parameters (the LoRA adapters), saved with every
-    checkpoint as extra_state "nft_old" and restored on resume; {} for GRPO."""
-    if cfg.objective != "nft":
-        return {}
-    return {n: p.detach().clone() for n, p in net.named_parameters() if p.requires_grad}
-
-
-def step_of(net, vae, optimizer, params, cfg, batch, neg_text, terms, update, rank, seed, old=None):
-    """One update of cfg.objective on this rank's batch (collective: every rank calls it). Returns its metrics row.
-    rank: the data-parallel rank (--cp: the ranks of a cp group roll out the same groups, each forward split)."""
-    conds = conditions(batch, neg_text, rank)
-    views = len(data.VIEW_ORDER) if batch[1].camera is not None else 0
-    score = lambda video, x0: reward.score(terms, video=video, latent=x0)  # noqa: E731
-    shape = tuple(batch[0].shape[1:])
-    if cfg.objective == "grpo":
-        _, metrics = grpo.train_step(net, optimizer, params, conds, shape, cfg.grpo, score, decoder(vae, terms, views),
-                                     seed=seed(update, "rollout", rank), window_seed=seed(update, "window"),
-                                     agree=collectives.agree, cp_size=cfg.cp, probe=grpo.probes(cfg.grpo, update))
-    else:
-        _, metrics = nft.train_step(net, optimizer, params, list(old.values()), conds, shape, cfg.nft, score,
-                                    decoder(vae, terms, views), seed=seed(update, "rollout", rank), update=update,
-                                    agree=collectives.agree, cp_size=cfg.cp)
-    return metrics
-
-
-# -----------------------------------------------------------------------------
 # Held-out evaluation: the deterministic sampler on fixed held-out clips and noise, scored by the run's rewards and
 # by its fidelity to the true clip (fidelity.py), exactly as evaluate.py scores the run's checkpoint
 
 EVAL_NOISE_DRAWS = 2  # initial-noise draws per held-out clip
 
 
-def evaluate(net, vae, cfg, batches, truths, slots, neg_text, terms):
+def evaluate(net, vae, cfg, guidance, batches, truths, slots, neg_text, terms):
     """The held-out evaluation of an RL run, collective: {"eval_reward": the weighted reward, "eval_reward_<name>":
     each term and component, "eval_psnr", "eval_ssim" and "eval_<psnr|ssim>_<camera>": fidelity to the true clip,
     "eval_sd" / "eval_sd_<name>" / "eval_sd_psnr": their spread (population sd) over the held-out samples,
@@ -177,17 +129,15 @@ def evaluate(net, vae, cfg, batches, truths, slots, neg_text, terms):
     batches, truths: train.held_out_batches' (latent, Condition) batches and true videos of this rank; slots:
     objective.held_out_slots' (its clips' global slots, of n_slots); clip slot s, draw d has the noise seed cfg.seed +
     s + d * n_slots, as evaluate.py --seed S --draws 2 draws them. Each sample is generate.from_first_frame of the
-    clip's first frame with cfg.eval_steps deterministic steps of the family's sampler at the objective's rollout
-    guidance, scored by fidelity.score_sample (frames 1..; the latent rewards on the sample's latent)."""
-    (slots, n_slots), guidance, family = slots, config_of(cfg).guidance, build.family(net.cfg)
+    clip's first frame with cfg.eval_steps deterministic steps of the family's sampler at `guidance` (the
+    objective's rollout CFG), scored by fidelity.score_sample (frames 1..; the latent rewards on the sample's latent)."""
+    (slots, n_slots), family = slots, family_of(net.cfg)
     grid, dtype = family.sampler_defaults(cfg.init, cfg.config)[0], next(vae.parameters()).dtype
     views = net.cfg.camera_channels > 0
     size = (cfg.height, cfg.width) if views else (cfg.height // 2, cfg.width // 2)
     sums, squares, count = {}, {}, 0  # squares: each quantity's spread over the held-out clips and draws
     for (latent, batch_cond), truth, slot in zip(batches, truths, slots):
-        cond = Condition(crossattn_emb=batch_cond.crossattn_emb, neg_crossattn_emb=neg_text.to(latent.device),
-                         camera=batch_cond.camera, action=batch_cond.action,  # an action net: the clip's own actions
-                         conditional_frame_timestep=cfg.conditional_frame_timestep)
+        cond = condition.for_generation(batch_cond, neg_text.to(latent.device))  # an action net: the clip's own actions
         truth = truth.to(latent.device)
         for d in range(EVAL_NOISE_DRAWS):
             video, x0 = from_first_frame(net, vae, truth, cond, cfg.eval_steps, guidance, cfg.seed + slot + d * n_slots,
@@ -270,27 +220,32 @@ def spread_means(sums, squares, count, device):
 
 
 # -----------------------------------------------------------------------------
-# The objective table's rows for GRPO and NFT (train.py's OBJECTIVE)
+# The record of an RL objective for train.py's loop
 
 
-def objective(run, net, optimizer_params, vae, neg_text, terms):
-    """The grpo and nft rows of train.py's objective table. run: train.Run (cfg, optimizer, dp_rank)."""
-    cfg, rl_cfg = run.cfg, config_of(run.cfg)
-    old = old_adapters(cfg, net)  # NFT's old policy (its sampler), saved and resumed with the weights
+def objective(run, net, vae, neg_text, terms, name, update, extra_state=None):
+    """The record of RL objective `name` (grpo.make, nft.make). run: train.Run (cfg, optimizer, dp_rank, say).
+    update(conds, latent_shape, decode, score, update_index, seed, rank) -> its metrics row: one update on this rank's
+    groups (collective), conds one Condition per clip (condition.per_clip)."""
+    cfg, rl_cfg = run.cfg, getattr(run.cfg, name)
+    run.say(reward_line(name, rl_cfg, cfg.reward, terms))
     seed = lambda *key: sample_seed(cfg.seed, *key)  # noqa: E731
 
-    def step(update, next_batch):
-        return step_of(net, vae, run.optimizer, optimizer_params, cfg, next_batch(), neg_text, terms, update,
-                       run.dp_rank, seed, old)
+    def step(index, next_batch):
+        latent, cond = next_batch()
+        views = len(data.VIEW_ORDER) if cond.camera is not None else 0
+        score = lambda video, x0: reward.score(terms, video=video, latent=x0)  # noqa: E731
+        return update(condition.per_clip(cond, neg_text, run.dp_rank), tuple(latent.shape[1:]),
+                      decoder(vae, terms, views), score, index, seed, run.dp_rank)
 
     def held_out(batches, truths):  # train.held_out_batches' clips, in held_out_slots' order
         slots = held_out_slots(run.dp_rank, run.dp_world, len(batches))
-        return evaluate(net, vae, cfg, batches, truths, slots, neg_text, terms)
+        return evaluate(net, vae, cfg, rl_cfg.guidance, batches, truths, slots, neg_text, terms)
     return Objective(lr_at=rl_cfg.lr_at, betas=tuple(rl_cfg.betas), weight_decay=rl_cfg.weight_decay,
                      schedule=f"lr {rl_cfg.lr:g} (warm-up {rl_cfg.warmup}, then constant), clip "
                               f"{rl_cfg.max_grad_norm}",
                      step=step, held_out=held_out,
                      bar=lambda row: {"reward": f"{row['reward_mean']:.4g}", "std": f"{row['reward_std']:.2g}"},
-                     guidance=rl_cfg.guidance, name=cfg.objective, mfu=False,
-                     extra_state={"nft_old": old} if old else {}, eval_at_start=True,
-                     watch=fidelity_guard(cfg, tqdm.write, run.master))
+                     guidance=rl_cfg.guidance, name=name, mfu=False, extra_state=extra_state or {}, eval_at_start=True,
+                     watch=fidelity_guard(cfg, tqdm.write, run.master), max_psnr_drop=cfg.max_psnr_drop,
+                     lr_flag=f"{cli.flag(name)}-lr {rl_cfg.lr:g}")

@@ -19,11 +19,18 @@ import socket
 import numpy as np
 
 import ckpt
-import cli
-import collectives
-from formats import STEP_RE, CheckpointError, cut_short, read_meta
-from resume import (complete_checkpoints, delete_checkpoints, find_resume, leftovers, lora_base, read_eval_marker,
-                    write_atomic)
+from base import cli, collectives
+from base.formats import STEP_RE, CheckpointError, cut_short, read_meta
+from engine.resume import (
+    complete_checkpoints,
+    delete_checkpoints,
+    find_resume,
+    leftovers,
+    lora_base,
+    read_eval_marker,
+    write_atomic,
+)
+
 
 def claim(path, refusal, wait=False):
     """An exclusive lock on `path` while the returned file is open, or ValueError(refusal.format(holder=...)) (wait:
@@ -202,7 +209,7 @@ def load_history(path, start_step, step_dir=None):
 class MetricsLog:
     """metrics.jsonl (and wandb, loss.png) on rank 0; the history every rank returns."""
 
-    def __init__(self, cfg, run, start_step, has_holdout, run_id):
+    def __init__(self, cfg, run, start_step, has_holdout, run_id, max_drop):
         self.path, self.master, self.has_holdout = os.path.join(cfg.out, "metrics.jsonl"), run.master, has_holdout
         resumed_dir = os.path.join(cfg.out, f"step_{start_step:08d}") if start_step else None  # a row a kill lost
         self.history = load_history(self.path, start_step, resumed_dir) if run.master else []
@@ -215,7 +222,7 @@ class MetricsLog:
             self.wandb = wandb.init(project=cfg.wandb, config=dataclasses.asdict(cfg), resume="allow",
                                     id=f"{os.path.basename(os.path.abspath(cfg.out))}-{run_id}")
         self.loss_png = os.path.join(cfg.out, "loss.png")
-        self.max_drop = cfg.max_psnr_drop if cfg.objective != "sft" else 0.0  # the fidelity guard's, drawn
+        self.max_drop = max_drop  # the fidelity guard's (RL's --max-psnr-drop; 0: none), drawn
 
     def write(self, row, first=False):
         if first and (not self.master or any(r.get("step") == row["step"] for r in self.history)):
@@ -346,15 +353,14 @@ def nonfinite_eval(result, path):
         "checkpoint with a finite evaluation (resume.rotate)" if bad else ""
 
 
-def count_nonfinite(row, streak, cfg, say=print):
+def count_nonfinite(row, streak, cfg, objective, say=print):
     """Steps in a row with skipped (NaN/Inf) updates, ending at row's: each skipped step is said in one line (say),
     and a FloatingPointError, one line naming the step and the likely cause, ends the run when they reach
     --max-nonfinite (the row is logged first)."""
     if not row.get("nonfinite_steps"):
         return 0
     streak += 1
-    knob = f"--{cfg.objective}-lr {getattr(cfg, cfg.objective).lr:g}" if cfg.objective != "sft" else "--lr"
-    cause = row.get("nonfinite") or f"NaN/Inf {cfg.objective.upper()} gradients ({knob} too high?)"
+    cause = row.get("nonfinite") or f"NaN/Inf {objective.name.upper()} gradients ({objective.lr_flag} too high?)"
     if streak < cfg.max_nonfinite:
         say(f"step {row['step']}: skipped, no update (a NaN/Inf loss or gradient norm: {cause}); {streak} in a row, "
             f"the run stops at --max-nonfinite {cfg.max_nonfinite}")
@@ -369,6 +375,13 @@ def count_nonfinite(row, streak, cfg, say=print):
 
 # -----------------------------------------------------------------------------
 # The step sample.py and evaluate.py read: chosen and checked in one line each, before any model is built
+
+
+def objective_settings(saved):
+    """An RL run's own knobs in its saved settings (config.json: the dict under its objective's name, {"grpo": {...}}),
+    None for an SFT run, whose knobs are the top-level ones."""
+    own = saved.get(saved.get("objective", ""))
+    return own if isinstance(own, dict) else None
 
 
 def run_config(run_dir):

@@ -17,9 +17,9 @@ import os
 import numpy as np
 import torch
 
-from actions import STATS_FILE, FolderActions
-from data import GridClips, ViewClips
-from inits import get_config
+from base.actions import STATS_FILE, FolderActions
+from base.inits import get_config
+from clips.data import GridClips, ViewClips
 
 
 class _WithActions:

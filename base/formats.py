@@ -30,7 +30,6 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: `except Exception` misses it
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-
 # torch warns at every DCP save and load without a process group, even with no_dist=True, that it is "assuming the
 # intent" to work in a single process. Without a group that is the intent (a 1-process train.py, export, sample.py):
 # this one message is filtered, around these calls only; every other warning still shows.

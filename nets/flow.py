@@ -16,7 +16,7 @@ compute it exactly as upstream does, `timesteps.float() * 0.001`). What is new h
 * multi-view (robot/multiview-agibot): views stacked on the latent time axis; the frame-init condition mask.
 
 This module and edm.py (Predict2) are the two model families: the same functions under the same names and
-signatures (build.family picks one from the DiT config; callers never ask which).
+signatures (nets/family.family_of picks one from the DiT config; callers never ask which).
 
 Contents, top to bottom: the family's facts -> training draws -> the RF velocity (upstream's denoise) -> loss ->
 sampler grids -> UniPC -> sampling loop -> multi-view mask and noise -> RL: the RF GRPO step (docs/grpo.md §10) and
@@ -28,9 +28,9 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-import inits
-from camera import VIEW_ORDER
-from model import Condition, condition_mask, uncond
+from base import inits
+from base.camera import VIEW_ORDER
+from condition import Condition, frame_mask, uncond
 
 NAME = "Predict2.5"
 TEXT_ENCODER = "reason1"  # the released configs' prompt embeddings (t5.py --encoder reason1); p25-tiny*: a stand-in
@@ -300,30 +300,6 @@ def sample(net, noise, cond: Condition, guidance=7.0, grid="shift", num_steps=35
 
 # -----------------------------------------------------------------------------
 # Multi-view: views stacked on the latent time axis, [B, C, V*T, H, W]
-
-
-def frame_mask(latent, views, num_conditional_frames):
-    """The conditioning-frame mask of a Condition, chosen here for train, sample, smoke and bench alike: a camera
-    net's views (> 1) stacked on time take multiview_condition_mask's, one video model.condition_mask's (its first
-    n latent frames)."""
-    if views > 1:
-        return multiview_condition_mask(latent, views, num_conditional_frames)
-    return condition_mask(latent, num_conditional_frames)
-
-
-def multiview_condition_mask(latent_B_C_VT_H_W, num_views, num_conditional_frames):
-    """robot/multiview-agibot's frame-init mask [B,1,V*T,H,W]: latent 0 of view 0, plus the first n latents of every
-    other view (spec §1.1); n is an int or a per-sample tensor [B]. A latent whose V*T is not a multiple of V fails."""
-    B, _, VT, H, W = latent_B_C_VT_H_W.shape
-    if num_views < 1 or VT % num_views:
-        raise ValueError(f"{VT} latent frames are not {num_views} views stacked on time (need a multiple)")
-    T = VT // num_views
-    device = latent_B_C_VT_H_W.device
-    n = torch.as_tensor(num_conditional_frames, device=device).reshape(-1, 1).expand(B, 1)
-    frame = torch.arange(T, device=device)[None, :]  # [1, T] within a view
-    views = [(frame < 1).expand(B, T)] + [frame < n for _ in range(num_views - 1)]
-    mask_B_VT = torch.cat(views, dim=1).to(latent_B_C_VT_H_W.dtype)
-    return mask_B_VT[:, None, :, None, None].expand(B, 1, VT, H, W).contiguous()
 
 
 def multiview_initial_noise(shape_B_C_VT_H_W, num_views, seed):

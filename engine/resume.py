@@ -1,10 +1,8 @@
-"""Training-state checkpoints: save, resume, rotate, export.
+"""Training-state checkpoints: save, resume, rotate; the network of a step directory (export: export.py).
 
 Weights are loaded strictly by ckpt.py; this file adds what a training run needs on top: model + optimizer + per-rank
 RNG (+ any extra state such as an EMA) in one DCP directory per step, written so that a killed run always finds its
 newest complete checkpoint.
-
-    python resume.py export OUT/step_00001000 model.safetensors   # or release.pt (net. prefix, bf16; --ema: net_ema.)
 
 Layout: OUT/step_%08d/ (DCP + meta.json), written as step_%08d.tmp and renamed when complete; OUT/latest names the
 newest complete one and is written only after the rename; a rotated-out one is renamed step_%08d.deleting first.
@@ -13,8 +11,8 @@ resume, export, ckpt.load and `ckpt.py check` verify the bytes they read against
 names the tensor. A state with a NaN/Inf is never saved; a full disk is named as such.
 Evaluation markers (eval.json: "completed" means completed) decide rotation; the rest of the run directory (its lock,
 settings, metrics and plot) is rundir.py's.
-Contents: pointer and rotation -> RNG -> save / resume (+ checksums) -> evaluation markers -> the step sample.py and
-evaluate.py read -> export -> CLI.
+Contents: pointer and rotation -> RNG -> save / resume (+ checksums) -> evaluation markers -> the network of a step
+directory (sample.py, evaluate.py, export.py).
 """
 import errno
 import hashlib
@@ -24,29 +22,28 @@ import os
 import random
 import re
 import shutil
-import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict  # DCP's own key flattening (private)
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.tensor import DTensor
 
-import build
 import ckpt
-import cli
+from base.collectives import agree, gather, local_rows, rank, say, world_size
+from base.formats import STEP_RE, bitsum, check_sums, dcp_call, denied, read_meta
+from base.video import fsync_dir, write_atomic
 from ckpt import CheckpointError, build_report, model_entries, open_source
-from collectives import agree, gather, local_rows, rank, say, world_size
-from formats import STEP_RE, bitsum, check_sums, cut_short, dcp_call, denied, read_meta
-from lora import merged_state_dict
-from video import fsync_dir, write_atomic
+from engine import build
 
 # Top-level DCP keys of a training checkpoint; extra_state groups take any other plain name
 TRAINING_KEYS = ("model", "optim", "rng")
@@ -447,45 +444,7 @@ def lora_base(step_dir, meta=None):
 
 
 # -----------------------------------------------------------------------------
-# Export (single process, offline): DCP -> one .safetensors with our keys, or a release-style .pt
-
-
-def _export_source(src, out_path):
-    """(step dir, its meta) of an export: src itself or an out_dir's newest; out_path's directory must exist."""
-    parent = os.path.dirname(os.path.abspath(out_path))
-    if not os.path.isdir(parent):
-        raise CheckpointError(f"{out_path}: its directory {parent} does not exist; create it (mkdir -p {parent})")
-    path = src if os.path.isfile(os.path.join(src, ".metadata")) else find_resume(src)
-    if path is None:
-        raise CheckpointError(f"{src}: no complete checkpoint to export")
-    short = cut_short(path)
-    if short:  # DCP would fail on it with an empty EOFError
-        raise CheckpointError(f"{short}: {path} is damaged (a copy or a full disk cut it short): restore the file, or "
-                              "export an earlier step")
-    return path, read_meta(path)
-
-
-def _read_dcp(src, out_path, groups=("model",)):
-    """({group: {key: full tensor}}, meta, path) of a step dir (or an out_dir's newest), checked against its
-    save-time checksums; optimizer state is never read. A group with no tensors in the checkpoint is an error.
-    out_path's directory must exist (checked first, before reading gigabytes)."""
-    path, meta = _export_source(src, out_path)
-    md = FileSystemReader(path).read_metadata().state_dict_metadata
-    full = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.items()
-            if k.split(".", 1)[0] in groups and isinstance(m, TensorStorageMetadata)}
-    absent = [g for g in groups if not any(k.startswith(g + ".") for k in full)]
-    if absent == ["ema"]:
-        raise CheckpointError(f"--ema: {path} holds no EMA (its run was trained without train.py --ema RATE): export "
-                              "it without --ema")
-    if absent:
-        raise CheckpointError(f"{path}: holds no {absent} tensors (saved without extra_state={{{absent[0]!r}: ...}}?)")
-    with dcp_call():
-        dcp.load(full, checkpoint_id=path, no_dist=True)
-    if "checksums" not in meta:
-        print(f"ckpt: WARNING: {path}/meta.json records no checksums (saved before they existed): not verified")
-    else:
-        check_sums(path, {k: bitsum(v) for k, v in full.items()}, meta["checksums"])
-    return {g: {k[len(g) + 1:]: v for k, v in full.items() if k.startswith(g + ".")} for g in groups}, meta, path
+# The network of a step directory, as train.py built it (sample.py, evaluate.py, export.py)
 
 
 def build_from_step(step_dir, device, use_ema=False):
@@ -513,106 +472,3 @@ def build_from_step(step_dir, device, use_ema=False):
     base = ("^(" + "|".join(map(re.escape, frozen)) + ")$",) if meta["lora_only"] and frozen else ()
     ckpt.load(net, step_dir, ema=True if use_ema else None, allow_missing=base)  # LoRA-only: the base is not in it
     return net
-
-
-def _export_tensors(src, out_path, groups, merge_lora):
-    """({group: {key: tensor}}, meta, path) for an export: the step's own tensors, or with merge_lora the network of a
-    LoRA run rebuilt (base + adapters, build_from_step) with its adapters folded in (group "ema": the EMA's)."""
-    if not merge_lora:
-        return _read_dcp(src, out_path, groups)
-    path, meta = _export_source(src, out_path)
-    if not meta["lora_only"]:
-        raise CheckpointError(f"--merge-lora: {path} is not a LoRA-only step (it holds the whole network): drop "
-                              "--merge-lora")
-    return {g: merged_state_dict(build_from_step(path, torch.device("cpu"), g == "ema")) for g in groups}, meta, path
-
-
-def export_safetensors(src, out_path, dtype=None, merge_lora=False):
-    """DCP step dir (or out_dir: newest) -> one .safetensors with our keys; float tensors cast to dtype if given.
-    A LoRA-only step exports its adapters and buffers, or with merge_lora the whole network, adapters folded in."""
-    from safetensors.torch import save_file
-    groups, meta, path = _export_tensors(src, out_path, ("model",), merge_lora)
-    tensors = groups["model"]
-    if dtype is not None:
-        tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
-    tmp = out_path + ".tmp"
-    lora_only = meta["lora_only"] and not merge_lora
-    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp,
-              metadata={"source": path, "step": str(meta["step"]), "lora_only": str(lora_only),
-                        "merged_lora": str(merge_lora)})
-    os.replace(tmp, out_path)
-    what = (": LoRA adapters and buffers only (a LoRA-only step; its base is the run's --init); --merge-lora writes "
-            "the whole network, adapters folded into the plain keys" if lora_only else
-            ": the whole network, LoRA adapters folded into the base weights" if merge_lora else "")
-    print(f"ckpt: exported {len(tensors)} tensors of {path} to {out_path}{what}", flush=True)
-    return out_path
-
-
-def export_release_pt(src, out_path, ema=False, merge_lora=False):
-    """DCP -> a release-style .pt (flat dict, `net.` keys, floats in bf16) that upstream Cosmos tools read.
-    ema=True adds upstream's `net_ema.` copy: the network with the saved EMA (extra_state "ema") in place of the
-    parameters it averages; every other tensor (buffers, frozen weights) as in `net.`. A LoRA-only step needs
-    merge_lora (the adapters folded into the run's base)."""
-    groups, meta, path = _export_tensors(src, out_path, ("model", "ema") if ema else ("model",), merge_lora)
-    if meta["lora_only"] and not merge_lora:
-        raise CheckpointError(f"{path} is LoRA-only (no base weights): a release .pt needs the full network; pass "
-                              "--merge-lora (the adapters folded into the run's --init base)")
-    net = groups["model"]
-    release = {"net." + k: v for k, v in net.items()}
-    if ema:
-        unknown = sorted(set(groups["ema"]) - set(net))
-        if unknown:
-            raise CheckpointError(f"{path}: EMA keys that are not model keys: {unknown[:5]}")
-        release.update({"net_ema." + k: groups["ema"].get(k, v) for k, v in net.items()})
-    tmp = out_path + ".tmp"
-    torch.save({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in release.items()}, tmp)
-    os.replace(tmp, out_path)
-    print(f"ckpt: exported {len(net)} tensors of {path} to {out_path} (net.{' and net_ema.' if ema else ''}"
-          f" prefix, bf16{', LoRA merged' if merge_lora else ''})", flush=True)
-    return out_path
-
-
-# -----------------------------------------------------------------------------
-# CLI: export
-
-
-DTYPES = {"keep": None, "bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-@dataclass
-class Export:
-    source: str  # a DCP step directory, or a train.py out dir (its newest complete step)
-    out: str  # OUT.safetensors (our keys) or OUT.pt (release-style: net. keys, bf16)
-    dtype: str = "keep"  # .safetensors only: keep | bf16 | fp32
-    ema: bool = False  # .pt only: add upstream's net_ema. copy, from the run's saved EMA (train.py --ema)
-    merge_lora: bool = False  # a LoRA run (GRPO, --lora): the whole network, adapters folded into the run's --init base
-
-    def __post_init__(self):
-        if not self.out.endswith((".pt", ".safetensors")):
-            raise ValueError(f"resume.py export: {self.out}: export to OUT.safetensors or OUT.pt")
-        if self.dtype not in DTYPES or (self.out.endswith(".pt") and self.dtype != "keep"):
-            raise ValueError(f"resume.py export: --dtype {self.dtype}: keep|bf16|fp32, for .safetensors only (a"
-                             " release .pt is always bf16)")
-        if self.ema and not self.out.endswith(".pt"):
-            raise ValueError("resume.py export: --ema: only .pt (upstream's net_ema. copy); .safetensors holds"
-                             " the raw weights")
-
-
-def main(argv=None):
-    """`python resume.py export SRC OUT [--ema] [--dtype bf16]` -> 0. User errors raise (cli.main)."""
-    argv = cli.subcommand(sys.argv[1:] if argv is None else list(argv), "export", __doc__,
-                          "python resume.py export SRC OUT (see python resume.py export --help)")
-    if argv is None:
-        return 0
-    a = cli.parse(Export, argv, description="A step directory (or a run's newest) -> OUT.safetensors with our"
-                  " keys, or a release-style OUT.pt that upstream Cosmos tools read.", positional=("source", "out"),
-                  prog="resume.py export")
-    if a.out.endswith(".pt"):
-        export_release_pt(a.source, a.out, a.ema, a.merge_lora)
-    else:
-        export_safetensors(a.source, a.out, DTYPES[a.dtype], a.merge_lora)
-    return 0
-
-
-if __name__ == "__main__":
-    cli.main(main, user_errors=(CheckpointError, ValueError, OSError))

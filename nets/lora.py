@@ -11,8 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import fp8
-from collectives import local_rows
+from base import fp8
+from base.collectives import local_rows
 from model import adapter_seed
 
 

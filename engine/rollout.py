@@ -1,6 +1,6 @@
 """GRPO's rollouts: the stochastic step, its exact log-density, and K trajectories of one group (docs/grpo.md).
 
-A rollout walks the net's family's grid (build.family: edm.py's N Karras sigmas for Predict2, whose state is
+A rollout walks the net's family's grid (nets/family.family_of: edm.py's N Karras sigmas for Predict2, whose state is
 x = x0 + sigma * eps; flow.py's shift-5 grid for Predict2.5) with a stochastic first-order x0 step ("DDIM-eta"):
 
     x' = mean + beta * z,  mean = c * x + (1 - c) * x0_hat(x, sigma),  c = alpha / sigma,  alpha^2 + beta^2 = sigma'^2
@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-import build
-import edm
-from model import Condition, map_tensors, uncond
+from condition import Condition, map_tensors, uncond
+from nets import edm
+from nets.family import family_of
 
 SDE_TYPES = ("ddim_eta", "cps")
 ROLLOUT_BATCHES = ("none", "cfg", "group")
@@ -34,7 +34,7 @@ LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
 # -----------------------------------------------------------------------------
-# Conditions (model.Condition): built once per group, cached, and reused by rollout, training and the KL reference.
+# Conditions (condition.Condition): built once per group, cached, and reused by rollout, training and the KL reference.
 # Re-encoding text or frames (T5, VAE) or calling a conditioner with dropout would change bits and break ratio == 1.
 
 
@@ -57,7 +57,7 @@ def step_coefficients(sde_type, sigma, sigma_next, eta, family=edm):
 
     ddim_eta: beta = eta * sigma' * sqrt(1 - sigma'^2 / sigma^2); eta = 1 is the exact posterior q(x_sigma' | x,
     x0), eta = 0 is Predict2's Euler x0 step. cps: beta = sigma' * sin(eta * pi / 2), Flow-GRPO's "cps" step.
-    family: the grid's (build.family). flow (Predict2.5, sigma in [0, 1), x' = (1 - sigma') x0_hat + alpha eps_hat
+    family: the grid's (nets/family.family_of). flow (Predict2.5, sigma in [0, 1), x' = (1 - sigma') x0_hat + alpha eps_hat
     + beta z): the same, the ratio in EDM units s = sigma / (1 - sigma); the step onto sigma' = 0 is deterministic
     (x' = x0_hat). docs/grpo.md §10.
     """
@@ -153,7 +153,7 @@ def branch_predictions(net, xs, noises, step, rollout_grid, cond: Condition, cfg
 @dataclass(kw_only=True)
 class Rollout:
     cond: Condition
-    family: object  # the net's family module (build.family): edm or flow
+    family: object  # the net's family module (nets/family.family_of): edm or flow
     sigmas: list  # N + 1 python floats (float64): sigma_0 = 80 ... sigma_N = 0.002 (Predict2.5: ~1 ... 0)
     alphas: list  # N
     betas: list  # N; 0.0 marks a deterministic step
@@ -245,7 +245,7 @@ def rollout_group(net, cond: Condition, latent_shape, cfg, generator, window_sta
         raise ValueError(f"rollout_batch={cfg.rollout_batch!r} rounds unlike the training forward (B = 1 calls): set "
                          "recompute_old_logp (--grpo-recompute-old-logp), or the ratio would not start at 1")
     device = generator.device
-    family = build.family(net.cfg)
+    family = family_of(net.cfg)
     sigmas, timesteps = family.rollout_grid(N)
     etas = step_noise_levels(cfg, generator, window_start)
     alphas, betas = zip(*(step_coefficients(cfg.sde_type, sigmas[i], sigmas[i + 1], etas[i], family)

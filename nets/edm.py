@@ -1,7 +1,7 @@
 """Predict2's math: a rectified-flow network behind upstream's EDM-sigma interface (x_sigma = x0 + sigma eps).
 
 This module and flow.py (Predict2.5) are the two model families. They have the same functions under the same names
-and signatures, and a caller never asks which one it has: build.family(cfg) picks the module once, from the DiT
+and signatures, and a caller never asks which one it has: family_of(cfg) picks the module once, from the DiT
 config, and the caller uses what it returns. What Predict2 does (spec cosmos_dit, sampler; docs/predict2.md):
 
 * the net: denoise() turns the velocity network into an x0 prediction with c_skip = c_in = 1 - t, c_out = -t,
@@ -20,7 +20,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from model import Condition, condition_mask, uncond
+from condition import Condition, condition_mask, uncond
 
 NAME = "Predict2"
 TEXT_ENCODER = "t5"  # the released configs' prompt embeddings (t5.py); the tiny configs read a stand-in

@@ -1,4 +1,5 @@
-"""The network, built in one place: train.py, bench.py, smoke.py, sample.py and resume.py all build it here.
+"""The networks, built in one place: train.py, bench.py, smoke.py, sample.py and resume.py build the DiT here, and
+every command its frozen video tokenizer (build_vae).
 
 The order is torchtitan's and matters (docs/memory.md):
     meta build -> LoRA / freeze (frozen base in the compute dtype) -> fp8 -> activation checkpointing per block
@@ -6,10 +7,6 @@ The order is torchtitan's and matters (docs/memory.md):
 FSDP2 is collectives.shard_model. Everything up to FSDP works on the meta device, so nothing is allocated until the
 shards are; a planner that must see the adapted meta network (`--sac auto`, bench.py's memory formulas) calls
 `meta_net`, then `materialise`.
-
-`family(cfg)` is the one place Predict2 and Predict2.5 are told apart for their math: it returns edm.py or flow.py,
-which have the same functions under the same names, and every caller (sft, rollout, grpo, nft, rl, sample, evaluate,
-smoke, bench) uses the module it returns without asking which it is.
 """
 from dataclasses import dataclass
 
@@ -17,26 +14,15 @@ import torch
 import torch.distributed as dist
 
 import ckpt
-import cp
-import edm
-import flow
-import fp8
 import sac
-from collectives import shard_model
-from inits import get_config, is_p25
-from lora import LORA_TARGETS, add_lora, adapted_linears, check_fp8_shapes, quantize_base, target_linears
+from base import cp, fp8
+from base.collectives import shard_model
+from base.inits import get_config
 from model import DiT
+from nets.lora import LORA_TARGETS, adapted_linears, add_lora, check_fp8_shapes, quantize_base, target_linears
+from nets.vae import LinearCodec, WanVAE, get_vae_config
 
 RECOMPILE_LIMIT = 16  # per compiled block: room for every variant a GRPO run needs, never a silent eager fallback
-
-
-FAMILIES = (edm, flow)
-
-
-def family(cfg):
-    """The model family's math of a DiTConfig: flow (Predict2.5: rectified flow, Reason1 text, UniPC) or edm
-    (Predict2: EDM sigma, T5 text, Karras Euler/AB2)."""
-    return flow if is_p25(cfg) else edm
 
 
 @dataclass(kw_only=True)
@@ -129,3 +115,17 @@ def describe(net, spec: NetSpec, n_params):
 def trainable(net):
     """The parameters the optimizer steps (after FSDP: the DTensor ones)."""
     return [p for p in net.parameters() if p.requires_grad]
+
+
+def build_vae(name, ckpt_path, device, dtype):
+    """The frozen tokenizer of train.py and sample.py. `real` loads ckpt_path (tokenizer.pth) strictly through
+    ckpt.load; `tiny` is the LinearCodec (no checkpoint, identical in every process, so sample.py decodes what
+    train.py encoded). VAE_CONFIGS["tiny"] is the Wan architecture at width 8, for tests and benchmarks only."""
+    if name == "real":
+        vae = WanVAE(get_vae_config("real"))
+        ckpt.load(vae, ckpt_path)
+    elif name == "tiny":
+        vae = LinearCodec()
+    else:
+        raise ValueError(f"vae {name!r}: tiny or real")
+    return vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
