@@ -229,7 +229,7 @@ class FixedStart:
 
 class Windows(Dataset):
     """(video index, start) -> the window's pixels as GridClips / ViewClips give them ([3,T,H,W] or [V,3,T,H,W]
-    float32 in [-1, 1]) with its cameras (actionclips.py's: action, state), or the ClipError's text: the encoder
+    float32 in [-1, 1]) with its cameras (clips/actionclips.py's: action, state), or the ClipError's text: the encoder
     counts it, nothing is raised."""
 
     def __init__(self, clips, items: list):
@@ -248,7 +248,7 @@ class Windows(Dataset):
         pixels = torch.stack([torch.from_numpy(c) for c in got[0]]) if views else torch.from_numpy(got[0])
         # [(V,) T, H, W, 3] uint8 -> [(V,) 3, T, H, W]: the same operations as GridClips, so the same bits
         item = {"index": index, "start": start, "video": pixels.movedim(-1, -4).float().div_(127.5).sub_(1.0)}
-        extra = got[-1] if isinstance(got[-1], dict) else {}  # actionclips.py: the clip's action chunk and states
+        extra = got[-1] if isinstance(got[-1], dict) else {}  # clips/actionclips.py: the clip's action chunk and states
         return item | ({"w2c": got[2], "intrinsics": got[3]} if views else {}) | extra
 
 

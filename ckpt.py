@@ -1,6 +1,6 @@
 """Loading weights into a plain or FSDP2-sharded model: explicit, strict and loud.
 
-Training-state checkpoints (save / resume / rotate / export) are resume.py, which builds on this file.
+Training-state checkpoints (save / resume / rotate / export) are engine/resume.py, which builds on this file.
 
     python ckpt.py check --config v2w-2b 2b-480p-16fps   # strict report + byte verification; exit 0 only if it loads
 
@@ -11,8 +11,8 @@ before any tensor is copied, all ranks agree on the outcome and raise together, 
 what the file records about itself (a .pt's zip CRCs, a step directory's save-time checksums), and after loading
 every local shard is checked against the file's bytes.
 Contents: every rank reads the same file -> strict report -> loading -> init guard -> CLI.
-Where a source comes from (named inits, hub downloads, a path resolved or rejected) is inits.py; reading and checking
-the files themselves (formats, CRCs, checksums) is formats.py.
+Where a source comes from (named inits, hub downloads, a path resolved or rejected) is base/inits.py; reading and checking
+the files themselves (formats, CRCs, checksums) is base/formats.py.
 """
 import functools
 import inspect
@@ -61,7 +61,7 @@ RELEASE_PREFIXES = ("net", "net_ema")
 LORA_KEYS = r"\.lora_[ab]\.weight$"  # allow_missing pattern for loading a base checkpoint into a LoRA model
 
 # -----------------------------------------------------------------------------
-# Ranks read the same file (the collectives that make every rank agree: collectives.py)
+# Ranks read the same file (the collectives that make every rank agree: base/collectives.py)
 
 
 def _same_file_everywhere(source, path, ident):
@@ -396,21 +396,21 @@ def lora_only_note(path, meta):
              f"{run.get('init', 'BASE')}")
     return (f"{path} is a LoRA-only step directory (meta.json lora_only): LoRA adapters and buffers, not the base. "
             f"Sample it with `python sample.py --ckpt {path}` (its run rebuilt: base + adapters), export the whole "
-            f"network with `python resume.py export {path} merged.safetensors --merge-lora`, continue its run with "
+            f"network with `python export.py {path} merged.safetensors --merge-lora`, continue its run with "
             f"train.py --out {os.path.dirname(os.path.abspath(path))}, check it with `python ckpt.py check {flags}`; "
             "in Python: resume.build_from_step")
 
 
 def adapters_only_note(path, src, report):
-    """One line for a file of LoRA adapters without their base (resume.py export of a LoRA run, no --merge-lora)
+    """One line for a file of LoRA adapters without their base (export.py of a LoRA run, no --merge-lora)
     loaded where the whole network goes, else "": the merge that makes it whole, or the run to pass instead."""
     adapters = [k for k in src.entries if re.search(LORA_KEYS, k)]
     if src.kind == "dcp" or not adapters or not report.missing:
         return ""
-    step = (src.info or {}).get("source")  # resume.py export records the step directory it read
+    step = (src.info or {}).get("source")  # export.py records the step directory it read
     run = os.path.dirname(os.path.normpath(step)) if step else "RUN"
     return (f"{path}: adapters only (a LoRA export: {len(adapters)} LoRA tensors and buffers, none of the "
-            f"{len(report.missing)} base weights the network needs): merge it with `python resume.py export "
+            f"{len(report.missing)} base weights the network needs): merge it with `python export.py "
             f"{step or 'RUN'} merged.safetensors --merge-lora`, or pass the run directory ({run}) in its place")
 
 

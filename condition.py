@@ -36,8 +36,8 @@ class Condition:
     padding_mask: torch.Tensor = None  # [B, 1, H', W'] any size (resized to the latent's); None = zeros
     fps: float = None  # frames per second (a float or [B]); read only by fps-modulated RoPE (no release uses it)
     key: tuple = ()  # RL group key of the advantages: (episode, instruction) or (rank, clip), never the text
-    conditional_frame_timestep: float = None  # read by Predict2.5 (flow.py) only: -1 or None (one time for all
-    # frames) or 0.1 (t = 1e-4 on the conditional frames); Predict2 (edm.py) always shows them at sigma 1e-4
+    conditional_frame_timestep: float = None  # read by Predict2.5 (nets/flow.py) only: -1 or None (one time for all
+    # frames) or 0.1 (t = 1e-4 on the conditional frames); Predict2 (nets/edm.py) always shows them at sigma 1e-4
     camera: torch.Tensor = None  # camera nets (agibot): [B, T, H/2, W/2, 1536] Pluecker map (camera.plucker_map)
     action: torch.Tensor = None  # action nets: [B, transitions, dims] the clip's action chunk (clips/actionclips.py)
 

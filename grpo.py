@@ -1,6 +1,6 @@
 """GRPO post-training of the video DiT with LoRA: Flow-GRPO's objective on Cosmos-Predict2's (and 2.5's) sampler.
 
-docs/grpo.md has the derivation (§10: Predict2.5). rollout.py samples K trajectories of a group with a stochastic
+docs/grpo.md has the derivation (§10: Predict2.5). engine/rollout.py samples K trajectories of a group with a stochastic
 step whose transitions are exact Gaussians and stores their log-densities; this file recomputes them with
 gradients and maximises Flow-GRPO's clipped surrogate with group-normalised advantages, optionally with a KL to
 the LoRA-disabled base.
@@ -277,7 +277,7 @@ def micro_steps(items, rollouts, n_chunks):
 
 def step_sensitivity(rollout: Rollout, step):
     """|d logp / d v_hat| per element of step `step`, in units of z: |d mean / d v_hat| / beta (the family's
-    step_sensitivity: edm.py's, flow.py's). It spans ~700x over Predict2's Karras-8 steps (docs/grpo.md §3), and so
+    step_sensitivity: nets/edm.py's, nets/flow.py's). It spans ~700x over Predict2's Karras-8 steps (docs/grpo.md §3), and so
     does each step's gradient."""
     return rollout.family.step_sensitivity(rollout.sigmas[step], rollout.sigmas[step + 1], rollout.alphas[step],
                                            rollout.betas[step])
@@ -468,7 +468,7 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
     conds: one Condition per group (a clip and its prompt). score(video, latent) -> {"reward": [K], name: [K], ...}
     (reward.score: the same names on every rank); decode(latent [K, C, T, H, W]) -> video, or None when no reward
     needs pixels. seed: this dp group's rollout noise; window_seed: the same on every rank. cp_size: ranks per cp
-    group (--cp: they run the same rollouts, each forward split by cp.py; one copy of their rewards counts, so their
+    group (--cp: they run the same rollouts, each forward split by base/cp.py; one copy of their rewards counts, so their
     advantages and micro-steps agree, or the all-to-alls would deadlock). agree(what, fn): runs the
     scoring so that a failure on one rank raises on every rank (collectives.agree) instead of leaving the others waiting.
     Returns (stats of grpo_update, metrics: rewards over all ranks, advantages, means over all ranks, s per phase).

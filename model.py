@@ -12,7 +12,7 @@ fp32 autocast: the time embedding, the adaLN modulations and the whole final lay
 output is then fp32), shift/scale/gate are cast to the activation dtype; on any device (upstream cannot run a bf16
 model on CPU at all), a no-op in an fp32 model. Its other part, q/k in fp32 for RoPE, is what apply_rope always does.
 
-Context parallelism (--cp, cp.py): under cp.enable a DiT computes its rank's share of the latent frames, and each
+Context parallelism (--cp, base/cp.py): under cp.enable a DiT computes its rank's share of the latent frames, and each
 self-attention exchanges q, k, v and its output with the other ranks of the cp group (Ulysses all-to-all).
 
 Contents, top to bottom: blocks -> DiT. Its input record: condition.py; DiTConfig: base/inits.py; LoRA: nets/lora.py;
@@ -240,7 +240,7 @@ class Attention(nn.Module):
         v = self.v_proj(context_B_S_D).view(B, S, self.num_heads, self.head_dim)
         if rope_cos_sin is not None:
             q, k = apply_rope(q, *rope_cos_sin), apply_rope(k, *rope_cos_sin)
-        if self.cp_group is not None:  # Ulysses (cp.py): one all-to-all to all tokens x my heads, SDPA, and back
+        if self.cp_group is not None:  # Ulysses (base/cp.py): one all-to-all to all tokens x my heads, SDPA, and back
             q, k, v = cp.seq_to_heads(torch.stack([q, k, v]), self.cp_group).unbind(0)
             out = cp.heads_to_seq(attention(q, k, v), self.cp_group)
         else:
@@ -406,7 +406,7 @@ class DiT(nn.Module):
             for p in self.extra_pos_embedder.parameters():
                 nn.init.normal_(p, std=0.02, generator=generator)
         self.pos_embedder.reset_buffers()
-        # LoRA adapters (lora.py), if any were added before materialising: adapter i from seed + i, as add_lora draws
+        # LoRA adapters (nets/lora.py), if any were added before materialising: adapter i from seed + i, as add_lora draws
         for i, module in enumerate(m for m in self.modules() if hasattr(m, "reset_lora")):
             module.reset_lora(adapters + i)
 
@@ -428,7 +428,7 @@ class DiT(nn.Module):
                 pad = F.interpolate(pad.float(), size=(H, W), mode="nearest")
             x = torch.cat([x, pad.to(dtype)[:, :, None].expand(B, 1, T, H, W)], dim=1)
         Tp, Hp, Wp = T // cfg.patch_temporal, H // cfg.patch_spatial, W // cfg.patch_spatial
-        group = self.cp_group  # --cp: this rank computes its 1/N of the latent frames (cp.py)
+        group = self.cp_group  # --cp: this rank computes its 1/N of the latent frames (base/cp.py)
         if group is not None:
             n = dist.get_world_size(group)
             if Tp % n or T % cfg.patch_temporal:

@@ -253,7 +253,7 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
     """One NFT update over this rank's groups (collective under torch.distributed: call it on every rank), then the
     old policy moves towards the new weights. old: the old adapter values (updated in place); update: 0-based
     (update 0 starts from old == theta). score, decode, agree, seed: as grpo.train_step (seed: this dp group's).
-    cp_size: ranks per cp group (--cp): they sample the same groups from the same seed, each forward split by cp.py,
+    cp_size: ranks per cp group (--cp): they sample the same groups from the same seed, each forward split by base/cp.py,
     and compute the same loss from the gathered output; one copy of their rewards enters the advantages and one of
     their losses the metrics. Every rank runs the same forwards (groups x K x timesteps), so the loss scale needs no
     count: FSDP's reduce (collectives.shard_model: a sum over a cp group, a mean over dp groups) averages the dp

@@ -378,7 +378,7 @@ class CollectiveBytes(TorchDispatchMode):
         name = func.overloadpacket.__name__  # c10d._allgather_base_(out, in) / c10d._reduce_scatter_base_(out, in)
         self.allgather += args[0].nbytes if name == "_allgather_base_" else 0
         self.reduce_scatter += args[1].nbytes if name == "_reduce_scatter_base_" else 0
-        self.alltoall += args[1].nbytes if name == "alltoall_base_" else 0  # --cp: cp.py's exchanges (out, in)
+        self.alltoall += args[1].nbytes if name == "alltoall_base_" else 0  # --cp: base/cp.py's exchanges (out, in)
         return func(*args, **(kwargs or {}))
 
 
@@ -433,7 +433,7 @@ def fsdp_traffic(net, world, compute_dtype, link_gb_s):
 
 
 def cp_traffic(cfg, latent, cp, compute_dtype, recompute_blocks, link_gb_s):
-    """Bytes the Ulysses all-to-alls (cp.py) are handed per step on one rank: per self-attention, q, k, v and the
+    """Bytes the Ulysses all-to-alls (base/cp.py) are handed per step on one rank: per self-attention, q, k, v and the
     output, 4 tensors of [B, L/N, D] in the compute dtype, in forward, again in backward, and again per block whose
     forward is recomputed (any --sac mode but none replays the exchange). Each sends (N-1)/N of itself over the link.
     Not overlapped: the attention waits for its inputs. Left out: the output all-gather along time ([B, L, p*p*C]: the

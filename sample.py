@@ -1,6 +1,6 @@
 """Sample a video2world clip from a first frame and write an mp4: a train.py run as trained, a release checkpoint,
-or random weights. The sampler is the net's family's (generate.py -> nets/family.family_of): Predict2's 35 Karras steps,
-Euler then 2-step Adams-Bashforth (edm.py), or Predict2.5's UniPC (flow.py: shift-5 or Karras grid per checkpoint,
+or random weights. The sampler is the net's family's (engine/generate.py -> nets/family.family_of): Predict2's 35 Karras steps,
+Euler then 2-step Adams-Bashforth (nets/edm.py), or Predict2.5's UniPC (nets/flow.py: shift-5 or Karras grid per checkpoint,
 v_c + g (v_c - v_u)), with classifier-free guidance in upstream's convention.
 
     python sample.py                       # tiny default: the checkpoint python train.py wrote to out/, on CPU
@@ -11,7 +11,7 @@ v_c + g (v_c - v_u)), with classifier-free guidance in upstream's convention.
     python sample.py --config p25-2b --ckpt p25-2b-post --vae real --vae-ckpt tokenizer.pth --image first.png
                      --prompt-emb reason1/<sha1>.safetensors   # Predict2.5: UniPC, Karras grid for 2B post-trained
 
-The network lives in model.py, its family's math in edm.py / flow.py, generation in generate.py; this file is the
+The network lives in model.py, its family's math in nets/edm.py / nets/flow.py, generation in engine/generate.py; this file is the
 command line.
 """
 import dataclasses

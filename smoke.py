@@ -70,7 +70,7 @@ class SmokeConfig:
 
 
 def parse_args(argv=None):
-    """argparse generated from SmokeConfig's fields (cli.py); unknown flags are an error."""
+    """argparse generated from SmokeConfig's fields (base/cli.py); unknown flags are an error."""
     return cli.parse(SmokeConfig, argv, description=__doc__.split("\n")[0])
 
 
@@ -120,7 +120,7 @@ def flop_count(enabled):
 
 
 def build_policy(cfg: SmokeConfig, device, dtype):
-    """The DiT as train.py builds it (build.py): base in `dtype`, strict load of --init (all but the adapters),
+    """The DiT as train.py builds it (engine/build.py): base in `dtype`, strict load of --init (all but the adapters),
     LoRA adapters in fp32, activation checkpointing --sac."""
     spec = build.NetSpec(config=cfg.config, init=cfg.init, lora=cfg.lora_rank, lora_alpha=cfg.lora_alpha, dtype=dtype,
                          sac_modes=tuple(sac.block_modes(cfg.sac, 1, get_config(cfg.config).num_blocks)),

@@ -17,7 +17,7 @@ dataset has `action`: actions/<stem>.npz (the commands between kept frames, the 
 
 Per episode one ffmpeg command cuts each camera out of its mp4 by timestamp, keeps every stride-th frame, logs the
 source timestamp of each kept frame (checked here), resizes it into its cell, stacks the grid and encodes it with
-libx264; Python checks everything (the LeRobot metadata is read by lerobot.py), verifies the output (video.py probes
+libx264; Python checks everything (the LeRobot metadata is read by base/lerobot.py), verifies the output (base/video.py probes
 it) and keeps the books.
 
 Exit status: 0 when the folder is usable; 1 when it holds no video, or when more than --max-skip-fraction of the

@@ -126,7 +126,7 @@ def pending(root: str, encoder: str = "t5", source: dict | None = None) -> dict:
 # ------------------------------------------------------------------------------------------- writing
 
 def check_finite(emb, prompt: str, stored: str):
-    """Refuse to write an embedding holding NaN/Inf (T5 activations can pass float16's 65504): data.py would refuse the
+    """Refuse to write an embedding holding NaN/Inf (T5 activations can pass float16's 65504): clips/data.py would refuse the
     file at start-up anyway, and this names the prompt."""
     finite = torch.isfinite(emb).all() if isinstance(emb, torch.Tensor) else np.isfinite(emb).all()
     if not finite:

@@ -1,4 +1,4 @@
-"""Fine-tune Cosmos-Predict2 (and Predict2.5: its rectified-flow loss, flow.py) video2world on robot-grid videos.
+"""Fine-tune Cosmos-Predict2 (and Predict2.5: its rectified-flow loss, nets/flow.py) video2world on robot-grid videos.
 
     python train.py                                            # tiny built-in default, CPU, a few minutes
     torchrun --nproc_per_node=8 train.py --config v2w-14b --init droid --data DIR
@@ -50,7 +50,7 @@ from nets.flops import matmul_peak, model_flops
 from nft import NFTConfig
 
 # -----------------------------------------------------------------------------
-# Config: every field is a --flag (cli.py: the comment is its --help); unknown flags are an error. 0 / "" / -1 mean
+# Config: every field is a --flag (base/cli.py: the comment is its --help); unknown flags are an error. 0 / "" / -1 mean
 # "from the preset" (TINY for --config tiny, REAL otherwise), filled only where the flag was not given.
 
 
@@ -89,10 +89,10 @@ class TrainConfig:
     mem_budget: float = 0.0  # --sac auto: per-rank memory budget in GiB; the fastest per-block mix that fits
     sac_every: int = 1  # checkpoint every N-th block only
     compile: bool = False  # torch.compile each block in place (keys unchanged)
-    cp: int = 1  # context parallelism: ranks that split each sample's latent frames (Ulysses, cp.py, docs/memory.md)
+    cp: int = 1  # context parallelism: ranks that split each sample's latent frames (Ulysses, base/cp.py, docs/memory.md)
     lora: int = 0  # LoRA rank; 0 = full fine-tune
     lora_alpha: float = 0.0  # LoRA alpha; 0 = rank (scale 1)
-    fp8: bool = False  # fp8 GEMMs in the block Linears (fp8.py): LoRA holds its frozen base in fp8 (half the memory);
+    fp8: bool = False  # fp8 GEMMs in the block Linears (base/fp8.py): LoRA holds its frozen base in fp8 (half the memory);
     # a full fine-tune keeps its weights and runs forward and input-gradient GEMMs in fp8, weight gradients in bf16
     ema: float = 0.0  # power-EMA rate s (upstream 0.1); 0 = off
     save_every: int = 0  # checkpoint every N steps; 0 = only at the end and on SIGTERM/SIGUSR1
@@ -246,7 +246,7 @@ def synthetic_data(cfg):
 
 
 # -----------------------------------------------------------------------------
-# The tiny default's data and the settings a resumed run keeps (the rest of the run directory: rundir.py)
+# The tiny default's data and the settings a resumed run keeps (the rest of the run directory: engine/rundir.py)
 
 
 def make_tiny_dataset(root, views=False, actions=False):
@@ -393,7 +393,7 @@ def make_encoder(run, vae):
 
 
 def build_net(run):
-    """The network (build.py), with --sac auto's plan: one block measured under every mode at this run's shape."""
+    """The network (engine/build.py), with --sac auto's plan: one block measured under every mode at this run's shape."""
     cfg, mcfg = run.cfg, get_config(run.cfg.config)
     spec = NetSpec(config=cfg.config, init=cfg.init, ema={"": None, "net": False, "net_ema": True}[cfg.ema_weights],
                    lora=cfg.lora, lora_alpha=cfg.lora_alpha or None, fp8=cfg.fp8, sac_modes=(), compile=cfg.compile,

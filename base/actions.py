@@ -1,6 +1,6 @@
 """Robot actions and states beside the stitched videos (issue 36): stitch.py writes them per episode with this module,
 and actionclips.ActionClips / ViewActionClips return each clip's action chunk aligned to its frames (FolderActions
-reads them). No torch and no data.py here: stitch.py's worker processes import it. docs/data.md shows the layout.
+reads them). No torch and no clips/data.py here: stitch.py's worker processes import it. docs/data.md shows the layout.
 
 Written by `stitch.py SRC OUT` (--layout grid or views alike) when the LeRobot dataset has an `action` feature:
   OUT/actions/<stem>.npz  action [n-1, stride, A] float32: row j holds the commands of source rows j*stride ..

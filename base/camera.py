@@ -79,11 +79,11 @@ def fallback_cameras(num_views, num_frames, height, width):
 
 
 # -----------------------------------------------------------------------------
-# Multi-view latents: views stacked on latent time (flow.py's layout) <-> one latent per view (the VAE's)
+# Multi-view latents: views stacked on latent time (nets/flow.py's layout) <-> one latent per view (the VAE's)
 
 
 def split_views(latent_B_C_VT_H_W, num_views):
-    """A multi-view latent (views stacked on latent time, flow.py's layout) -> [B*V, C, T, H, W], view-major per sample,
+    """A multi-view latent (views stacked on latent time, nets/flow.py's layout) -> [B*V, C, T, H, W], view-major per sample,
     so the VAE decodes every view on its own (it is causal in time)."""
     B, C, VT, H, W = latent_B_C_VT_H_W.shape
     if VT % num_views:

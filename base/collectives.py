@@ -4,7 +4,7 @@ Ranks: `rank`, `world_size` (0 and 1 without a process group), `say` (print on r
 function on every rank and raises on all of them together if it failed anywhere (no rank left waiting in a
 collective), `gather` is every rank's picklable value; `all_mean`, `any_rank`, `ranks_any` reduce one step's numbers
 and flags. Sharding: `shard_model` is train.py's FSDP2 layout (bench.py and plan.py follow it), `local_rows` the
-dim-0 rows a rank holds of a (DTensor) model tensor. Context parallelism (cp.py's mesh: a cp group is cp consecutive
+dim-0 rows a rank holds of a (DTensor) model tensor. Context parallelism (base/cp.py's mesh: a cp group is cp consecutive
 ranks): `dp_coords`, `gather_groups` (one copy of each cp group's tensor) and `sum_groups` (a sum over dp groups).
 The name is not dist.py: every file aliases torch.distributed as `dist`.
 """
@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from base.formats import CheckpointError
 
 # -----------------------------------------------------------------------------
-# Ranks agree on every outcome (ckpt.py's and resume.py's loading and saving, train.py's settings)
+# Ranks agree on every outcome (ckpt.py's and engine/resume.py's loading and saving, train.py's settings)
 
 
 def rank():
@@ -154,7 +154,7 @@ def gather_groups(local, cp=1):
     """[..., n] -> [..., dp * n]: each dp group's tensor in dp rank order, taken from the first rank of its cp group.
 
     RL's rewards: the cp ranks of a group ran the same rollouts, so one copy per group enters the statistics, and
-    what is derived from it (the advantages) is the same on all of them (the loss must be: cp.py's docstring).
+    what is derived from it (the advantages) is the same on all of them (the loss must be: base/cp.py's docstring).
     The buffers are allocated on local's device, which must be the process group's (CUDA under NCCL: an all_gather
     into host memory is not a supported call)."""
     if world_size() == 1:

@@ -20,7 +20,7 @@ Rules this relies on, checked where they can be:
   this rank's slice of the (identical) gradient: no communication, and each rank's parameter gradient is the part
   of the sample's gradient that its frames contribute. Summed over the cp group it is the no-CP gradient; FSDP2
   averages over all dp x cp ranks, so collectives.shard_model sets the divide factor to dp (mean over samples only).
-The collectives over the dp groups of this layout (dp_coords, gather_groups, sum_groups) are collectives.py's.
+The collectives over the dp groups of this layout (dp_coords, gather_groups, sum_groups) are base/collectives.py's.
 """
 from contextlib import contextmanager
 

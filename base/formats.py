@@ -1,6 +1,6 @@
 """Checkpoint files: what they hold and whether their bytes are intact, without loading a tensor.
 
-ckpt.py loads and resume.py saves through this file. Every source is sniffed before it is parsed (a 0-byte file or
+ckpt.py loads and engine/resume.py saves through this file. Every source is sniffed before it is parsed (a 0-byte file or
 an HTML error page saved under a checkpoint's name is named as such), headers are validated as strictly as their
 own libraries do, and the bytes can be checked against what the file records about itself: the zip CRC-32 of each
 .pt record (torch.load never checks them), and the per-tensor checksums resume.save writes into a step's meta.json.
@@ -54,7 +54,7 @@ class CheckpointError(RuntimeError):
 
 
 META_KEYS = ("step", "world_size", "lora_only", "extra")  # what resume.save always writes into meta.json
-STEP_RE = re.compile(r"^step_(\d{8})$")  # a training step directory (resume.py writes them)
+STEP_RE = re.compile(r"^step_(\d{8})$")  # a training step directory (engine/resume.py writes them)
 
 # -----------------------------------------------------------------------------
 # Errors that name the real cause: permissions, empty files, error pages, legacy formats
@@ -118,7 +118,7 @@ class Source:
     entries: dict  # file key -> (shape, dtype), or (None, type name) for a non-tensor value
     tensors: dict = None  # .pt: the mmapped tensors
     spans: dict = None  # .safetensors: key -> (file, first byte)
-    info: dict = None  # .safetensors: its __metadata__ (resume.py export records source, step, lora_only)
+    info: dict = None  # .safetensors: its __metadata__ (export.py records source, step, lora_only)
     records: dict = None  # .pt: key -> (record data offset, record bytes, zip CRC-32, tensor is exactly the record)
     meta: dict = None  # DCP step dir: its meta.json (resume.save), with the save-time "checksums"
 
@@ -457,7 +457,7 @@ def verify_bytes(src, keys=None, threads=8):
                                   " corrupt (a flipped bit, a bad copy or download); download it again")
         return f"{len(records)} zip records match their CRC-32"
     if not (src.meta and "checksums" in src.meta):
-        return "not checked: no checksums recorded (safetensors; a DCP dir without resume.py's meta.json)"
+        return "not checked: no checksums recorded (safetensors; a DCP dir without engine/resume.py's meta.json)"
     recorded, got, batch, size = src.meta["checksums"], {}, {}, 0
     absent = [k for k in recorded if src.entries.get(k, (None,))[0] is None]
     if absent:

@@ -3,7 +3,7 @@ input-gradient GEMMs in fp8 (weight gradients stay bf16).
 
 Under LoRA the base weights never train, so they can be stored once in fp8 (half of bf16: 14B's 27 GiB becomes
 13.6 GiB) and both GEMMs that touch them, the forward y = x W^T and the input gradient dx = dy W, run on the fp8
-tensor cores (H100/H200: ~1.75x the bf16 rate at the 14B shapes). The adapters (lora.py) stay in the activation dtype,
+tensor cores (H100/H200: ~1.75x the bf16 rate at the 14B shapes). The adapters (nets/lora.py) stay in the activation dtype,
 so every trained parameter gets exact bf16/fp32 gradients; only the frozen path is quantised.
 
 Scaling (why this layout): the weight is quantised once per output channel, W[n, :] = s_n * Wq[n, :]. The forward

@@ -4,7 +4,7 @@ DiTConfig is one network's shape and conventions (model.DiT builds it); CONFIGS 
 (get_config, with overrides), config_from_upstream maps an upstream constructor call onto a DiTConfig, is_p25
 tells a Predict2.5 net. Each named init is one record (INITS: its pinned URL, the DiT config it loads into,
 its sampler grid and conditional-frame timestep); check_init_config and checkpoint_defaults read them. Every
-source is resolved or rejected here (ckpt.load and ckpt.py check call resolve_source); formats.py then reads
+source is resolved or rejected here (ckpt.load and ckpt.py check call resolve_source); base/formats.py then reads
 the file and ckpt.py loads it. This module imports no model code: model.py imports DiTConfig from here.
 """
 import hashlib
@@ -43,7 +43,7 @@ class DiTConfig:
     extra_per_block_abs_pos_emb: bool = False
     # Predict2.5. Our net always takes t in (0,1); upstream 2.5 nets take 1000*t and multiply by timestep_scale
     # inside, so the field only records which convention a checkpoint was trained with (1 or 0.001, see
-    # is_p25; flow.py converts)
+    # is_p25; nets/flow.py converts)
     timestep_scale: float = 1.0
     fp32_time_modulation: bool = False  # upstream's "Wan fp32 strategy": t-embedding, adaLN GEMMs, final layer in fp32
     camera_channels: int = 0  # > 0: per-block cam_encoder Linear(camera_channels -> D) (robot/multiview-agibot: 1536)

@@ -73,7 +73,7 @@ class Source:
     task_table: dict  # task_index -> task string
     episodes: list
     cam_params: dict | None = None  # slot -> (convention, extrinsics column, intrinsics column or None); None: none
-    features: dict = dataclasses.field(default_factory=dict)  # info.json's features (actions.py reads action/state)
+    features: dict = dataclasses.field(default_factory=dict)  # info.json's features (base/actions.py reads action/state)
 
 
 # ------------------------------------------------------------------------------------------------------ metadata
@@ -296,7 +296,7 @@ def camera_columns(features: dict, cams: dict, where: str) -> dict | None:
         for col, shape in ((droid, [6]), (ext, [3, 4]), (intr, [3, 3])):
             if col in features and list(features[col].get("shape") or []) != shape:
                 raise ValueError(f"{where}: feature {col} has shape {features[col].get('shape')}, expected {shape} "
-                                 "(see lerobot.py for the camera-parameter conventions read)")
+                                 "(see base/lerobot.py for the camera-parameter conventions read)")
         if (ext in features) != (intr in features):
             raise ValueError(f"{where}: {ext if ext in features else intr} without "
                              f"{intr if ext in features else ext}: a camera needs both")

@@ -1,8 +1,8 @@
 """Video files through the bundled ffmpeg (imageio-ffmpeg): the executable and its codecs, probing, sha1, reading.
 
-stitch.py writes videos with these and verifies them; data.py checks them at first use and reads its clips with
+stitch.py writes videos with these and verifies them; clips/data.py checks them at first use and reads its clips with
 read_clip (the exact frames, never resized unless asked). Also the one atomic file write (write_atomic) of
-stitch.py's manifests and resume.py's / cache.py's run files: a leaf every writer can import.
+stitch.py's manifests and engine/resume.py's / cache.py's run files: a leaf every writer can import.
 """
 import hashlib
 import os

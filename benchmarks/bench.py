@@ -18,7 +18,7 @@ explicit formula in `nets/flops.model_flops`; MFU is against a bf16 matmul peak 
 With --world N: train.py's step (fp32 master weights, collectives.shard_model's FSDP2, bf16 compute, AdamW) as rank 0 of N
 ranks under a fake process group: per-rank memory, compute s/step, FSDP bytes moved and a projected step time
 (docs/memory.md, "Before you queue a job"). An out-of-memory is reported as status "OOM", not a crash. With --cp C
-rank 0 runs its 1/C of the frames through cp.py's all-to-alls (the fake group hands its input back), so memory and
+rank 0 runs its 1/C of the frames through base/cp.py's all-to-alls (the fake group hands its input back), so memory and
 compute are its share; the exchange's bytes come from sac.cp_traffic and are added to the projected step.
 With --world N --rl grpo|nft: one RL update of train.py per rank instead of a step (benchmarks/rlplan.py).
 """
@@ -129,7 +129,7 @@ SWEEP = [
 
 
 def parse_args(argv=None):
-    """argparse generated from BenchConfig (cli.py): --text-len, --ckpt-load, --no-tf32, ...; unknown flags: an error."""
+    """argparse generated from BenchConfig (base/cli.py): --text-len, --ckpt-load, --no-tf32, ...; unknown flags: an error."""
     return cli.parse(BenchConfig, argv, description=__doc__)
 
 

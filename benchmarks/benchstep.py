@@ -40,7 +40,7 @@ def timer(device):
 
 
 def build_net(b, device, dtype, modes):
-    """The network (build.py) in `dtype` throughout (no fp32 masters: a step without an optimizer), its random
+    """The network (engine/build.py) in `dtype` throughout (no fp32 masters: a step without an optimizer), its random
     init, checkpointing `modes` per block, compiled with --compile. Returns model and trainables."""
     net = build.build(build.NetSpec(config=b.config, lora=b.lora, fp8=b.fp8, sac_modes=tuple(modes), compile=b.compile,
                                     dtype=dtype, seed=b.seed), device)

@@ -33,7 +33,7 @@ ran flash instead of cuDNN. The peer also held our tensors (assigned into a meta
 The VAE case: vae.WanVAE vs AutoencoderKLWan (peer_net.vae_to_diffusers), encode and decode of one random video at
 --frames x --height x --width in --dtype, in one process (both call SDPA without a kernel context), each side as its
 pipeline runs it (ours: cfg.temporal_window frames per encoder call; theirs: 4, clamped output), peak above the
-weights and input (as `vae.py --bench`). --config tiny* also picks the tiny VAE (CPU tests).
+weights and input (as `benchmarks/vae_bench.py --bench`). --config tiny* also picks the tiny VAE (CPU tests).
 
 What stays theirs: per-frame times go in as [B, 1, T, 1, 1], which they expand to every token (their adaLN MLPs
 then run per token, ours per frame); attention through their dispatcher (PyTorch's SDPA choice; ours puts cuDNN first).

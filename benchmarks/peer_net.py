@@ -214,7 +214,7 @@ class PeerNet(nn.Module):
 
 
 def weights(b, device, dtype):
-    """The DiT bench.build_net times, values only: the same build (build.py), LoRA and seeded init (so the same
+    """The DiT bench.build_net times, values only: the same build (engine/build.py), LoRA and seeded init (so the same
     numbers), without checkpointing or compile (the handover to diffusers takes the tensors, not the module)."""
     return build.build(build.NetSpec(config=b.config, lora=b.lora, dtype=dtype, seed=b.seed), device)
 

@@ -1,6 +1,6 @@
 """Training clips with their actions (issue 36): data.GridClips / ViewClips whose samples also hold the clip's
 action chunk and states, read by actions.FolderActions from a folder that stitch.py wrote from a LeRobot dataset
-with an `action` feature (the layout, the alignment and how a stride > 1 packs the commands: actions.py).
+with an `action` feature (the layout, the alignment and how a stride > 1 packs the commands: base/actions.py).
 
     ds = ActionClips("data/droid_grid", frames=93, height=432, width=768)   # + action [92, 4*A], state [93, S]
     ds.actions.check_action_dim(net.cfg.action_dim, "v2w-2b-action")        # one line when the widths disagree
@@ -38,13 +38,13 @@ class _WithActions:
         print(f"{type(self).__name__}: {self.root}: {self.actions.summary()}{skipped}")
 
     def _clip(self, video, rng) -> tuple:
-        parts = super()._clip(video, rng)  # (clip or clips, start, ...); the extra fields go last (data.py merges them)
+        parts = super()._clip(video, rng)  # (clip or clips, start, ...); the extra fields go last (clips/data.py merges them)
         action, state = self.actions.chunk(video.stem, video.frames, parts[1])
         return (*parts, {"action": torch.from_numpy(action), "state": torch.from_numpy(state)})
 
 
 class ActionClips(_WithActions, GridClips):
-    """GridClips whose samples also hold action [frames-1, stride*A] and state [frames, S] (actions.py)."""
+    """GridClips whose samples also hold action [frames-1, stride*A] and state [frames, S] (base/actions.py)."""
 
     def __init__(self, root: str, frames: int, height: int, width: int, normalize: bool = True, **kwargs):
         super().__init__(root, frames, height, width, **kwargs)

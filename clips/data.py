@@ -33,7 +33,7 @@ sample at 512 x 100352, twice that in float32), its rows all unmasked (Reason1's
 
 Contents, top to bottom: Video and the folder listing (manifest or upstream layout, negative_prompt_path) -> text
 embeddings (safe unpickling, shape checks, Reason1 files, the start-up check) -> GridClips -> ViewClips ->
-ClipSampler. Decoding a clip (read_clip, ClipError) and probing a file are video.py."""
+ClipSampler. Decoding a clip (read_clip, ClipError) and probing a file are base/video.py."""
 import hashlib
 import io
 import json
@@ -464,7 +464,7 @@ class GridClips(Dataset):
         return len(self.videos)
 
     def __getitem__(self, item) -> dict:
-        video, attempt, (clip, start, *more) = first_loadable(self, item)  # more: a subclass's fields (actionclips.py)
+        video, attempt, (clip, start, *more) = first_loadable(self, item)  # more: a subclass's fields (clips/actionclips.py)
         emb, mask = clip_text(self, video)
         pixels = torch.empty((3,) + clip.shape[:3], dtype=self.dtype)
         pixels.copy_(torch.from_numpy(clip).permute(3, 0, 1, 2))  # [T,H,W,3] uint8 -> [3,T,H,W]
@@ -543,7 +543,7 @@ class ViewClips(Dataset):
             raise ValueError(f"{root}/manifest.jsonl: cameras {sorted(map(str, kinds))}; one stitch.py recipe writes "
                              "all 'real' or all 'absent': restitch the folder")
         self.fallback = None if kinds != {"absent"} else \
-            camera.fallback_cameras(len(VIEW_ORDER), vae.latent_frames(frames), height, width)  # camera.py's rig
+            camera.fallback_cameras(len(VIEW_ORDER), vae.latent_frames(frames), height, width)  # base/camera.py's rig
         self.text_paths, read = text_files(root, self.videos, text, text_encoder, text_len, text_dim)
         reasons = Counter(reason.split(":")[0] for reason in self.skipped.values())
         print(f"ViewClips: {root}: {len(self.videos)} episodes x {len(VIEW_ORDER)} views {' '.join(VIEW_ORDER)} "

@@ -1,6 +1,6 @@
 """Fidelity: how close a generated video is to the true one, weight-free. Per-camera PSNR and SSIM of the frames after
 the conditioning frame, on Path B's 2x2 grid (cut into its cameras) or Path A's views, each view brought to one size.
-evaluate.py (runs compared after training) and rl.py (every RL run's held-out evaluation) both score with these
+evaluate.py (runs compared after training) and engine/rl.py (every RL run's held-out evaluation) both score with these
 functions, on the same frames, so a run's logged eval_psnr and evaluate.py's number for its checkpoint are one number.
 
 Contents: PSNR and SSIM -> cameras of a grid or views video -> the per-camera metrics and the reward's frames.

@@ -1,4 +1,4 @@
-"""The networks, built in one place: train.py, bench.py, smoke.py, sample.py and resume.py build the DiT here, and
+"""The networks, built in one place: train.py, bench.py, smoke.py, sample.py and engine/resume.py build the DiT here, and
 every command its frozen video tokenizer (build_vae).
 
 The order is torchtitan's and matters (docs/memory.md):
@@ -33,7 +33,7 @@ class NetSpec:
     ema: bool = None  # ckpt.load's ema: None = the file's only weights, True / False = its EMA / raw weights
     lora: int = 0  # adapter rank; 0 = every parameter trains
     lora_alpha: float = None  # None = rank (scale 1)
-    fp8: bool = False  # LoRA: frozen base in fp8 (after the load); full fine-tune: fp8 GEMMs (fp8.py)
+    fp8: bool = False  # LoRA: frozen base in fp8 (after the load); full fine-tune: fp8 GEMMs (base/fp8.py)
     sac_modes: tuple = ()  # one activation-checkpointing mode per block (sac.block_modes); () = none
     compile: bool = False  # torch.compile each block in place (no _orig_mod. in any key)
     dtype: torch.dtype = torch.float32  # the parameters (train.py: fp32 masters; FSDP casts to the compute dtype)

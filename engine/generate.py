@@ -2,8 +2,8 @@
 sample videos of train.py share.
 
 generate encodes the given video's first frame(s) with the VAE (causal: latent frame 0 is pixel frame 0 alone),
-keeps them as the conditioning frames, samples the rest with the family's sampler (nets/family.family_of: edm.py's Karras
-AB2 for Predict2, flow.py's UniPC for Predict2.5) and decodes. A camera net (agibot) takes one sample's views as the
+keeps them as the conditioning frames, samples the rest with the family's sampler (nets/family.family_of: nets/edm.py's Karras
+AB2 for Predict2, nets/flow.py's UniPC for Predict2.5) and decodes. A camera net (agibot) takes one sample's views as the
 batch: they are stacked on latent time, sampled jointly (frame-init mask, one noise draw for every view) and
 returned per view. rollout chains chunks into a long video, each from the last frame generated (issue 36).
 """

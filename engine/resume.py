@@ -10,7 +10,7 @@ Every step's meta.json records a checksum of every tensor saved (formats.bitsum,
 resume, export, ckpt.load and `ckpt.py check` verify the bytes they read against it, so a flipped bit is an error that
 names the tensor. A state with a NaN/Inf is never saved; a full disk is named as such.
 Evaluation markers (eval.json: "completed" means completed) decide rotation; the rest of the run directory (its lock,
-settings, metrics and plot) is rundir.py's.
+settings, metrics and plot) is engine/rundir.py's.
 Contents: pointer and rotation -> RNG -> save / resume (+ checksums) -> evaluation markers -> the network of a step
 directory (sample.py, evaluate.py, export.py).
 """

@@ -116,7 +116,7 @@ def decoder(vae, terms, views):
 
 # -----------------------------------------------------------------------------
 # Held-out evaluation: the deterministic sampler on fixed held-out clips and noise, scored by the run's rewards and
-# by its fidelity to the true clip (fidelity.py), exactly as evaluate.py scores the run's checkpoint
+# by its fidelity to the true clip (clips/fidelity.py), exactly as evaluate.py scores the run's checkpoint
 
 EVAL_NOISE_DRAWS = 2  # initial-noise draws per held-out clip
 

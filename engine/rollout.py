@@ -1,7 +1,7 @@
 """GRPO's rollouts: the stochastic step, its exact log-density, and K trajectories of one group (docs/grpo.md).
 
-A rollout walks the net's family's grid (nets/family.family_of: edm.py's N Karras sigmas for Predict2, whose state is
-x = x0 + sigma * eps; flow.py's shift-5 grid for Predict2.5) with a stochastic first-order x0 step ("DDIM-eta"):
+A rollout walks the net's family's grid (nets/family.family_of: nets/edm.py's N Karras sigmas for Predict2, whose state is
+x = x0 + sigma * eps; nets/flow.py's shift-5 grid for Predict2.5) with a stochastic first-order x0 step ("DDIM-eta"):
 
     x' = mean + beta * z,  mean = c * x + (1 - c) * x0_hat(x, sigma),  c = alpha / sigma,  alpha^2 + beta^2 = sigma'^2
 

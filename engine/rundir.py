@@ -1,4 +1,4 @@
-"""The run directory around the checkpoints (resume.py): one process per OUT, its settings, its metrics.
+"""The run directory around the checkpoints (engine/resume.py): one process per OUT, its settings, its metrics.
 
 claim / claim_out: a POSIX lock that dies with its process (a second train.py on one --out is refused in one line);
 check_resume_settings and config_hash: what a resumed run must keep; on_signal / count_nonfinite: how a run stops

@@ -1,6 +1,6 @@
 """Predict2's math: a rectified-flow network behind upstream's EDM-sigma interface (x_sigma = x0 + sigma eps).
 
-This module and flow.py (Predict2.5) are the two model families. They have the same functions under the same names
+This module and nets/flow.py (Predict2.5) are the two model families. They have the same functions under the same names
 and signatures, and a caller never asks which one it has: family_of(cfg) picks the module once, from the DiT
 config, and the caller uses what it returns. What Predict2 does (spec cosmos_dit, sampler; docs/predict2.md):
 
@@ -10,7 +10,7 @@ config, and the caller uses what it returns. What Predict2 does (spec cosmos_dit
   frames, the velocity-form loss |v_hat - (eps - x0)|^2 on the generated frames, times upstream's loss_scale;
 * sampling: 35 Karras sigmas from 80 to 0.002, Euler then 2-step Adams-Bashforth in x0 form, a final clean pass,
   CFG on x0 (x0_c + g (x0_c - x0_u)); the initial state is upstream's numpy noise times sigma_max = 80;
-* RL: the stochastic first-order x0 step of GRPO (rollout.py) and the forward process of DiffusionNFT (nft.py).
+* RL: the stochastic first-order x0 step of GRPO (engine/rollout.py) and the forward process of DiffusionNFT (nft.py).
 
 Contents, top to bottom: the family's facts -> denoise -> training draws and loss -> the sampler -> RL steps.
 """
@@ -206,7 +206,7 @@ def sample(net, noise, cond: Condition, guidance, grid, num_steps, callback=None
 
 
 # -----------------------------------------------------------------------------
-# RL: GRPO's stochastic step (rollout.py, docs/grpo.md) and NFT's forward process (nft.py), in EDM sigma
+# RL: GRPO's stochastic step (engine/rollout.py, docs/grpo.md) and NFT's forward process (nft.py), in EDM sigma
 
 
 def rollout_grid(num_steps):

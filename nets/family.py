@@ -1,5 +1,5 @@
-"""The model family, chosen in one place: family_of(cfg) returns edm.py (Predict2: EDM sigma, T5 text, Karras
-Euler/AB2) or flow.py (Predict2.5: rectified flow, Reason1 text, UniPC). Both have the same functions under the same
+"""The model family, chosen in one place: family_of(cfg) returns nets/edm.py (Predict2: EDM sigma, T5 text, Karras
+Euler/AB2) or nets/flow.py (Predict2.5: rectified flow, Reason1 text, UniPC). Both have the same functions under the same
 names (tests/test_repo.py holds them alike), so every caller (sft, rollout, grpo, nft, rl, generate, sample,
 evaluate, smoke, bench) uses the module it gets without asking which it is."""
 from base.inits import is_p25

@@ -15,7 +15,7 @@ compute it exactly as upstream does, `timesteps.float() * 0.001`). What is new h
   INITIAL noise (so the last x0 holds (1 - sigma_0) noise + sigma_0 gt there: `sample` puts gt back).
 * multi-view (robot/multiview-agibot): views stacked on the latent time axis; the frame-init condition mask.
 
-This module and edm.py (Predict2) are the two model families: the same functions under the same names and
+This module and nets/edm.py (Predict2) are the two model families: the same functions under the same names and
 signatures (nets/family.family_of picks one from the DiT config; callers never ask which).
 
 Contents, top to bottom: the family's facts -> training draws -> the RF velocity (upstream's denoise) -> loss ->

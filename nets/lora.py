@@ -109,7 +109,7 @@ def merged_state_dict(model):
 
 
 # -----------------------------------------------------------------------------
-# --fp8 with LoRA: the frozen base held in e4m3 (fp8.py's GEMMs run it in LoRALinear.forward)
+# --fp8 with LoRA: the frozen base held in e4m3 (base/fp8.py's GEMMs run it in LoRALinear.forward)
 
 
 def check_fp8_shapes(model):

@@ -13,7 +13,7 @@ t = timesteps.float() * timestep_scale (upstream's net input is 1000 t, scaled b
 extra calls, the RF velocity around them (flow.velocity), the Reason1 normalise+concat of fake hidden states
 (t5.reason1_normalize_concat), the Pluecker camera map (camera.plucker_map) and the released 2.5 key tables; the
 training draws and RF loss, UniPC grids and steps and the full CFG sampler (p25_training_ref, p25_unipc_ref,
-p25_sampler_ref) in full through flow.py, in tests/check_reference_p25.py.
+p25_sampler_ref) in full through nets/flow.py, in tests/check_reference_p25.py.
 CI subsets (a json with `weights_kept`, e.g. tests/data/p25_*: some blocks' weights only) run as tests/test_p25.py
 runs them: the blocks in the file, the final layer fed upstream's last block output.
 Exit status 1 if any error exceeds its bound (2e-5 for the DiT and sampler) or a checked piece of our code is
@@ -207,7 +207,7 @@ def check_dit_case(json_path):
 
 def p25_denoise(net, io, ours):
     """upstream Video2WorldModelRectifiedFlow.denoise around the case's calls, through flow.velocity: fills
-    ours[out.denoise_velocity*] (None while flow.py does not exist)."""
+    ours[out.denoise_velocity*] (None while nets/flow.py does not exist)."""
     if "in.denoise_noise_B_C_T_H_W" not in io:
         return
     try:
@@ -436,7 +436,7 @@ def run_dir(ref_dir):
         elif name in ("released_configs_keys", "p25_released_configs_keys"):
             results += [(name, *r) for r in check_released_keys(json_path)]
         elif name in ("p25_unipc_ref", "p25_training_ref", "p25_sampler_ref"):
-            import check_reference_p25  # flow.py's draws, loss, UniPC and sampler, every tensor of the file
+            import check_reference_p25  # nets/flow.py's draws, loss, UniPC and sampler, every tensor of the file
             results += [(name, *r) for r in check_reference_p25.check_file(json_path)]
         elif name.startswith("p25_"):  # said, so a folder never looks fully checked when it is not
             print(f"    {name}.json: not a Predict2.5 reference file this script knows")

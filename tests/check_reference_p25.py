@@ -1,4 +1,4 @@
-"""The Predict2.5 reference files that are not network cases, checked in full through flow.py.
+"""The Predict2.5 reference files that are not network cases, checked in full through nets/flow.py.
 
 Called by tests/check_reference.py for `p25_unipc_ref`, `p25_training_ref` and `p25_sampler_ref` (the format of the
 predict25 reference folder); each function returns [(label, max-abs error, bound)] like the rest of the checker:
@@ -12,7 +12,7 @@ predict25 reference folder); each function returns [(label, max-abs error, bound
   every step's latents and guided velocity (the latter given the stored latents, flow.guided_velocity), v_cond and
   v_uncond where recorded (flow.velocity), final latents (3e-4; 2e-5 for single network calls).
 Every tensor of a file is compared or named with the reason it is not; a tensor this script does not account for
-is a failure, and so is a missing flow.py function.
+is a failure, and so is a missing nets/flow.py function.
 """
 import json
 import os
@@ -74,7 +74,7 @@ class Ledger:
 
 
 def missing_functions(*names):
-    """A MISSING result per flow.py function the check needs and that does not exist."""
+    """A MISSING result per nets/flow.py function the check needs and that does not exist."""
     return [(f"flow.{n} does not exist", MISSING, 0.0) for n in names if not hasattr(flow, n)]
 
 

@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"NANOCOSMOS_TEST_ORDER={order!r}: reverse or random:SEED")
 
 
-# Process-wide torch settings a test (or the code it runs in-process: build.py's --compile sets dynamo's recompile
+# Process-wide torch settings a test (or the code it runs in-process: engine/build.py's --compile sets dynamo's recompile
 # limit) may change: each is read before every test and put back after it, so no test sees another's settings.
 TORCH_CONFIG_MODULES = (torch._dynamo.config, torch._inductor.config)
 TORCH_SETTINGS = {

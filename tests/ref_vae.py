@@ -1,5 +1,5 @@
 """Run one upstream Wan2.1 VAE reference case (`vae_<case>.json` + `.weights.safetensors` + `.io.safetensors`,
-the format of tests/data/reference/) through vae.py and report the max-abs error of every output.
+the format of tests/data/reference/) through nets/vae.py and report the max-abs error of every output.
 
 Called by tests/check_reference.py for every VAE case it finds, and by tests/test_vae.py.
 Bounds (from the reference README): 1e-5 on latents, 3e-5 on decoded frames; key tables must match exactly.

@@ -115,7 +115,7 @@ def test_action_dim_mismatch_and_missing_action_are_refused_in_one_line():
 
 
 # -----------------------------------------------------------------------------
-# stitch.py writes the actions beside the videos; ActionClips returns each clip's chunk (actions.py, actionclips.py)
+# stitch.py writes the actions beside the videos; ActionClips returns each clip's chunk (base/actions.py, clips/actionclips.py)
 
 
 def frame_table(src: str, episode: int) -> dict:

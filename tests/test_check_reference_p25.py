@@ -1,5 +1,5 @@
 """tests/check_reference_p25.py's bookkeeping on a small UniPC grid file cut from the CI subset (tests/data/
-flow_ref.safetensors): grids pass, a wrong sigma fails, a tensor it does not account for and a missing flow.py
+flow_ref.safetensors): grids pass, a wrong sigma fails, a tensor it does not account for and a missing nets/flow.py
 function are failures, never skipped."""
 import json
 import os

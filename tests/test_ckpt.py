@@ -1,6 +1,6 @@
 """ckpt.py on CPU: strict loading into FSDP2 shards (gloo, 2 ranks), a fault matrix where every fault is a clear
-error on every rank, the init guard, the check CLI; and resume.py's sharded cases: DCP save/resume bit-exactness
-(with an EMA as extra state), LoRA-only checkpoints, export. Single-process resume.py tests: tests/test_resume.py.
+error on every rank, the init guard, the check CLI; and engine/resume.py's sharded cases: DCP save/resume bit-exactness
+(with an EMA as extra state), LoRA-only checkpoints, export. Single-process engine/resume.py tests: tests/test_resume.py.
 
 The sharded cases all run inside ONE spawned 2-rank job (the `dist_job` fixture) to keep the file fast on 2 cores;
 the tests below assert on its per-rank results.

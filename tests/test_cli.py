@@ -1,4 +1,4 @@
-"""cli.py: one command-line mechanism for every script: flags from dataclass fields, help from their comments."""
+"""base/cli.py: one command-line mechanism for every script: flags from dataclass fields, help from their comments."""
 import argparse
 import dataclasses
 import sys

@@ -1,4 +1,4 @@
-"""Context parallelism (cp.py, --cp N) on CPU gloo: the CP forward and its gradients equal the no-CP run to fp32
+"""Context parallelism (base/cp.py, --cp N) on CPU gloo: the CP forward and its gradients equal the no-CP run to fp32
 rounding (2 and 4 ranks, a camera net included), train.py's loss curves equal over 3 steps, checkpoints resume under
 another (dp, cp) layout, the refusals, and GRPO and DiffusionNFT updates equal the ones without CP. docs/memory.md,
 "Context parallelism", has the design and its promises.

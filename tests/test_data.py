@@ -1,4 +1,4 @@
-"""data.py: clips from stitched grids (the v3.0 tiny dataset has videos of 94, 93 and 103 frames), embeddings,
+"""clips/data.py: clips from stitched grids (the v3.0 tiny dataset has videos of 94, 93 and 103 frames), embeddings,
 what is refused at start-up and what is skipped at first use, and the deterministic resumable sampler."""
 import json
 import os

@@ -164,8 +164,8 @@ def test_both_runs_see_the_same_episode_camera_by_camera(runs):
     and no other."""
     cfg = evaluate.parse_config([runs["grid"], runs["views"]])
     grid, views = (evaluate.open_run(runs[k], cfg) for k in ("grid", "views"))
-    truth_grid = evaluate.held_out_clip(grid, "raw__ep000003", torch.device("cpu"), torch.float32)[0]
-    truth_views = evaluate.held_out_clip(views, "raw__ep000003", torch.device("cpu"), torch.float32)[0][None]
+    truth_grid = evaluate.held_out_clip(grid, "raw__ep000003", torch.device("cpu"))[0]
+    truth_views = evaluate.held_out_clip(views, "raw__ep000003", torch.device("cpu"))[0][None]
     cells = fidelity.camera_views(truth_grid, "grid", (32, 56))
     full = fidelity.camera_views(truth_views, "views", (32, 56))
     for a in fidelity.CAMERAS:

@@ -1,4 +1,4 @@
-"""flow.py: Predict2.5's rectified-flow draws, loss, UniPC grids and steps, and the CFG sampling loop, against the
+"""nets/flow.py: Predict2.5's rectified-flow draws, loss, UniPC grids and steps, and the CFG sampling loop, against the
 upstream reference vectors (tests/data/flow_ref.safetensors: a subset of the Predict2.5 reference tensors made by the
 upstream code at cosmos-predict2.5 7e5ffc83 on CPU in fp32: p25_unipc_ref, p25_training_ref, p25_sampler_ref) and
 the p25_v2w_proj network they were made with (tests/data/flow_p25_v2w_proj.weights.safetensors), plus properties."""

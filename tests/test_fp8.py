@@ -1,4 +1,4 @@
-"""fp8.py: the frozen LoRA base in fp8 (torch._scaled_mm runs on the CPU too): GEMM numerics, the module swap, GRPO's
+"""base/fp8.py: the frozen LoRA base in fp8 (torch._scaled_mm runs on the CPU too): GEMM numerics, the module swap, GRPO's
 ratio = 1 on the fp8 path, train.py's --fp8 checks, and LoRA adapters that do not depend on the FSDP layout."""
 import pytest
 import torch

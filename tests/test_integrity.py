@@ -363,7 +363,7 @@ def test_overflow_after_the_cast_and_lossy_narrowing_into_trainable_weights(tmp_
 
 
 # -----------------------------------------------------------------------------
-# export's missing parent directory; the CLIs (cli.py dataclasses; user errors as one line)
+# export's missing parent directory; the CLIs (base/cli.py dataclasses; user errors as one line)
 
 
 def test_export_names_a_missing_parent_directory(tmp_path):
@@ -380,9 +380,9 @@ def test_the_clis_keep_their_command_lines_and_print_user_errors_as_one_line(tmp
     proc = script([step, str(tmp_path / "nope" / "m.pt"), "--ema"], name="export.py")
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
     assert "export.py: error:" in proc.stderr and f"{tmp_path}/nope does not exist" in proc.stderr
-    proc = in_process(resume, ["export", step, str(tmp_path / "m.safetensors"), "--dtype", "bf16"])
+    proc = in_process(export, [step, str(tmp_path / "m.safetensors"), "--dtype", "bf16"])
     assert proc.returncode == 0 and os.path.exists(tmp_path / "m.safetensors"), proc.stdout + proc.stderr
-    proc = in_process(resume, ["export", step, str(tmp_path / "m.pt"), "--dtype", "bf16"])
+    proc = in_process(export, [step, str(tmp_path / "m.pt"), "--dtype", "bf16"])
     assert proc.returncode == 2 and "for .safetensors only" in proc.stderr, proc.stderr
     proc = in_process(ckpt, ["check", "--config", "tiny", step, "--lora-rank", "16", "--ema", "net_ema"])
     assert proc.returncode == 0 and "OK, would load into tiny with LoRA rank 16" in proc.stdout, proc.stdout
@@ -393,5 +393,5 @@ def test_the_clis_keep_their_command_lines_and_print_user_errors_as_one_line(tmp
     assert proc.returncode == 2 and "--config is required" in proc.stderr
     proc = in_process(ckpt, ["check", "--help"])
     assert proc.returncode == 0 and "--no-verify" in proc.stdout and "train.py --init" in " ".join(proc.stdout.split())
-    proc = in_process(resume, ["export", "--help"])
+    proc = in_process(export, ["--help"])
     assert proc.returncode == 0 and "net_ema. copy" in " ".join(proc.stdout.split())

@@ -174,7 +174,7 @@ def test_condition_survives_fsdp2_input_handling():
 
 
 def test_compiled_build_never_falls_back_to_eager_and_compile_seconds_counts():
-    """build.py's --compile: GRPO's block variants fit under the recompile limit, and past it dynamo raises instead
+    """engine/build.py's --compile: GRPO's block variants fit under the recompile limit, and past it dynamo raises instead
     of running eager in silence; compile_seconds (train.py's s_compile) grows on a compile and not on a cache hit."""
     from engine import build
     with torch._dynamo.config.patch(fail_on_recompile_limit_hit=False, recompile_limit=8):  # restored on exit

@@ -298,7 +298,7 @@ def test_compiled_updates_do_not_recompile():
     score = lambda video, x0: {"reward": x0[:, 0].mean(dim=(1, 2, 3))}  # noqa: E731
     graphs = []
     with torch._dynamo.config.patch(recompile_limit=8, fail_on_recompile_limit_hit=True):
-        with torch.no_grad():  # the held-out evaluation before update 1 (rl.py: the family's sampler, B = 1)
+        with torch.no_grad():  # the held-out evaluation before update 1 (engine/rl.py: the family's sampler, B = 1)
             family.sample(net, family.initial_state(torch.randn(1, *LATENT)), cond, 0.0, family.ROLLOUT_GRID, 2)
         for update in range(4):
             _, metrics = nft.train_step(net, opt, params, old, [cond], LATENT, cfg, score, lambda x0: None, update,

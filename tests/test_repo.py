@@ -159,7 +159,7 @@ FAMILY_API = ("NAME", "TEXT_ENCODER", "TRAIN_FLAGS", "SAMPLER_FLAGS", "GRIDS", "
 
 
 def test_each_model_family_has_one_home_with_the_same_names_chosen_in_one_place():
-    """edm.py (Predict2) and flow.py (Predict2.5) define the same family API with the same parameters; nets/family.family_of
+    """nets/edm.py (Predict2) and nets/flow.py (Predict2.5) define the same family API with the same parameters; nets/family.family_of
     is the only caller of inits.is_p25, so no module branches on the family itself."""
     import inspect
 

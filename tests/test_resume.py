@@ -1,4 +1,4 @@
-"""resume.py on CPU in one process: kill -9 during a save, rotation, an EMA as extra state (bitwise round trip,
+"""engine/resume.py on CPU in one process: kill -9 during a save, rotation, an EMA as extra state (bitwise round trip,
 strict keys), the release export with net_ema., the export CLI. The sharded save/resume cases run in
 tests/test_ckpt.py's 2-rank job.
 """
@@ -187,9 +187,9 @@ def lora_run(tiny_grid, tmp_path_factory):
 
 def test_a_lora_run_exports_adapters_or_the_merged_network_and_says_which(lora_run, tmp_path):
     step = os.path.join(lora_run, "step_00000002")
-    proc = check(in_process(resume, ["export", lora_run, str(tmp_path / "adapters.safetensors")]))
+    proc = check(in_process(export, [lora_run, str(tmp_path / "adapters.safetensors")]))
     assert "LoRA adapters and buffers only" in proc.stdout and "--merge-lora writes the whole network" in proc.stdout
-    proc = check(in_process(resume, ["export", lora_run, str(tmp_path / "merged.safetensors"), "--merge-lora"]))
+    proc = check(in_process(export, [lora_run, str(tmp_path / "merged.safetensors"), "--merge-lora"]))
     assert "adapters folded into the base weights" in proc.stdout
     lora_net = resume.build_from_step(step, torch.device("cpu"))  # base (seeded init) + adapters, as trained
     assert any(m.lora_b.weight.abs().sum() > 0 for m in lora_net.modules() if hasattr(m, "lora_b"))  # it trained
@@ -198,11 +198,11 @@ def test_a_lora_run_exports_adapters_or_the_merged_network_and_says_which(lora_r
     x, t, text = torch.randn(1, 16, 3, 8, 14), torch.full((1,), 0.5), torch.randn(1, 16, 1024)
     with torch.no_grad():
         torch.testing.assert_close(plain(x, t, Condition(text)), lora_net(x, t, Condition(text)), rtol=1e-5, atol=1e-5)
-    proc = in_process(resume, ["export", step, str(tmp_path / "r.pt"), "--ema", "--merge-lora"])
+    proc = in_process(export, [step, str(tmp_path / "r.pt"), "--ema", "--merge-lora"])
     assert proc.returncode == 2 and "--ema: the run of" in proc.stderr and "kept no EMA" in proc.stderr
-    check(in_process(resume, ["export", step, str(tmp_path / "r.pt"), "--merge-lora"]))  # what that says to do
+    check(in_process(export, [step, str(tmp_path / "r.pt"), "--merge-lora"]))  # what that says to do
     assert ckpt.load(DiT(get_config("tiny")), str(tmp_path / "r.pt")).ok
-    proc = in_process(resume, ["export", step, str(tmp_path / "x.pt")])
+    proc = in_process(export, [step, str(tmp_path / "x.pt")])
     assert proc.returncode == 2 and "pass --merge-lora" in proc.stderr
 
 
@@ -220,9 +220,9 @@ def test_ckpt_check_of_a_random_base_lora_step_suggests_a_command_that_works(lor
     with pytest.raises(CheckpointError, match="LoRA-only step directory") as e:
         ckpt.load(net, step)  # the library's message names the commands too: each of them works
     commands = dict(suggested(str(e.value)))
-    assert set(commands) == {"sample", "resume", "ckpt"}, commands
+    assert set(commands) == {"sample", "export", "ckpt"}, commands
     for script, argv in commands.items():  # the sample's mp4 and the export land in the test's empty cwd
-        check(in_process({"sample": sample, "resume": resume, "ckpt": ckpt_py}[script], argv + (
+        check(in_process({"sample": sample, "export": export, "ckpt": ckpt_py}[script], argv + (
             ["--steps", "2"] if script == "sample" else [])))
 
 
@@ -318,7 +318,7 @@ def test_a_truncated_distcp_is_named_by_resume_and_load(tmp_path):
 def test_a_lora_run_knows_its_base_by_content_not_by_path(tiny_grid, tmp_path):
     """Every LoRA step records the content checksum of the base it trained on. The same base under another path
     resumes; another network put at the recorded path is refused by train.py's resume, sample.py, evaluate.py and
-    `resume.py export --merge-lora` in one line each (before, the adapters went onto it with exit 0)."""
+    `export.py --merge-lora` in one line each (before, the adapters went onto it with exit 0)."""
     import evaluate
     sft = lambda out, seed: ["--data", tiny_grid, "--out", str(tmp_path / out), "--steps", "20", "--save-every", "20",
                              "--sample-every", "0", "--seed", seed]  # noqa: E731
@@ -346,7 +346,7 @@ def test_a_lora_run_knows_its_base_by_content_not_by_path(tiny_grid, tmp_path):
         f"{same} now holds"
     for module, argv in ((sample, ["--ckpt", run_dir, "--steps", "2", "--out", str(tmp_path / "s.mp4")]),
                          (evaluate, [run_dir, "--steps", "2", "--clips", "1", "--plot", str(tmp_path / "c.png")]),
-                         (resume, ["export", run_dir, str(tmp_path / "m.safetensors"), "--merge-lora"])):
+                         (export, [run_dir, str(tmp_path / "m.safetensors"), "--merge-lora"])):
         proc = in_process(module, argv)
         assert proc.returncode == 2 and base_line in proc.stderr, (module.__name__, proc.stderr)
 

@@ -1,4 +1,4 @@
-"""RL through train.py (rl.py's driver): the held-out evaluation, a weight-0 control that stays the base bit for bit,
+"""RL through train.py (engine/rl.py's driver): the held-out evaluation, a weight-0 control that stays the base bit for bit,
 a reward the policy can change rising under GRPO and NFT against that control, NFT resuming bitwise, GRPO's flags,
 metrics, resume and refusals, and its NaN/Inf updates and rollouts stopping the run."""
 import json

@@ -15,7 +15,6 @@ import export
 import sample
 import train
 from base import camera
-from engine import resume
 from run_utils import check, in_process, script, suggested
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -225,9 +224,9 @@ def test_an_adapters_export_or_a_killed_save_is_named_for_what_it_is(base_and_lo
     message = refused(in_process(sample, ["--ckpt", adapters, "--data", tiny_grid, "--steps", "1"]),
                       f"{adapters}: adapters only (a LoRA export", f"or pass the run directory ({lora})")
     (script_name, argv), = suggested(message)  # the merge it names works, and the merged file samples
-    assert script_name == "resume" and argv[-1] == "--merge-lora", argv
-    check(in_process(resume, argv))
-    check(in_process(sample, ["--ckpt", argv[2], "--data", tiny_grid, "--steps", "1"]))
+    assert script_name == "export" and argv[-1] == "--merge-lora", argv
+    check(in_process(export, argv))
+    check(in_process(sample, ["--ckpt", argv[1], "--data", tiny_grid, "--steps", "1"]))
     run = str(tmp_path / "run")
     shutil.copytree(base_and_lora["base"], run)
     for source, name, drop in ((f"{lora}/step_00000001", "step_00000003.tmp", ["meta.json"]),  # LoRA: a report

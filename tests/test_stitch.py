@@ -1,4 +1,4 @@
-"""stitch.py (and lerobot.py, which reads the datasets) on lerobot-written v2.1 / v3.0 datasets
+"""stitch.py (and base/lerobot.py, which reads the datasets) on lerobot-written v2.1 / v3.0 datasets
 (tests/data/*/README.md): every frame carries its camera id, episode and frame_index as bit blocks, which these tests
 decode from the stitched grids."""
 import atexit

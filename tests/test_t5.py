@@ -207,7 +207,7 @@ def test_reason1_end_to_end_from_a_saved_checkpoint(tmp_path, capsys):
         pads = emb[real:].float()  # pad positions: real hidden states (no attention mask), not zeros...
         assert real < 512 and pads.abs().amax(-1).min().item() > 0.1
         assert not torch.equal(pads[0], pads[-1])  # ...that depend on the position (RoPE) and what came before
-    # what training reads (data.py, the agreed interface): the same tensors, every row unmasked
+    # what training reads (clips/data.py, the agreed interface): the same tensors, every row unmasked
     for prompt in set(prompts):
         data.check_reason1_embedding(data.reason1_path(root, prompt), prompt, 512, LAYERS * WIDTH)
     neg, where = data.negative_embedding(root, 512, LAYERS * WIDTH, text_encoder="reason1")

@@ -377,7 +377,7 @@ def test_partial_eval_marker_is_evaluated_again(grid, tmp_path):
 
 
 def test_p25_tiny_trains_with_the_rf_loss_samples_with_unipc_and_resumes_bitwise(grid, tmp_path):
-    """--config p25-tiny: flow.py's loss through train.py; a run stopped at step 2 and resumed ends like an
+    """--config p25-tiny: nets/flow.py's loss through train.py; a run stopped at step 2 and resumed ends like an
     uninterrupted one; the sample video comes from flow.sample (UniPC); GRPO's first ratio is exactly 1."""
     args = ["--config", "p25-tiny", "--data", grid, "--save-every", "2", "--warmup", "2", "--sample-every", "4",
             "--sample-steps", "2"]

@@ -1,4 +1,4 @@
-"""vae.py: upstream reference cases, the released key table, input checks, chunking invariance, the bench path."""
+"""nets/vae.py: upstream reference cases, the released key table, input checks, chunking invariance, the bench path."""
 import glob
 import io
 import json
@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from nets import vae
+import vae_bench
 from nets.vae import WanVAE, get_vae_config, vae_config_from_upstream
 from ref_vae import run_vae_case
 
@@ -136,7 +136,7 @@ def test_bf16_close_to_upstream_fp32():
 def test_bench_runs_on_cpu():
     out = io.StringIO()
     with redirect_stdout(out):
-        vae.main(["--bench", "--device", "cpu", "--config", "tiny", "--frames", "5", "--height", "16",
+        vae_bench.main(["--bench", "--device", "cpu", "--config", "tiny", "--frames", "5", "--height", "16",
                   "--width", "16", "--dtype", "fp32", "--runs", "1", "--window", "4"])
     result = json.loads(out.getvalue().strip().splitlines()[-1])
     assert result["latent"] == [1, 16, 2, 2, 2] and result["encode_s"] > 0 and result["decode_s"] > 0
