@@ -42,12 +42,12 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
-from base import cli
+from base import cli, files
 from base.camera import stack_views
+from base.files import write_atomic
 from base.formats import identity
-from base.video import write_atomic
 from clips import data
-from engine import rundir
+from clips import text as text_lib
 from engine.build import build_vae
 from nets import vae as vae_lib
 
@@ -204,9 +204,9 @@ def read_cache_json(cache_dir: str) -> dict:
 
 
 def lock_out(out: str):
-    """Rank 0's claim on CACHE/.lock for the whole build (rundir.claim: a second cache.py on it is refused)."""
+    """Rank 0's claim on CACHE/.lock for the whole build (files.claim: a second cache.py on it is refused)."""
     os.makedirs(out, exist_ok=True)
-    return rundir.claim(os.path.join(out, ".lock"), f"--out {out} is in use by a running cache.py ({{holder}}): wait "
+    return files.claim(os.path.join(out, ".lock"), f"--out {out} is in use by a running cache.py ({{holder}}): wait "
                         "for it to finish, or use another --out")
 
 
@@ -270,7 +270,7 @@ def cached_entry(path: str, khash: str, sha1: str) -> tuple:
 
 
 def write_blob(path: str, blob: bytes):
-    """video.write_atomic (a killed run leaves the old file or a .tmp, never a partial file under the name)."""
+    """files.write_atomic (a killed run leaves the old file or a .tmp, never a partial file under the name)."""
     write_atomic(path, blob)
 
 
@@ -524,7 +524,7 @@ class LatentClips(Dataset):
 
     def __getitem__(self, item) -> dict:
         video, attempt, (latent, start, cameras) = data.first_loadable(self, item)
-        emb, mask = data.clip_text(self.clips, video)
+        emb, mask = text_lib.clip_text(self.clips, video)
         sample = {"latent": latent, "text_emb": emb, "text_mask": mask, "prompt": video.prompt, "stem": video.stem,
                   "start": start, "skipped": attempt}
         if self.views:

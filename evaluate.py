@@ -36,10 +36,11 @@ import reward
 from base import cli
 from base.formats import STEP_RE
 from base.inits import get_config
-from clips import data
+from clips import text as text_lib
 from clips.actionclips import open_clips, other_actions
-from clips.data import TINY_CONFIGS, standin_text
 from clips.fidelity import CAMERAS, score_sample, view_metrics
+from clips.text import standin_text
+from clips.tiny import TINY_CONFIGS
 from engine import build, resume, rundir
 from engine.generate import from_first_frame, rollout
 from nets.family import family_of
@@ -180,7 +181,7 @@ def held_out_clip(run, stem, device, start=0):
     item = cache.Windows(run.dataset, [(index, start)])[0]
     if "error" in item:
         raise ValueError(f"{run.path}: held-out video {stem} of {run.cfg['data']} at frame {start}: {item['error']}")
-    text, _ = data.clip_text(run.dataset, run.dataset.videos[index])
+    text, _ = text_lib.clip_text(run.dataset, run.dataset.videos[index])
     video = item["video"].to(device)  # float32: the truth is not rounded to the compute dtype
     return (video if run.views else video[None]), condition.as_batch(dict(item, text_emb=text))
 
@@ -193,7 +194,7 @@ def evaluate_run(run, stems, cfg, terms, device, size):
     net = resume.build_from_step(run.checkpoint, device, cfg.ema).to(dtype).eval()
     vae = build.build_vae(run.cfg["vae"], run.cfg["vae_ckpt"], device, dtype)
     mcfg, settings = net.cfg, text_settings(run.cfg)
-    neg, neg_source = data.negative_embedding(run.cfg["data"], run.cfg["text_len"], mcfg.crossattn_proj_in_channels,
+    neg, neg_source = text_lib.negative_embedding(run.cfg["data"], run.cfg["text_len"], mcfg.crossattn_proj_in_channels,
                                               standin=settings["text"] == "standin",
                                               text_encoder=settings["text_encoder"])
     math = family_of(mcfg)

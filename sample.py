@@ -28,8 +28,10 @@ from base import cli, formats, inits, lerobot
 from base.inits import get_config
 from base.video import write_mp4
 from clips import data
+from clips import text as text_lib
 from clips.actionclips import episode_chunks, open_clips, read_actions_file
-from clips.data import TINY_CONFIGS, standin_text, tiny_data
+from clips.text import standin_text
+from clips.tiny import TINY_CONFIGS, tiny_data
 from engine import build, resume, rundir
 from engine.generate import generate, join, rollout
 from nets.family import family_of
@@ -264,11 +266,11 @@ def main(argv=None):
         batch = condition.as_batch({"w2c": views["w2c"], "intrinsics": views["intrinsics"]})
     video = torch.cat([first, torch.full_like(first, -1).expand(-1, -1, cfg.frames - 1, -1, -1)], dim=2)
     if cfg.prompt_emb:
-        load = data.load_reason1_embedding if family.TEXT_ENCODER == "reason1" else data.load_text_embedding
+        load = text_lib.load_reason1_embedding if family.TEXT_ENCODER == "reason1" else text_lib.load_text_embedding
         text, _ = load(cfg.prompt_emb, 512, dim)
     else:  # tiny only (parse_config refuses otherwise): train.py's stand-in, 16 tokens
-        text, _ = data.standin_text_embedding(cfg.prompt or "Put the marker in the cup.", 16, dim)
-    neg, neg_source = data.negative_embedding(cfg.data, text.shape[0], dim, standin=standin_text(cfg.config, cfg.data),
+        text, _ = text_lib.standin_text_embedding(cfg.prompt or "Put the marker in the cup.", 16, dim)
+    neg, neg_source = text_lib.negative_embedding(cfg.data, text.shape[0], dim, standin=standin_text(cfg.config, cfg.data),
                                               path=cfg.neg_prompt_emb, text_encoder=text_encoder)
     print(f"sample: negative prompt: {neg_source}", flush=True)
     cond = condition.from_batch(dict(batch, text_emb=text[None]), device, cfg.height, cfg.width, dtype,

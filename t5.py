@@ -44,7 +44,8 @@ import safetensors.torch
 import torch
 
 from base import cli
-from clips.data import NEGATIVE_STEM, REASON1_FORMAT, list_videos, reason1_path
+from clips.data import list_videos
+from clips.text import NEGATIVE_STEM, REASON1_FORMAT, reason1_path
 
 ENCODERS = ("t5", "reason1")
 FOLDERS = {"t5": "t5_xxl", "reason1": "reason1"}  # under ROOT

@@ -32,12 +32,13 @@ import grpo
 import nft
 import sac
 import sft
-import stitch
 from base import cli, collectives, cp, lerobot
 from base.camera import stack_views
 from base.inits import CONFIGS, get_config
 from clips import actionclips, data
-from clips.data import TINY_CONFIGS, standin_text, tiny_data
+from clips import text as text_lib
+from clips.text import standin_text
+from clips.tiny import TINY_CLIP, TINY_CONFIGS, make_tiny_dataset, tiny_data
 from engine import resume, rl, rundir
 from engine.build import NetSpec, build_vae, compile_seconds, describe, materialise, meta_net, trainable
 from engine.generate import write_sample
@@ -118,7 +119,7 @@ class TrainConfig:
     nft: NFTConfig = field(default_factory=NFTConfig)  # DiffusionNFT knobs (--objective nft; docs/nft.md)
 
 
-TINY = dict(data="data/tiny_grid", vae="tiny", frames=9, height=64, width=112, steps=1000, lr=2e-3, warmup=20,
+TINY = dict(data="data/tiny_grid", vae="tiny", **TINY_CLIP, steps=1000, lr=2e-3, warmup=20,
             save_every=500, sample_every=500, text_len=16, workers=0, cache_latents=True, holdout=2)
 # tiny-action learns to follow its commands: 36 episodes for 6000 steps at 3e-3, 4 held out (docs/actions.md "Measured")
 TINY_ACTION = dict(steps=6000, lr=3e-3, holdout=4)
@@ -249,27 +250,6 @@ def synthetic_data(cfg):
 # The tiny default's data and the settings a resumed run keeps (the rest of the run directory: engine/rundir.py)
 
 
-def make_tiny_dataset(root, views=False, actions=False):
-    """Synthetic LeRobot episodes (stitch.make_synthetic, with camera poses) stitched into a small grid or views
-    folder. The grid and the views folder beside it come from one LeRobot folder (`tiny_lerobot`, or with actions
-    `tiny_action_lerobot`: squares moved by them, next to root), so their videos share stems: the same episodes, as
-    Path A and B runs compare them (evaluate.py). Under a lock: a second tiny default waits, then only re-reads."""
-    raw = os.path.join(os.path.dirname(root) or ".", "tiny_action_lerobot" if actions else "tiny_lerobot")
-    os.makedirs(os.path.dirname(os.path.abspath(raw)), exist_ok=True)
-    # tiny: 6 usable episodes (it holds out 2: 4 train, over 1, 2 or 4 ranks), 1 too short
-    lengths, motion = ((actionclips.TINY_ACTION_LENGTHS, "actions") if actions else
-                       ((48, 40, 8, 56, 44, 52, 60), "fixed"))
-    with rundir.claim(raw + ".lock", "", wait=True):
-        if not os.path.exists(raw):
-            if os.path.exists(root):  # stitched from a source that is gone: its videos would be kept as "done"
-                raise ValueError(f"{root} exists but {raw}, its source, does not: delete {root}, then rerun (both are "
-                                 "rebuilt)")
-            stitch.make_synthetic(raw, lengths=lengths, cameras=True, motion=motion)
-        lerobot.check_synthetic(raw, lengths, motion, stitched=root)
-        stitch.stitch(raw, root, stride=4, frames=TINY["frames"], size=f"{TINY['height']}x{TINY['width']}", workers=1,
-                      layout="views" if views else "grid")
-
-
 def resume_keys(cfg):
     """The settings a resumed run must share with the saved one (shapes, init, data, objective, GRPO's sampler and
     objective); all others (steps, optimizer, memory and logging settings) may change and are reported."""
@@ -336,7 +316,7 @@ def text_source(run):
     standin = standin_text(cfg.config, cfg.data)
     if tiny and not synthetic_data(cfg):
         run.say(f"text: {cfg.data}/t5_xxl's T5 embeddings" if not standin else f"text: stand-in embeddings of "
-                f"{cfg.data}'s prompts (" + ("no t5_xxl/" if mcfg.crossattn_proj_in_channels == data.T5_WIDTH else
+                f"{cfg.data}'s prompts (" + ("no t5_xxl/" if mcfg.crossattn_proj_in_channels == text_lib.T5_WIDTH else
                                              f"{cfg.config}'s text is {mcfg.crossattn_proj_in_channels} wide: no "
                                              "released encoder writes it") + ")")
     return dict(text_len=cfg.text_len, text_dim=mcfg.crossattn_proj_in_channels, text="standin" if standin else "t5",
@@ -453,7 +433,7 @@ def held_out_batches(run, dataset, n_train, to_latent):
         video, item = clips.videos[index], cache.Windows(clips, [(index, 0)])[0]
         if "error" in item:
             raise ValueError(f"held-out video {video.path}: {item['error']}; re-stitch it or remove it")
-        batch = dict(item, stem=video.stem, start=0, text_emb=data.clip_text(clips, video)[0])
+        batch = dict(item, stem=video.stem, start=0, text_emb=text_lib.clip_text(clips, video)[0])
         batches.append(to_latent(torch.utils.data.default_collate([batch])))
         truths.append(item["video"] if run.views else item["video"][None])
     run.say(f"evaluation: {'held-out videos ' + str(eval_ids) if n_train < len(dataset) else 'fixed clips of training videos'}")
@@ -482,7 +462,7 @@ def train(run, lock, dataset, n_train, text, episodes):
     terms = module.rewards(cfg)  # validated; None for SFT, which scores no samples
     neg_text = None  # the uncond branch of CFG in RL rollouts and samples
     if terms is not None or cfg.sample_every:
-        neg_text, source = data.negative_embedding(cfg.data, cfg.text_len, text["text_dim"],
+        neg_text, source = text_lib.negative_embedding(cfg.data, cfg.text_len, text["text_dim"],
                                                    standin=text["text"] == "standin", text_encoder=text["text_encoder"])
         neg_text = neg_text[None]
         run.say(f"negative prompt: {source}")

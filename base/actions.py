@@ -30,8 +30,9 @@ import os
 import numpy as np
 import pyarrow as pa
 
+from base.files import write_atomic
 from base.lerobot import BadParquet, read_jsonl, read_parquet
-from base.video import ClipError, write_atomic
+from base.video import ClipError
 
 ACTION, STATE = "action", "observation.state"
 STATS_FILE = "action_stats.json"

@@ -4,7 +4,6 @@ stitch.py writes videos with these and verifies them; clips/data.py checks them 
 read_clip (the exact frames, never resized unless asked). Also the one atomic file write (write_atomic) of
 stitch.py's manifests and engine/resume.py's / cache.py's run files: a leaf every writer can import.
 """
-import hashlib
 import os
 import re
 import subprocess
@@ -13,26 +12,6 @@ import tempfile
 import imageio_ffmpeg
 import numpy as np
 import torch
-
-
-def fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path, text):
-    """tmp + fsync + rename + fsync(dir): the file is either the old one or complete, never truncated. text: str
-    (written as UTF-8, newlines untranslated) or bytes."""
-    tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(text if isinstance(text, bytes) else text.encode("utf-8"))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)  # atomic: a reader sees the old or the new content, never a truncated file
-    fsync_dir(os.path.dirname(path) or ".")
 
 
 def ffmpeg_exe() -> str:
@@ -60,14 +39,6 @@ def probe_video(path: str, decode: bool = True) -> dict:
         raise RuntimeError(f"{path}: unreadable (ffmpeg rc {proc.returncode}): "
                            f"{(errors or proc.stderr.strip().splitlines() or ['no output'])[-1]}")
     return {"frames": int(frames[-1]), "codec": stream[1], "height": int(stream[3]), "width": int(stream[2])}
-
-
-def sha1_file(path: str) -> str:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class ClipError(Exception):

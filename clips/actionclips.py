@@ -59,12 +59,6 @@ class ViewActionClips(_WithActions, ViewClips):
         self._init_actions(normalize)
 
 
-# tiny-action's synthetic episodes (train.make_tiny_dataset): 40 long enough for a 3-chunk rollout of 9-frame clips at
-# stride 4 (25 frames: 97 rows) and a short one. 40 rather than 10: with 10 (8 trained on) a tiny net never read the
-# commands; with 40 (36 trained on, 4 held out) it does (docs/actions.md "Measured")
-TINY_ACTION_LENGTHS = (112, 100, 120, 104, 116, 100, 108, 124, 104, 100) * 4 + (8,)
-
-
 def refuse_latents(config: str, latents: str):
     """The latent cache (cache.py) holds no actions yet: an action config with --latents is a ValueError."""
     if latents and get_config(config).action_dim:

@@ -40,8 +40,8 @@ from torch.distributed.tensor import DTensor
 
 import ckpt
 from base.collectives import agree, gather, local_rows, rank, say, world_size
+from base.files import fsync_dir, write_atomic
 from base.formats import STEP_RE, bitsum, check_sums, dcp_call, denied, read_meta
-from base.video import fsync_dir, write_atomic
 from ckpt import CheckpointError, build_report, model_entries, open_source
 from engine import build
 

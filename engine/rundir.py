@@ -6,20 +6,18 @@ check_resume_settings and config_hash: what a resumed run must keep; on_signal /
 a row: load_history re-logs the one saved with the checkpoint), wandb, and the plot loss.png (matplotlib, optional).
 """
 import dataclasses
-import errno
-import fcntl
 import hashlib
 import importlib.util
 import json
 import math
 import os
 import signal
-import socket
 
 import numpy as np
 
 import ckpt
 from base import cli, collectives
+from base.files import claim
 from base.formats import STEP_RE, CheckpointError, cut_short, read_meta
 from engine.resume import (
     complete_checkpoints,
@@ -30,29 +28,6 @@ from engine.resume import (
     read_eval_marker,
     write_atomic,
 )
-
-
-def claim(path, refusal, wait=False):
-    """An exclusive lock on `path` while the returned file is open, or ValueError(refusal.format(holder=...)) (wait:
-    block instead). lockf, not flock: fork children (DataLoader workers, which notice a dead parent only every ~5 s)
-    do not inherit it, so it dies with this process. Per process: a second claim here succeeds, and closing any other
-    handle of `path` here would release it."""
-    handle = open(path, "a+")
-    try:
-        fcntl.lockf(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except OSError as e:
-        if e.errno not in (errno.EACCES, errno.EAGAIN):
-            handle.close()
-            raise
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
-        raise ValueError(refusal.format(holder=holder)) from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    handle.flush()
-    return handle
 
 
 def claim_out(out):

@@ -20,6 +20,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+from clips import tiny
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LONG = (112, 100, 120, 104, 116, 100, 108, 124, 104, 100)
 BASE_DATA = {"square": 48, "hold": [3, 9], "episodes": 10}  # inclusive hold range
@@ -74,12 +76,11 @@ VARIANTS["combo80"] = {"data": dict(COMBO, episodes=80), "flags": ["--holdout", 
 def patch(variant: dict):
     """Apply a variant's network and data changes to this process's modules (before train/evaluate read them)."""
     from base import inits, lerobot
-    from clips import actionclips
     inits.CONFIGS["tiny-action"] = replace(inits.CONFIGS["tiny-action"], **variant.get("net", {}))
     knobs = dict(BASE_DATA, **variant.get("data", {}))
     lerobot.ACTION_SQUARE = knobs["square"]
     lerobot.SQUARE_RANGE = ((0, 320 - knobs["square"]), (0, 180 - knobs["square"]))
-    actionclips.TINY_ACTION_LENGTHS = tuple(LONG[i % len(LONG)] for i in range(knobs["episodes"])) + (8,)
+    tiny.TINY_ACTION_LENGTHS = tuple(LONG[i % len(LONG)] for i in range(knobs["episodes"])) + (8,)
     # the command set and hold of lerobot.square_commands (knobs: inclusive [low, high] frames)
     lerobot.COMMAND_DX, lerobot.COMMAND_DY = knobs.get("dx", (-8, -4, 0, 4, 8)), knobs.get("dy", (-4, 0, 4))
     lerobot.COMMAND_HOLD = (knobs["hold"][0], knobs["hold"][1] + 1)
@@ -93,8 +94,8 @@ def worker(name: str, spec: str, entry: str, argv: list):
     print(f"variant {name}: {spec}", flush=True)
     variant = json.loads(spec)
     if entry == "train" and variant.get("config", "tiny-action") != "tiny-action":  # the same episodes, no actions
-        train.make_tiny_dataset(train.tiny_data("tiny-action"), actions=True)
-        argv += ["--data", train.tiny_data("tiny-action")]
+        tiny.make_tiny_dataset(tiny.tiny_data("tiny-action"), actions=True)
+        argv += ["--data", tiny.tiny_data("tiny-action")]
     (train if entry == "train" else evaluate).main(argv)
 
 

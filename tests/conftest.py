@@ -96,7 +96,7 @@ def empty_cwd(tmp_path_factory, monkeypatch):
 def tiny_grid(tmp_path_factory):
     """train.py's tiny default data (2x2 grids of synthetic LeRobot episodes), stitched once for the session: read,
     never written, by the train.py and sample.py runs of several files."""
-    import train
+    from clips import tiny
     root = str(tmp_path_factory.mktemp("data") / "tiny_grid")
-    train.make_tiny_dataset(root)
+    tiny.make_tiny_dataset(root)
     return root

@@ -11,18 +11,18 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_stitch import V21, V30, manifest, skips
 from torch.utils.data import DataLoader
 
 import check_reference
 import ckpt
 import stitch
-import train
 from base import actions, lerobot
 from base.inits import config_from_upstream, get_config
+from clips import tiny
 from clips.actionclips import ActionClips, ViewActionClips
 from condition import Condition
 from model import DiT, num_params
+from test_stitch import V21, V30, manifest, skips
 
 ACTION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "action")
 BOUND = 2e-5
@@ -304,7 +304,7 @@ def test_bad_actions_are_named_skips_statistics_fall_back_and_a_rerun_redoes_a_l
 
 
 def test_a_tiny_source_from_another_generator_version_is_refused_not_reused(tmp_path, monkeypatch):
-    """train.make_tiny_dataset never trains on a stale folder: other episode lengths, other square commands (an older
+    """tiny.make_tiny_dataset never trains on a stale folder: other episode lengths, other square commands (an older
     COMMAND_HOLD or square size), or a stitched folder whose source is gone are each one line naming the folders."""
     src = lerobot.make_synthetic(str(tmp_path / "src"), lengths=(12, 10, 8), motion="actions")
     lerobot.check_synthetic(src, (12, 10, 8), "actions", stitched="grid")  # this version's: accepted
@@ -317,4 +317,4 @@ def test_a_tiny_source_from_another_generator_version_is_refused_not_reused(tmp_
     root = tmp_path / "data" / "tiny_action_grid"
     root.mkdir(parents=True)
     with pytest.raises(ValueError, match="tiny_action_grid exists but .*tiny_action_lerobot, its source, does not"):
-        train.make_tiny_dataset(str(root), actions=True)
+        tiny.make_tiny_dataset(str(root), actions=True)

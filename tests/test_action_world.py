@@ -11,7 +11,7 @@ import evaluate
 import sample
 import train
 from base import lerobot
-from clips import actionclips
+from clips import actionclips, tiny
 from clips.fidelity import view_metrics
 from condition import uncond
 from nets.vae import LinearCodec
@@ -24,7 +24,7 @@ SHORT = ["--sample-every", "0", "--save-every", "100", "--workers", "0"]
 def action_grid(tmp_path_factory):
     """train.py's tiny-action data: make_synthetic(motion="actions") episodes stitched as the preset stitches them."""
     root = str(tmp_path_factory.mktemp("data") / "tiny_action_grid")
-    train.make_tiny_dataset(root, actions=True)
+    tiny.make_tiny_dataset(root, actions=True)
     return root
 
 
@@ -164,7 +164,7 @@ def test_the_tiny_preset_follows_its_actions_better_than_the_same_net_trained_wi
     evaluate.py scores both on the same held-out clips and noise. The action net must beat the one without actions on
     held-out PSNR with the true actions, and score action_gap_db > 0.5 dB (the issue's target)."""
     data = os.path.abspath(train.tiny_data("tiny-action"))  # the scripts run in the repo root: absolute paths
-    train.make_tiny_dataset(data, actions=True)  # once, before the two runs read it
+    tiny.make_tiny_dataset(data, actions=True)  # once, before the two runs read it
     preset = [f"--{k.replace('_', '-')}={v}" for k, v in train.TINY_ACTION.items()]
     act, plain = os.path.abspath("act"), os.path.abspath("plain")
     beside = script_beside(["--config", "tiny", "--data", data, "--guidance", "0", *preset, "--out", plain])

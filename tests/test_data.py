@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-from test_stitch import SIZE, V30, grid_codes, stitched
 from torch.utils.data import DataLoader
 
 import stitch
 import t5
-from clips import data
+from clips import data, text
 from run_utils import in_process
+from test_stitch import SIZE, V30, grid_codes, stitched
 
 STEMS = [f"lerobot_v30_tiny__ep{i:06d}" for i in range(3)]  # 94, 93, 103 frames at stride 4
 
@@ -207,15 +207,15 @@ def test_text_embeddings_upstream_pickle_and_safetensors(tmp_path):
     kw = dict(frames=9, height=SIZE[0], width=SIZE[1])
     with pytest.raises(FileNotFoundError, match="t5.py"):  # a real config without embeddings fails clearly
         data.GridClips(root, **kw)
-    assert data.negative_prompt_path(root) is None
+    assert text.negative_prompt_path(root) is None
     calls = []
     counts = t5.write_embeddings(root, fake_t5(calls), batch=1)
     # 2 unique video prompts + the negative prompt, each encoded once; 3 video files + the negative one
     assert counts == {"videos": 3, "unique_prompts": 3, "files": 4} and sorted(calls) == sorted(
         {v.prompt for v in data.list_videos(root)} | {t5.NEGATIVE_PROMPT})
-    negative = data.negative_prompt_path(root)
+    negative = text.negative_prompt_path(root)
     assert negative == os.path.join(root, "t5_xxl", "negative_prompt.pickle")
-    emb, mask = data.load_text_embedding(negative, 512, 1024)  # the same format as a video's
+    emb, mask = text.load_text_embedding(negative, 512, 1024)  # the same format as a video's
     assert int(mask.sum()) == len(t5.NEGATIVE_PROMPT.split()) and "static with no motion" in t5.NEGATIVE_PROMPT
     before = open(negative, "rb").read()
     assert t5.write_embeddings(root, fake_t5(calls))["files"] == 0 and len(calls) == 3  # a rerun only fills gaps
@@ -249,7 +249,7 @@ def test_bad_text_embeddings_stop_the_run_at_start_up(tmp_path):
     # every file is read whole: STEMS[0] and STEMS[2] share a prompt and a byte count, and a NaN has as many bytes as
     # the number it replaced, so the twin is checked too
     files = [(emb(v.stem), v.prompt) for v in data.list_videos(root)]
-    assert [p for _, p in files].count(files[0][1]) == 2 and data.check_text_embeddings(files, 512, 1024) == 3
+    assert [p for _, p in files].count(files[0][1]) == 2 and text.check_text_embeddings(files, 512, 1024) == 3
     shared = [v.stem for v in data.list_videos(root) if v.prompt == files[0][1]][1]
     good = open(emb(shared), "rb").read()
     (arr,) = pickle.loads(good)
@@ -315,14 +315,14 @@ def test_embedding_pickle_cannot_run_code(tmp_path):
     path = tmp_path / "x.pickle"
     path.write_bytes(pickle.dumps([Evil()]))
     with pytest.raises(pickle.UnpicklingError, match="refusing"):
-        data.load_text_embedding(str(path), 512, 1024)
+        text.load_text_embedding(str(path), 512, 1024)
 
 
 def test_standin_embedding_is_deterministic_per_prompt():
-    a, mask = data.standin_text_embedding("put the cup down", 16, 8)
+    a, mask = text.standin_text_embedding("put the cup down", 16, 8)
     assert a.shape == (16, 8) and mask.tolist() == [1] * 4 + [0] * 12 and a[4:].abs().sum() == 0
-    assert torch.equal(a, data.standin_text_embedding("put the cup down", 16, 8)[0])
-    assert not torch.equal(a, data.standin_text_embedding("put the cup up", 16, 8)[0])
+    assert torch.equal(a, text.standin_text_embedding("put the cup down", 16, 8)[0])
+    assert not torch.equal(a, text.standin_text_embedding("put the cup up", 16, 8)[0])
 
 
 def test_upstream_layout_without_manifest(tmp_path):
@@ -365,7 +365,7 @@ def test_t5_pickles_of_every_protocol_load_and_code_does_not(tmp_path, protocol)
 
     import numpy as np
 
-    from clips.data import load_text_embedding
+    from clips.text import load_text_embedding
     arr = np.arange(6 * 8, dtype=np.float16).reshape(6, 8)
     path = str(tmp_path / f"p{protocol}.pickle")
     with open(path, "wb") as f:
@@ -417,7 +417,7 @@ def test_view_clips_order_alignment_and_cameras_per_latent_frame(capsys):
     assert sample["cameras"] == "fallback" and torch.equal(sample["w2c"], w2c) and torch.equal(sample["intrinsics"], k)
 
 
-def write_reason1(path, prompt, rows=5, dim=8, dtype=torch.bfloat16, fmt=data.REASON1_FORMAT):
+def write_reason1(path, prompt, rows=5, dim=8, dtype=torch.bfloat16, fmt=text.REASON1_FORMAT):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     emb = torch.randn(rows, dim, generator=torch.Generator().manual_seed(len(prompt))).to(dtype)
     save_file({"crossattn_emb": emb}, path, metadata={"prompt": prompt, "encoder": "test", "revision": "0",
@@ -430,19 +430,19 @@ def test_reason1_embeddings_one_file_per_prompt_and_refusals(tmp_path):
     videos = data.list_videos(root)
     with pytest.raises(FileNotFoundError, match="--encoder reason1"):
         data.GridClips(root, 93, *SIZE, text_len=6, text_dim=8, text_encoder="reason1")
-    want = {v.prompt: write_reason1(data.reason1_path(root, v.prompt), v.prompt) for v in videos}
+    want = {v.prompt: write_reason1(text.reason1_path(root, v.prompt), v.prompt) for v in videos}
     assert len(os.listdir(os.path.join(root, "reason1"))) == len(want) == 2  # 3 videos, 2 unique prompts
     ds = data.GridClips(root, 93, *SIZE, text_len=6, text_dim=8, text_encoder="reason1")
     sample = ds[0]
     assert sample["text_emb"].dtype == torch.bfloat16 and sample["text_emb"].shape == (6, 8)
     assert torch.equal(sample["text_emb"][:5], want[sample["prompt"]]) and not sample["text_emb"][5].any()
     assert sample["text_mask"].tolist() == [1] * 5 + [0]
-    neg, source = data.negative_embedding(root, 6, 8, text_encoder="reason1")
+    neg, source = text.negative_embedding(root, 6, 8, text_encoder="reason1")
     assert not neg.any() and "t5.py" in source and "--encoder reason1" in source
     neg_want = write_reason1(os.path.join(root, "reason1", "negative_prompt.safetensors"), "a negative prompt")
-    neg, source = data.negative_embedding(root, 6, 8, text_encoder="reason1")
+    neg, source = text.negative_embedding(root, 6, 8, text_encoder="reason1")
     assert torch.equal(neg[:5], neg_want) and source.endswith("negative_prompt.safetensors")
-    path = data.reason1_path(root, videos[0].prompt)
+    path = text.reason1_path(root, videos[0].prompt)
     for bad, match in ((dict(dtype=torch.float32), "BF16"), (dict(fmt="other"), "format"), (dict(dim=9), "shape"),
                        (dict(rows=7), "shape")):
         write_reason1(path, videos[0].prompt, **bad)
@@ -453,7 +453,7 @@ def test_reason1_embeddings_one_file_per_prompt_and_refusals(tmp_path):
         data.GridClips(root, 93, *SIZE, text_len=6, text_dim=8, text_encoder="reason1")
     nan = write_reason1(path, videos[0].prompt).index_fill_(1, torch.tensor([2]), float("inf"))
     save_file({"crossattn_emb": nan}, path, metadata={"prompt": videos[0].prompt, "encoder": "test", "revision": "0",
-                                                      "format": data.REASON1_FORMAT})
+                                                      "format": text.REASON1_FORMAT})
     ds = data.GridClips(root, 93, *SIZE, text_len=6, text_dim=8, text_encoder="reason1")  # values: at every read
     with pytest.raises(ValueError, match=f"{path}: the text embedding holds NaN/Inf values"):
         ds[0]

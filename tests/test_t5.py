@@ -14,7 +14,6 @@ import pytest
 import safetensors
 import safetensors.torch
 import torch
-from test_stitch import SIZE, V30, stitched
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import (
     PreTrainedTokenizerFast,
@@ -27,7 +26,8 @@ from transformers import (
 
 import t5
 from base import cli
-from clips import data
+from clips import data, text
+from test_stitch import SIZE, V30, stitched
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 WORDS = "a robot puts the marker in cup open drawer place red block bowl close laptop lid".split()
@@ -128,7 +128,7 @@ def test_t5_end_to_end_from_a_saved_checkpoint_feeds_gridclips(tmp_path, capsys)
         want = full.encoder(input_ids=tokenizer(videos[0].prompt, return_tensors="pt").input_ids).last_hidden_state[0]
     assert emb.dtype == np.float16 and emb.shape == want.shape and 1 < len(emb) < 512  # the prompt's own tokens
     np.testing.assert_allclose(emb.astype(np.float32), want.numpy(), rtol=2e-3, atol=2e-3)  # float16 storage
-    with open(data.negative_prompt_path(str(root)), "rb") as f:
+    with open(text.negative_prompt_path(str(root)), "rb") as f:
         (neg,) = pickle.load(f)
     assert neg.dtype == np.float16 and neg.shape[1] == 16
     ds = data.GridClips(str(root), frames=9, height=SIZE[0], width=SIZE[1], text_len=512, text_dim=16)
@@ -209,8 +209,8 @@ def test_reason1_end_to_end_from_a_saved_checkpoint(tmp_path, capsys):
         assert not torch.equal(pads[0], pads[-1])  # ...that depend on the position (RoPE) and what came before
     # what training reads (clips/data.py, the agreed interface): the same tensors, every row unmasked
     for prompt in set(prompts):
-        data.check_reason1_embedding(data.reason1_path(root, prompt), prompt, 512, LAYERS * WIDTH)
-    neg, where = data.negative_embedding(root, 512, LAYERS * WIDTH, text_encoder="reason1")
+        text.check_reason1_embedding(text.reason1_path(root, prompt), prompt, 512, LAYERS * WIDTH)
+    neg, where = text.negative_embedding(root, 512, LAYERS * WIDTH, text_encoder="reason1")
     assert where == t5.negative_path(root, "reason1") and torch.equal(neg, read_reason1(where)[0])
 
 

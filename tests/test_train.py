@@ -18,6 +18,7 @@ sys.path.insert(0, ROOT)
 import reward  # noqa: E402
 import sft  # noqa: E402
 import train  # noqa: E402
+from clips import tiny  # noqa: E402
 from engine import (
     resume,  # noqa: E402
     rl,  # noqa: E402
@@ -423,7 +424,7 @@ def test_p25_agibot_trains_on_views_with_cameras_samples_three_views_and_runs_gr
     time with their Pluecker map; SFT resumes bitwise, the sample holds data | generated for every view, sample.py
     writes the views side by side, and GRPO scores the views as Path B's grid with its first ratio exactly 1."""
     views = str(tmp_path / "views")
-    train.make_tiny_dataset(views, views=True)
+    tiny.make_tiny_dataset(views, views=True)
     args = ["--config", "p25-tiny-agibot", "--data", views, "--save-every", "2", "--sample-every", "2",
             "--sample-steps", "2"]
     ref, out = str(tmp_path / "ref"), str(tmp_path / "out")
@@ -571,7 +572,7 @@ def test_an_immediate_restart_after_kill_9_is_not_refused_by_lingering_dataloade
 
 
 def _make_tiny(root):
-    train.make_tiny_dataset(root)
+    tiny.make_tiny_dataset(root)
 
 
 def test_two_tiny_defaults_started_at_once_build_the_data_once(tiny_grid, tmp_path):

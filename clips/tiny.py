@@ -1,0 +1,44 @@
+"""The tiny defaults' data: which configs are tiny, the folder each trains on, and the synthetic LeRobot episodes
+stitched into it (train.py builds it on first use; the tests and tasks/ build theirs the same way)."""
+import os
+
+import stitch
+from base import lerobot
+from base.files import claim
+from base.inits import get_config
+
+TINY_CLIP = dict(frames=9, height=64, width=112)  # the tiny presets' clips (train.TINY): 9 frames of a 64x112 grid
+TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot", "tiny-action")  # CPU-fast: tiny VAE, 9x64x112, stand-in prompt
+
+
+def tiny_data(config):
+    """The tiny default's own folder (train.py builds it): 2x2 grids, a camera net's views, an action net's grids."""
+    net = get_config(config)
+    return "data/tiny_" + ("views" if net.camera_channels else "action_grid" if net.action_dim else "grid")
+
+
+# tiny-action's synthetic episodes (make_tiny_dataset): 40 long enough for a 3-chunk rollout of 9-frame clips at
+# stride 4 (25 frames: 97 rows) and a short one. 40 rather than 10: with 10 (8 trained on) a tiny net never read the
+# commands; with 40 (36 trained on, 4 held out) it does (docs/actions.md "Measured")
+TINY_ACTION_LENGTHS = (112, 100, 120, 104, 116, 100, 108, 124, 104, 100) * 4 + (8,)
+
+
+def make_tiny_dataset(root, views=False, actions=False):
+    """Synthetic LeRobot episodes (stitch.make_synthetic, with camera poses) stitched into a small grid or views
+    folder. The grid and the views folder beside it come from one LeRobot folder (`tiny_lerobot`, or with actions
+    `tiny_action_lerobot`: squares moved by them, next to root), so their videos share stems: the same episodes, as
+    Path A and B runs compare them (evaluate.py). Under a lock: a second tiny default waits, then only re-reads."""
+    raw = os.path.join(os.path.dirname(root) or ".", "tiny_action_lerobot" if actions else "tiny_lerobot")
+    os.makedirs(os.path.dirname(os.path.abspath(raw)), exist_ok=True)
+    # tiny: 6 usable episodes (it holds out 2: 4 train, over 1, 2 or 4 ranks), 1 too short
+    lengths, motion = ((TINY_ACTION_LENGTHS, "actions") if actions else
+                       ((48, 40, 8, 56, 44, 52, 60), "fixed"))
+    with claim(raw + ".lock", "", wait=True):
+        if not os.path.exists(raw):
+            if os.path.exists(root):  # stitched from a source that is gone: its videos would be kept as "done"
+                raise ValueError(f"{root} exists but {raw}, its source, does not: delete {root}, then rerun (both are "
+                                 "rebuilt)")
+            stitch.make_synthetic(raw, lengths=lengths, cameras=True, motion=motion)
+        lerobot.check_synthetic(raw, lengths, motion, stitched=root)
+        stitch.stitch(raw, root, stride=4, frames=TINY_CLIP["frames"], size=f"{TINY_CLIP['height']}x{TINY_CLIP['width']}",
+                      workers=1, layout="views" if views else "grid")
