@@ -22,7 +22,7 @@ import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -30,7 +30,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
 from base import cli, inits
-from base.collectives import agree, gather, local_rows, rank, say, world_size
+from base.collectives import agree, comm_device, gather, local_rows, rank, say, world_size
 from base.formats import (
     CheckpointError,
     bitsum,
@@ -46,7 +46,6 @@ from base.formats import (
 )
 from base.inits import CONFIGS, check_init_config, get_config, resolve_source
 from model import DiT
-from nets.edm import denoise
 from nets.lora import add_lora
 
 NAMED_INITS, INIT_CONFIGS = inits.NAMED_INITS, inits.INIT_CONFIGS  # read as ckpt.* by train.py and the tests
@@ -354,15 +353,11 @@ def _verify(model, sums):
         raise CheckpointError(f"{len(bad)} local shards differ from the file after copying: {bad[:5]}")
 
 
-def _comm_device():
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-
-
 def _combine(values, xor=False):
     """Per-key ints (< 2^64) summed mod 2^64, or XORed, over ranks: the same list on every rank."""
     if world_size() == 1 or not values:
         return [v % 2 ** 64 for v in values]
-    t = torch.tensor([v - 2 ** 64 if v >= 2 ** 63 else v for v in values], dtype=torch.int64, device=_comm_device())
+    t = torch.tensor([v - 2 ** 64 if v >= 2 ** 63 else v for v in values], dtype=torch.int64, device=comm_device())
     parts = [torch.empty_like(t) for _ in range(world_size())]
     dist.all_gather(parts, t)
     out = functools.reduce(torch.bitwise_xor, parts) if xor else torch.stack(parts).sum(0)  # int64 sums wrap: exact
@@ -467,55 +462,6 @@ def load(model, source, ema=None, allow_missing=(), verbose=True, threads=8):
              f" file's bits, all finite; {integrity}; checksum {checksum:016x}")
     report.checksum = checksum
     return report
-
-
-# -----------------------------------------------------------------------------
-# The iteration-0 init guard. Measured as a ratio to the loss of predicting zero velocity on the same batch and
-# noise: random init (our init_weights) gives ~1.6-1.8, an all-zero output exactly 1.0, a network that denoises at
-# all < 1 (~0.5 for a tiny model after 150 steps, tests/test_ckpt.py). Scale-free, unlike the field's absolute
-# numbers (~13 random vs 0.3-3 warm for upstream's init and latents).
-
-GUARD_SIGMAS = (0.25, 1.0, 4.0)
-GUARD_MAX_RATIO = 0.75
-
-
-@torch.no_grad()
-def guard_loss(net, x0, cond, sigmas=GUARD_SIGMAS, seed=0):
-    """(loss, zero_loss): rectified-flow velocity MSE mean((v - (eps - x0))^2) at fixed sigmas with seeded noise,
-    and the same MSE for v = 0, given the batch's condition.Condition (x0 is its gt_frames). Conditioning frames (target
-    unpredictable there) are left out. Collective under FSDP: every rank passes its own batch; the sums are
-    all-reduced so every rank gets the same numbers."""
-    g = torch.Generator(device=x0.device).manual_seed(seed * 1000 + rank())
-    cond = replace(cond, gt_frames=x0)
-    weight = torch.ones_like(x0[:, :1]) if cond.condition_mask is None else 1 - cond.condition_mask.float()
-    sums = torch.zeros(3, dtype=torch.float64, device=x0.device)
-    for s in sigmas:
-        eps = torch.randn(x0.shape, generator=g, device=x0.device, dtype=torch.float32)
-        sigma = torch.full((x0.shape[0],), float(s), device=x0.device)
-        _, velocity = denoise(net, x0.float() + s * eps, sigma, cond)
-        target = eps - x0.float()
-        sums += torch.stack([((velocity - target) ** 2 * weight).sum(), (target ** 2 * weight).sum(),
-                             weight.sum() * x0.shape[1]]).double()
-    if world_size() > 1:
-        sums = sums.to(_comm_device())
-        dist.all_reduce(sums)
-    return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
-
-
-def init_guard(loss, zero_loss, max_ratio=GUARD_MAX_RATIO, source=""):
-    """Stop (on every rank: the inputs are all-reduced) if the iteration-0 loss looks like an untrained network. It
-    runs after load() verified the weights, so a refusal is about the checkpoint's training, not about loading."""
-    ratio = loss / zero_loss
-    say(f"init guard: iteration-0 loss {loss:.4f} vs zero-velocity loss {zero_loss:.4f}: ratio {ratio:.3f},"
-         f" must be < {max_ratio} (random init ~1.7, zero output 1.0, trained ~0.5)")
-    if not math.isfinite(ratio) or ratio >= max_ratio:
-        raise CheckpointError(f"init guard: the weights of {source or 'the init'} loaded and verified, but its"
-                              f" denoising loss is too high for a pretrained start (loss ratio {ratio:.3f} >="
-                              f" {max_ratio}): an undertrained checkpoint, or a random one (random init ~1.7, trained"
-                              " ~0.5; or a file whose net_ema. copy is meant: --ema-weights). Refusing to train:"
-                              " train the base longer, or accept it with train.py --guard-max-ratio R (see"
-                              " `python train.py --help`)")
-    return ratio
 
 
 # -----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ that every run holds out. Each clip is the window at frame 0 of the run's frames
 first frame alone the way the run samples (generate.from_first_frame: its sampler, prompt, negative prompt and
 cameras; noise seed --seed + clip index, + draw x clips with --draws), scored on frames 1.. only (frame 0
 conditions). Weight-free metrics only: PSNR, SSIM (clips/fidelity.py) and reward.py's terms (on the 2x2 grid; a views run's
-views are put into one with reward.grid_from_views). An RL run logs the same numbers for its held-out clips at every
+views are put into one with camera.grid_from_views). An RL run logs the same numbers for its held-out clips at every
 evaluation (eval_psnr, eval_ssim, eval_reward): `--steps` its --eval-steps, `--draws 2` give them again.
 """
 import dataclasses

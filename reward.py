@@ -340,18 +340,6 @@ def wrist_motion(d, quadrant_h, cfg: RewardConfig):
     return ratio(S, cfg.motion_ref), {"wrist_speed": S}
 
 
-def grid_from_views(video_V_3_F_H_W, order):
-    """Separate views (a multi-view net's decoded sample, named by `order`: ext_1, ext_2, wrist) -> [1, 3, F, 2H, 2W],
-    Path B's 2x2 grid with a black bottom-right, so Path A's rollouts are scored by the same rewards as Path B's."""
-    if video_V_3_F_H_W.ndim != 5 or len(video_V_3_F_H_W) != len(order) or sorted(order) != ["ext_1", "ext_2", "wrist"]:
-        raise ValueError(f"views {tuple(video_V_3_F_H_W.shape)} named {order}: need [3, 3, F, H, W] for ext_1, ext_2, "
-                         "wrist")
-    view = dict(zip(order, video_V_3_F_H_W))
-    black = torch.full_like(view["wrist"], -1.0)
-    top, bottom = torch.cat([view["ext_1"], view["ext_2"]], dim=-1), torch.cat([view["wrist"], black], dim=-1)
-    return torch.cat([top, bottom], dim=-2)[None]
-
-
 @torch.no_grad()
 def grid_rewards(video_B_3_F_H_W, cfg: RewardConfig = RewardConfig(), extra=None):
     """All rewards of a batch of 2x2 grid videos in [-1, 1]. Needs >= 3 frames and >= 64x64 pixels.
@@ -606,27 +594,3 @@ def checked(term, label, value, B, device):
 # Advantages: a group's rewards -> GRPO's group-relative advantages (grpo.train_step)
 
 
-def group_advantages(rewards, keys, eps=1e-4, clip=5.0, global_std=True, ddof=0):
-    """(r - mean_group) / (std + eps), clipped to +-clip: [n] float64 advantages for [n] rewards.
-
-    keys: one hashable group key per reward, (episode id, instruction); interleaved keys are fine. std is the
-    population std (ddof 0, Flow-GRPO) or unbiased (ddof 1), of the group or, with global_std, of all valid
-    rewards. A non-finite reward (failed scoring) gets advantage 0; a group whose valid rewards are all equal
-    (or has fewer than 2) gets exactly 0, so the zero-advantage filter drops it.
-    """
-    r = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1).cpu()
-    if len(keys) != r.numel():
-        raise ValueError(f"{r.numel()} rewards but {len(keys)} group keys")
-    valid = torch.isfinite(r)
-    advantages = torch.zeros_like(r)
-    if global_std:
-        pooled = r[valid]
-        global_sd = pooled.std(correction=ddof) if pooled.numel() > ddof else torch.tensor(0.0, dtype=r.dtype)
-    for key in dict.fromkeys(keys):
-        idx = torch.tensor([j for j, k in enumerate(keys) if k == key and valid[j]], dtype=torch.long)
-        group = r[idx]
-        if group.numel() < 2 or bool((group == group[0]).all()):
-            continue
-        sd = global_sd if global_std else group.std(correction=ddof)
-        advantages[idx] = (group - group.mean()) / (sd + eps)
-    return advantages.clamp(-clip, clip)

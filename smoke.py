@@ -11,6 +11,8 @@ the LoRA adapters are fp32. Prints time and peak memory per phase and the MFU of
 against a bf16 matmul peak measured in the same run (GPU only), then each criterion, then `SMOKE PASS` or `SMOKE FAIL: ...`.
 """
 import math
+from base import camera
+from engine import objective
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -192,14 +194,14 @@ def main(argv=None):
 
     with phases("decode"):  # one sample at a time: decoding memory does not grow with K
         if views > 1:  # each view decoded on its own, then scored as Path B's 2x2 grid
-            video = torch.cat([reward.grid_from_views(vae.decode(split_views(rollout.x0_final[k: k + 1], views)),
+            video = torch.cat([camera.grid_from_views(vae.decode(split_views(rollout.x0_final[k: k + 1], views)),
                                                       VIEW_ORDER) for k in range(K)]).float()
         else:
             video = torch.cat([vae.decode(rollout.x0_final[k: k + 1]) for k in range(K)]).float()
     with phases("reward"):
         scores = reward.grid_rewards(video)
     rewards = scores["reward"]
-    advantages = reward.group_advantages(rewards, [cond.key] * K, eps=gcfg.adv_eps, clip=gcfg.adv_clip,
+    advantages = objective.group_advantages(rewards, [cond.key] * K, eps=gcfg.adv_eps, clip=gcfg.adv_clip,
                                        global_std=gcfg.global_std, ddof=gcfg.std_ddof)
     print(f"video {tuple(video.shape)}, rewards {rewards.tolist()}, advantages {advantages.tolist()}")
     print("raw reward statistics: " + ", ".join(f"{k} {v.tolist()}" for k, v in scores.items() if k != "reward"))

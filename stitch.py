@@ -5,7 +5,6 @@
                      [--min-frames N] [--episodes FILE] [--per-task N] [--cameras ...] [--fit auto] [--crf 15]
                      [--max-skip-fraction 0.1] [--progress-every 100] [--layout grid|views] [--camera-params auto]
     python stitch.py --synthetic OUT    # tiny synthetic LeRobot v2.1 dataset (H.264) for the tiny default and tests
-    python stitch.py --bench SRC        # our time vs. the bundled ffmpeg only decoding the sources + encoding the grids
     python stitch.py --help             # every flag, with its default
 
 Grid: top-left exterior_1_left, top-right exterior_2_left, bottom-left wrist, bottom-right black. OUT gets
@@ -33,7 +32,6 @@ import json
 import multiprocessing
 import os
 import re
-import resource
 import string
 import subprocess
 import sys
@@ -62,6 +60,7 @@ from base.lerobot import (  # make_synthetic:
     read_cameras,
     select_episodes,
 )
+from base.camera import fitted_intrinsics
 from base.video import check_ffmpeg, ffmpeg_exe, probe_video
 
 RECIPE_VERSION = 1  # bump when the code changes the bytes written for the same recipe
@@ -76,7 +75,7 @@ DROID_VIEWS_TEMPLATE = (  # --layout views: one prompt for the three separate vi
 RETRYABLE = {"bad_parquet", "ffmpeg_error", "verify_error", "worker_error", "write_error"}  # a rerun retries these
 FILTERED = {"too_short", "too_short_after_decode", "no_task"}  # dropped by design: not counted by --max-skip-fraction
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}  # OSErrors that mean "OUT can't take more"
-MODES = ("src", "out", "synthetic", "bench")  # StitchConfig fields that pick what the command does, not how
+MODES = ("src", "out", "synthetic")  # StitchConfig fields that pick what the command does, not how
 
 
 @dataclasses.dataclass
@@ -84,7 +83,6 @@ class StitchConfig:
     src: str = ""  # SRC: the LeRobot dataset folder (format v2.0, v2.1 or v3.0)
     out: str = ""  # OUT: the grid folder to write; a rerun resumes it
     synthetic: str = ""  # write a tiny synthetic LeRobot v2.1 dataset (H.264) to this folder, then exit
-    bench: str = ""  # time stitching this LeRobot folder against the bundled ffmpeg only decoding + encoding
     stride: int = 4  # keep every stride-th source frame (DROID 15 fps / 4 = 3.75 fps)
     frames: int = 93  # clip length the model trains on
     size: str = "432x768"  # grid HxW, both multiples of 16 (the DiT needs H/8 and W/8 even)
@@ -192,19 +190,6 @@ def cell_hw(cfg: StitchConfig) -> tuple:
     """The size each camera is resized to: a quarter of --size in the grid, all of it as a view."""
     H, W = parse_size(cfg.size)
     return (H, W) if cfg.layout == "views" else (H // 2, W // 2)
-
-
-def fitted_intrinsics(k: np.ndarray, src_hw: tuple, cell: tuple, fit: str) -> np.ndarray:
-    """(fx, fy, cx, cy) [..., 4] in source pixels -> in pixels of the cell, as cell_filter resizes (and pads) the
-    frame: ffmpeg's decrease-to-fit rounds the scaled size to the nearest pixel, then down to even, and the pad's
-    offset down to even (yuv420p)."""
-    (sh, sw), (ch, cw) = src_hw, cell
-    w, h, x, y = cw, ch, 0, 0
-    if fit == "pad":
-        w, h = min(cw, round(ch * sw / sh)), min(ch, round(cw * sh / sw))
-        w, h = max(w // 2, 1) * 2, max(h // 2, 1) * 2
-        x, y = (cw - w) // 2 // 2 * 2, (ch - h) // 2 // 2 * 2
-    return k * np.array([w / sw, h / sh, w / sw, h / sh]) + np.array([0, 0, x, y])
 
 
 def episode_command(ep: Episode, source: Source, cfg: StitchConfig, fits: dict, out: list, log_times: bool) -> list:
@@ -585,75 +570,21 @@ def outcome_problem(summary: dict, max_skip_fraction: float, out: str) -> str | 
     return None
 
 
-# ---------------------------------------------------------------------------------------------------- bench
-
-def bench(src: str, rounds: int = 3, **overrides) -> dict:
-    """Time stitch() (one worker) on src against the bundled ffmpeg alone: decoding the three camera segments of
-    every written episode to null plus encoding the same grid frames (from raw frames in a file) with the same x264
-    settings. Also timed: our ffmpeg command without our checks (the cost of verification). The runs alternate for
-    `rounds` rounds and the medians are reported, as the machine may be shared."""
-    overrides = {"workers": 1, **overrides}
-    cfg, source = make_config(overrides), open_source(src, overrides.get("cameras", ""))
-    H, W = parse_size(cfg.size)
-    by_index = {e.index: e for e in source.episodes}
-
-    def timed(work) -> tuple:  # (wall s, cpu s of this process and its finished children)
-        cpu = lambda: sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2]) + sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # noqa
-        t0, c0 = time.perf_counter(), cpu()
-        work()
-        return time.perf_counter() - t0, cpu() - c0
-
-    run_all = lambda commands: [subprocess.run(a, check=True, stdout=subprocess.DEVNULL) for a in commands]  # noqa
-    times = {"stitch": [], "decode": [], "encode": [], "graph_unchecked": []}
-    with tempfile.TemporaryDirectory(prefix="stitch-bench-") as tmp:
-        for r in range(rounds):
-            out = os.path.join(tmp, f"out{r}")
-            times["stitch"].append(timed(lambda: stitch(src, out, **overrides)))
-            written = load_records(os.path.join(out, "manifest.jsonl"), lambda rec: True)
-            eps = [by_index[rec["episode_index"]] for rec in written.values()]
-            fits = {s: fit_policy(cfg, source.cam_hw[s], (H // 2, W // 2)) for s in SLOTS}
-            quiet = ["-loglevel", "error"]
-            decode = [[ffmpeg_exe(), *quiet, *segment_input(*ep.segments[s][:2], ep.length, source.fps), "-map",
-                       "0:v:0", "-f", "null", "-"] for ep in eps for s in SLOTS]
-            raw = [os.path.join(tmp, f"{ep.index}.yuv") for ep in eps]  # the grid frames, made outside the timing
-            run_all(episode_command(ep, source, cfg, fits, [*quiet, "-f", "rawvideo", "-pix_fmt", "yuv420p", "-y",
-                                                            path], False) for ep, path in zip(eps, raw))
-            encode = [[ffmpeg_exe(), *quiet, "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", f"{W}x{H}", "-framerate",
-                       str(source.fps / cfg.stride), "-i", path, *x264_args(cfg.crf, cfg.preset), "-f", "mp4", "-y",
-                       path + ".mp4"] for path in raw]
-            unchecked = [episode_command(ep, source, cfg, fits, [*quiet, *x264_args(cfg.crf, cfg.preset), "-f", "mp4",
-                                                              "-y", os.path.join(tmp, "g.mp4")], False) for ep in eps]
-            for name, commands in (("decode", decode), ("encode", encode), ("graph_unchecked", unchecked)):
-                times[name].append(timed(lambda: run_all(commands)))
-    med = {k: np.median(np.array(v), axis=0) for k, v in times.items()}  # (wall, cpu)
-    base = med["decode"] + med["encode"]
-    result = {"source": source.name, "episodes_written": len(written), "grid_frames": sum(r["n_out"] for r in
-              written.values()), "size": cfg.size, "stride": cfg.stride, "preset": cfg.preset, "crf": cfg.crf,
-              "rounds": rounds, "cpus": os.cpu_count(),
-              **{f"{k}_{unit}_s": round(float(v[i]), 2) for k, v in med.items() for i, unit in enumerate(("wall", "cpu"))},
-              "ratio_wall": round(float(med["stitch"][0] / base[0]), 3),
-              "ratio_cpu": round(float(med["stitch"][1] / base[1]), 3)}
-    print(json.dumps(result))
-    return result
-
-
 # ------------------------------------------------------------------------------------------------------ CLI
 
 def main(argv=None) -> int:
     given = cli.parse_flags(StitchConfig, argv, description=__doc__, positional=("src", "out"), prog="stitch.py")
     cfg = cli.build(StitchConfig, given)  # every option is checked here, before any work
     options = {k: v for k, v in given.items() if k not in MODES}
-    if cfg.synthetic and not (cfg.src or cfg.out or cfg.bench or options):
+    if cfg.synthetic and not (cfg.src or cfg.out or options):
         print(f"stitch: wrote a synthetic LeRobot dataset to {make_synthetic(cfg.synthetic)}")
-    elif cfg.bench and not (cfg.src or cfg.out or cfg.synthetic):
-        bench(cfg.bench, **options)
-    elif cfg.src and cfg.out and not (cfg.bench or cfg.synthetic):
+    elif cfg.src and cfg.out and not cfg.synthetic:
         problem = outcome_problem(stitch(cfg.src, cfg.out, **options), cfg.max_skip_fraction, cfg.out)
         if problem:
             print(f"stitch.py: error: {problem}", file=sys.stderr, flush=True)
             return 1
     else:
-        raise ValueError("give SRC OUT [options], or --synthetic OUT alone, or --bench SRC [options] (see --help)")
+        raise ValueError("give SRC OUT [options], or --synthetic OUT alone (see --help)")
     return 0
 
 

@@ -39,7 +39,7 @@ from clips import actionclips, data
 from clips import text as text_lib
 from clips.text import standin_text
 from clips.tiny import TINY_CLIP, TINY_CONFIGS, make_tiny_dataset, tiny_data
-from engine import resume, rl, rundir
+from engine import build, resume, rl, rundir
 from engine.build import NetSpec, build_vae, compile_seconds, describe, materialise, meta_net, trainable
 from engine.generate import write_sample
 from engine.objective import Objective, held_out_slots
@@ -491,9 +491,9 @@ def train(run, lock, dataset, n_train, text, episodes):
             resume.write_eval_marker(step_dir, dict(result, step=start_step))
         run.say(f"evaluated the resumed checkpoint step {start_step}: {result}")
     if start_step == 0 and cfg.init != "random":
-        with cp.disabled(net):  # the init guard (ckpt.init_guard): its noise is drawn per global rank
-            loss, zero_loss = ckpt.guard_loss(net, *batches[0])
-        ckpt.init_guard(loss, zero_loss, max_ratio=cfg.guard_max_ratio, source=cfg.init)  # the weights went in
+        with cp.disabled(net):  # the init guard (build.init_guard): its noise is drawn per global rank
+            loss, zero_loss = build.guard_loss(net, *batches[0])
+        build.init_guard(loss, zero_loss, max_ratio=cfg.guard_max_ratio, source=cfg.init)  # the weights went in
     loop = Loop(run=run, net=net, params=params, objective=objective, sampler=sampler,
                 next_batch=lambda: to_latent(next(loader)), held_out=held_out, ema=ema, extra_state=extra_state,
                 sac_modes=sac_modes, has_holdout=n_train < len(dataset), episodes=episodes,

@@ -7,6 +7,7 @@ Also the multi-view latent layout (split_views / stack_views) of cache.py, sampl
 """
 import math
 
+import numpy as np
 import torch
 
 VIEW_ORDER = ("wrist", "ext_1", "ext_2")  # stitch.py's slots in agibot's internal order [hand_0, head, hand_1]
@@ -99,3 +100,28 @@ def stack_views(latent_BV_C_T_H_W, num_views):
         raise ValueError(f"{BV} latents are not whole samples of {num_views} views")
     return latent_BV_C_T_H_W.reshape(BV // num_views, num_views, C, T, H, W).transpose(1, 2).reshape(
         BV // num_views, C, num_views * T, H, W)
+
+
+def grid_from_views(video_V_3_F_H_W, order):
+    """Separate views (a multi-view net's decoded sample, named by `order`: ext_1, ext_2, wrist) -> [1, 3, F, 2H, 2W],
+    Path B's 2x2 grid with a black bottom-right, so Path A's rollouts are scored by the same rewards as Path B's."""
+    if video_V_3_F_H_W.ndim != 5 or len(video_V_3_F_H_W) != len(order) or sorted(order) != ["ext_1", "ext_2", "wrist"]:
+        raise ValueError(f"views {tuple(video_V_3_F_H_W.shape)} named {order}: need [3, 3, F, H, W] for ext_1, ext_2, "
+                         "wrist")
+    view = dict(zip(order, video_V_3_F_H_W))
+    black = torch.full_like(view["wrist"], -1.0)
+    top, bottom = torch.cat([view["ext_1"], view["ext_2"]], dim=-1), torch.cat([view["wrist"], black], dim=-1)
+    return torch.cat([top, bottom], dim=-2)[None]
+
+
+def fitted_intrinsics(k: np.ndarray, src_hw: tuple, cell: tuple, fit: str) -> np.ndarray:
+    """(fx, fy, cx, cy) [..., 4] in source pixels -> in pixels of the cell, as cell_filter resizes (and pads) the
+    frame: ffmpeg's decrease-to-fit rounds the scaled size to the nearest pixel, then down to even, and the pad's
+    offset down to even (yuv420p)."""
+    (sh, sw), (ch, cw) = src_hw, cell
+    w, h, x, y = cw, ch, 0, 0
+    if fit == "pad":
+        w, h = min(cw, round(ch * sw / sh)), min(ch, round(cw * sh / sw))
+        w, h = max(w // 2, 1) * 2, max(h // 2, 1) * 2
+        x, y = (cw - w) // 2 // 2 * 2, (ch - h) // 2 // 2 * 2
+    return k * np.array([w / sw, h / sh, w / sw, h / sh]) + np.array([0, 0, x, y])

@@ -32,6 +32,11 @@ def world_size():
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def comm_device():
+    """Where a collective's tensors must live: the rank's GPU under NCCL, the CPU under gloo."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+
+
 def say(*args):
     if rank() == 0:
         print(*args, flush=True)

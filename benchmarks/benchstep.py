@@ -64,7 +64,7 @@ def make_batch(b, cfg, device, dtype):
 def train_step(model, batch, trainable, measure=None):
     """Rectified-flow loss on the generated frames, backward; no optimizer step (as in the anchor's numbers). Both
     families through edm.denoise at EDM sigma 1 (t = 0.5): the same network calls and cost as either family's own
-    loss (ckpt.guard_loss does the same), so a bench row never depends on which family it measures."""
+    loss (build.guard_loss does the same), so a bench row never depends on which family it measures."""
     for p in trainable:
         p.grad = None
     x0, eps, cond = batch["x0"], batch["eps"], batch["cond"]

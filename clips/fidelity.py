@@ -6,6 +6,7 @@ functions, on the same frames, so a run's logged eval_psnr and evaluate.py's num
 Contents: PSNR and SSIM -> cameras of a grid or views video -> the per-camera metrics and the reward's frames.
 """
 import torch
+from base import camera
 import torch.nn.functional as F
 
 import reward
@@ -107,7 +108,7 @@ def reward_video(video, layout):
     """Frames 1.. of a grid video [B, 3, T, H, W], or of views [B, V, 3, T, H, W] put into Path B's 2x2 grid, as
     train.grpo_step scores a views run's rollouts."""
     if layout == "views":
-        video = torch.cat([reward.grid_from_views(v, data.VIEW_ORDER) for v in video])
+        video = torch.cat([camera.grid_from_views(v, data.VIEW_ORDER) for v in video])
     return video[:, :, 1:].float()
 
 

@@ -1,4 +1,4 @@
-"""The networks, built in one place: train.py, bench.py, smoke.py, sample.py and engine/resume.py build the DiT here, and
+"""The networks, built in one place, and the iteration-0 init guard that proves a loaded one went in: train.py, bench.py, smoke.py, sample.py and engine/resume.py build the DiT here, and
 every command its frozen video tokenizer (build_vae).
 
 The order is torchtitan's and matters (docs/memory.md):
@@ -8,7 +8,8 @@ FSDP2 is collectives.shard_model. Everything up to FSDP works on the meta device
 shards are; a planner that must see the adapted meta network (`--sac auto`, bench.py's memory formulas) calls
 `meta_net`, then `materialise`.
 """
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -16,9 +17,11 @@ import torch.distributed as dist
 import ckpt
 import sac
 from base import cp, fp8
-from base.collectives import shard_model
+from base.collectives import comm_device, rank, say, shard_model, world_size
+from base.formats import CheckpointError
 from base.inits import get_config
 from model import DiT
+from nets.edm import denoise
 from nets.lora import LORA_TARGETS, adapted_linears, add_lora, check_fp8_shapes, quantize_base, target_linears
 from nets.vae import LinearCodec, WanVAE, get_vae_config
 
@@ -129,3 +132,52 @@ def build_vae(name, ckpt_path, device, dtype):
     else:
         raise ValueError(f"vae {name!r}: tiny or real")
     return vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+# -----------------------------------------------------------------------------
+# The iteration-0 init guard. Measured as a ratio to the loss of predicting zero velocity on the same batch and
+# noise: random init (our init_weights) gives ~1.6-1.8, an all-zero output exactly 1.0, a network that denoises at
+# all < 1 (~0.5 for a tiny model after 150 steps, tests/test_ckpt.py). Scale-free, unlike the field's absolute
+# numbers (~13 random vs 0.3-3 warm for upstream's init and latents).
+
+GUARD_SIGMAS = (0.25, 1.0, 4.0)
+GUARD_MAX_RATIO = 0.75
+
+
+@torch.no_grad()
+def guard_loss(net, x0, cond, sigmas=GUARD_SIGMAS, seed=0):
+    """(loss, zero_loss): rectified-flow velocity MSE mean((v - (eps - x0))^2) at fixed sigmas with seeded noise,
+    and the same MSE for v = 0, given the batch's condition.Condition (x0 is its gt_frames). Conditioning frames (target
+    unpredictable there) are left out. Collective under FSDP: every rank passes its own batch; the sums are
+    all-reduced so every rank gets the same numbers."""
+    g = torch.Generator(device=x0.device).manual_seed(seed * 1000 + rank())
+    cond = replace(cond, gt_frames=x0)
+    weight = torch.ones_like(x0[:, :1]) if cond.condition_mask is None else 1 - cond.condition_mask.float()
+    sums = torch.zeros(3, dtype=torch.float64, device=x0.device)
+    for s in sigmas:
+        eps = torch.randn(x0.shape, generator=g, device=x0.device, dtype=torch.float32)
+        sigma = torch.full((x0.shape[0],), float(s), device=x0.device)
+        _, velocity = denoise(net, x0.float() + s * eps, sigma, cond)
+        target = eps - x0.float()
+        sums += torch.stack([((velocity - target) ** 2 * weight).sum(), (target ** 2 * weight).sum(),
+                             weight.sum() * x0.shape[1]]).double()
+    if world_size() > 1:
+        sums = sums.to(comm_device())
+        dist.all_reduce(sums)
+    return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
+
+
+def init_guard(loss, zero_loss, max_ratio=GUARD_MAX_RATIO, source=""):
+    """Stop (on every rank: the inputs are all-reduced) if the iteration-0 loss looks like an untrained network. It
+    runs after load() verified the weights, so a refusal is about the checkpoint's training, not about loading."""
+    ratio = loss / zero_loss
+    say(f"init guard: iteration-0 loss {loss:.4f} vs zero-velocity loss {zero_loss:.4f}: ratio {ratio:.3f},"
+         f" must be < {max_ratio} (random init ~1.7, zero output 1.0, trained ~0.5)")
+    if not math.isfinite(ratio) or ratio >= max_ratio:
+        raise CheckpointError(f"init guard: the weights of {source or 'the init'} loaded and verified, but its"
+                              f" denoising loss is too high for a pretrained start (loss ratio {ratio:.3f} >="
+                              f" {max_ratio}): an undertrained checkpoint, or a random one (random init ~1.7, trained"
+                              " ~0.5; or a file whose net_ema. copy is meant: --ema-weights). Refusing to train:"
+                              " train the base longer, or accept it with train.py --guard-max-ratio R (see"
+                              " `python train.py --help`)")
+    return ratio

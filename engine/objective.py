@@ -18,7 +18,7 @@ from base import collectives
 from condition import Condition
 from engine.rollout import generated_mask
 from nets.family import family_of
-from reward import group_advantages
+
 
 
 def sample_seed(*keys):
@@ -233,3 +233,33 @@ def data_loss(net, cond: Condition, grid, generator):
     eps = torch.randn(cond.gt_frames.shape, generator=generator, device=generator.device)
     v, u, _ = family_of(net.cfg).forward_velocity(net, cond, cond.gt_frames.float(), eps, grid[i])
     return masked_mean((v - u).square(), generated_mask(cond, tuple(v.shape[1:]), v.device))
+
+
+# -----------------------------------------------------------------------------
+# Advantages: a group's rewards -> group-relative advantages (score_groups, smoke.py)
+
+
+def group_advantages(rewards, keys, eps=1e-4, clip=5.0, global_std=True, ddof=0):
+    """(r - mean_group) / (std + eps), clipped to +-clip: [n] float64 advantages for [n] rewards.
+
+    keys: one hashable group key per reward, (episode id, instruction); interleaved keys are fine. std is the
+    population std (ddof 0, Flow-GRPO) or unbiased (ddof 1), of the group or, with global_std, of all valid
+    rewards. A non-finite reward (failed scoring) gets advantage 0; a group whose valid rewards are all equal
+    (or has fewer than 2) gets exactly 0, so the zero-advantage filter drops it.
+    """
+    r = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1).cpu()
+    if len(keys) != r.numel():
+        raise ValueError(f"{r.numel()} rewards but {len(keys)} group keys")
+    valid = torch.isfinite(r)
+    advantages = torch.zeros_like(r)
+    if global_std:
+        pooled = r[valid]
+        global_sd = pooled.std(correction=ddof) if pooled.numel() > ddof else torch.tensor(0.0, dtype=r.dtype)
+    for key in dict.fromkeys(keys):
+        idx = torch.tensor([j for j, k in enumerate(keys) if k == key and valid[j]], dtype=torch.long)
+        group = r[idx]
+        if group.numel() < 2 or bool((group == group[0]).all()):
+            continue
+        sd = global_sd if global_std else group.std(correction=ddof)
+        advantages[idx] = (group - group.mean()) / (sd + eps)
+    return advantages.clamp(-clip, clip)

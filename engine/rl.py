@@ -9,6 +9,7 @@ one's record for train.py's loop (engine/objective.Objective) around its update.
 Contents, top to bottom: flags and resume keys -> decoding -> held-out evaluation -> the fidelity guard -> the record.
 """
 import dataclasses
+from base import camera
 
 import torch
 import torch.distributed as dist
@@ -108,7 +109,7 @@ def decoder(vae, terms, views):
         if not reward.needs_pixels(terms):
             return None
         if views:
-            return torch.cat([reward.grid_from_views(vae.decode(split_views(x0[k: k + 1], views).to(vae_dtype)),
+            return torch.cat([camera.grid_from_views(vae.decode(split_views(x0[k: k + 1], views).to(vae_dtype)),
                                                      data.VIEW_ORDER) for k in range(len(x0))]).float()
         return torch.cat([vae.decode(x0[k: k + 1].to(vae_dtype)) for k in range(len(x0))]).float()
     return decode

@@ -27,6 +27,7 @@ from base.inits import get_config
 from condition import Condition
 from dist_utils import run_dist
 from engine import resume
+from engine.build import GUARD_MAX_RATIO, guard_loss, init_guard
 from model import DiT
 from nets.edm import denoise
 from nets.lora import add_lora
@@ -551,9 +552,9 @@ def test_init_guard_separates_random_init_from_loaded_weights(tmp_path):
     x0, emb = batch(8)  # the fixed guard batch
     torch.manual_seed(0)
     net = DiT(cfg)
-    ratio_random = ckpt.guard_loss(net, x0, Condition(emb))
+    ratio_random = guard_loss(net, x0, Condition(emb))
     with pytest.raises(ckpt.CheckpointError, match="too high for a pretrained start"):
-        ckpt.init_guard(*ratio_random, source="random")
+        init_guard(*ratio_random, source="random")
     opt = torch.optim.Adam(net.parameters(), lr=3e-3)
     for _ in range(150):  # "pretraining": a few seconds on CPU
         x, c = batch(16)
@@ -568,18 +569,18 @@ def test_init_guard_separates_random_init_from_loaded_weights(tmp_path):
         fresh = DiT(cfg)
     fresh.to_empty(device="cpu")
     fresh.init_weights()
-    not_loaded = ckpt.guard_loss(fresh, x0, Condition(emb))
+    not_loaded = guard_loss(fresh, x0, Condition(emb))
     ckpt.load(fresh, str(tmp_path / "warm.safetensors"))
-    loaded = ckpt.guard_loss(fresh, x0, Condition(emb))
-    ratio = ckpt.init_guard(*loaded, source="warm")
+    loaded = guard_loss(fresh, x0, Condition(emb))
+    ratio = init_guard(*loaded, source="warm")
     print(f"guard ratios: random {ratio_random[0] / ratio_random[1]:.3f}, init_weights"
-          f" {not_loaded[0] / not_loaded[1]:.3f}, loaded {ratio:.3f} (threshold {ckpt.GUARD_MAX_RATIO})")
-    assert ratio < ckpt.GUARD_MAX_RATIO - 0.1 and min(ratio_random[0] / ratio_random[1],
+          f" {not_loaded[0] / not_loaded[1]:.3f}, loaded {ratio:.3f} (threshold {GUARD_MAX_RATIO})")
+    assert ratio < GUARD_MAX_RATIO - 0.1 and min(ratio_random[0] / ratio_random[1],
                                                      not_loaded[0] / not_loaded[1]) > 1.0
     # with conditioning frames (video2world): they are excluded, and the guard still runs
     x2 = torch.cat([x0, x0], dim=2)
     from condition import condition_mask
-    loss, zero = ckpt.guard_loss(fresh, x2, Condition(emb, condition_mask=condition_mask(x2, 1)))
+    loss, zero = guard_loss(fresh, x2, Condition(emb, condition_mask=condition_mask(x2, 1)))
     assert 0 < loss < zero
 
 
@@ -588,11 +589,11 @@ def test_init_guard_says_the_weights_went_in_and_names_the_way_on():
     not go in; it names the ratio, the likely cause (an undertrained or random checkpoint), the flag that accepts it
     and the fix, in one line."""
     with pytest.raises(ckpt.CheckpointError) as e:
-        ckpt.init_guard(0.765, 1.0, source="runs/base/step_00000100")
+        init_guard(0.765, 1.0, source="runs/base/step_00000100")
     message = str(e.value)
     assert "did not go in" not in message and "\n" not in message, message
     for words in ("runs/base/step_00000100", "loaded and verified", "(loss ratio 0.765 >= 0.75)",
                   "undertrained checkpoint, or a random one", "train the base longer", "--guard-max-ratio",
                   "python train.py --help"):
         assert words in message, (words, message)
-    assert ckpt.init_guard(0.5, 1.0, max_ratio=0.75) == 0.5
+    assert init_guard(0.5, 1.0, max_ratio=0.75) == 0.5

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import grpo
-import reward
 from base import collectives
 from base.inits import get_config
 from condition import Condition, condition_mask
@@ -356,19 +355,19 @@ def test_surrogate_at_ratio_one_and_outside_the_clip(advantage):
 def test_all_equal_rewards_give_zero_advantages():
     for global_std in (True, False):
         for ddof in (0, 1):
-            adv = reward.group_advantages([0.1, 0.1, 0.1, 0.3, 0.3, 0.3], ["a"] * 3 + ["b"] * 3,
+            adv = objective.group_advantages([0.1, 0.1, 0.1, 0.3, 0.3, 0.3], ["a"] * 3 + ["b"] * 3,
                                         global_std=global_std, ddof=ddof)
             assert torch.equal(adv, torch.zeros(6))
-    adv = reward.group_advantages([0.7, 0.7], [("ep", "x")] * 2)
+    adv = objective.group_advantages([0.7, 0.7], [("ep", "x")] * 2)
     assert torch.equal(adv, torch.zeros(2)) and not torch.isnan(adv).any()
 
 
 def test_k2_advantage_conventions():
     d = 3e-3
     r = [0.5 + d, 0.5]
-    a0 = reward.group_advantages(r, ["g", "g"], ddof=0, global_std=False)
+    a0 = objective.group_advantages(r, ["g", "g"], ddof=0, global_std=False)
     torch.testing.assert_close(a0, torch.tensor([1.0, -1.0], dtype=torch.float64) * (d / 2) / (d / 2 + 1e-4))
-    a1 = reward.group_advantages(r, ["g", "g"], ddof=1, global_std=False)
+    a1 = objective.group_advantages(r, ["g", "g"], ddof=1, global_std=False)
     s = d / math.sqrt(2)
     torch.testing.assert_close(a1, torch.tensor([1.0, -1.0], dtype=torch.float64) * (d / 2) / (s + 1e-4))
     assert abs(float(a0.std(correction=0)) - (d / 2) / (d / 2 + 1e-4)) < 1e-12
@@ -377,7 +376,7 @@ def test_k2_advantage_conventions():
 def test_global_std_interleaved_keys_clip_and_failed_rewards():
     r = torch.tensor([0.1, 0.9, 0.4, 0.2, 0.8, 0.5])
     keys = [("e1", "t"), ("e2", "t"), ("e1", "t"), ("e2", "t"), ("e1", "t"), ("e2", "t")]
-    adv = reward.group_advantages(r, keys, global_std=True, ddof=0)
+    adv = objective.group_advantages(r, keys, global_std=True, ddof=0)
     rd = r.double()
     sd = rd.std(correction=0)
     g1, g2 = rd[[0, 2, 4]], rd[[1, 3, 5]]
@@ -386,14 +385,14 @@ def test_global_std_interleaved_keys_clip_and_failed_rewards():
     expected[[1, 3, 5]] = (g2 - g2.mean()) / (sd + 1e-4)
     torch.testing.assert_close(adv, expected)
     # same instruction, different episodes: two groups, not one (the key is (episode, instruction))
-    assert not torch.allclose(adv, reward.group_advantages(r, [("*", "t")] * 6, global_std=True))
+    assert not torch.allclose(adv, objective.group_advantages(r, [("*", "t")] * 6, global_std=True))
     # sorted order gives the same advantages
     order = [0, 2, 4, 1, 3, 5]
-    torch.testing.assert_close(reward.group_advantages(r[order], [keys[j] for j in order]), adv[order])
+    torch.testing.assert_close(objective.group_advantages(r[order], [keys[j] for j in order]), adv[order])
     # clipping and a failed (NaN) reward
-    big = reward.group_advantages([0.0, 0.0, 0.0, 0.0, 0.0, 1.0], ["g"] * 6, eps=0.0, clip=2.0, global_std=False)
+    big = objective.group_advantages([0.0, 0.0, 0.0, 0.0, 0.0, 1.0], ["g"] * 6, eps=0.0, clip=2.0, global_std=False)
     assert float(big.max()) == 2.0
-    nan = reward.group_advantages([0.2, float("nan"), 0.4], ["g"] * 3, global_std=False)
+    nan = objective.group_advantages([0.2, float("nan"), 0.4], ["g"] * 3, global_std=False)
     assert float(nan[1]) == 0.0 and torch.isfinite(nan).all() and float(nan[0]) < 0 < float(nan[2])
 
 

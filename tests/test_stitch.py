@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 
 import stitch
+import stitch_bench
+from base.camera import fitted_intrinsics
 from base import lerobot
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -330,7 +332,7 @@ def test_layout_detection_and_subsets(tmp_path):
 
 def test_bench_runs_from_the_command_line(tmp_path, capsys):
     src = lerobot.make_synthetic(str(tmp_path / "syn"), lengths=(20,))
-    assert stitch.main(["--bench", src, "--size", "48x80", "--frames", "5", "--stride", "2"]) == 0
+    assert stitch_bench.main([src, "--size", "48x80", "--frames", "5", "--stride", "2"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["episodes_written"] == 1 and result["ratio_wall"] > 0 and result["ratio_cpu"] > 0
 
@@ -532,7 +534,7 @@ def test_droid_port_extrinsics_are_read_inverted_and_rescaled(tmp_path):
             np.testing.assert_allclose(np.vstack([w2c[j], [0, 0, 0, 1]]), np.linalg.inv(cam_to_base), atol=1e-9)
         np.testing.assert_allclose(k, np.tile([530 / 4, 520 / 4, 160, 90], (3, 1)))  # 1280x720 -> 320x180
     # into a 64x64 view: the 320x180 frame is padded (aspect 1.78 vs 1): scaled to 64x36 and centred at y = 14
-    np.testing.assert_allclose(stitch.fitted_intrinsics(np.array([132.5, 130.0, 160.0, 90.0]), (180, 320), (64, 64),
+    np.testing.assert_allclose(fitted_intrinsics(np.array([132.5, 130.0, 160.0, 90.0]), (180, 320), (64, 64),
                                                         "pad"), [26.5, 26.0, 32.0, 32.0])
 
 
