@@ -40,11 +40,10 @@ from clips import text as text_lib
 from clips.text import standin_text
 from clips.tiny import TINY_CLIP, TINY_CONFIGS, make_tiny_dataset, tiny_data
 from engine import build, resume, rl, rundir
-from engine.build import NetSpec, build_vae, compile_seconds, describe, materialise, meta_net, trainable
+from engine.build import build_vae, compile_seconds, trainable
 from engine.generate import write_sample
 from engine.objective import Objective, held_out_slots
 from grpo import GRPOConfig
-from model import num_params
 from nets import vae as vae_lib
 from nets.family import FAMILIES, family_of
 from nets.flops import matmul_peak, model_flops
@@ -372,31 +371,6 @@ def make_encoder(run, vae):
     return to_latent
 
 
-def build_net(run):
-    """The network (engine/build.py), with --sac auto's plan: one block measured under every mode at this run's shape."""
-    cfg, mcfg = run.cfg, get_config(run.cfg.config)
-    spec = NetSpec(config=cfg.config, init=cfg.init, ema={"": None, "net": False, "net_ema": True}[cfg.ema_weights],
-                   lora=cfg.lora, lora_alpha=cfg.lora_alpha or None, fp8=cfg.fp8, sac_modes=(), compile=cfg.compile,
-                   dtype=torch.float32, base_dtype=run.compute_dtype, seed=cfg.seed)
-    net = meta_net(spec)
-    spec.sac_modes = sac.block_modes(cfg.sac, cfg.sac_every, mcfg.num_blocks)
-    if cfg.sac == "auto":  # rank 0's choice for all ranks
-        latent = (cfg.batch_size, mcfg.in_channels, max(run.views, 1) * vae_lib.latent_frames(cfg.frames), cfg.height // 8,
-                  cfg.width // 8)
-        auto = collectives.agree("--sac auto", lambda: sac.auto_plan(net, run.world, run.device, run.compute_dtype, latent,
-                                                               cfg.text_len, cfg.lora, cfg.mem_budget, cfg.fp8)[1],
-                          share=True)
-        run.say(auto.why)
-        spec.sac_modes = auto.modes
-    if cfg.init == "random" and run.resume_from is None:  # a resumed run's weights come from its checkpoint
-        run.say(f"init: RANDOM weights (--init random): {cfg.config} trains from scratch")
-    n_params = num_params(net)  # before fp8 replaces the frozen base by buffers
-    materialise(net, spec, run.device, run.cp_group, cfg.cp)
-    run.say(f"model: {cfg.config}, {describe(net, spec, n_params)}, sac={cfg.sac}/{cfg.sac_every}, {run.world} "
-            f"rank(s) on {run.device.type}" + (f" (dp {run.dp_world} x cp {cfg.cp})" if cfg.cp > 1 else ""))
-    return net, spec.sac_modes
-
-
 def make_optimizer(run, objective, params):
     """AdamW with the objective's own settings (SFT: warm-up + cosine; GRPO/NFT: constant after a warm-up)."""
     optimizer = torch.optim.AdamW(params, lr=objective.lr_at(0), betas=objective.betas,
@@ -468,7 +442,7 @@ def train(run, lock, dataset, n_train, text, episodes):
         run.say(f"negative prompt: {source}")
     vae = build_vae(cfg.vae, cfg.vae_ckpt, run.device, run.compute_dtype)
     to_latent = make_encoder(run, vae)
-    net, sac_modes = build_net(run)
+    net, sac_modes = build.training_net(run)
     rundir.check_lora_base(run, net)
     params = trainable(net)  # after fully_shard: the DTensor parameters
     objective = module.make(run, net, params, vae, neg_text, terms)

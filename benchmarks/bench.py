@@ -45,24 +45,18 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-import ckpt  # noqa: E402
 import grpo  # noqa: E402
+import loadbench  # noqa: E402  (bench.py --load: checkpoint load speed)
 import peer  # noqa: E402  (bench.py --vs; peer.py imports benchstep, never bench)
 import rlplan  # noqa: E402  (bench.py --world --rl: an RL update's plan)
 import sac  # noqa: E402
-from base import (
-    cli,  # noqa: E402
-    cp,  # noqa: E402
-)
+from base import cli, cp  # noqa: E402
 from base.inits import get_config  # noqa: E402
-from benchstep import build_net, emit, latent_shape, make_batch, timer, train_step  # noqa: E402
-from engine import (
-    build,  # noqa: E402
-    rollout,  # noqa: E402
-)
-from model import DiT, num_params  # noqa: E402
-from nets.family import family_of
-from nets.flops import matmul_peak, model_flops
+from benchstep import build_net, emit, latent_shape, make_batch, timed_steps, timer, train_step  # noqa: E402
+from engine import build, rollout  # noqa: E402
+from model import num_params  # noqa: E402
+from nets.family import family_of  # noqa: E402
+from nets.flops import matmul_peak, model_flops  # noqa: E402
 from nets.lora import add_lora, quantize_base  # noqa: E402
 
 
@@ -225,16 +219,7 @@ def run_plan(b: BenchConfig, shard=True):
                        observed_alltoall_bytes=counted.alltoall)
             if flops is not None:
                 res["flops_counted"] = flops.get_total_flops()
-        for _ in range(b.warmup):
-            step()
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        times = []
-        for _ in range(b.steps):
-            t = timer(device)
-            loss = step()
-            times.append(t())
+        times, loss = timed_steps(step, b.warmup, b.steps, device)
         res.update(state_measured_rank0=sac.state_measured(net, optimizer), loss=round(loss.item(), 5))
     if res["status"] == "ok":
         res.update(projected_step(res, times, traffic, res["cp"], device, torch.bfloat16 if cuda else torch.float32))
@@ -520,59 +505,6 @@ def parity(b: BenchConfig):
     return res
 
 
-# -----------------------------------------------------------------------------
-# Checkpoint load speed: ckpt.load against `cat`, from a cold page cache and again warm
-
-
-def _drop_cache(path):
-    """Evict the file from the page cache (clean pages, no root needed) so both timings read the disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def bench(size_gb, directory, fmt="pt", device=None, threads=8):
-    """Time ckpt.load of a synthetic bf16 checkpoint (14B block shapes) against `cat file > /dev/null`."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    name = "v2w-14b" if size_gb >= 1 else "tiny"  # tiny shapes keep the CPU test small
-    with torch.device("meta"):
-        block_bytes = 2 * sum(p.numel() for p in DiT(get_config(name)).blocks[0].parameters())
-        net = DiT(get_config(name, num_blocks=max(1, round(size_gb * 1e9 / block_bytes)))).to(torch.bfloat16)
-    path = os.path.join(directory, f"bench_{net.cfg.model_channels}x{net.cfg.num_blocks}.{fmt}")
-    if not os.path.exists(path):  # .pt release-style (net. keys), .safetensors with our keys; random bf16 values
-        from safetensors.torch import save_file
-        os.makedirs(directory, exist_ok=True)
-        gen = "cuda" if torch.cuda.is_available() else "cpu"
-        sd = {("net." if fmt == "pt" else "") + k: torch.randn(v.shape, device=gen).to(v.dtype).cpu()
-              for k, v in net.state_dict().items()}
-        torch.save(sd, path + ".tmp") if fmt == "pt" else save_file(sd, path + ".tmp")
-        os.replace(path + ".tmp", path)
-        del sd
-    net = net.to_empty(device=device)
-    gb, times = os.path.getsize(path) / 1e9, {}
-    for cache in ("cold", "warm"):  # cold: evicted from the page cache before each run; warm: straight after
-        for what in ("cat", "load"):
-            if cache == "cold":
-                _drop_cache(path)
-            t0 = time.time()
-            if what == "cat":
-                subprocess.run(["cat", path], stdout=subprocess.DEVNULL, check=True)
-            else:
-                ckpt.load(net, path, verbose=False, threads=threads)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-            times[what, cache] = time.time() - t0
-        ratio = times["load", cache] / times["cat", cache]
-        print(f"bench {cache}: {gb:.2f} GB {fmt} -> {device}, {threads} threads: cat {times['cat', cache]:.2f}s"
-              f" ({gb / times['cat', cache]:.2f} GB/s), ckpt.load {times['load', cache]:.2f}s"
-              f" ({gb / times['load', cache]:.2f} GB/s) = {ratio:.2f}x cat"
-              + (f" (target <= 1.2x: {'PASS' if ratio <= 1.2 else 'FAIL'})" if cache == "cold" else ""), flush=True)
-    return times
-
-
 def check_views(b: BenchConfig):
     if (b.views > 1) != bool(get_config(b.config).camera_channels):
         raise ValueError(f"--views {b.views} with --config {b.config}: views stack on time only in a camera net "
@@ -640,7 +572,7 @@ def main(argv=None):
     if b.ckpt_load:
         if not b.dir or b.format not in ("pt", "safetensors"):
             raise ValueError(f"--ckpt-load needs --dir DIR and --format pt|safetensors, got {b.dir!r} {b.format!r}")
-        return bench(b.size_gb, b.dir, b.format, b.device, b.threads)
+        return loadbench.load_speed(b.size_gb, b.dir, b.format, b.device, b.threads)
     if b.parity:
         return emit(parity(b), b.out)
     if b.sweep:

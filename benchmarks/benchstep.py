@@ -39,6 +39,22 @@ def timer(device):
     return lambda: time.perf_counter() - t0
 
 
+def timed_steps(step, warmup, steps, device):
+    """step() -> loss: `warmup` untimed calls, then (CUDA synchronised, its peak memory reset) `steps` timed ones;
+    (their seconds, the last loss). bench.py's and peer.py's timing, so both sides of a ratio are timed alike."""
+    for _ in range(warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times, loss = [], None
+    for _ in range(steps):
+        t = timer(device)
+        loss = step()
+        times.append(t())
+    return times, loss
+
+
 def build_net(b, device, dtype, modes):
     """The network (engine/build.py) in `dtype` throughout (no fp32 masters: a step without an optimizer), its random
     init, checkpointing `modes` per block, compiled with --compile. Returns model and trainables."""

@@ -104,16 +104,7 @@ def time_steps(step, b, device):
     """bench.run's timing of step() (it returns the loss): --warmup calls, a peak reset, the median of --steps."""
     cuda = device.type == "cuda"
     try:
-        for _ in range(b.warmup):
-            step()
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        times = []
-        for _ in range(b.steps):
-            t = benchstep.timer(device)
-            loss = step()
-            times.append(t())
+        times, loss = benchstep.timed_steps(step, b.warmup, b.steps, device)
         if not torch.isfinite(loss):
             raise RuntimeError(f"non-finite loss {loss.item()}")
     except torch.OutOfMemoryError as e:

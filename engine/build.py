@@ -17,13 +17,13 @@ import torch.distributed as dist
 import ckpt
 import sac
 from base import cp, fp8
-from base.collectives import comm_device, rank, say, shard_model, world_size
+from base.collectives import agree, comm_device, rank, say, shard_model, world_size
 from base.formats import CheckpointError
 from base.inits import get_config
-from model import DiT
+from model import DiT, num_params
 from nets.edm import denoise
 from nets.lora import LORA_TARGETS, adapted_linears, add_lora, check_fp8_shapes, quantize_base, target_linears
-from nets.vae import LinearCodec, WanVAE, get_vae_config
+from nets.vae import LinearCodec, WanVAE, get_vae_config, latent_frames
 
 RECOMPILE_LIMIT = 16  # per compiled block: room for every variant a GRPO run needs, never a silent eager fallback
 
@@ -118,6 +118,32 @@ def describe(net, spec: NetSpec, n_params):
 def trainable(net):
     """The parameters the optimizer steps (after FSDP: the DTensor ones)."""
     return [p for p in net.parameters() if p.requires_grad]
+
+
+def training_net(run):
+    """train.py's network: its run's settings (run: train.Run) as a NetSpec, with --sac auto's plan (one block
+    measured under every mode at this run's shape, rank 0's choice for all ranks), built; (net, its sac modes)."""
+    cfg, mcfg = run.cfg, get_config(run.cfg.config)
+    spec = NetSpec(config=cfg.config, init=cfg.init, ema={"": None, "net": False, "net_ema": True}[cfg.ema_weights],
+                   lora=cfg.lora, lora_alpha=cfg.lora_alpha or None, fp8=cfg.fp8, sac_modes=(), compile=cfg.compile,
+                   dtype=torch.float32, base_dtype=run.compute_dtype, seed=cfg.seed)
+    net = meta_net(spec)
+    spec.sac_modes = sac.block_modes(cfg.sac, cfg.sac_every, mcfg.num_blocks)
+    if cfg.sac == "auto":  # rank 0's choice for all ranks
+        latent = (cfg.batch_size, mcfg.in_channels, max(run.views, 1) * latent_frames(cfg.frames), cfg.height // 8,
+                  cfg.width // 8)
+        auto = agree("--sac auto", lambda: sac.auto_plan(net, run.world, run.device, run.compute_dtype, latent,
+                                                               cfg.text_len, cfg.lora, cfg.mem_budget, cfg.fp8)[1],
+                          share=True)
+        run.say(auto.why)
+        spec.sac_modes = auto.modes
+    if cfg.init == "random" and run.resume_from is None:  # a resumed run's weights come from its checkpoint
+        run.say(f"init: RANDOM weights (--init random): {cfg.config} trains from scratch")
+    n_params = num_params(net)  # before fp8 replaces the frozen base by buffers
+    materialise(net, spec, run.device, run.cp_group, cfg.cp)
+    run.say(f"model: {cfg.config}, {describe(net, spec, n_params)}, sac={cfg.sac}/{cfg.sac_every}, {run.world} "
+            f"rank(s) on {run.device.type}" + (f" (dp {run.dp_world} x cp {cfg.cp})" if cfg.cp > 1 else ""))
+    return net, spec.sac_modes
 
 
 def build_vae(name, ckpt_path, device, dtype):

@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-import bench
+import loadbench
 import ckpt
 import export
 from base.inits import get_config
@@ -534,7 +534,7 @@ def test_check_cli_reports_from_metadata_and_sets_the_exit_code(tmp_path, capsys
 
 def test_bench_runs_at_a_tiny_size(tmp_path):
     for fmt in ("pt", "safetensors"):
-        times = bench.bench(0.002, str(tmp_path), fmt, "cpu", threads=2)
+        times = loadbench.load_speed(0.002, str(tmp_path), fmt, "cpu", threads=2)
         assert set(times) == {("cat", "cold"), ("load", "cold"), ("cat", "warm"), ("load", "warm")}
 
 

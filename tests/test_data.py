@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader
 
 import stitch
 import t5
-from clips import data, text
+from base.camera import grid_from_views
+from clips import data, text, tiny
 from run_utils import in_process
 from test_stitch import SIZE, V30, grid_codes, stitched
 
@@ -459,3 +460,34 @@ def test_reason1_embeddings_one_file_per_prompt_and_refusals(tmp_path):
         ds[0]
     with pytest.raises(ValueError, match="text_encoder"):
         data.GridClips(root, 93, *SIZE, text="standin", text_encoder="reason1")
+
+
+def test_grid_from_views_puts_each_view_in_its_path_b_quadrant():
+    views = torch.stack([torch.full((3, 4, 8, 10), v / 10) for v in (1, 2, 3)])  # wrist, ext_1, ext_2
+    grid = grid_from_views(views, ("wrist", "ext_1", "ext_2"))
+    assert grid.shape == (1, 3, 4, 16, 20)
+    assert [grid[0, 0, 0, y, x].item() for y, x in ((0, 0), (0, 10), (8, 0), (8, 10))] == \
+        pytest.approx([0.2, 0.3, 0.1, -1.0])
+    with pytest.raises(ValueError, match="ext_1, ext_2, wrist"):
+        grid_from_views(views[:2], ("wrist", "ext_1"))
+
+
+def _make_tiny(root):
+    tiny.make_tiny_dataset(root)
+
+
+def test_two_tiny_defaults_started_at_once_build_the_data_once(tiny_grid, tmp_path):
+    """Two first runs of the tiny default in a fresh checkout (e.g. a 2-GPU user starting two): the second waits
+    for the first's data/tiny_grid (ROOT.lock), then only re-reads it."""
+    import multiprocessing
+    root = str(tmp_path / "data" / "tiny_grid")
+    procs = [multiprocessing.get_context("fork").Process(target=_make_tiny, args=(root,)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert [p.exitcode for p in procs] == [0, 0]
+    ours, session = ([{k: r[k] for k in ("stem", "sha1", "n_out")} for r in map(json.loads,
+                                                                              open(f"{d}/manifest.jsonl"))]
+                     for d in (root, tiny_grid))
+    assert ours == session and len(ours) > 1

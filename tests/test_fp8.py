@@ -3,7 +3,7 @@ ratio = 1 on the fp8 path, train.py's --fp8 checks, and LoRA adapters that do no
 import pytest
 import torch
 import torch.nn.functional as F
-from test_grpo import LATENT, perturb_lora_b, rollout, tiny_policy
+from rl_utils import LATENT, perturb, rollout, tiny_policy
 
 import grpo
 import train
@@ -49,7 +49,7 @@ def test_zero_rows_and_large_values_stay_finite():
 
 def test_quantize_base_swaps_the_frozen_weights_only():
     net, params = tiny_policy()
-    perturb_lora_b(params)
+    perturb(params)
     keys = set(net.state_dict())
     base = {n for n, m in net.named_modules() if isinstance(m, LoRALinear)}
     x = torch.randn(1, *LATENT)
@@ -94,7 +94,7 @@ def test_trainable_base_and_bad_shapes_are_refused():
 
 def test_grpo_first_ratio_is_exactly_one_on_the_fp8_path():
     net, params = tiny_policy()
-    perturb_lora_b(params)
+    perturb(params)
     lora.quantize_base(net)  # rollout and training both run the fp8 base
     cfg = grpo.GRPOConfig(data_coef=0.0, num_steps=4, kl_coef=0.004)
     ro = rollout(net, cfg)

@@ -7,43 +7,12 @@ import torch
 
 import grpo
 from base import collectives
-from base.inits import get_config
-from condition import Condition, condition_mask
+from condition import condition_mask
 from engine import objective
 from engine.rollout import LOG_SQRT_2PI, gaussian_log_prob, rollout_group, step_coefficients
-from model import build_model
 from nets.edm import guided_x0_fn, karras_sigmas, step_mean
-from nets.lora import add_lora, set_lora_enabled
-
-LATENT = (16, 3, 4, 4)  # C, T, H, W: 3 latent frames, the first one conditioning
-
-
-def tiny_policy(seed=0, rank=4):
-    torch.manual_seed(seed)
-    net = build_model(get_config("tiny"))
-    params = add_lora(net, rank)
-    return net, params
-
-
-def tiny_condition(seed=0, text_tokens=8, cond_frames=1):
-    g = torch.Generator().manual_seed(seed)
-    emb = torch.randn(2, text_tokens, 1024, generator=g)
-    gt = torch.randn(1, *LATENT, generator=g)
-    return Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt,
-                          condition_mask=condition_mask(gt, cond_frames), key=("ep0", "pick"))
-
-
-def rollout(net, cfg, seed=0, cond=None):
-    return rollout_group(net, cond or tiny_condition(), LATENT, cfg, torch.Generator().manual_seed(seed))
-
-
-def perturb_lora_b(params, scale=0.05, seed=1):
-    """Zero-init B makes LoRA-on == LoRA-off; move the adapters so the two policies differ."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in params:
-            p.add_(scale * torch.randn(p.shape, generator=g))
-
+from nets.lora import set_lora_enabled
+from rl_utils import LATENT, perturb, rollout, tiny_condition, tiny_policy
 
 # -----------------------------------------------------------------------------
 # Step coefficients and log-prob
@@ -141,7 +110,7 @@ def test_rollout_shapes_masks_and_conditioning_frames_untouched():
 
 def test_stored_log_prob_recomputes_bitwise_with_grad():
     net, params = tiny_policy()
-    perturb_lora_b(params)
+    perturb(params)
     cfg = grpo.GRPOConfig(num_steps=4)
     ro = rollout(net, cfg)
     for k in range(2):
@@ -195,7 +164,7 @@ def test_probe_cadence_skips_the_after_step_forwards():
 
 def test_offloaded_activations_give_identical_gradients():
     net, params = tiny_policy()
-    perturb_lora_b(params)
+    perturb(params)
     grads = []
     for offload in (False, True):
         cfg = grpo.GRPOConfig(num_steps=4, offload_activations=offload)
@@ -211,7 +180,7 @@ def test_offloaded_activations_give_identical_gradients():
 
 def test_recompute_old_log_probs_reproduces_the_rollout():
     net, params = tiny_policy()
-    perturb_lora_b(params)
+    perturb(params)
     cfg = grpo.GRPOConfig(num_steps=4, recompute_old_logp=True, opt_steps_per_update=2)
     ro = rollout(net, cfg)
     ro.old_log_probs.fill_(float("nan"))
@@ -223,7 +192,7 @@ def test_recompute_old_log_probs_reproduces_the_rollout():
 def test_reused_uncond_is_the_recomputed_one():
     """The update reuses the rollout's uncond predictions while theta == theta_old: the same log-prob bit for bit."""
     net, params = tiny_policy()
-    perturb_lora_b(params)
+    perturb(params)
     cfg = grpo.GRPOConfig(num_steps=4)
     ro = rollout(net, cfg)
     assert sorted(ro.uncond) == [(k, i) for k in range(2) for i in ro.train_steps]
@@ -240,7 +209,7 @@ def test_reused_uncond_is_the_recomputed_one():
 
 def test_gradients_reach_lora_only_before_the_step():
     net, params = tiny_policy()
-    perturb_lora_b(params)
+    perturb(params)
     cfg = grpo.GRPOConfig(num_steps=4)
     ro = rollout(net, cfg)
     loss, _ = grpo.grpo_loss(net, ro, 0, 1, 1.0, cfg)
@@ -253,7 +222,7 @@ def test_gradients_reach_lora_only_before_the_step():
 def test_one_sgd_step_moves_log_probs_along_the_advantage():
     """Sign check: after one small step, sum_k A_k (logp_new - logp_old) > 0 (catches sign errors)."""
     net, params = tiny_policy()
-    perturb_lora_b(params)
+    perturb(params)
     cfg = grpo.GRPOConfig(data_coef=0.0, num_steps=4, max_grad_norm=1e9)
     ro = rollout(net, cfg)
     adv = torch.tensor([1.0, -1.0])
@@ -284,7 +253,7 @@ def test_zero_advantages_skip_the_update():
 
 def test_uncond_detach_same_value_different_gradient():
     net, params = tiny_policy()
-    perturb_lora_b(params)
+    perturb(params)
     grads = []
     for uncond_grad in (False, True):
         cfg = grpo.GRPOConfig(num_steps=4, uncond_grad=uncond_grad)
@@ -308,7 +277,7 @@ def test_guidance_without_negative_prompt_is_an_error():
 
 def test_kl_to_reference_matches_normal_kl():
     net, params = tiny_policy()
-    perturb_lora_b(params)
+    perturb(params)
     cfg = grpo.GRPOConfig(num_steps=4, kl_coef=1.0)
     ro = rollout(net, cfg)
     k, i = 1, 2
@@ -448,7 +417,7 @@ def grads_of(params):
 @pytest.mark.parametrize("layout", ["cfg", "group"])
 def test_batched_rollouts_draw_the_same_noise_and_need_recompute(layout):
     net, params = tiny_policy()
-    perturb_lora_b(params)
+    perturb(params)
     exact = grpo.GRPOConfig(num_steps=4, group_size=3)
     with pytest.raises(ValueError, match="recompute_old_logp"):
         rollout(net, grpo.GRPOConfig(num_steps=4, rollout_batch=layout))
@@ -468,7 +437,7 @@ def test_old_log_probs_from_the_updates_own_forward(layout):
     runs = {}
     for recompute in (False, True):
         net, params = tiny_policy()
-        perturb_lora_b(params)
+        perturb(params)
         cfg = grpo.GRPOConfig(data_coef=0.0, num_steps=4, recompute_old_logp=recompute, max_grad_norm=1e9,
                               rollout_batch=layout if recompute else "none")
         ro = rollout(net, cfg)
@@ -491,7 +460,7 @@ def test_trajectories_sharing_a_state_train_in_one_forward():
     """same_latent: the window's first step starts every trajectory from one state, so the update runs it once
     for the group (K - 1 forwards fewer) with the summed loss; the gradient is the per-trajectory sum's."""
     net, params = tiny_policy()
-    perturb_lora_b(params)
+    perturb(params)
     cfg = grpo.GRPOConfig(data_coef=0.0, num_steps=6, window_size=2, window_range=(1, 5), same_latent=True,
                           group_size=3, kl_coef=0.01, max_grad_norm=1e9)
     ro = rollout_group(net, tiny_condition(), LATENT, cfg, torch.Generator().manual_seed(4), window_start=2)
@@ -529,7 +498,7 @@ def _fsdp_update(rank, ws, advantages_per_rank, opt_steps):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     net, params = tiny_policy(seed=0)
-    perturb_lora_b(params)
+    perturb(params)
     mesh = init_device_mesh("cpu", (ws,))
     for block in net.blocks:
         fully_shard(block, mesh=mesh)
@@ -575,7 +544,7 @@ def test_data_term_adds_the_flow_matching_gradient_once_per_group_and_syncs_last
     gradient is the zero-coefficient update's plus exactly that term's; all-tie groups still skip everything."""
     from nets.family import family_of
     net, params = tiny_policy()
-    perturb_lora_b(params)
+    perturb(params)
     cfg = grpo.GRPOConfig(num_steps=4, max_grad_norm=1e9)
     ros = [rollout(net, cfg, seed=s, cond=tiny_condition(seed=s)) for s in (0, 1)]
     adv = [torch.tensor([1.0, -1.0]), torch.tensor([-0.5, 0.5])]

@@ -6,36 +6,11 @@ import torch
 
 import grpo
 import nft
-from base.inits import get_config
-from condition import Condition, condition_mask
+from condition import condition_mask
 from engine import objective
-from model import build_model
 from nets.family import family_of
-from nets.lora import add_lora, set_lora_enabled
-
-LATENT = (16, 3, 4, 4)  # C, T, H, W: 3 latent frames, the first one conditioning
-
-
-def tiny_policy(seed=0, rank=4, config="tiny"):
-    torch.manual_seed(seed)
-    net = build_model(get_config(config))
-    return net, add_lora(net, rank)
-
-
-def tiny_condition(seed=0, config="tiny", cft=None):
-    g = torch.Generator().manual_seed(seed)
-    emb = torch.randn(2, 8, get_config(config).crossattn_proj_in_channels, generator=g)
-    gt = torch.randn(1, *LATENT, generator=g)
-    return Condition(crossattn_emb=emb[:1], neg_crossattn_emb=emb[1:], gt_frames=gt,
-                          condition_mask=condition_mask(gt, 1), key=("ep0", "pick"), conditional_frame_timestep=cft)
-
-
-def perturb(params, scale=0.05, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in params:
-            p.add_(scale * torch.randn(p.shape, generator=g))
-
+from nets.lora import set_lora_enabled
+from rl_utils import LATENT, perturb, tiny_condition, tiny_policy
 
 def test_config_refuses_what_cannot_work():
     for bad in (dict(group_size=1), dict(timesteps=0), dict(timesteps=11), dict(beta=0.0), dict(beta=1.5),

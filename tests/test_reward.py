@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 
 import reward
-from base.camera import grid_from_views
 from dist_utils import run_dist
 
 FRAMES, H, W = 9, 216, 384  # quadrants 108 x 192 -> tiles 27 x 32, 3 x 5 tiles per exterior view
@@ -589,13 +588,3 @@ def test_a_plugins_own_missing_import_is_not_blamed_on_the_spec(plugin_dir):
     with pytest.raises(ImportError, match="importing 'tmp_needs_dep' failed: No module named 'a_package_that"):
         reward.parse_rewards("tmp_needs_dep:fn")
     sys.modules.pop("tmp_needs_dep", None)
-
-
-def test_grid_from_views_puts_each_view_in_its_path_b_quadrant():
-    views = torch.stack([torch.full((3, 4, 8, 10), v / 10) for v in (1, 2, 3)])  # wrist, ext_1, ext_2
-    grid = grid_from_views(views, ("wrist", "ext_1", "ext_2"))
-    assert grid.shape == (1, 3, 4, 16, 20)
-    assert [grid[0, 0, 0, y, x].item() for y, x in ((0, 0), (0, 10), (8, 0), (8, 10))] == \
-        pytest.approx([0.2, 0.3, 0.1, -1.0])
-    with pytest.raises(ValueError, match="ext_1, ext_2, wrist"):
-        grid_from_views(views[:2], ("wrist", "ext_1"))

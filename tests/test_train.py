@@ -13,19 +13,15 @@ import imageio.v3
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-import reward  # noqa: E402
-import sft  # noqa: E402
-import train  # noqa: E402
-from clips import tiny  # noqa: E402
-from engine import (
-    resume,  # noqa: E402
-    rl,  # noqa: E402
-    rundir,  # noqa: E402
-)
-from run_utils import check as checked  # noqa: E402
+import reward
+import sft
+import train
+from clips import tiny
+from engine import resume, rl, rundir
+from run_utils import check as checked
 from run_utils import in_process, script
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -569,27 +565,6 @@ def test_an_immediate_restart_after_kill_9_is_not_refused_by_lingering_dataloade
             os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()
-
-
-def _make_tiny(root):
-    tiny.make_tiny_dataset(root)
-
-
-def test_two_tiny_defaults_started_at_once_build_the_data_once(tiny_grid, tmp_path):
-    """Two first runs of the tiny default in a fresh checkout (e.g. a 2-GPU user starting two): the second waits
-    for the first's data/tiny_grid (ROOT.lock), then only re-reads it."""
-    import multiprocessing
-    root = str(tmp_path / "data" / "tiny_grid")
-    procs = [multiprocessing.get_context("fork").Process(target=_make_tiny, args=(root,)) for _ in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-    assert [p.exitcode for p in procs] == [0, 0]
-    ours, session = ([{k: r[k] for k in ("stem", "sha1", "n_out")} for r in map(json.loads,
-                                                                              open(f"{d}/manifest.jsonl"))]
-                     for d in (root, tiny_grid))
-    assert ours == session and len(ours) > 1
 
 
 def test_refused_starts_leave_a_fresh_out_as_found_and_lines_name_the_cause(grid, trained, tmp_path):
