@@ -40,7 +40,7 @@ from clips import text as text_lib
 from clips.actionclips import open_clips, other_actions
 from clips.fidelity import CAMERAS, score_sample, view_metrics
 from clips.text import standin_text
-from clips.tiny import TINY_CONFIGS
+from base.inits import TINY_CONFIGS
 from engine import build, resume, rundir
 from engine.generate import from_first_frame, rollout
 from nets.family import family_of

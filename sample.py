@@ -31,7 +31,7 @@ from clips import data
 from clips import text as text_lib
 from clips.actionclips import episode_chunks, open_clips, read_actions_file
 from clips.text import standin_text
-from clips.tiny import TINY_CONFIGS, tiny_data
+from base.inits import TINY_CONFIGS, tiny_data
 from engine import build, resume, rundir
 from engine.generate import generate, join, rollout
 from nets.family import family_of

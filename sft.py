@@ -108,12 +108,12 @@ def rewards(cfg):
     return None  # SFT scores no samples
 
 
-def make(run, net, optimizer_params, vae, neg_text, terms):
+def make(run, net, params, vae, neg_text, terms):
     """The record of SFT for train.py's loop. run: train.Run (cfg, optimizer, device, dp_rank, dp_world)."""
     cfg = run.cfg
 
     def step(step, next_batch):
-        loss, grad_norm, cause = sft_step(net, run.optimizer, optimizer_params, cfg, next_batch, step,
+        loss, grad_norm, cause = sft_step(net, run.optimizer, params, cfg, next_batch, step,
                                           run.dp_rank, run.dp_world)
         return {"loss": all_mean(loss, run.device), "grad_norm": grad_norm, **nonfinite_fields(cause)}
     return Objective(lr_at=lambda s: lr_at(cfg, s), betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,

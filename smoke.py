@@ -28,7 +28,7 @@ from base import cli
 from base.camera import split_views
 from base.inits import get_config
 from clips.data import VIEW_ORDER
-from clips.tiny import TINY_CONFIGS
+from base.inits import TINY_CONFIGS
 from engine import build
 from engine.rollout import LOG_SQRT_2PI, rollout_group
 from grpo import GRPOConfig

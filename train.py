@@ -38,7 +38,8 @@ from base.inits import CONFIGS, get_config
 from clips import actionclips, data
 from clips import text as text_lib
 from clips.text import standin_text
-from clips.tiny import TINY_CLIP, TINY_CONFIGS, make_tiny_dataset, tiny_data
+from clips.tiny import make_tiny_dataset
+from base.inits import TINY_CLIP, TINY_CONFIGS, tiny_data
 from engine import build, resume, rl, rundir
 from engine.build import build_vae, compile_seconds, trainable
 from engine.generate import write_sample

@@ -307,3 +307,16 @@ def _hf_download(url, offline):
         for shard in dict.fromkeys(weight_map(path).values()):
             fetch(os.path.join(os.path.dirname(filename), shard), f"shard {shard} (listed in the index)")
     return path
+
+
+# -----------------------------------------------------------------------------
+# The tiny configs: CPU-fast, each on its own synthetic folder (clips/tiny.py builds it)
+
+TINY_CLIP = dict(frames=9, height=64, width=112)  # the tiny presets' clips (train.TINY): 9 frames of a 64x112 grid
+TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot", "tiny-action")  # CPU-fast: tiny VAE, 9x64x112, stand-in prompt
+
+
+def tiny_data(config):
+    """The tiny default's own folder (train.py builds it): 2x2 grids, a camera net's views, an action net's grids."""
+    net = get_config(config)
+    return "data/tiny_" + ("views" if net.camera_channels else "action_grid" if net.action_dim else "grid")

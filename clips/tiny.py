@@ -5,16 +5,7 @@ import os
 import stitch
 from base import lerobot
 from base.files import claim
-from base.inits import get_config
-
-TINY_CLIP = dict(frames=9, height=64, width=112)  # the tiny presets' clips (train.TINY): 9 frames of a 64x112 grid
-TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot", "tiny-action")  # CPU-fast: tiny VAE, 9x64x112, stand-in prompt
-
-
-def tiny_data(config):
-    """The tiny default's own folder (train.py builds it): 2x2 grids, a camera net's views, an action net's grids."""
-    net = get_config(config)
-    return "data/tiny_" + ("views" if net.camera_channels else "action_grid" if net.action_dim else "grid")
+from base.inits import TINY_CLIP
 
 
 # tiny-action's synthetic episodes (make_tiny_dataset): 40 long enough for a 3-chunk rollout of 9-frame clips at

@@ -20,7 +20,6 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from clips import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LONG = (112, 100, 120, 104, 116, 100, 108, 124, 104, 100)
@@ -76,6 +75,7 @@ VARIANTS["combo80"] = {"data": dict(COMBO, episodes=80), "flags": ["--holdout", 
 def patch(variant: dict):
     """Apply a variant's network and data changes to this process's modules (before train/evaluate read them)."""
     from base import inits, lerobot
+    from clips import tiny
     inits.CONFIGS["tiny-action"] = replace(inits.CONFIGS["tiny-action"], **variant.get("net", {}))
     knobs = dict(BASE_DATA, **variant.get("data", {}))
     lerobot.ACTION_SQUARE = knobs["square"]
@@ -91,11 +91,13 @@ def worker(name: str, spec: str, entry: str, argv: list):
     patch(json.loads(spec))
     import evaluate
     import train
+    from base import inits
+    from clips import tiny
     print(f"variant {name}: {spec}", flush=True)
     variant = json.loads(spec)
     if entry == "train" and variant.get("config", "tiny-action") != "tiny-action":  # the same episodes, no actions
-        tiny.make_tiny_dataset(tiny.tiny_data("tiny-action"), actions=True)
-        argv += ["--data", tiny.tiny_data("tiny-action")]
+        tiny.make_tiny_dataset(inits.tiny_data("tiny-action"), actions=True)
+        argv += ["--data", inits.tiny_data("tiny-action")]
     (train if entry == "train" else evaluate).main(argv)
 
 
