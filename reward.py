@@ -445,7 +445,7 @@ def parse_rewards(spec, cfg: RewardConfig = RewardConfig()):
         if not colon or not name.isidentifier() or not all(part.isidentifier() for part in module.split(".")):
             raise ValueError(f"--reward term {term!r}: expected 'default' or module:function with Python names, "
                              f"optionally =WEIGHT (e.g. mymod:fn=0.5)")
-        fn = load_function(term, module, name)
+        fn = load_function(f"--reward term {term!r}", module, name)
         parsed.append((target, module, name, fn, weight, *inputs_of(term, fn)))
     targets = [p[0] for p in parsed]
     for target in targets:
@@ -473,8 +473,10 @@ def parse_weight(term, text):
     return weight
 
 
-def load_function(term, module, name):
-    """Import module (the working directory is put on sys.path: train.py's own folder may be another one)."""
+def load_function(what, module, name):
+    """The callable module.name of a plug-in (every `module:function` flag: --reward, policyeval.py's --policies and
+    --judge); `what` names the flag and term in its one-line errors. The working directory is put on sys.path:
+    train.py's own folder may be another one."""
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.append(cwd)  # appended: a plug-in must not shadow an installed package for the whole run
@@ -482,15 +484,15 @@ def load_function(term, module, name):
         mod = importlib.import_module(module)
     except ModuleNotFoundError as err:
         if err.name is not None and (module == err.name or module.startswith(err.name + ".")):
-            raise ValueError(f"--reward term {term!r}: no module {module!r}: it must be importable from the working "
+            raise ValueError(f"{what}: no module {module!r}: it must be importable from the working "
                              f"directory {cwd} ({module.replace('.', '/')}.py there) or installed") from err
-        raise ImportError(f"--reward term {term!r}: importing {module!r} failed: {err}") from err
+        raise ImportError(f"{what}: importing {module!r} failed: {err}") from err
     if not hasattr(mod, name):
-        raise ValueError(f"--reward term {term!r}: module {module!r} ({getattr(mod, '__file__', '?')}) has no "
+        raise ValueError(f"{what}: module {module!r} ({getattr(mod, '__file__', '?')}) has no "
                          f"function {name!r}")
     fn = getattr(mod, name)
     if not callable(fn):
-        raise ValueError(f"--reward term {term!r}: {module}.{name} is a {type(fn).__name__}, not a function")
+        raise ValueError(f"{what}: {module}.{name} is a {type(fn).__name__}, not a function")
     return fn
 
 

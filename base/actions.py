@@ -261,9 +261,21 @@ class FolderActions:
                             f"{getattr(state, 'shape', None)}; expected {want[0]}, {want[1]}: restitch the episode")
         if not (np.isfinite(action).all() and np.isfinite(state).all()):
             raise ClipError(f"bad_action: {path} holds NaN/Inf values; restitch the episode (delete the file first)")
-        (a_mean, a_std), (s_mean, s_std) = self.action_scale, self.state_scale
-        chunk = ((action[start:start + T - 1] - a_mean) / a_std).reshape(T - 1, self.stride * self.action_width)
-        return chunk.astype(np.float32), ((state[start:start + T] - s_mean) / s_std).astype(np.float32)
+        s_mean, s_std = self.state_scale
+        chunk = self.normalise(action[start:start + T - 1].reshape((T - 1) * self.stride, self.action_width))
+        return chunk, ((state[start:start + T] - s_mean) / s_std).astype(np.float32)
+
+    def normalise(self, raw):
+        """Raw actions [..., transitions * stride, A] in the dataset's units -> the network's chunk [..., transitions,
+        stride * A] float32, normalised by the folder's statistics: what chunk() gives a clip, and what a policy's
+        actions become (engine/world.py)."""
+        a_mean, a_std = self.action_scale
+        raw = np.asarray(raw)
+        if raw.ndim < 2 or raw.shape[-1] != self.action_width or raw.shape[-2] % self.stride:
+            raise ValueError(f"raw actions of shape {raw.shape}: the last dim must be {self.root}'s {self.action_width} "
+                             f"action values, the one before whole transitions of stride {self.stride}")
+        chunk = ((raw - a_mean) / a_std).reshape(*raw.shape[:-2], raw.shape[-2] // self.stride, -1)
+        return chunk.astype(np.float32)
 
 
 def _scale(stats: dict | None, width: int, normalize: bool) -> tuple:

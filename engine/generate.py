@@ -26,16 +26,19 @@ def generate_latent(net, vae, video_B_3_T_H_W, cond: Condition, num_steps, guida
     neg_crossattn_emb), Predict2.5's conditional_frame_timestep (-1 or 0.1; the family's sampler_defaults) and, for
     a camera net, the camera; its gt_frames and condition_mask are set here from the video. grid: one of the family's
     GRIDS (Predict2: karras only; Predict2.5: shift | karras). A camera net takes video [V,3,T,H,W] and its Pluecker
-    map cond.camera [1, V*T_latent, H/16, W/16, 1536]."""
+    map cond.camera [1, V*T_latent, H/16, W/16, 1536]. seed: an int, or one per row of a grid net's batch."""
     latent = vae.encode(video_B_3_T_H_W).float()
     views = len(video_B_3_T_H_W) if net.cfg.camera_channels else 0
     if views:
         latent = stack_views(latent, views)
     mask = frame_mask(latent, views, num_conditional_frames)
     cond = dataclasses.replace(cond, gt_frames=latent, condition_mask=mask)
-    math = family_of(net.cfg)
-    noise = math.initial_noise(tuple(latent.shape), seed, max(views, 1)).to(video_B_3_T_H_W.device)
-    return math.sample(net, noise, cond, guidance, grid, num_steps)
+    math, shape = family_of(net.cfg), tuple(latent.shape)
+    if isinstance(seed, int):  # one draw for the batch (a camera net's views are its batch)
+        noise = math.initial_noise(shape, seed, max(views, 1))
+    else:  # one draw per batch row: a row's sample does not depend on which rows share its batch
+        noise = torch.cat([math.initial_noise((1, *shape[1:]), int(s), 1) for s in seed])
+    return math.sample(net, noise.to(video_B_3_T_H_W.device), cond, guidance, grid, num_steps)
 
 
 def decode(vae, x0, dtype, views):
@@ -63,6 +66,16 @@ def from_first_frame(net, vae, truth, cond: Condition, num_steps, guidance, seed
 
 
 @torch.no_grad()
+def next_chunk(net, vae, frame_B_3_1_H_W, cond: Condition, frames, num_steps, guidance, seed, grid, dtype):
+    """One chunk [B, 3, frames, H, W] float32 generated from one conditioning frame per row (a grid net's), under cond
+    (an action net: its actions of these frames-1 transitions): a link of rollout's chain and of a world's closed
+    loop (engine/world.py), one implementation."""
+    # from_first_frame reads frame 0 and the length of what it is given: the chunk's frame 0 and T
+    return from_first_frame(net, vae, frame_B_3_1_H_W.expand(-1, -1, frames, -1, -1), cond, num_steps, guidance, seed,
+                            grid, dtype)[0]
+
+
+@torch.no_grad()
 def rollout(net, vae, first, conds: list, frames, num_steps, guidance, seed, grid, dtype):
     """A long rollout of len(conds) chained chunks of `frames` frames from first [1, 3, 1, H, W] (a grid net's):
     chunk k is generated from one conditioning frame, the last frame of chunk k-1 as decoded (chunk 0: first), under
@@ -72,9 +85,7 @@ def rollout(net, vae, first, conds: list, frames, num_steps, guidance, seed, gri
         raise ValueError("a rollout of chained chunks takes a grid net; a camera net's views are not chained yet")
     chunks, frame = [], first.to(dtype)
     for k, cond in enumerate(conds):
-        # from_first_frame reads frame 0 and the length of what it is given: the chunk's frame 0 and T
-        chunks.append(from_first_frame(net, vae, frame.expand(-1, -1, frames, -1, -1), cond, num_steps, guidance,
-                                       seed + k, grid, dtype)[0])
+        chunks.append(next_chunk(net, vae, frame, cond, frames, num_steps, guidance, seed + k, grid, dtype))
         frame = chunks[-1][:, :, -1:].to(dtype)  # what the model made, not the truth: drift compounds, as in use
     return chunks
 

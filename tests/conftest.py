@@ -100,3 +100,13 @@ def tiny_grid(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("data") / "tiny_grid")
     tiny.make_tiny_dataset(root)
     return root
+
+
+@pytest.fixture(scope="session")
+def tiny_action_grid(tmp_path_factory):
+    """train.py's tiny-action data: make_synthetic(motion="actions") episodes stitched as the preset stitches them,
+    once for the session (read, never written: test_action_world, test_policyeval)."""
+    from clips import tiny
+    root = str(tmp_path_factory.mktemp("data") / "tiny_action_grid")
+    tiny.make_tiny_dataset(root, actions=True)
+    return root

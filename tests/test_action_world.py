@@ -21,11 +21,8 @@ SHORT = ["--sample-every", "0", "--save-every", "100", "--workers", "0"]
 
 
 @pytest.fixture(scope="module")
-def action_grid(tmp_path_factory):
-    """train.py's tiny-action data: make_synthetic(motion="actions") episodes stitched as the preset stitches them."""
-    root = str(tmp_path_factory.mktemp("data") / "tiny_action_grid")
-    tiny.make_tiny_dataset(root, actions=True)
-    return root
+def action_grid(tiny_action_grid):
+    return tiny_action_grid
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import evaluate
+from engine.runs import held_out_stems, open_run, run_guidance
 import sample
 import stitch
 import train
@@ -83,15 +84,15 @@ def test_camera_views_of_a_grid_and_of_views():
 
 def test_held_out_stems_and_guidance_as_train_computes_them():
     videos = [data.Video(stem=f"v{i:03d}", path="", prompt="", frames=9) for i in range(120)]
-    assert evaluate.held_out_stems(videos, -1) == {"v118": 118, "v119": 119}  # 2%, the last in order
-    assert evaluate.held_out_stems(videos[:10], -1) == {"v009": 9}  # at least one
-    assert evaluate.held_out_stems(videos, 0) == {}
+    assert held_out_stems(videos, -1) == {"v118": 118, "v119": 119}  # 2%, the last in order
+    assert held_out_stems(videos[:10], -1) == {"v009": 9}  # at least one
+    assert held_out_stems(videos, 0) == {}
     sft = {"objective": "sft", "guidance": 7.0}
-    assert evaluate.run_guidance("r", sft, -1.0) == 7.0 and evaluate.run_guidance("r", sft, 2.0) == 2.0
-    assert evaluate.run_guidance("r", {"objective": "grpo", "guidance": 7.0, "grpo": {"guidance": 4.5}}, -1) == 4.5
-    assert evaluate.run_guidance("r", {"objective": "nft", "nft": {"guidance": 0.0}}, -1) == 0.0
+    assert run_guidance("r", sft, -1.0) == 7.0 and run_guidance("r", sft, 2.0) == 2.0
+    assert run_guidance("r", {"objective": "grpo", "guidance": 7.0, "grpo": {"guidance": 4.5}}, -1) == 4.5
+    assert run_guidance("r", {"objective": "nft", "nft": {"guidance": 0.0}}, -1) == 0.0
     with pytest.raises(ValueError, match="pass --guidance"):
-        evaluate.run_guidance("r", {"objective": "nft"}, -1)
+        run_guidance("r", {"objective": "nft"}, -1)
 
 
 def test_curves_and_plot(tmp_path):
@@ -163,7 +164,7 @@ def test_both_runs_see_the_same_episode_camera_by_camera(runs):
     each camera matches its namesake (stitched from one source camera, once into a cell, once at full size)
     and no other."""
     cfg = evaluate.parse_config([runs["grid"], runs["views"]])
-    grid, views = (evaluate.open_run(runs[k], cfg) for k in ("grid", "views"))
+    grid, views = (open_run(runs[k], cfg.ema, cfg.guidance) for k in ("grid", "views"))
     truth_grid = evaluate.held_out_clip(grid, "raw__ep000003", torch.device("cpu"))[0]
     truth_views = evaluate.held_out_clip(views, "raw__ep000003", torch.device("cpu"))[0][None]
     cells = fidelity.camera_views(truth_grid, "grid", (32, 56))

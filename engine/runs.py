@@ -1,0 +1,116 @@
+"""A trained run opened to be evaluated (evaluate.py, policyeval.py): its config.json, its newest complete checkpoint
+(or the step given), its VAE file and data folder checked, its held-out episodes listed as train.py held them out,
+and the guidance it samples with; one line naming the run for anything not usable, before any model is built."""
+import dataclasses
+import os
+
+from base.formats import STEP_RE
+from base.inits import TINY_CONFIGS, get_config
+from clips.actionclips import open_clips
+from clips.text import standin_text
+from engine import resume, rundir
+from nets.family import family_of
+
+RUN_KEYS = ("config", "init", "objective", "data", "frames", "height", "width", "text_len", "seed", "holdout", "vae",
+            "vae_ckpt", "ema", "guidance", "conditional_frame_timestep")  # what is read of a run's config.json
+
+
+@dataclasses.dataclass(kw_only=True)
+class Run:
+    path: str  # the run directory as given (or one of its step directories)
+    directory: str  # the run directory
+    cfg: dict  # its config.json
+    checkpoint: str  # the step directory evaluated: its newest complete one, or the one given
+    step: int  # its training step
+    views: bool  # a camera net on a views folder (Path A's multi-view model), else 2x2 grids
+    dataset: object  # data.GridClips | data.ViewClips of its data folder, built as train.py built it
+    held_out: dict  # stem -> dataset index of the videos train.py kept out of training
+    guidance: float  # the CFG it is sampled with
+
+    @property
+    def family(self):
+        return f"{family_of(get_config(self.cfg['config'])).NAME} " \
+               f"{'views' if self.views else 'grid'}"
+
+    @property
+    def view_size(self):
+        H, W = self.cfg["height"], self.cfg["width"]
+        return (H, W) if self.views else (H // 2, W // 2)
+
+
+def held_out_stems(videos, holdout):
+    """{stem: index} of the videos train.py holds out: the last `holdout` in the dataset's (name) order, -1 meaning
+    max(1, n // 50) as train.main computes it."""
+    n = len(videos)
+    k = holdout if holdout >= 0 else max(1, n // 50)
+    return {videos[i].stem: i for i in range(n - k, n)}
+
+
+def run_guidance(path, run, given):
+    """--guidance if given (>= 0), else the run's own: GRPO / NFT their rollouts' (grpo.guidance, nft.guidance), SFT
+    the guidance its sample videos used (train.py --guidance, default 7.0)."""
+    if given >= 0:
+        return given
+    own = rundir.objective_settings(run)  # an RL run's knobs, else the run's own
+    if "guidance" not in (own or run):
+        raise ValueError(f"{path}/config.json: {run.get('objective')} settings without a guidance; pass --guidance")
+    return float((own or run)["guidance"])
+
+
+def run_directory(path):
+    """The run directory of `path`: itself, or the run of a step directory given in its place (RUN/step_XXXXXXXX)."""
+    parent, name = os.path.split(os.path.normpath(path))
+    return parent or "." if STEP_RE.match(name) else path
+
+
+def open_run(path, ema=False, guidance=-1.0):
+    """The run in `path` checked (config, its newest complete checkpoint or the step given, VAE file, data folder) and
+    its held-out videos listed, before any model is built; one line naming the run for anything not usable."""
+    directory = run_directory(path)
+    config = os.path.join(directory, "config.json")
+    if not os.path.isfile(config):
+        raise ValueError(f"{path}: not a train.py run directory (no config.json); pass the --out of a train.py run")
+    run = rundir.run_config(directory)
+    missing = [k for k in RUN_KEYS if k not in run]
+    if missing:
+        raise ValueError(f"{config}: no {missing}; not written by this train.py")
+    latest = rundir.checked_step(path, "")  # a run with none yet, files cut short, a LoRA base gone: one line each
+    if ema and not run["ema"]:
+        raise ValueError(f"--ema: the run in {path} kept no EMA (train.py --ema); drop --ema")
+    if run["vae"] == "real" and not os.path.isfile(run["vae_ckpt"]):
+        raise ValueError(f"{path}: its VAE checkpoint {run['vae_ckpt']} (config.json vae_ckpt) is not a file here")
+    if not os.path.isdir(run["data"]):
+        raise ValueError(f"{path}: its data folder {run['data']!r} (config.json data) is not here; run evaluate.py "
+                         "where train.py ran (relative paths are from there)")
+    mcfg = get_config(run["config"])
+    text = dict(text_len=run["text_len"], text_dim=mcfg.crossattn_proj_in_channels, seed=run["seed"],
+                **text_settings(run))
+    views = bool(mcfg.camera_channels)
+    dataset = open_clips(run["config"], run["data"], run["frames"], run["height"], run["width"], **text)
+    held_out = held_out_stems(dataset.videos, run["holdout"])
+    meta = resume.read_meta(latest)
+    recorded = meta["extra"].get("episodes")  # what it held out when it trained (steps since)
+    if recorded and recorded["held_out"] and sorted(held_out) != sorted(recorded["held_out"]):
+        by_stem = {v.stem: i for i, v in enumerate(dataset.videos)}
+        gone = [s for s in recorded["held_out"] if s not in by_stem]
+        if gone:
+            raise ValueError(f"{path}: its held-out episode(s) {', '.join(gone)} are no longer usable in {run['data']} "
+                             "(deleted or skipped): evaluate.py never reports a trained-on episode as held out; "
+                             "restore them")
+        held_out = {s: by_stem[s] for s in recorded["held_out"]}
+    now = rundir.episode_record(dataset.videos, len(dataset.videos) - len(held_out)) if recorded else None
+    if now and now["train"] == recorded["train"] and now["fingerprint"] != recorded["fingerprint"]:
+        raise ValueError(f"{path}: {rundir.episode_change(recorded, now, run['data'])}: its held-out truth is not "
+                         "what the run held out; restore the data folder")
+    if not held_out:
+        raise ValueError(f"{path}: trained with --holdout 0, so every video of {run['data']} was trained on; "
+                         "evaluate.py compares runs on held-out episodes (train with --holdout N, or -1 for 2%)")
+    return Run(path=path, directory=directory, cfg=run, checkpoint=latest, step=meta["step"],
+               views=views, dataset=dataset, held_out=held_out, guidance=run_guidance(path, run, guidance))
+
+
+def text_settings(run):
+    """The text GridClips / ViewClips read for a run, as train.main chooses it: the stand-in, T5 or Reason1."""
+    tiny = run["config"] in TINY_CONFIGS
+    return dict(text="standin" if standin_text(run["config"], run["data"]) else "t5",
+                text_encoder="t5" if tiny else family_of(get_config(run["config"])).TEXT_ENCODER)

@@ -1,0 +1,280 @@
+"""The tiny-action world as a task, move the yellow square into a target box: its true simulator, a weight-free judge
+and reference policies of graded skill, so that one policy runs from the same start in the world model and here and
+the world model's ranking of policies can be checked against the truth. Copy this file for your own robot.
+
+The world (lerobot.make_synthetic(motion="actions"), stitched by train.make_tiny_dataset): three cameras show their
+colour and a yellow ACTION_SQUARE square whose top-left corner (x, y), in 320x180 pixels, moves by each raw action
+(dx, dy), clipped to SQUARE_RANGE; the grid keeps every STRIDE-th step. A chunk is STEPS = (FRAMES - 1) x STRIDE = 32
+raw actions, and a command held for a chunk moves the square 128 or 256 pixels in x and into a border in y: a target
+drawn anywhere is often out of every command sequence's reach. So a target box (the square's size) sits where one
+command held for one chunk takes the square from its start, never overlapping it: go_to_target gets there in chunk 0.
+
+Plug-ins (`tasks.square:judge`, `tasks.square:go_to_target`, ...) see the grid as the net does, frames [B, 3, T, H, W]
+in [-1, 1], and info {"chunk": k, "task": sample_tasks' arrays of these B episodes, "steps", "action_dim", "seed"}:
+  judge(frames, info)  -> [B] success in [0, 1]
+  policy(frames, info) -> [B, steps, action_dim] raw actions: one command (dx, dy) held for the whole chunk, as the
+                          training data holds a command for 40-60 steps, cut where the square would leave
+                          SQUARE_RANGE, as the data's recorded actions are (the motion IS the action there)
+
+A task module for policyeval.py has: sample_tasks(n, seed), first_frames(tasks), simulator(tasks) (a step function
+for engine/world.closed_loop; a task without a true simulator leaves it out), judge, POLICIES.
+
+Contents, top to bottom: tasks -> simulator (step, render, first_frames, simulator) -> judge (locate, judge) ->
+policies -> run_in_simulator.
+"""
+import subprocess
+
+import numpy as np
+import torch
+
+import stitch
+from engine.world import closed_loop
+from base.lerobot import ACTION_SQUARE, COMMAND_DX, COMMAND_DY, SLOTS, SQUARE_RANGE, code_frame
+from base.video import ffmpeg_exe
+
+STRIDE, FRAMES, HEIGHT, WIDTH = 4, 9, 64, 112  # train.make_tiny_dataset's stitch (stride 4) of train.TINY's clips
+STEPS = (FRAMES - 1) * STRIDE  # raw actions in a chunk: tiny-action's action_dim 64 = STEPS x 2
+SOURCE_HW = (90, 160)  # make_synthetic's camera frames (its defaults, which make_tiny_dataset keeps)
+COMMANDS = np.array([(dx, dy) for dx in COMMAND_DX for dy in COMMAND_DY], np.float32)  # [15, 2]
+LOW, HIGH = np.array(SQUARE_RANGE, np.float32).T  # the corner's (x, y) bounds
+MIN_COVER = 0.25  # found: at least this fraction of the square's area in solid yellow pixels
+
+
+# ------------------------------------------------------------------------------------------------------------ tasks
+
+def sample_tasks(n: int, seed: int) -> dict:
+    """n tasks, deterministic in seed: {"start": [n, 2] the square's top-left corner, "target": [n, 2] the target
+    box's top-left corner (the box is ACTION_SQUARE wide), both in 320x180 pixels, "episode": [n] each task's index
+    (the policies seed their draws with it)}. Starts are on even pixels: code_frame draws at 160x90 and rounds half
+    to even, so an odd corner is drawn a pixel off. The target: where a random command held for STEPS takes the
+    square, among the commands whose box does not overlap the start's (so stand_still never succeeds)."""
+    rng = np.random.default_rng([1, seed])
+    start = np.stack([rng.integers(0, int(hi) // 2 + 1, n) for hi in HIGH], 1) * 2
+    start = start.astype(np.float32)
+    ends = chunk_ends(start, STEPS)  # [n, 15, 2]
+    apart = (np.abs(ends - start[:, None]) >= ACTION_SQUARE).any(-1)
+    target = np.stack([ends[i, rng.choice(np.flatnonzero(apart[i]))] for i in range(n)])
+    return {"start": start, "target": target, "episode": np.arange(n)}
+
+
+def chunk_ends(corners_B_2, steps: int) -> np.ndarray:
+    """[B, 15, 2]: where each of COMMANDS, held for `steps` raw actions, takes the square from these corners."""
+    B, C = len(corners_B_2), len(COMMANDS)
+    held = np.broadcast_to(COMMANDS[None, :, None], (B, C, steps, 2)).reshape(B * C, steps, 2)
+    return step(np.repeat(corners_B_2, C, 0), held)[:, -1].reshape(B, C, 2)
+
+
+def inside(centres_B_2, targets_B_2) -> np.ndarray:
+    """[B] whether each centre lies in its target box [corner, corner + ACTION_SQUARE) (a NaN centre: no)."""
+    return ((centres_B_2 >= targets_B_2) & (centres_B_2 < targets_B_2 + ACTION_SQUARE)).all(-1)
+
+
+# -------------------------------------------------------------------------------------------------------- simulator
+
+def step(corners_B_2, actions_B_N_2) -> np.ndarray:
+    """[B, N+1, 2] float32: the square's corner before and after each raw action, clipped after every action as
+    square_commands does: position[i+1] = clip(position[i] + action[i], SQUARE_RANGE)."""
+    corners, actions = np.asarray(corners_B_2, np.float64), np.asarray(actions_B_N_2, np.float64)
+    if corners.ndim != 2 or corners.shape[1] != 2 or actions.ndim != 3 or actions.shape[::2] != (len(corners), 2):
+        raise ValueError(f"step: corners {corners.shape} and actions {actions.shape}, expected [B, 2] and [B, N, 2]")
+    path = [corners]
+    for action_B_2 in actions.transpose(1, 0, 2):
+        path.append(np.clip(path[-1] + action_B_2, LOW, HIGH))
+    return np.stack(path, 1).astype(np.float32)
+
+
+def grid_graph() -> str:
+    """stitch.episode_command's filter graph for one input holding the three cameras side by side: each camera cut
+    out and converted to yuv420p (make_synthetic's encoder did that), fitted into its cell by stitch.cell_filter (area
+    scaling), stacked into the grid; ffmpeg's -pix_fmt rgb24 then converts as read_clip's decode does."""
+    (sh, sw), (h, w) = SOURCE_HW, (HEIGHT // 2, WIDTH // 2)
+    cell = stitch.cell_filter(SOURCE_HW, (h, w), stitch.fit_policy(stitch.make_config({}), SOURCE_HW, (h, w)))
+    chains = ["[0:v]split=3" + "".join(f"[in_{s}]" for s in SLOTS)]
+    chains += [f"[in_{s}]crop={sw}:{sh}:{i * sw}:0,format=yuv420p,{cell}[{s}]" for i, s in enumerate(SLOTS)]
+    chains += ["[ext_1][ext_2]hstack=shortest=1[top]", f"[wrist]pad={w * 2}:{h}:0:0:black[bottom]",
+               "[top][bottom]vstack=shortest=1[grid]"]
+    return ";".join(chains)
+
+
+def render(corners_B_T_2) -> torch.Tensor:
+    """Frames [B, 3, T, HEIGHT, WIDTH] float32 in [-1, 1] of the squares at these corners, as the stitched grid shows
+    them decoded (read_clip, then data.py's / 127.5 - 1), less the two H.264 passes (make_synthetic's crf 18, stitch's
+    crf 15): code_frame's 90x160 frames through stitch.py's own filters in the bundled ffmpeg, bit-exact to
+    stitch.episode_command with lossless codecs (tests/test_square.py). Calling the filters rather than imitating them
+    in torch: swscale's fixed-point area scaling and colour conversions are what the data went through."""
+    corners = np.asarray(corners_B_T_2, np.float32)
+    if corners.ndim != 3 or corners.shape[2] != 2:
+        raise ValueError(f"render: corners of shape {corners.shape}, expected [B, T, 2] (x, y in 320x180 pixels)")
+    unique, which = np.unique(corners.reshape(-1, 2), axis=0, return_inverse=True)  # a still square: drawn once
+    sources = np.stack([np.concatenate([code_frame(0, camera, 0, *SOURCE_HW, square=corner)
+                                        for camera in (1, 2, 3)], 1) for corner in unique])  # [U, 90, 480, 3]
+    args = [ffmpeg_exe(), "-hide_banner", "-nostdin", "-nostats", "-loglevel", "error", "-f", "rawvideo", "-pix_fmt",
+            "rgb24", "-s", f"{sources.shape[2]}x{sources.shape[1]}", "-framerate", "15", "-i", "pipe:0",
+            "-filter_complex", grid_graph(), "-map", "[grid]", "-fps_mode", "passthrough", "-f", "rawvideo",
+            "-pix_fmt", "rgb24", "pipe:1"]
+    proc = subprocess.run(args, input=sources.tobytes(), capture_output=True, check=False)  # rc checked below
+    want = len(unique) * HEIGHT * WIDTH * 3
+    if proc.returncode != 0 or len(proc.stdout) != want:
+        raise RuntimeError(f"render: ffmpeg rc {proc.returncode} gave {len(proc.stdout)} bytes, expected {want}: "
+                           + " | ".join(proc.stderr.decode(errors="replace").strip().splitlines()[-3:]))
+    grids = np.frombuffer(proc.stdout, np.uint8).reshape(len(unique), HEIGHT, WIDTH, 3)[which.reshape(-1)]
+    frames = torch.from_numpy(grids).view(*corners.shape[:2], HEIGHT, WIDTH, 3).permute(0, 4, 1, 2, 3)
+    return frames.float().div(127.5).sub(1.0)
+
+
+def first_frames(tasks: dict) -> torch.Tensor:
+    """[B, 3, 1, H, W]: the tasks' start frames, where the world model and the simulator both begin."""
+    return render(np.asarray(tasks["start"], np.float32)[:, None])
+
+
+def simulator(tasks: dict):
+    """The true world as a step function for engine/world.closed_loop: step(raw actions [B, S, A], chunk) -> the
+    chunk's frames [B, 3, S/STRIDE + 1, H, W] (frame j shows step j*STRIDE, frame 0 the chunk's start, as a world
+    model's chunk), the square moved by each action's (dx, dy). Its .path: the true corners so far [B, n, 2]."""
+    def advance(raw_actions, chunk):
+        actions = np.asarray(raw_actions, np.float32)[:, :, :2]
+        if actions.shape[1] % STRIDE:
+            raise ValueError(f"simulator: {actions.shape[1]} actions are not whole transitions of stride {STRIDE}")
+        path = step(advance.path[:, -1], actions)
+        advance.path = np.concatenate([advance.path, path[:, 1:]], 1)
+        return render(path[:, ::STRIDE])
+    advance.path = np.asarray(tasks["start"], np.float32)[:, None]
+    return advance
+
+
+# ------------------------------------------------------------------------------------------------------------ judge
+
+def locate(frames_B_3_T_H_W) -> tuple:
+    """(centre [B, T, 2] in 320x180 pixels, NaN where not found; found [B, T] bool) of the yellow square in the
+    top-left (exterior 1) cell, by colour alone. Against that cell's red (200, 30, 30), yellow (255, 255, 0) is G - B:
+    a = clamp((G - B) / 2, 0, 1) is 0 on red, 1 on yellow and, in between, the share of the pixel the square covers
+    (what area scaling left). Found: at least MIN_COVER of the square's area in pixels with a > 0.5. Centre: the
+    a-weighted centroid within 3/4 of the square's size of those pixels' centroid, so that stray colour elsewhere in a
+    generated frame does not pull it; within 0.6 pixel of the drawn centre in simulator frames. On the CPU: a
+    generated batch's top-left cells are a few MB."""
+    frames = torch.as_tensor(frames_B_3_T_H_W)
+    if frames.ndim != 5 or frames.shape[1] != 3:
+        raise ValueError(f"locate: frames of shape {tuple(frames.shape)}, expected [B, 3, T, H, W] in [-1, 1]")
+    cell = frames[:, :, :, : frames.shape[3] // 2, : frames.shape[4] // 2].detach().float().cpu()
+    h, w = cell.shape[-2:]
+    a = ((cell[:, 1] - cell[:, 2]) / 2).clamp(0, 1)  # [B, T, h, w]
+    rows, cols = torch.meshgrid(torch.arange(h) + 0.5, torch.arange(w) + 0.5, indexing="ij")
+    xy = torch.stack([cols, rows], -1)  # pixel centres [h, w, 2] in cell pixels
+    centroid = lambda weight: (weight[..., None] * xy).sum((2, 3)) / weight.sum((2, 3))[..., None]  # noqa: E731
+    square = ACTION_SQUARE * torch.tensor([w / 320, h / 180])  # its size in cell pixels (x, y)
+    solid = (a > 0.5).float()
+    near = ((xy - centroid(solid)[:, :, None, None]).abs() <= 0.75 * square).all(-1)
+    found = solid.sum((2, 3)) >= MIN_COVER * square.prod()
+    centre = centroid(a * near) * torch.tensor([320 / w, 180 / h])
+    return torch.where(found[..., None], centre, torch.nan), found
+
+
+def judge(frames_B_3_T_H_W, info: dict) -> torch.Tensor:
+    """[B] 1.0 where the square's centre, located in the last frame, lies in the task's target box; 0.0 elsewhere
+    and where no square is found."""
+    centre, _ = locate(frames_B_3_T_H_W[:, :, -1:])
+    target = np.asarray(info["task"]["target"], np.float32)
+    if target.shape != (len(centre), 2):
+        raise ValueError(f"judge: info['task']['target'] of shape {target.shape} for {len(centre)} videos")
+    return torch.from_numpy(inside(centre[:, 0].numpy(), target).astype(np.float32))
+
+
+# --------------------------------------------------------------------------------------------------------- policies
+
+def seen(frames_B_3_T_H_W) -> tuple:
+    """(corner [B, 2], found [B]) of the square in the last frame: what a policy knows of the world."""
+    centre, found = locate(frames_B_3_T_H_W[:, :, -1:])
+    return centre[:, 0].numpy() - ACTION_SQUARE / 2, found[:, 0].numpy()
+
+
+def held(commands_B_2, corners_B_2, found_B, info: dict) -> torch.Tensor:
+    """[B, info["steps"], info["action_dim"]] raw actions: each command held for the whole chunk from the corner the
+    policy sees, cut where the square would leave SQUARE_RANGE (the motion is the action, as in the data the world
+    model learnt from); (0, 0) where no square was found; dims beyond (dx, dy) zero, as make_synthetic pads them."""
+    steps, action_dim = info["steps"], info["action_dim"]
+    if action_dim < 2 or steps < 1:
+        raise ValueError(f"info: steps {steps}, action_dim {action_dim}; the square's commands need >= 1 and >= 2")
+    commands = np.where(found_B[:, None], commands_B_2, 0).astype(np.float32)
+    path = step(np.nan_to_num(corners_B_2), np.broadcast_to(commands[:, None], (len(commands), steps, 2)))
+    actions = np.zeros((len(commands), steps, action_dim), np.float32)
+    actions[:, :, :2] = np.diff(path, axis=1)
+    return torch.from_numpy(actions)
+
+
+def towards(frames_B_3_T_H_W, info: dict, sign: int) -> torch.Tensor:
+    """The command whose chunk ends closest to (sign 1) or farthest from (-1) the target box's centre."""
+    corners, found = seen(frames_B_3_T_H_W)
+    target = np.asarray(info["task"]["target"], np.float32)
+    distance = np.linalg.norm(chunk_ends(np.nan_to_num(corners), info["steps"]) - target[:, None], axis=-1)
+    return held(COMMANDS[np.argmin(sign * distance, 1)], corners, found, info)
+
+
+def go_to_target(frames_B_3_T_H_W, info: dict) -> torch.Tensor:
+    """The command that brings the square's centre closest to the target box's centre by the chunk's end; stands
+    still once the centre is inside the box, and where no square is found."""
+    corners, _ = seen(frames_B_3_T_H_W)
+    there = inside(corners + ACTION_SQUARE / 2, np.asarray(info["task"]["target"], np.float32))
+    return torch.where(torch.from_numpy(there)[:, None, None], 0.0, towards(frames_B_3_T_H_W, info, 1))
+
+
+def epsilon_greedy(frames_B_3_T_H_W, info: dict, epsilon: float) -> torch.Tensor:
+    """go_to_target, but with probability epsilon per episode and chunk a random command (stands still where no
+    square is found). The coin and the random command come from one generator per (info["seed"], chunk, episode)
+    whatever epsilon is, so a larger epsilon randomises a superset of the same chunks with the same commands: the
+    policies' ranking is not left to sampling noise."""
+    draws = [np.random.default_rng([info["seed"], info["chunk"], int(e)]) for e in info["task"]["episode"]]
+    coin = torch.tensor([rng.random() < epsilon for rng in draws])
+    random = held(COMMANDS[[int(rng.integers(len(COMMANDS))) for rng in draws]], *seen(frames_B_3_T_H_W), info)
+    return torch.where(coin[:, None, None], random, go_to_target(frames_B_3_T_H_W, info))
+
+
+def epsilon_25(frames_B_3_T_H_W, info: dict) -> torch.Tensor:
+    """go_to_target with a random command in a quarter of the chunks (epsilon_greedy)."""
+    return epsilon_greedy(frames_B_3_T_H_W, info, 0.25)
+
+
+def epsilon_50(frames_B_3_T_H_W, info: dict) -> torch.Tensor:
+    """go_to_target with a random command in half of the chunks (epsilon_greedy)."""
+    return epsilon_greedy(frames_B_3_T_H_W, info, 0.5)
+
+
+def epsilon_75(frames_B_3_T_H_W, info: dict) -> torch.Tensor:
+    """go_to_target with a random command in three quarters of the chunks (epsilon_greedy)."""
+    return epsilon_greedy(frames_B_3_T_H_W, info, 0.75)
+
+
+def random_commands(frames_B_3_T_H_W, info: dict) -> torch.Tensor:
+    """A random command every chunk, the epsilon policies' draws (stands still where no square is found)."""
+    return epsilon_greedy(frames_B_3_T_H_W, info, 1.0)
+
+
+def stand_still(frames_B_3_T_H_W, info: dict) -> torch.Tensor:
+    """(0, 0) throughout: never succeeds in the simulator, as no target overlaps its start."""
+    still = np.zeros((len(frames_B_3_T_H_W), 2), np.float32)
+    return held(still, still, np.ones(len(still), bool), info)
+
+
+def wrong_way(frames_B_3_T_H_W, info: dict) -> torch.Tensor:
+    """The command that ends the chunk farthest from the target box's centre (stands still where no square is
+    found). Never succeeds in the simulator: a border 128+ pixels from the target in x is always within reach."""
+    return towards(frames_B_3_T_H_W, info, -1)
+
+
+POLICIES = {f.__name__: f for f in (go_to_target, epsilon_25, epsilon_50, epsilon_75, random_commands, stand_still,
+                                    wrong_way)}  # from most to least skilled
+
+
+# ----------------------------------------------------------------------------------------------- run_in_simulator
+
+def run_in_simulator(policy, tasks: dict, chunks: int = 3, seed: int = 0) -> dict:
+    """The policy in the simulator for `chunks` chained chunks from the tasks' starts (engine/world.closed_loop, as
+    policyeval.py runs it): {"frames": [B, 3, 1 + chunks (FRAMES - 1), H, W] every frame, "success": [chunks, B] the
+    judge after each chunk (a task's success: the last row), "positions": [B, chunks*STEPS + 1, 2] the true path,
+    "actions": [B, chunks*STEPS, 2]}."""
+    world = simulator(tasks)
+    info = {"task": tasks, "steps": STEPS, "action_dim": 2, "seed": seed}
+    run = closed_loop(world, policy, getattr(policy, "__name__", str(policy)), first_frames(tasks), info, chunks,
+                      (len(tasks["start"]), STEPS, 2))
+    ends = [1 + k * (FRAMES - 1) for k in range(1, chunks + 1)]
+    run["success"] = torch.stack([judge(run["frames"][:, :, :end], info) for end in ends])
+    return dict(run, positions=world.path)

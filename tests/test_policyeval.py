@@ -1,0 +1,119 @@
+"""policyeval.py and engine/world.py: the world model's closed loop is generate.rollout's chain, the plug-ins are
+refused in one line before any model is built, the agreement metrics by hand, and one small run end to end."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import policyeval
+import train
+from base.inits import get_config
+from condition import Condition
+from engine.generate import join, rollout
+from engine.world import closed_loop, model_world
+from model import build_model
+from nets.vae import LinearCodec
+from run_utils import check, in_process
+from tasks import square
+
+SHORT = ["--sample-every", "0", "--save-every", "100", "--workers", "0"]
+
+
+@pytest.fixture(scope="module")
+def action_run(tiny_action_grid, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("runs") / "act")
+    check(in_process(train, ["--config", "tiny-action", "--data", tiny_action_grid, "--steps", "4", "--out", out]
+                     + SHORT))
+    return out
+
+
+def test_the_world_models_closed_loop_is_generate_rollouts_chain_bit_for_bit():
+    """The same actions, fed by a policy chunk by chunk, give generate.rollout's chunks to the bit (batch 1); in a
+    batch of 3 each episode's chunks are its own whatever shares its batch (per-episode noise)."""
+    torch.manual_seed(0)
+    net, vae = build_model(get_config("tiny-action")).eval(), LinearCodec()
+    text = torch.randn(1, 16, 1024)
+    raw = torch.randn(3, 2 * 32, 2)  # 2 chunks of 32 raw actions, 3 episodes
+    normalise = lambda a: np.asarray(a).reshape(*np.asarray(a).shape[:-2], 8, 8) * 0.5  # noqa: E731 (a stand-in)
+    first = torch.rand(3, 3, 1, 64, 112) * 2 - 1
+
+    def replay(frames, info):  # the episodes' recorded actions, chunk by chunk
+        return raw[info["rows"], 32 * info["chunk"]: 32 * (info["chunk"] + 1)]
+    chains = []
+    for e in range(3):
+        conds = [Condition(crossattn_emb=text, action=torch.from_numpy(normalise(raw[e:e + 1, 32 * k: 32 * (k + 1)])))
+                 for k in range(2)]
+        chains.append(rollout(net, vae, first[e:e + 1], conds, 9, 3, 0.0, 100 * e, "karras", torch.float32))
+    step = model_world(net, vae, Condition(crossattn_emb=text), normalise, 9, 3, 0.0, [0], "karras", torch.float32,
+                       first[:1])
+    one = closed_loop(step, replay, "replay", first[:1], {"rows": [0]}, 2, (1, 32, 2))["frames"]
+    # frame 0 is the start frame itself (rollout's chunk 0 holds its codec reconstruction there); every later frame:
+    assert torch.equal(one[:, :, :1], first[:1]) and torch.equal(one[:, :, 1:], join(chains[0])[:, :, 1:])
+    step = model_world(net, vae, Condition(crossattn_emb=text.expand(3, -1, -1)), normalise, 9, 3, 0.0, [0, 100, 200],
+                       "karras", torch.float32, first)
+    batch = closed_loop(step, replay, "replay", first, {"rows": [0, 1, 2]}, 2, (3, 32, 2))["frames"]
+    for e in range(3):
+        torch.testing.assert_close(batch[e:e + 1, :, 1:], join(chains[e])[:, :, 1:], rtol=0, atol=1e-5)
+
+
+def test_plugins_are_refused_in_one_line_before_any_model(action_run, tiny_action_grid, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "mine.py").write_text(
+        "import torch\n"
+        "def short(frames, info): return torch.zeros(len(frames), 5, 2)\n"
+        "def nan(frames, info): return torch.full((len(frames), info['steps'], 2), float('nan'))\n"
+        "def half(frames, info): return torch.full((len(frames) + 1,), 0.5)\n"
+        "def above(frames, info): return torch.full((len(frames),), 2.0)\n")
+    base = [action_run, "--episodes", "2", "--chunks", "1", "--steps", "1", "--videos", "0", "--out",
+            str(tmp_path / "o")]
+
+    def refused(*flags, says):
+        proc = in_process(policyeval, base + list(flags))
+        assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("error:") == 1, proc.stderr
+    refused("--policies", "nosuchmodule:fn", says="--policies 'nosuchmodule:fn': no module 'nosuchmodule'")
+    refused("--policies", "mine:nothing", says="--policies 'mine:nothing': module 'mine'")
+    refused("--policies", "mine", says="--policies 'mine': give module:function")
+    refused("--judge", "mine:nothing", says="has no function 'nothing'")
+    refused("--task", "nosuchtask", says="--task 'nosuchtask': cannot be imported")
+    refused("--task", "mine", says="--task mine: has no sample_tasks or first_frames")
+    refused("--task", "held-out", says="--policies: none given, and --task held-out has no POLICIES")
+    refused("--policies", "mine:short", says="mine:short returned actions of shape (2, 5, 2); expected finite [2, 32, 2]")
+    refused("--policies", "mine:nan", says="mine:nan returned actions of shape (2, 32, 2) with NaN/Inf")
+    refused("--judge", "mine:half", says="--judge returned (3,) values")
+    refused("--judge", "mine:above", says="expected [2] successes in [0, 1]")
+    refused("--episodes", "0", says="--episodes 0")
+    plain = str(tmp_path / "plain")  # a net without actions, on the same folder
+    check(in_process(train, ["--data", tiny_action_grid, "--steps", "1", "--out", plain] + SHORT))
+    proc = in_process(policyeval, [plain] + base[1:])
+    assert proc.returncode == 2 and "takes no actions (action_dim 0)" in proc.stderr, proc.stderr
+
+
+def test_agreement_by_hand():
+    world, sim = [0.9, 0.7, 0.6, 0.0], [1.0, 0.5, 0.8, 0.0]
+    assert policyeval.mmrv(world, sim) == pytest.approx((0.0 + 0.3 + 0.3 + 0.0) / 4)  # policies 2 and 3 swapped
+    assert policyeval.mmrv(sim, sim) == 0.0
+    assert policyeval.pearson(policyeval.ranks(np.array(world)), policyeval.ranks(np.array(sim))) == pytest.approx(0.8)
+    assert list(policyeval.ranks(np.array([0.0, 0.5, 0.0]))) == [0.5, 2.0, 0.5]
+
+
+def test_a_small_evaluation_end_to_end(action_run, tmp_path):
+    """Two reference policies, 4 episodes, 2 chunks: result.json, the table, a JSON line, side-by-side mp4s."""
+    out = str(tmp_path / "eval")
+    proc = check(in_process(policyeval, [action_run, "--policies", "tasks.square:go_to_target,tasks.square:stand_still",
+                                         "--episodes", "4", "--chunks", "2", "--steps", "2", "--batch", "3",
+                                         "--videos", "1", "--out", out]))
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    with open(os.path.join(out, "result.json")) as f:
+        assert json.load(f) == summary
+    policies = summary["policies"]
+    assert list(policies) == ["tasks.square:go_to_target", "tasks.square:stand_still"]
+    assert policies["tasks.square:go_to_target"]["success_sim"] == 1.0
+    assert policies["tasks.square:stand_still"]["success_sim"] == 0.0
+    assert {"spearman", "pearson", "mmrv", "false_success", "psnr_per_chunk", "s_per_chunk"} <= set(summary)
+    assert len(policies["tasks.square:stand_still"]["psnr_per_chunk"]) == 2
+    assert sorted(os.listdir(out)) == ["go_to_target_ep0.mp4", "ranking.png", "result.json", "stand_still_ep0.mp4"]
+    assert "Spearman" in proc.stdout and "false success" in proc.stdout
+    assert sys.modules["tasks.square"] is square  # the default task is tasks/square.py
