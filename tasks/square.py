@@ -145,27 +145,32 @@ def simulator(tasks: dict):
 # ------------------------------------------------------------------------------------------------------------ judge
 
 def locate(frames_B_3_T_H_W) -> tuple:
-    """(centre [B, T, 2] in 320x180 pixels, NaN where not found; found [B, T] bool) of the yellow square in the
-    top-left (exterior 1) cell, by colour alone. Against that cell's red (200, 30, 30), yellow (255, 255, 0) is G - B:
-    a = clamp((G - B) / 2, 0, 1) is 0 on red, 1 on yellow and, in between, the share of the pixel the square covers
-    (what area scaling left). Found: at least MIN_COVER of the square's area in pixels with a > 0.5. Centre: the
-    a-weighted centroid within 3/4 of the square's size of those pixels' centroid, so that stray colour elsewhere in a
-    generated frame does not pull it; within 0.6 pixel of the drawn centre in simulator frames. On the CPU: a
-    generated batch's top-left cells are a few MB."""
+    """(centre [B, T, 2] in 320x180 pixels, NaN where not found; found [B, T] bool) of the yellow square, by colour
+    alone, in whichever camera cell shows the most of it: every camera shows the one square (code_frame), and a
+    world model may draw it sharply in one view and smear it in another. Against each cell's colour (red, green,
+    blue) yellow (255, 255, 0) is min(R, G) - B: a = clamp((min(R, G) - B) / 2, 0, 1) is 0 on every background, 1 on
+    yellow and, in between, the share of the pixel the square covers (what area scaling left). Found: at least
+    MIN_COVER of the square's area in pixels with a > 0.5. Centre: the a-weighted centroid within 3/4 of the
+    square's size of those pixels' centroid, so that stray colour elsewhere in a generated frame does not pull it;
+    within 0.6 pixel of the drawn centre in simulator frames. On the CPU: a generated batch's cells are a few MB."""
     frames = torch.as_tensor(frames_B_3_T_H_W)
     if frames.ndim != 5 or frames.shape[1] != 3:
         raise ValueError(f"locate: frames of shape {tuple(frames.shape)}, expected [B, 3, T, H, W] in [-1, 1]")
-    cell = frames[:, :, :, : frames.shape[3] // 2, : frames.shape[4] // 2].detach().float().cpu()
-    h, w = cell.shape[-2:]
-    a = ((cell[:, 1] - cell[:, 2]) / 2).clamp(0, 1)  # [B, T, h, w]
+    h, w = frames.shape[3] // 2, frames.shape[4] // 2
+    cells = torch.stack([frames[:, :, :, y: y + h, x: x + w] for y, x in ((0, 0), (0, w), (h, 0))])  # SLOTS' cells
+    cells = cells.detach().float().cpu()  # [3, B, 3, T, h, w]
+    a = ((torch.minimum(cells[:, :, 0], cells[:, :, 1]) - cells[:, :, 2]) / 2).clamp(0, 1)  # [3, B, T, h, w]
     rows, cols = torch.meshgrid(torch.arange(h) + 0.5, torch.arange(w) + 0.5, indexing="ij")
     xy = torch.stack([cols, rows], -1)  # pixel centres [h, w, 2] in cell pixels
-    centroid = lambda weight: (weight[..., None] * xy).sum((2, 3)) / weight.sum((2, 3))[..., None]  # noqa: E731
+    centroid = lambda weight: (weight[..., None] * xy).sum((-3, -2)) / weight.sum((-2, -1))[..., None]  # noqa: E731
     square = ACTION_SQUARE * torch.tensor([w / 320, h / 180])  # its size in cell pixels (x, y)
     solid = (a > 0.5).float()
-    near = ((xy - centroid(solid)[:, :, None, None]).abs() <= 0.75 * square).all(-1)
-    found = solid.sum((2, 3)) >= MIN_COVER * square.prod()
-    centre = centroid(a * near) * torch.tensor([320 / w, 180 / h])
+    near = ((xy - centroid(solid)[..., None, None, :]).abs() <= 0.75 * square).all(-1)
+    mass = solid.sum((-2, -1))  # [3, B, T]
+    best = mass.argmax(0)  # the cell that shows the most of the square
+    pick = lambda x: x.gather(0, best[None, ..., None].expand(1, *x.shape[1:])).squeeze(0)  # noqa: E731
+    centre = pick(centroid(a * near)) * torch.tensor([320 / w, 180 / h])
+    found = mass.amax(0) >= MIN_COVER * square.prod()
     return torch.where(found[..., None], centre, torch.nan), found
 
 
