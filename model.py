@@ -376,7 +376,8 @@ class DiT(nn.Module):
             self.crossattn_proj = nn.Sequential(
                 nn.Linear(cfg.crossattn_proj_in_channels, cfg.crossattn_emb_channels, bias=True), nn.GELU())
         self.t_embedding_norm = nn.RMSNorm(D, eps=1e-6)
-        if cfg.action_dim:  # ActionConditionedMinimalV1LVGDiT: upstream registers them last, so they come last here
+        if cfg.action_dim:  # ActionConditionedMinimalV1LVGDiT (per clip) or ActionChunk... (per latent frame,
+            # action_per_frame): upstream registers them last, so they come last here
             if not cfg.use_adaln_lora:
                 raise ValueError(f"action_dim={cfg.action_dim} needs use_adaln_lora (upstream adds to its input)")
             self.action_embedder_B_D = ActionEmbedder(cfg.action_dim, 4 * D, D)
@@ -460,9 +461,13 @@ class DiT(nn.Module):
         t_mlp = self.t_embedder[1](sinusoid)
         # with adaLN-LoRA the raw sinusoid drives the per-block modulations and the MLP output is the shared bias
         emb, adaln_lora = (sinusoid, t_mlp) if cfg.use_adaln_lora else (t_mlp, None)
-        action = self._action(cond.action, B, dtype)  # [B, 1, action_dim]: one per clip, broadcast over frames
+        action = self._action(cond.action, B, Tp, dtype)  # [B, 1, A] per clip, or [B, Tp - 1, A] per latent frame
         if action is not None:
-            emb, adaln_lora = emb + self.action_embedder_B_D(action), adaln_lora + self.action_embedder_B_3D(action)
+            action_emb, action_adaln = self.action_embedder_B_D(action), self.action_embedder_B_3D(action)
+            if cfg.action_per_frame:  # frame 0's zero, the conditioning frames' masked; this rank's frames
+                action_emb, action_adaln = (self._per_frame(e, cond.condition_mask, group)
+                                            for e in (action_emb, action_adaln))
+            emb, adaln_lora = emb + action_emb, adaln_lora + action_adaln
         if fp32:  # the functional form: the module's weight may be bf16
             norm = self.t_embedding_norm
             emb = F.rms_norm(emb.float(), norm.normalized_shape, norm.weight.float(), norm.eps)
@@ -499,19 +504,32 @@ class DiT(nn.Module):
         B, T, H, W = grid_B_T_H_W
         return camera.to(dtype).reshape(B, T, H * W, C)
 
-    def _action(self, action, B, dtype):
-        """The action chunk flattened per clip, [B, 1, action_dim], or None; required iff the config has action_dim."""
-        A = self.cfg.action_dim
+    def _action(self, action, B, Tp, dtype):
+        """The MLPs' input: the action chunk flattened per clip [B, 1, action_dim], or (action_per_frame) per latent
+        frame after the first [B, Tp - 1, action_dim], or None; required iff the config has action_dim."""
+        A, per_frame = self.cfg.action_dim, self.cfg.action_per_frame
         if (action is None) != (not A):
             raise ValueError(f"this config has action_dim={A}: pass Condition.action [B, transitions, dims]" if A else
                              "Condition.action given, but this config has action_dim=0: use an action config such as"
                              " v2w-2b-action or tiny-action, or drop the action")
         if action is None:
             return None
-        if action.ndim < 2 or action.shape[0] != B or action[0].numel() != A:
+        rows = Tp - 1 if per_frame else 1
+        if action.ndim < 2 or action.shape[0] != B or action[0].numel() != rows * A:
             raise ValueError(f"Condition.action {tuple(action.shape)} flattens to {action[0].numel()} values per clip,"
-                             f" the network's action_dim is {A} (transitions x dims, e.g. 12 x 7 for 13 frames)")
-        return action.reshape(B, 1, A).to(dtype)
+                             f" the network takes {rows} x action_dim {A}" + (
+                                 f" (one row per latent frame after the first of {Tp}: 4 transitions each)"
+                                 if per_frame else " (transitions x dims, e.g. 12 x 7 for 13 frames)"))
+        return action.reshape(B, rows, A).to(dtype)
+
+    @staticmethod
+    def _per_frame(action_emb_B_T_C, mask_B_1_T_H_W, group):
+        """A per-latent-frame action embedding [B, T - 1, C] as upstream adds it: a zero row for latent frame 0, the
+        conditioning frames' rows zeroed (the mask's first pixel of each frame), then this rank's frames (--cp)."""
+        emb = torch.cat([torch.zeros_like(action_emb_B_T_C[:, :1]), action_emb_B_T_C], dim=1)
+        if mask_B_1_T_H_W is not None:
+            emb = emb * (1 - mask_B_1_T_H_W[:, 0, :, 0, 0]).unsqueeze(-1).to(emb.dtype)
+        return emb if group is None else cp.local_frames(emb, group, 1)
 
 
 def build_model(cfg: DiTConfig, device=None, dtype=None):

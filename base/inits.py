@@ -51,6 +51,10 @@ class DiTConfig:
     # clip's action chunk flattened (Condition.action [B, transitions, dims]: transitions * dims = action_dim), added
     # to the time embedding and to the adaLN-LoRA input (needs use_adaln_lora)
     action_dim: int = 0
+    # True: Predict2.5's ActionChunkConditionedMinimalV1LVGDiT: the chunk split per latent frame instead (its
+    # action_dim: the actions of one latent frame flattened, 4 x 7 released), each latent frame's embedding added to
+    # that frame's time embedding and adaLN-LoRA input, zero for latent frame 0 and on conditioning frames
+    action_per_frame: bool = False
 
     @property
     def head_dim(self):
@@ -99,6 +103,15 @@ CONFIGS.update({
     "v2w-2b-action": replace(CONFIGS["v2w-2b"], action_dim=7 * 12),
     "tiny-action": replace(CONFIGS["tiny"], action_dim=8 * 4 * 2),
 })
+# Action-conditioned Predict2.5 (the released robot/action-cond: cosmos_v1_2B_action_chunk_conditioned under the
+# experiment cosmos_predict2p5_2B_reason_embeddings_action_conditioned_rectified_flow_bridge_13frame_256x320): p25-2b
+# plus the per-latent-frame action MLPs; 13 frames = 1 conditioning + 12 actions of 7 dims, 4 per latent frame (the
+# VAE's temporal compression): action_dim = 4 * 7. p25-tiny-action: the tiny-action world's 9-frame clips, 2 latent
+# frames after the first, each 4 transitions of stride-4 square commands: 4 * 4 * 2.
+CONFIGS.update({
+    "p25-2b-action": replace(CONFIGS["p25-2b"], action_dim=4 * 7, action_per_frame=True),
+    "p25-tiny-action": replace(CONFIGS["p25-tiny"], action_dim=4 * 4 * 2, action_per_frame=True),
+})
 # The released action-conditioned 2B (upstream README.md and documentations/setup.md: "post-trained on Bridge",
 # 480p, 4 fps; the file name from imaginaire/constants.py get_cosmos_predict2_action_conditioned_checkpoint, its md5
 # from scripts/download_checkpoints.py at upstream commit bc864cb). Upstream's downloader pins no revision for this
@@ -114,7 +127,9 @@ _UPSTREAM_IGNORED = {"pos_emb_cls", "pos_emb_learnable", "pos_emb_interpolation"
                      "sac_config", "use_crossattn_projection", "use_wan_fp32_strategy"}
 _UPSTREAM_CLASSES = {"MiniTrainDIT": (False, 0), "MinimalV1LVGDiT": (True, 0),  # (video2world, camera_channels)
                      "CameraMiniTrainDIT": (False, 1536), "CameraMiniTrainDITwithConditionalMask": (True, 1536),
-                     "ActionConditionedMinimalV1LVGDiT": (True, 0)}  # its action_dim kwarg is required
+                     "ActionConditionedMinimalV1LVGDiT": (True, 0),  # their action_dim kwarg is required
+                     "ActionChunkConditionedMinimalV1LVGDiT": (True, 0)}
+_ACTION_CLASSES = ("ActionConditionedMinimalV1LVGDiT", "ActionChunkConditionedMinimalV1LVGDiT")
 
 
 def config_from_upstream(class_name, kwargs):
@@ -122,10 +137,19 @@ def config_from_upstream(class_name, kwargs):
     name = class_name.rsplit(".", 1)[-1]
     if name not in _UPSTREAM_CLASSES:
         raise ValueError(f"unsupported upstream class {class_name!r}: expected one of {sorted(_UPSTREAM_CLASSES)}")
-    ours = {f.name for f in fields(DiTConfig)} - {"video2world", "fp32_time_modulation", "camera_channels"}
-    if ("action_dim" in kwargs) != (name == "ActionConditionedMinimalV1LVGDiT"):
+    ours = {f.name for f in fields(DiTConfig)} - {"video2world", "fp32_time_modulation", "camera_channels",
+                                                   "action_per_frame"}
+    if ("action_dim" in kwargs) != (name in _ACTION_CLASSES):
         raise ValueError(f"{name}: action_dim is {'missing' if 'action_dim' not in kwargs else 'not a kwarg of it'}"
-                         " (only ActionConditionedMinimalV1LVGDiT takes it, and requires it)")
+                         f" (only {' and '.join(_ACTION_CLASSES)} take it, and require it)")
+    per_frame = name == "ActionChunkConditionedMinimalV1LVGDiT"
+    if per_frame:  # its action_dim is one action's: the MLPs take a latent frame's actions, flattened
+        kwargs = dict(kwargs)
+        hidden = kwargs.pop("hidden_dim_in_action_embedder", None)
+        if hidden not in (None, 4 * kwargs.get("model_channels", 0)):
+            raise ValueError(f"{name}: hidden_dim_in_action_embedder={hidden}: only the default 4 * model_channels")
+        kwargs.pop("num_action_per_chunk", None)  # upstream pops and ignores it (the count comes from the input)
+        kwargs["action_dim"] *= kwargs.pop("temporal_compression_ratio", 4)
     unknown = set(kwargs) - ours - _UPSTREAM_IGNORED
     if unknown:
         raise ValueError(f"upstream kwargs not understood by DiTConfig: {sorted(unknown)}")
@@ -143,7 +167,7 @@ def config_from_upstream(class_name, kwargs):
     # the class default is True, every release sets it False; keep the class default when the key is absent
     values.setdefault("rope_enable_fps_modulation", True)
     video2world, camera_channels = _UPSTREAM_CLASSES[name]
-    return DiTConfig(video2world=video2world, camera_channels=camera_channels,
+    return DiTConfig(video2world=video2world, camera_channels=camera_channels, action_per_frame=per_frame,
                      fp32_time_modulation=bool(kwargs.get("use_wan_fp32_strategy", False)), **values)
 
 
@@ -313,7 +337,7 @@ def _hf_download(url, offline):
 # The tiny configs: CPU-fast, each on its own synthetic folder (clips/tiny.py builds it)
 
 TINY_CLIP = dict(frames=9, height=64, width=112)  # the tiny presets' clips (train.TINY): 9 frames of a 64x112 grid
-TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot", "tiny-action")  # CPU-fast: tiny VAE, 9x64x112, stand-in prompt
+TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot", "tiny-action", "p25-tiny-action")  # CPU-fast: tiny VAE, 9x64x112, stand-in prompt
 
 
 def tiny_data(config):

@@ -1,0 +1,108 @@
+"""Predict2.5's per-latent-frame action net (ActionChunkConditionedMinimalV1LVGDiT, config p25-*-action) against
+upstream's class run on the CPU (tests/check_reference_p25_action.py wrote tests/data/p25_action): the outputs of five
+calls, the per-frame action embeddings, the key table of the release, and what one latent frame's actions reach."""
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import ckpt
+import check_reference
+from base.inits import config_from_upstream, get_config
+from condition import Condition
+from model import DiT, num_params
+from nets import flow
+from nets.family import family_of
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "p25_action")
+BOUND = 2e-5
+
+
+@pytest.fixture(scope="module")
+def case():
+    meta = json.load(open(os.path.join(DATA, "p25_action.json")))
+    net = check_reference.build_dit_case(meta, os.path.join(DATA, "p25_action.weights.safetensors"))  # strict
+    return meta, net, load_file(os.path.join(DATA, "p25_action.io.safetensors"))
+
+
+def embeddings(net):
+    """Hooks keeping each call's action MLP outputs and the per-frame embeddings added (after the zero row and mask)."""
+    seen = []
+    added = net._per_frame
+
+    def per_frame(emb, mask, group):
+        out = added(emb, mask, group)
+        seen.append(out)
+        return out
+    net._per_frame = per_frame
+    return seen
+
+
+def test_the_per_latent_frame_action_net_matches_upstream(case):
+    meta, net, io = case
+    assert net.cfg.action_per_frame and net.cfg.action_dim == 4 * 7 and family_of(net.cfg) is flow
+    seen = embeddings(net)
+    for name, call in meta["calls"].items():
+        kwargs = check_reference.call_kwargs({k: v for k, v in call["forward_kwargs"].items() if k != "action"}, io,
+                                             net.cfg)
+        kwargs["action"] = io[call["forward_kwargs"]["action"]]  # [B, 12, 7]: upstream's layout, ours too
+        seen.clear()
+        with torch.no_grad():
+            out = check_reference.forward(net, kwargs)
+        assert (out - io[call["output"]]).abs().max() <= BOUND, name
+        prefix = "dbg." if name == "main" else f"dbg.{name}."
+        for ours, theirs in zip(seen, ("action_emb_B_T_D", "action_emb_B_T_3D")):
+            assert (ours - io[prefix + theirs]).abs().max() <= BOUND, (name, theirs)
+    # the action and the mask move the output by far more than the bound: a wrong action path cannot pass above
+    assert (io["out.y_B_C_T_H_W"] - io["out.y_action_2_B_C_T_H_W"]).abs().max() > 1000 * BOUND
+    assert (io["out.y_B_C_T_H_W"] - io["out.y_mask2_B_C_T_H_W"]).abs().max() > 1000 * BOUND
+
+
+def test_one_latent_frames_actions_change_that_frames_embedding_only(case):
+    """action_2 redraws actions 4..7 (latent frame 2's): its embedding changes there alone (latent frame 0's is
+    exactly zero); the output changes everywhere, through attention."""
+    meta, net, io = case
+    seen = embeddings(net)
+    outs = []
+    for name in ("main", "action_2"):
+        kwargs = check_reference.call_kwargs({k: v for k, v in meta["calls"][name]["forward_kwargs"].items()
+                                              if k != "action"}, io, net.cfg)
+        kwargs["action"] = io[meta["calls"][name]["forward_kwargs"]["action"]]
+        with torch.no_grad():
+            outs.append(check_reference.forward(net, kwargs))
+    main, other = seen[0], seen[2]  # the time-embedding path of each call
+    changed = [t for t in range(main.shape[1]) if not torch.equal(main[:, t], other[:, t])]
+    assert changed == [2] and not main[:, 0].any()
+    assert all((outs[0][:, :, t] - outs[1][:, :, t]).abs().max() > 1e-4 for t in range(outs[0].shape[2]))
+
+
+def test_released_key_table_loads_strictly_into_p25_2b_action():
+    table = json.load(open(os.path.join(DATA, "p25_action_released_keys.json")))
+    cfg = get_config("p25-2b-action")
+    assert config_from_upstream(table["class"], table["kwargs"]) == cfg  # upstream's released kwargs, parsed
+    with torch.device("meta"):
+        net = DiT(cfg)
+    assert num_params(net) == table["num_parameters"] == 2_126_767_104
+    dtypes = {"uint8": torch.uint8, "int64": torch.int64, "float32": torch.bfloat16}
+    entries = {f"net.{key}": (tuple(shape), dtypes[dtype]) for key, shape, dtype, kind in table["keys"]}
+    model = {k: (shape, torch.bfloat16, trainable) for k, (shape, _, trainable) in ckpt.model_entries(net).items()}
+    report, _ = ckpt.build_report(model, entries, "Cosmos-Predict2.5-2B robot/action-cond key table")
+    assert report.ok, report.details()
+    assert all(k.endswith("._extra_state") or k.startswith("net.accum_") for k in report.ignored)
+    with torch.device("meta"):
+        per_clip = DiT(get_config("p25-2b", action_dim=4 * 7))  # the same keys: only the forward differs
+    assert set(ckpt.model_entries(per_clip)) == set(ckpt.model_entries(net))
+
+
+def test_wrong_actions_and_a_predict2_timestep_scale_are_refused_in_one_line():
+    torch.manual_seed(0)
+    net = DiT(get_config("p25-tiny-action")).eval()
+    x, t, text = torch.randn(1, 16, 3, 8, 8), torch.rand(1), torch.randn(1, 4, 96)
+    with torch.no_grad():
+        net(x, t, Condition(crossattn_emb=text, action=torch.randn(1, 8, 8)))  # 8 transitions x (4 x 2): 2 x 32
+        with pytest.raises(ValueError, match=r"flattens to 56 values per clip, the network takes 2 x action_dim 32"):
+            net(x, t, Condition(crossattn_emb=text, action=torch.randn(1, 7, 8)))
+    with pytest.raises(ValueError, match="action_per_frame config with timestep_scale 1"):
+        family_of(get_config("p25-tiny-action", timestep_scale=1.0))
