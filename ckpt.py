@@ -393,7 +393,7 @@ def lora_only_note(path, meta):
             f"Sample it with `python sample.py --ckpt {path}` (its run rebuilt: base + adapters), export the whole "
             f"network with `python export.py {path} merged.safetensors --merge-lora`, continue its run with "
             f"train.py --out {os.path.dirname(os.path.abspath(path))}, check it with `python ckpt.py check {flags}`; "
-            "in Python: resume.build_from_step")
+            "in Python: engine/runs.build_from_step")
 
 
 def adapters_only_note(path, src, report):

@@ -37,9 +37,9 @@ from base import cli
 from clips import text as text_lib
 from clips.actionclips import other_actions
 from clips.fidelity import CAMERAS, score_sample, view_metrics
-from engine import build, resume, rundir
-from engine.runs import open_run, run_directory, text_settings
+from engine import build, rundir, runs
 from engine.generate import from_first_frame, rollout
+from engine.runs import open_run, run_directory, text_settings
 from nets.family import family_of
 
 CURVES = {"eval_reward": "held-out reward (eval_reward)", "eval_psnr": "held-out PSNR, dB (eval_psnr)",
@@ -60,6 +60,20 @@ def common_stems(runs):
         raise ValueError(f"the runs hold out no common episode ({held}): compare runs of one LeRobot source (a grid "
                          "and a views folder stitched from it share stems)")
     return common
+
+
+def differences(runs, common):
+    """The lines that say, once each, what differs between the compared runs and is scored anyway: their held-out
+    sets (scored on the episodes they share) and their guidance (each samples as it was trained to)."""
+    lines = []
+    if any(set(r.held_out) != set(common) for r in runs):
+        held = "; ".join(f"{r.path}: {len(r.held_out)} ({shown(sorted(r.held_out), 2)})" for r in runs)
+        lines.append(f"the runs hold out different episodes ({held}): scored on the {len(common)} they all hold out")
+    if len({r.guidance for r in runs}) > 1:
+        lines.append("the runs sample at different guidance (" + ", ".join(f"{r.path} {r.guidance:g}" for r in runs)
+                     + "): each its own (an RL run's rollouts', an SFT run's samples'); --guidance G compares them at "
+                     "one")
+    return lines
 
 
 def shown(items, most=4):
@@ -85,7 +99,7 @@ def evaluate_run(run, stems, cfg, terms, device, size):
     """The run's newest checkpoint on each held-out stem: {"clips": [per clip: stem, seed, metrics, rewards],
     "metrics", "rewards" (their means over clips)}."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    net = resume.build_from_step(run.checkpoint, device, cfg.ema).to(dtype).eval()
+    net = runs.build_from_step(run.checkpoint, device, cfg.ema).to(dtype).eval()
     vae = build.build_vae(run.cfg["vae"], run.cfg["vae_ckpt"], device, dtype)
     mcfg, settings = net.cfg, text_settings(run.cfg)
     neg, neg_source = text_lib.negative_embedding(run.cfg["data"], run.cfg["text_len"], mcfg.crossattn_proj_in_channels,
@@ -101,23 +115,31 @@ def evaluate_run(run, stems, cfg, terms, device, size):
                                     neg_crossattn_emb=neg[None].to(device))
     clips, held = [], [held_out_clip(run, stem, device) for stem in stems]
     conds = [record(batch) for _, batch in held]
-    wrong = other_actions([c.action for c in conds]) if mcfg.action_dim else [None] * len(held)
+    wrong, what = other_actions([c.action for c in conds], stems) if mcfg.action_dim else ([None] * len(held), None)
+    for stem, label in zip(stems, what or []):
+        if not label.endswith("'s actions"):  # no other held-out clip's commands differ from its own: said
+            same = "" if "reversed" in label else "; reversed in time they are the same: one command held throughout"
+            print(f"evaluate: action_gap_db of {stem}: against {label} (no other held-out clip's actions differ from "
+                  f"its own{same}); the JSON's other_actions says so per clip", flush=True)
     for i, (stem, (truth, _), cond) in enumerate(zip(stems, held, conds)):
         for d in range(cfg.draws):  # rl.evaluate's rule: clip i, draw d has the noise seed + i + d * clips
             seed = cfg.seed + i + d * len(stems)
             generated, x0 = from_first_frame(net, vae, truth, cond, cfg.steps, run.guidance, seed, grid, dtype)
-            metrics, rewards = score_sample(generated, truth, x0, run.views, size, terms)  # as rl.evaluate scores
+            raw = None if cond.action is None else run.dataset.actions.raw(cond.action)  # world-model rewards
+            metrics, rewards = score_sample(generated, truth, x0, run.views, size, terms, action=raw)  # as rl.evaluate
             metrics = {k: v.item() for k, v in metrics.items()}
             if cond.action is not None:  # the same frame and noise under another episode's commands (or these reversed)
                 other = from_first_frame(net, vae, truth, dataclasses.replace(cond, action=wrong[i]), cfg.steps,
                                          run.guidance, seed, grid, dtype)
-                metrics["psnr_other_actions"] = score_sample(other[0], truth, other[1], run.views, size, terms)[0][
+                pair = (other[0][None], truth[None]) if run.views else (other[0], truth)  # score_sample's layout
+                metrics["psnr_other_actions"] = view_metrics(*pair, "views" if run.views else "grid", size)[
                     "psnr"].item()
                 metrics["action_gap_db"] = metrics["psnr"] - metrics["psnr_other_actions"]
             if cfg.chunks > 1:  # drift over the horizon: PSNR of each chained chunk against the episode's truth
                 metrics.update(chunk_psnr(net, vae, run, stem, record, cfg, seed, grid, dtype, size))
             clips.append({"stem": stem, "seed": seed, "metrics": metrics,
-                          "rewards": {k: v.item() for k, v in rewards.items()}})
+                          "rewards": {k: v.item() for k, v in rewards.items()},
+                          **({"other_actions": what[i]} if what else {})})  # action_gap_db's substitute
     del net, vae
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -288,7 +310,7 @@ def pixel_terms(spec):
     """reward.parse_rewards(spec), refusing terms that read the latent: a grid run's and a views run's latents have
     nothing in common, so evaluate.py scores decoded frames only."""
     terms = reward.parse_rewards(spec)
-    latent = [t.name for t in terms if t.needs_latent]
+    latent = [t.name for t in terms if "latent" in t.inputs]
     if latent:
         raise ValueError(f"--reward {spec}: {latent} read the latent; evaluate.py scores the decoded grid video only "
                          "(a Path A and a Path B run share no latent): drop them or give a video version")
@@ -321,11 +343,11 @@ def main(argv=None):
     common = common_stems(runs)
     stems = common[: cfg.clips]
     size = (min(r.view_size[0] for r in runs), min(r.view_size[1] for r in runs))
-    partial = [r.path for r in runs if len(r.held_out) > len(common)]
     print(f"evaluate: {len(stems)} held-out clip(s) {shown(stems)} of {len(common)} every run holds out"
           + (f" (--clips {cfg.clips})" if len(stems) < cfg.clips else "")
-          + (f"; {', '.join(partial)} hold out more" if partial else "")
           + f"; cameras {', '.join(CAMERAS)} compared at {size[0]}x{size[1]}", flush=True)
+    for line in differences(runs, common):
+        print("evaluate: " + line, flush=True)
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     rows = []
     for run in runs:

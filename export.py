@@ -17,7 +17,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from base import cli
 from base.formats import CheckpointError, bitsum, check_sums, cut_short, dcp_call, read_meta
-from engine.resume import build_from_step, find_resume
+from engine.resume import find_resume
+from engine.runs import build_from_step
 from nets.lora import merged_state_dict
 
 

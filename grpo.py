@@ -465,7 +465,7 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
                agree=None, cp_size=1, probe=True):
     """One GRPO update over this rank's groups (collective under torch.distributed: call it on every rank).
 
-    conds: one Condition per group (a clip and its prompt). score(video, latent) -> {"reward": [K], name: [K], ...}
+    conds: one Condition per group (a clip and its prompt). score(video, latent, cond) -> {"reward": [K], name: [K], ...}
     (reward.score: the same names on every rank); decode(latent [K, C, T, H, W]) -> video, or None when no reward
     needs pixels. seed: this dp group's rollout noise; window_seed: the same on every rank. cp_size: ranks per cp
     group (--cp: they run the same rollouts, each forward split by base/cp.py; one copy of their rewards counts, so their
@@ -484,7 +484,7 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
         agree("checking the rollouts", lambda: check_samples(x0s, conds))
     else:
         check_samples(x0s, conds)
-    mine, reward_metrics = score_groups(x0s, score, decode, cfg, timed, agree, cp_size)
+    mine, reward_metrics = score_groups(x0s, conds, score, decode, cfg, timed, agree, cp_size)
     stats = timed("update", lambda: grpo_update(net, optimizer, params, rollouts, list(mine), cfg,
                                                set_grad_sync=getattr(net, "set_requires_gradient_sync", None),
                                                cp_size=cp_size, data_generator=generator, probe=probe))

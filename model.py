@@ -517,9 +517,9 @@ class DiT(nn.Module):
         rows = Tp - 1 if per_frame else 1
         if action.ndim < 2 or action.shape[0] != B or action[0].numel() != rows * A:
             raise ValueError(f"Condition.action {tuple(action.shape)} flattens to {action[0].numel()} values per clip,"
-                             f" the network takes {rows} x action_dim {A}" + (
-                                 f" (one row per latent frame after the first of {Tp}: 4 transitions each)"
-                                 if per_frame else " (transitions x dims, e.g. 12 x 7 for 13 frames)"))
+                             + (f" the network takes {rows} x action_dim {A} (one row per latent frame after the first"
+                                f" of {Tp}: 4 transitions each)" if per_frame else f" the network's action_dim is {A}"
+                                " (transitions x dims, e.g. 12 x 7 for 13 frames)"))
         return action.reshape(B, rows, A).to(dtype)
 
     @staticmethod

@@ -269,7 +269,7 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
         agree("checking the rollouts", lambda: check_samples(x0s, conds))
     else:
         check_samples(x0s, conds)
-    mine, reward_metrics = score_groups(x0s, score, decode, cfg, timed, agree, cp_size)
+    mine, reward_metrics = score_groups(x0s, conds, score, decode, cfg, timed, agree, cp_size)
     if reward_metrics["adv_std"] == 0:  # every advantage on every rank is 0 (all-tie groups): nothing to learn, and
         # the same on every rank (gathered); no forward and no optimizer step (AdamW's decay would still move weights)
         stats = {"loss": 0.0, "kl": 0.0, "data_loss": 0.0, "old_deviation": 0.0, "micro_steps": 0, "skipped": 1,

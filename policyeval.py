@@ -39,7 +39,7 @@ from base.inits import get_config
 from base.video import write_mp4
 from clips import text as text_lib
 from clips.fidelity import psnr
-from engine import build, resume
+from engine import build, runs
 from engine.runs import open_run, text_settings
 from engine.world import closed_loop, load_plugin, model_world
 from nets.family import family_of
@@ -144,7 +144,7 @@ def load_world(cfg, run, device):
         raise ValueError(f"{run.path}: --config {run.cfg['config']} takes no actions (action_dim 0): a policy cannot "
                          "steer it; evaluate an action run (--config tiny-action, v2w-2b-action)")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    net = resume.build_from_step(run.checkpoint, device, cfg.ema).to(dtype).eval()
+    net = runs.build_from_step(run.checkpoint, device, cfg.ema).to(dtype).eval()
     vae = build.build_vae(run.cfg["vae"], run.cfg["vae_ckpt"], device, dtype)
     settings = text_settings(run.cfg)
     neg, _ = text_lib.negative_embedding(run.cfg["data"], run.cfg["text_len"], mcfg.crossattn_proj_in_channels,

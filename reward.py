@@ -33,32 +33,29 @@ guard on the wrist's |frame difference|, won by a frozen robot with a flat, grai
   quadrant), so a broken clip that excels elsewhere could beat an honest one. In the geometric mean every
   component is necessary: the white quadrant alone costs a factor exp(-50 * 0.5 / 5) ~ 7e-3.
 Measured (tests/test_reward.py, 9 plausible robot clips against 28 degenerate ones): every plausible clip wins by
->= 0.085 at 9x64x64, 0.13 at 9x64x112, 0.14 at 33x216x384 and 0.19 at 93x432x768 (30 ms for 8 clips on an H200).
+>= 0.085 at 9x64x64, 0.13 at 9x64x112, 0.14 at 33x216x384, 0.19 at 93x432x768 (30 ms for 8 clips, H200).
 
-Global shifts come from tiled phase correlation (a global one locks onto the arm, which would reward freezing
-it) with a Gaussian low-pass on the cross-power (grain) and one refinement step (accuracy), the median taken over
-the stiller half of the tiles (those the arm crosses read shifts pulled its way).
+Global shifts: tiled phase correlation (a global one locks onto the arm), a Gaussian low-pass on the cross-power
+(grain), one refinement step, the median over the stiller half of the tiles (those the arm crosses are pulled).
 
-All of it is batched torch under no_grad; a clip's values do not depend on the rest of the batch. grid_rewards
-returns the raw statistics too, for logging and for `calibrated`. `extra={"name": (fn, weight)}` adds a component
-fn(video) -> [B] in (0, 1] to the geometric mean.
+Batched torch under no_grad; a clip's values do not depend on its batch. grid_rewards returns the raw statistics
+too (logging, `calibrated`); `extra={"name": (fn, weight)}` adds a component fn(video) -> [B] in (0, 1].
 
 Plug-ins (train.py --reward SPEC): `parse_rewards("default,mymod:fn=0.5")` imports and checks the terms at
-start-up; a term's function names the inputs it needs, `video` ([B, 3, F, H, W] in [-1, 1]) and/or `latent` (the
-sampler's clean x0 [B, 16, T, H/8, W/8]); `needs_pixels(terms)` says whether to decode; `score(terms, video=,
-latent=)` returns the weighted sum, every term and every component. Example plug-ins: tests/reward_plugins.py.
+start-up; a term's function names the inputs it needs (INPUTS: the sample as video or latent, and where a true clip
+exists, the truth and its actions: world-model rewards, clips/fidelity.py); `needs_pixels(terms)` says whether to
+decode; `score(terms, video=, latent=, ...)` returns the weighted sum, every term and every component.
 
 Contents, top to bottom: config; pixels -> views; tiled phase correlation; coherent motion; the components;
-grid_rewards and calibrated; plug-ins (RewardTerm, parse_rewards, needs_pixels, score); group_advantages (GRPO's
-group-normalised rewards).
+grid_rewards and calibrated; plug-ins (RewardTerm, parse_rewards, needs_pixels, score).
 """
 import importlib
 import inspect
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -412,24 +409,28 @@ class RewardTerm:
     name: str  # "default", the function's name, or module.function where that would be ambiguous
     fn: Callable  # called with only the inputs it names, as keywords
     weight: float
-    needs_video: bool  # decoded [B, 3, F, H, W] float32 in [-1, 1]
-    needs_latent: bool  # the sampler's clean x0 [B, 16, T, H/8, W/8] float32
+    inputs: tuple  # of INPUTS: the parameters it names
 
 
-INPUTS = ("video", "latent")
+# What a term may name: the generated clip decoded [B, 3, F, H, W] float32 in [-1, 1] (video) or as the sampler's
+# clean x0 [B, 16, T, H/8, W/8] (latent); where it exists (RL rollouts, held-out evaluations, not stand-ins), the true
+# clip the sample was generated from, laid out like them: truth (its first frame is the conditioning frame, as
+# video's) and truth_latent; and that clip's actions in the dataset's raw units, action [B, steps, A].
+INPUTS = ("video", "latent", "truth", "truth_latent", "action")
+PIXELS = ("video", "truth")  # inputs that need decoding
 
 
 def parse_rewards(spec, cfg: RewardConfig = RewardConfig()):
     """'default,mymod:fn=0.5' -> [RewardTerm]: imports and checks every term now, before any model is built.
 
     A term is `default` (grid_rewards with cfg) or `module:function`, importable from the working directory,
-    optionally `=WEIGHT` (a float >= 0, default 1). The function names the inputs it needs as parameters: `video`
-    and/or `latent`. Raises ValueError, one line naming the term and the fix, for anything that would fail later.
+    optionally `=WEIGHT` (a float >= 0, default 1). The function names the inputs it needs as parameters (INPUTS).
+    Raises ValueError, one line naming the term and the fix, for anything that would fail later.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"--reward {spec!r} is empty: give 'default' and/or module:function terms, comma-separated, "
                          f"each optionally =WEIGHT (e.g. 'default,mymod:fn=0.5')")
-    parsed = []  # (target, module, function name, fn, weight, needs_video, needs_latent)
+    parsed = []  # (target, module, function name, fn, weight, inputs)
     for text in spec.split(","):
         term = text.strip()
         if not term:
@@ -439,14 +440,14 @@ def parse_rewards(spec, cfg: RewardConfig = RewardConfig()):
         if target == "default":
             def default(video):
                 return grid_rewards(video, cfg)
-            parsed.append((target, None, "default", default, weight, True, False))
+            parsed.append((target, None, "default", default, weight, ("video",)))
             continue
         module, colon, name = target.partition(":")
         if not colon or not name.isidentifier() or not all(part.isidentifier() for part in module.split(".")):
             raise ValueError(f"--reward term {term!r}: expected 'default' or module:function with Python names, "
                              f"optionally =WEIGHT (e.g. mymod:fn=0.5)")
         fn = load_function(f"--reward term {term!r}", module, name)
-        parsed.append((target, module, name, fn, weight, *inputs_of(term, fn)))
+        parsed.append((target, module, name, fn, weight, inputs_of(term, fn)))
     targets = [p[0] for p in parsed]
     for target in targets:
         if targets.count(target) > 1:
@@ -454,11 +455,10 @@ def parse_rewards(spec, cfg: RewardConfig = RewardConfig()):
                              f"once, with its total weight")
     names = [p[2] for p in parsed if p[1] is not None]
     terms = []
-    for target, module, name, fn, weight, video, latent in parsed:
+    for target, module, name, fn, weight, inputs in parsed:
         # plain function names unless two plug-ins share one, or it would shadow "default" or the total "reward"
         ambiguous = module is not None and (names.count(name) > 1 or name in ("default", "reward"))
-        terms.append(RewardTerm(name=f"{module}.{name}" if ambiguous else name, fn=fn, weight=weight,
-                                needs_video=video, needs_latent=latent))
+        terms.append(RewardTerm(name=f"{module}.{name}" if ambiguous else name, fn=fn, weight=weight, inputs=inputs))
     return terms
 
 
@@ -497,21 +497,21 @@ def load_function(what, module, name):
 
 
 def inputs_of(term, fn):
-    """(needs_video, needs_latent) from fn's parameter names; every other parameter must have a default."""
+    """The INPUTS fn's parameters name; every other parameter must have a default."""
     params = inspect.signature(fn).parameters
     shown = f"{getattr(fn, '__name__', term)}({', '.join(params)})"
-    if not any(name in params for name in INPUTS):
+    if not any(name in params for name in INPUTS[:2]):
         raise ValueError(f"--reward term {term!r}: {shown} names neither 'video' nor 'latent': name the input it "
                          f"needs, e.g. def fn(video): ... (decoded [B, 3, F, H, W] in [-1, 1]) or def fn(latent): "
-                         f"... (clean x0 [B, 16, T, H/8, W/8])")
+                         f"... (clean x0 [B, 16, T, H/8, W/8]), and truth, truth_latent or action where it needs them")
     for p in params.values():
         if p.name in INPUTS and p.kind == p.POSITIONAL_ONLY:
             raise ValueError(f"--reward term {term!r}: {shown}: {p.name!r} is positional-only; inputs are passed "
                              f"by name")
         if p.name not in INPUTS and p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise ValueError(f"--reward term {term!r}: {shown}: parameter {p.name!r} has no default; a reward "
-                             f"gets only video and/or latent")
-    return "video" in params, "latent" in params
+                             f"gets only {', '.join(INPUTS)}")
+    return tuple(name for name in INPUTS if name in params)
 
 
 def wrist_brightness(video):
@@ -523,21 +523,27 @@ def wrist_brightness(video):
 
 
 def needs_pixels(terms):
-    """Whether any term needs the decoded video (decode only then)."""
-    return any(term.needs_video for term in terms)
+    """Whether any term needs decoded frames, the sample's or the truth's (decode only then)."""
+    return any(name in PIXELS for term in terms for name in term.inputs)
+
+
+def needs_truth(terms):
+    """The names of the terms that need the true clip or its actions: refused where there is none (a stand-in)."""
+    return [term.name for term in terms if set(term.inputs) & {"truth", "truth_latent", "action"}]
 
 
 @torch.no_grad()
-def score(terms, video=None, latent=None):
+def score(terms, video=None, latent=None, **truth):
     """Every term on a batch: {"reward": weighted sum [B] fp32, "<term>": [B], "<term>/<component>": [B]}.
 
     video: decoded [B, 3, F, H, W] float32 in [-1, 1] (needed iff needs_pixels(terms)); latent: the clean x0
-    [B, 16, T, H/8, W/8]. A term returns a [B] tensor or a dict with "reward": [B] and other named [B] components
+    [B, 16, T, H/8, W/8]; truth: truth, truth_latent and action where they exist (INPUTS), each of B rows or 1. A term returns a [B] tensor or a dict with "reward": [B] and other named [B] components
     (the default term: its r_* components and raw statistics). Each value must be a real floating [B] tensor on the
     inputs' device, finite. Each term gets its own copy of the inputs (one that writes into them changes nothing the
     others or the caller see); a term that raises is named in a ValueError.
     """
     given = {name: x for name, x in (("video", video), ("latent", latent)) if x is not None}
+    truth = {name: x for name, x in truth.items() if x is not None}
     if not terms or not given:
         raise ValueError(f"score needs reward terms (parse_rewards) and a video or latent batch; got {len(terms)} "
                          f"terms and {sorted(given) or 'no inputs'}")
@@ -548,12 +554,12 @@ def score(terms, video=None, latent=None):
     out, total = {}, torch.zeros(B, dtype=torch.float64, device=device)
     for term in terms:
         kwargs = {}
-        for name, needed in (("video", term.needs_video), ("latent", term.needs_latent)):
-            if needed and name not in given:
-                raise ValueError(f"reward term {term.name!r} needs the {name}, but score got none (decode the video "
-                                 f"when needs_pixels(terms) is True)")
-            if needed:
-                kwargs[name] = given[name].clone()  # a term that writes into its input must not reach the others
+        for name in term.inputs:
+            if name not in given and name not in truth:
+                raise ValueError(f"reward term {term.name!r} needs the {name}, but score got none (" + (
+                    "decode when needs_pixels(terms) is True)" if name in INPUTS[:2] else "there is no true clip "
+                    "here: a world-model reward runs where rollouts start from data, in RL and evaluate.py)"))
+            kwargs[name] = (given[name] if name in given else truth[name]).clone()  # its own copy to write into
         try:
             result = term.fn(**kwargs)
         except Exception as e:
@@ -590,9 +596,3 @@ def checked(term, label, value, B, device):
         raise ValueError(f"reward term {term!r}: {what} is not finite: {value.tolist()}; a NaN/Inf reward would "
                          f"poison the advantages: guard divisions and logs")
     return value
-
-
-# -----------------------------------------------------------------------------
-# Advantages: a group's rewards -> GRPO's group-relative advantages (grpo.train_step)
-
-

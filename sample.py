@@ -25,14 +25,13 @@ import torch.nn.functional as F
 import ckpt
 import condition
 from base import cli, formats, inits, lerobot
-from base.inits import get_config
+from base.inits import TINY_CONFIGS, get_config, tiny_data
 from base.video import write_mp4
 from clips import data
 from clips import text as text_lib
 from clips.actionclips import episode_chunks, open_clips, read_actions_file
 from clips.text import standin_text
-from base.inits import TINY_CONFIGS, tiny_data
-from engine import build, resume, rundir
+from engine import build, resume, rundir, runs
 from engine.generate import generate, join, rollout
 from nets.family import family_of
 
@@ -73,13 +72,16 @@ class SampleConfig:
     # else shift; Predict2: karras, its only grid)
     conditional_frame_timestep: float = -1.0  # Predict2.5 only: -1 = the noisy frames' time, 0.1 -> t = 1e-4 (default:
     # upstream's for --ckpt: 0.1 for p25-2b-post and agibot)
-    actions: str = ""  # an action net's commands: FILE.npz with `action` [chunks x (frames-1), stride*A], normalised as
-    # training saw them; default: those of the last video of --data (a run's held-out episode), from its first frame
+    actions: str = ""  # an action net's commands: FILE.npz (or .npy) with `action` [chunks x (frames-1), stride*A],
+    # normalised as training saw them, or a stitched DATA/actions/<stem>.npz as written ([N, stride, A] raw:
+    # normalised by DATA's action_stats.json); default: those of the last video of --data (a run's held-out episode).
+    # Either way, without --image, the rollout starts from that episode's frame 0
     chunks: int = 1  # a long rollout: N chained chunks, each from the last frame generated (and the next actions)
     seed: int = 0  # initial noise (numpy, as upstream)
     fps: int = 16  # frame rate written into the mp4
     device: str = ""  # cuda | cpu (default: cuda when available)
     out: str = "sample.mp4"  # the mp4 to write
+    action_dim: int = dataclasses.field(default=0, init=False)  # no flag: the net's (its run's record, or --config's)
 
 
 def is_run(path):
@@ -101,6 +103,9 @@ def check_ckpt(ckpt, given):
     """--ckpt names something sample.py can load, said in one line before any model is built."""
     if ckpt == "random" or ckpt in inits.NAMED_INITS or ckpt.startswith("hf://") or os.path.exists(ckpt):
         return
+    missing = rundir.missing_step(ckpt, "--ckpt")  # RUN/step_N that is not there: the steps that are
+    if missing:
+        raise ValueError(missing)
     if "ckpt" not in given:
         raise ValueError(f"--ckpt {ckpt} (the default): no such run; train one with `python train.py` (it writes "
                          f"{ckpt}/), or pass --ckpt RUN_DIR, a checkpoint file, or random")
@@ -132,6 +137,7 @@ def parse_config(argv):
     cfg.config = cfg.config or "tiny"
     tiny = cfg.config in TINY_CONFIGS
     mcfg = get_config(cfg.config)
+    cfg.action_dim = (saved or {}).get("action_dim") or mcfg.action_dim  # a net trained from scratch: the data's
     if mcfg.action_dim and "guidance" not in given and "guidance" not in run:
         cfg.guidance = 0.0  # an action net samples without CFG, as upstream's does (train.py's preset too)
     cfg.ema = cfg.ema if "ema" in given else None  # None: the only copy a file holds (both: an error)
@@ -218,21 +224,30 @@ def load_first_frame(cfg, video=None):
 
 
 def episode_actions(cfg):
-    """(action chunks [1, T-1, D] per chunk, the video whose frame 0 starts the rollout): an action net's --actions
-    file (from --image, else the first video of --data), or the last video of --data and its own actions (train.py
-    holds out the last videos: a run's held-out episode); (None, None) for a net without actions."""
-    mcfg = get_config(cfg.config)
-    if not mcfg.action_dim:
+    """(action chunks [1, T-1, D] per chunk, the video whose frame 0 starts the rollout, None with --image): an action
+    net's --actions file (read_actions_file: its layout checked), or the last video of --data's own actions (train.py
+    holds out the last videos: a run's held-out episode). Without --image the rollout starts from that episode's frame
+    0 with a file's actions too; the line says which frame and which actions. (None, None) for a net without
+    actions."""
+    if not cfg.action_dim:
         return None, None
-    if cfg.actions:
-        action = read_actions_file(cfg.actions, (cfg.chunks * (cfg.frames - 1), mcfg.action_dim // (cfg.frames - 1)))
-        print(f"sample: actions of {cfg.actions}", flush=True)
-        return list(action.chunk(cfg.chunks, dim=1)), None
-    clips = open_clips(cfg.config, cfg.data, cfg.frames, cfg.height, cfg.width, text="standin", text_len=16,
-                       text_dim=mcfg.crossattn_proj_in_channels)
-    video = clips.videos[-1]
-    print(f"sample: {video.path}: its frame 0 and its own actions ({cfg.chunks} chunk(s))", flush=True)
-    return episode_chunks(clips, len(clips.videos) - 1, cfg.chunks), video.path
+    T, mcfg, opened = cfg.frames, get_config(cfg.config), []
+
+    def clips():  # the data folder, opened once when needed: its last episode, or the statistics a raw file needs
+        if not opened:
+            opened.append(open_clips(cfg.config, cfg.data, T, cfg.height, cfg.width, action_dim=cfg.action_dim,
+                                     text="standin", text_len=16, text_dim=mcfg.crossattn_proj_in_channels))
+        return opened[0]
+    video = None if cfg.image else clips().videos[-1]
+    start = f"--image {cfg.image}" if cfg.image else f"{video.path}: its frame 0"
+    if not cfg.actions:
+        print(f"sample: {start} and its own actions ({cfg.chunks} chunk(s))", flush=True)
+        return episode_chunks(clips(), len(clips().videos) - 1, cfg.chunks), video.path
+    width = cfg.action_dim // (4 if mcfg.action_per_frame else T - 1)  # values a transition: stride x A
+    action, what = read_actions_file(cfg.actions, cfg.chunks * (T - 1), width, lambda: clips().actions)
+    held = "" if cfg.image else f" (the last episode of {cfg.data}: a run's held-out one)"
+    print(f"sample: {start}{held}, under the actions of {what} ({cfg.chunks} chunk(s))", flush=True)
+    return list(action.chunk(cfg.chunks, dim=1)), video and video.path
 
 
 def main(argv=None):
@@ -244,7 +259,7 @@ def main(argv=None):
     actions, episode = episode_actions(cfg)  # an action net's chunks, and the episode they come from
     first = None if get_config(cfg.config).camera_channels else load_first_frame(cfg, episode).to(device)
     if step is not None:  # a train.py run (its newest checkpoint) or one of its steps: rebuilt as trained
-        net = resume.build_from_step(step, device, bool(cfg.ema))
+        net = runs.build_from_step(step, device, bool(cfg.ema))
         source = f"{step}, step {resume.read_meta(step)['step']}{' (EMA)' if cfg.ema else ''}"
     else:
         source = cfg.ckpt

@@ -11,8 +11,6 @@ the LoRA adapters are fp32. Prints time and peak memory per phase and the MFU of
 against a bf16 matmul peak measured in the same run (GPU only), then each criterion, then `SMOKE PASS` or `SMOKE FAIL: ...`.
 """
 import math
-from base import camera
-from engine import objective
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -24,12 +22,11 @@ import condition
 import grpo
 import reward
 import sac
-from base import cli
+from base import camera, cli
 from base.camera import split_views
-from base.inits import get_config
+from base.inits import TINY_CONFIGS, get_config
 from clips.data import VIEW_ORDER
-from base.inits import TINY_CONFIGS
-from engine import build
+from engine import build, objective
 from engine.rollout import LOG_SQRT_2PI, rollout_group
 from grpo import GRPOConfig
 from nets.family import family_of

@@ -47,6 +47,7 @@ import numpy as np
 from tqdm import tqdm
 
 from base import actions, cli
+from base.camera import fitted_intrinsics
 from base.files import sha1_file, write_atomic
 from base.lerobot import (  # make_synthetic:
     SLOTS,
@@ -60,7 +61,6 @@ from base.lerobot import (  # make_synthetic:
     read_cameras,
     select_episodes,
 )
-from base.camera import fitted_intrinsics
 from base.video import check_ffmpeg, ffmpeg_exe, probe_video
 
 RECIPE_VERSION = 1  # bump when the code changes the bytes written for the same recipe

@@ -27,21 +27,18 @@ from tqdm import tqdm
 
 import cache
 import ckpt
-import condition
 import grpo
 import nft
 import sac
 import sft
 from base import cli, collectives, cp, lerobot
-from base.camera import stack_views
-from base.inits import CONFIGS, get_config
+from base.inits import CONFIGS, TINY_CLIP, TINY_CONFIGS, get_config, tiny_data
 from clips import actionclips, data
 from clips import text as text_lib
 from clips.text import standin_text
 from clips.tiny import make_tiny_dataset
-from base.inits import TINY_CLIP, TINY_CONFIGS, tiny_data
 from engine import build, resume, rl, rundir
-from engine.build import build_vae, compile_seconds, trainable
+from engine.build import build_vae, compile_seconds, make_encoder, net_config, trainable
 from engine.generate import write_sample
 from engine.objective import Objective, held_out_slots
 from grpo import GRPOConfig
@@ -117,11 +114,12 @@ class TrainConfig:
     stop_on_psnr_drop: bool = False  # RL: and stop the run there (docs/rl.md: which checkpoint to keep)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)  # GRPO knobs (--objective grpo; docs/grpo.md)
     nft: NFTConfig = field(default_factory=NFTConfig)  # DiffusionNFT knobs (--objective nft; docs/nft.md)
+    action_dim: int = field(default=0, init=False)  # no flag: an action net's, decided at start-up (load_data)
 
 
 TINY = dict(data="data/tiny_grid", vae="tiny", **TINY_CLIP, steps=1000, lr=2e-3, warmup=20,
             save_every=500, sample_every=500, text_len=16, workers=0, cache_latents=True, holdout=2)
-# tiny-action learns to follow its commands: 36 episodes for 6000 steps at 3e-3, 4 held out (docs/actions.md "Measured")
+# the tiny action nets learn to follow their commands: 36 episodes for 6000 steps at 3e-3, 4 held out (docs/actions.md)
 TINY_ACTION = dict(steps=6000, lr=3e-3, holdout=4)
 REAL = dict(vae="real", frames=93, height=432, width=768, steps=20000, lr=2 ** -14.5, warmup=1000, save_every=200,
             sample_every=1000)
@@ -131,7 +129,7 @@ def parse_config(argv):
     given = cli.parse_flags(TrainConfig, argv, description=__doc__)  # argparse rejects unknown flags
     name = given.get("config", TrainConfig.config)
     preset = dict(TINY, data=tiny_data(name)) if name in TINY_CONFIGS else REAL
-    if name == "tiny-action":
+    if name in TINY_CONFIGS and CONFIGS[name].action_dim:  # tiny-action, p25-tiny-action: one preset, compared
         preset.update(TINY_ACTION)
     if name in CONFIGS and CONFIGS[name].action_dim:  # upstream samples its action net without CFG: the actions stay
         preset["guidance"] = 0.0  # in the uncond branch, so the prompt is all guidance would push (docs/actions.md)
@@ -186,6 +184,9 @@ def validate(cfg, given=None):
             if k in given:
                 raise ValueError(f"{cli.flag(k)} does nothing with --init random (no checkpoint is loaded)")
     elif not (cfg.init in ckpt.NAMED_INITS or cfg.init.startswith("hf://")):
+        missing = rundir.missing_step(cfg.init, "--init")  # RUN/step_N that is not there: the steps that are
+        if missing:
+            raise ValueError(missing)
         ckpt.resolve_source(cfg.init)  # a local path: it exists and has a checkpoint format (hub names: in main)
     sac.make_checkpoint_fn("block" if cfg.sac == "auto" else cfg.sac)  # raises with the valid modes
     if min(cfg.sac_every, cfg.grad_accum, cfg.batch_size, cfg.steps, cfg.max_nonfinite) < 1 or cfg.eval_every < 0:
@@ -290,6 +291,7 @@ class Run:
     compute_dtype: torch.dtype
     optimizer: object = None
     resume_from: str = None  # the checkpoint this run resumes (claim_run), None for a fresh start
+    actions: object = None  # an action run's FolderActions (its raw units: world-model rewards read them), else None
 
     @property
     def master(self):
@@ -338,8 +340,14 @@ def load_data(run):
                                     vae_ckpt=cfg.vae_ckpt, dtype="bf16" if run.device.type == "cuda" else "fp32",
                                     **text)
     else:  # clips of cfg.frames frames, encoded online by the VAE; an action config's with their actions
-        dataset = actionclips.open_clips(cfg.config, cfg.data, cfg.frames, cfg.height, cfg.width, run.say, **text)
+        dataset = actionclips.open_clips(cfg.config, cfg.data, cfg.frames, cfg.height, cfg.width, run.say,
+                                         action_dim=-1, **text)
+        recorded = 0 if cfg.init == "random" else rundir.step_settings(cfg.init).get("action_dim", 0)
+        cfg.action_dim = actionclips.network_action_dim(cfg.config, cfg.init, recorded, dataset, run.say)
     holdout = cfg.holdout if cfg.holdout >= 0 else max(1, len(dataset) // 50)
+    if 0 < len(dataset) - holdout < holdout:  # legal, but rarely meant: the tiny preset's 2 of a 3-episode folder
+        run.say(f"WARNING: {cfg.data}: --holdout {holdout} leaves {len(dataset) - holdout} of its {len(dataset)} "
+                "usable videos to train on, fewer than it holds out: stitch more episodes, or pass a smaller --holdout")
     if len(dataset) - holdout < 1:  # the cause first (videos shorter than the clips, or too few episodes), the fix
         short, n = data.short_videos(dataset.skipped, cfg.frames), len(dataset)
         raise ValueError(f"{cfg.data}: " + (f"{short}; the {n} video(s) left are" if short else f"only {n} usable "
@@ -347,29 +355,6 @@ def load_data(run):
                          + ("" if short else "stitch more episodes, or ") + "pass --holdout 0 to train on them (no "
                          "held-out evaluation)")
     return dataset, len(dataset) - holdout, text
-
-
-def make_encoder(run, vae):
-    """to_latent(batch) -> (latent, its Condition: condition.from_batch): views are encoded one by one and stacked on
-    latent time. --cache-latents keeps encoded clips in memory by (video, start frame)."""
-    cfg, device, views, latent_cache = run.cfg, run.device, run.views, {}
-
-    def to_latent(batch):
-        keys = list(zip(batch["stem"], batch["start"].tolist()))
-        if "latent" in batch:  # --latents: encoded by cache.py exactly as below (views already stacked)
-            latent = batch["latent"].to(device).float()
-        elif not (cfg.cache_latents and all(k in latent_cache for k in keys)):
-            with torch.no_grad():
-                video = batch["video"].to(device, run.compute_dtype)
-                latent = vae.encode(video.flatten(0, 1) if views else video).float()
-            latent = stack_views(latent, views) if views else latent
-            if cfg.cache_latents:
-                latent_cache.update(zip(keys, latent))
-        else:
-            latent = torch.stack([latent_cache[k] for k in keys])
-        return latent, condition.from_batch(batch, device, cfg.height, cfg.width, run.compute_dtype,
-                                            cfg.conditional_frame_timestep, latent=latent)
-    return to_latent
 
 
 def make_optimizer(run, objective, params):
@@ -411,7 +396,10 @@ def held_out_batches(run, dataset, n_train, to_latent):
         batch = dict(item, stem=video.stem, start=0, text_emb=text_lib.clip_text(clips, video)[0])
         batches.append(to_latent(torch.utils.data.default_collate([batch])))
         truths.append(item["video"] if run.views else item["video"][None])
-    run.say(f"evaluation: {'held-out videos ' + str(eval_ids) if n_train < len(dataset) else 'fixed clips of training videos'}")
+    stems = ", ".join(clips.videos[i].stem for i in eval_ids[:4]) + (" ..." if len(eval_ids) > 4 else "")
+    held = n_train < len(dataset)  # by stem, as evaluate.py names them
+    run.say(f"evaluation: held-out episodes {stems} (the last {len(eval_ids)} of {len(dataset)} in name order, "
+            "--holdout)" if held else f"evaluation: fixed clips of training episodes {stems} (--holdout 0)")
     return eval_ids, batches, truths
 
 
@@ -420,7 +408,7 @@ def main(argv=None):
     run = setup(cfg)
     dataset, n_train, text = load_data(run)
     fresh = not os.path.isdir(cfg.out) or not os.listdir(cfg.out)
-    episodes = rundir.episode_record(dataset.videos, n_train)
+    episodes = rundir.episode_record(dataset.videos, n_train, getattr(dataset, "actions", None))
     lock = rundir.claim_run(run, resume_keys(run.cfg), TrainConfig(), episodes)
     try:
         return train(run, lock, dataset, n_train, text, episodes)
@@ -435,6 +423,7 @@ def train(run, lock, dataset, n_train, text, episodes):
     cfg = run.cfg
     module = objective_of(cfg.objective)
     terms = module.rewards(cfg)  # validated; None for SFT, which scores no samples
+    run.actions = getattr(getattr(dataset, "clips", dataset), "actions", None)
     neg_text = None  # the uncond branch of CFG in RL rollouts and samples
     if terms is not None or cfg.sample_every:
         neg_text, source = text_lib.negative_embedding(cfg.data, cfg.text_len, text["text_dim"],
@@ -511,8 +500,8 @@ def step_counts(loop):
     cfg, views = loop.run.cfg, loop.run.views
     shape = (1, 16, max(views, 1) * vae_lib.latent_frames(cfg.frames), cfg.height // 8, cfg.width // 8)
     tokens = shape[2] * (cfg.height // 16) * (cfg.width // 16) * cfg.batch_size * cfg.grad_accum
-    return tokens, model_flops(get_config(cfg.config), shape, cfg.text_len, cfg.lora)[2] * cfg.batch_size * \
-        cfg.grad_accum / cfg.cp
+    flops = model_flops(net_config(cfg.config, cfg.action_dim), shape, cfg.text_len, cfg.lora)[2]
+    return tokens, flops * cfg.batch_size * cfg.grad_accum / cfg.cp
 
 
 def one_step(loop, step, start_step, peak):
@@ -570,6 +559,10 @@ def train_loop(loop, start_step):
         row = {"step": 0, **loop.held_out()}
         run.say(f"held-out evaluation before the first update: {row}")
         log.write(row, first=True)
+    if start_step >= cfg.steps:  # a finished run run again: nothing to do, said (not a bar at 100%)
+        run.say(f"train: {cfg.out} is already at step {start_step} (--steps {cfg.steps}): nothing to train; pass a "
+                "larger --steps to go on from there, or a new --out")
+        return log.history
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not run.master,
                desc=loop.objective.name)
     nonfinite = 0  # skipped (NaN/Inf) steps in a row
@@ -587,7 +580,7 @@ def train_loop(loop, start_step):
             bar.set_postfix(**loop.objective.bar(row), s_it=f"{row['s_per_step']:.2f}")
         nonfinite = rundir.count_nonfinite(row, nonfinite, cfg, loop.objective,
                                            say=lambda line: run.master and tqdm.write(line))
-        if cfg.sample_every and done % cfg.sample_every == 0:
+        if cfg.sample_every and (done % cfg.sample_every == 0 or done == cfg.steps):  # the last step's too
             loop.write_sample(done)
         if stopping:
             run.say(f"stopping after step {done} on {signal.Signals(stop['signal']).name}: checkpoint saved, exit 0")

@@ -24,10 +24,13 @@ An action network takes the chunk flattened, so its action_dim must be (T-1) * s
 
 Contents, top to bottom: writing (stitch.py) -> statistics -> reading (FolderActions).
 """
+import hashlib
 import json
 import os
+import zipfile
 
 import numpy as np
+import torch
 import pyarrow as pa
 
 from base.files import write_atomic
@@ -74,6 +77,11 @@ def read_columns(ep, source, dims: dict) -> dict:
     """key -> [length, dims] float32 of one episode's frame table, in frame_index order; ValueError naming the file
     and column for a wrong width, a missing row, or NaN/Inf."""
     filters = [("episode_index", "=", ep.index)] if source.layout == "v3" else None  # v3 files hold many episodes
+    absent = [key for key in dims if key not in read_parquet(ep.data_path, schema=True).names]
+    if absent:  # a whole file without the column: pyarrow's "no match for FieldRef" is no damage to re-download
+        raise ValueError(f"{ep.data_path}: episode {ep.index}'s frame table has no {' or '.join(absent)} column, "
+                         "though meta/info.json lists the feature: this episode's file was written without it (re-"
+                         "export it with its actions, or stitch the other episodes: it is skipped)")
     table = read_parquet(ep.data_path, columns=["frame_index", *dims], filters=filters)
     if not np.array_equal(table["frame_index"].to_numpy(), np.arange(ep.length)):
         raise ValueError(f"{ep.data_path}: episode {ep.index}'s frame_index is not 0..{ep.length - 1}")
@@ -110,6 +118,37 @@ def write_episode(out: str, stem: str, ep, source, dims: dict, stride: int, n: i
         np.savez(f, action=values[ACTION][rows], state=state, frame_index=kept)
     os.replace(path + ".tmp", path)
     return {"action_dim": dims[ACTION], "state_dim": dims.get(STATE, 0), "bytes": os.path.getsize(path)}, None
+
+
+def read_arrays(path: str, keys: tuple) -> dict:
+    """{key: array} of the keys an .npz holds (an .npy: its one array, as keys[0]), numeric and loaded whole; a
+    ValueError naming the file for a damaged archive (a flipped byte fails zip's CRC), an object array (pickled
+    Python objects are never loaded) or a non-numeric one, instead of numpy's own error without the file's name."""
+    try:
+        with open(path, "rb") as f:
+            loaded = np.load(f, allow_pickle=False)
+            if isinstance(loaded, np.ndarray):
+                arrays = {keys[0]: loaded}
+            else:
+                with loaded:
+                    arrays = {k: loaded[k] for k in keys if k in loaded.files}
+    except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:  # OSError: not a numpy file; EOF: cut short
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(f"{path}: damaged or not a numpy .npz/.npy file ({type(e).__name__}: {e})") from None
+    odd = [f"{k} ({a.dtype})" for k, a in arrays.items() if not np.issubdtype(a.dtype, np.number)]
+    if odd:
+        raise ValueError(f"{path}: {', '.join(odd)} is not a numeric array; actions are float arrays")
+    return arrays
+
+
+def file_digest(path: str) -> str:
+    """The sha256 of a file's bytes, 16 hex digits."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
 
 
 def intact(out: str, rec: dict) -> bool:
@@ -179,8 +218,8 @@ def write_stats(out: str, dims: dict, stats: dict | None, stems: list):
     if stats is None and stems:
         parts = {key: [] for key in dims}
         for stem in stems:
-            with np.load(action_file(out, stem)) as f:
-                rows = {ACTION: f["action"].reshape(-1, dims[ACTION]), STATE: f["state"]}
+            f = read_arrays(action_file(out, stem), ("action", "state"))
+            rows = {ACTION: f["action"].reshape(-1, dims[ACTION]), STATE: f["state"]}
             for key in dims:  # a 1-frame video has no transition: nothing to pool
                 parts[key] += [moments(rows[key])] if len(rows[key]) else []
         stats = {**{key: pooled(p) for key, p in parts.items() if p},
@@ -239,13 +278,40 @@ class FolderActions:
                 f"action network's action_dim {self.action_dim}), state [{self.frames}, {self.state_width}]"
                 + (f"; normalised by {STATS_FILE} ({self.source})" if self.normalize else "; not normalised"))
 
-    def check_action_dim(self, action_dim: int, config: str):
-        """ValueError in one line when a network's action_dim is not this folder's chunk flattened."""
-        if action_dim != self.action_dim:
-            raise ValueError(f"--config {config} takes action_dim={action_dim}, the clips of {self.root} give "
-                             f"{self.action_dim} = {self.frames - 1} transitions x stride {self.stride} x "
-                             f"{self.action_width} action values: use a config with action_dim={self.action_dim}, "
-                             "or change --frames, or restitch with the stride the config was built for")
+    def width(self, per_frame: bool = False) -> int:
+        """The action_dim a network takes of these clips: the chunk flattened, or (per_frame: Predict2.5's action-chunk
+        net) one latent frame's 4 transitions flattened."""
+        return 4 * self.stride * self.action_width if per_frame else self.action_dim
+
+    def fingerprint(self, stems: list) -> dict:
+        """{"actions": a digest of the action files of `stems` (their bytes: the manifest records only their sizes),
+        "action_stats": of action_stats.json}: saved with a run's episodes (engine/rundir.episode_record), so that a
+        resume or evaluate.py on edited actions, or under another normalisation, is refused instead of shifting."""
+        files = hashlib.sha256()
+        for stem in stems:
+            path = action_file(self.root, stem)
+            files.update(f"{stem}:{file_digest(path) if os.path.isfile(path) else 'missing'};".encode())
+        return {"actions": files.hexdigest()[:16], "action_stats": file_digest(os.path.join(self.root, STATS_FILE))}
+
+    def check_action_dim(self, action_dim: int, config: str, init: str = "", per_frame: bool = False):
+        """ValueError in one line when a network's action_dim is not what these clips give, naming the fixes that
+        work: the --frames (4k+1) and stitch strides whose clips give it, and training a net from scratch (it takes
+        its action_dim from the data)."""
+        have = self.width(per_frame)
+        if action_dim == have:
+            return
+        T, s, A = self.frames - 1, self.stride, self.action_width
+        per = action_dim // A if action_dim % A == 0 else 0  # transitions x stride the net was built for
+        options = [(n, per // n) for n in ((4,) if per_frame else range(4, per + 1, 4)) if per and per % n == 0]
+        fixes = [f"a folder stitched at --stride {st}" if per_frame else
+                 f"--frames {n + 1}" + ("" if st == s else f" on a folder stitched at --stride {st}")
+                 for n, st in options[:3]]
+        why = f"4 transitions a latent frame x stride {s} x {A}" if per_frame else f"{T} transitions x stride {s} x {A}"
+        raise ValueError(f"--config {config}{f' (--init {init})' if init else ''} takes action_dim={action_dim}, the "
+                         f"clips of {self.root} give {have} = {why} action values: "
+                         + ("; ".join(fixes) + ", or " if fixes else f"no clip of {A}-value commands gives "
+                            f"{action_dim} ({action_dim} is not a multiple of {A} x 4 transitions): ")
+                         + "train a network from scratch (--init random), which takes its action_dim from the data")
 
     def chunk(self, stem: str, n: int, start: int) -> tuple:
         """(action [T-1, stride*A], state [T, S]) float32 of the clip start .. start+T-1 of a video of n frames;
@@ -253,8 +319,11 @@ class FolderActions:
         path, T = action_file(self.root, stem), self.frames
         if not os.path.isfile(path):
             raise ClipError(f"missing_file: {path} (deleted since start-up)")
-        with np.load(path) as f:
-            action, state = (f[k] if k in f.files else None for k in ("action", "state"))
+        try:
+            arrays = read_arrays(path, ("action", "state"))
+        except ValueError as e:  # a damaged file: a counted skip, as a video that fails to decode
+            raise ClipError(f"bad_action: {e}; restitch the episode (delete the file first)") from None
+        action, state = arrays.get("action"), arrays.get("state")
         want = ((n - 1, self.stride, self.action_width), (n, self.state_width))
         if action is None or state is None or (action.shape, state.shape) != want:
             raise ClipError(f"bad_action: {path} holds action {getattr(action, 'shape', None)}, state "
@@ -264,6 +333,12 @@ class FolderActions:
         s_mean, s_std = self.state_scale
         chunk = self.normalise(action[start:start + T - 1].reshape((T - 1) * self.stride, self.action_width))
         return chunk, ((state[start:start + T] - s_mean) / s_std).astype(np.float32)
+
+    def raw(self, chunk):
+        """normalise's inverse: the network's chunk [..., transitions, stride * A] -> raw actions [..., transitions *
+        stride, A] in the dataset's units (what a world-model reward reads)."""
+        a_mean, a_std = (torch.as_tensor(v, device=chunk.device) for v in self.action_scale)
+        return chunk.float().reshape(*chunk.shape[:-2], -1, self.action_width) * a_std + a_mean
 
     def normalise(self, raw):
         """Raw actions [..., transitions * stride, A] in the dataset's units -> the network's chunk [..., transitions,

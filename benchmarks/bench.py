@@ -41,12 +41,12 @@ sys.path.insert(0, ROOT)
 if not any(a == "--vs" or a.startswith("--vs=") for a in sys.argv[1:]):
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
+import loadbench  # noqa: E402  (bench.py --load: checkpoint load speed)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import grpo  # noqa: E402
-import loadbench  # noqa: E402  (bench.py --load: checkpoint load speed)
 import peer  # noqa: E402  (bench.py --vs; peer.py imports benchstep, never bench)
 import rlplan  # noqa: E402  (bench.py --world --rl: an RL update's plan)
 import sac  # noqa: E402

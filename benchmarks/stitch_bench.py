@@ -17,8 +17,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from base import cli  # noqa: E402
 from base.lerobot import SLOTS, open_source  # noqa: E402
 from base.video import ffmpeg_exe  # noqa: E402
-from stitch import (StitchConfig, episode_command, fit_policy, load_records, make_config, parse_size,  # noqa: E402
-                    segment_input, stitch, x264_args)
+from stitch import (  # noqa: E402
+    StitchConfig,
+    episode_command,
+    fit_policy,
+    load_records,
+    make_config,
+    parse_size,
+    segment_input,
+    stitch,
+    x264_args,
+)
 
 
 def bench(src: str, rounds: int = 3, **overrides) -> dict:

@@ -17,8 +17,9 @@ import os
 import numpy as np
 import torch
 
-from base.actions import STATS_FILE, FolderActions
+from base.actions import STATS_FILE, FolderActions, read_arrays
 from base.inits import get_config
+from base.video import ClipError
 from clips.data import GridClips, ViewClips
 
 
@@ -66,10 +67,11 @@ def refuse_latents(config: str, latents: str):
                          "--latents (the clips are encoded online, with their actions)")
 
 
-def open_clips(config: str, root: str, frames: int, height: int, width: int, say=print, **text):
+def open_clips(config: str, root: str, frames: int, height: int, width: int, say=print, action_dim: int = 0, **text):
     """The clips a run of --config trains and is evaluated on: ActionClips / ViewActionClips for an action config
-    (its action_dim checked against the folder's chunk, before any model is built), else GridClips / ViewClips. A
-    folder without actions for an action config is a ValueError naming the folder and the fix."""
+    (action_dim: the network's, 0 = the config's; -1: none yet, a net trained from scratch takes the data's: see
+    network_action_dim), else GridClips / ViewClips. A folder without actions for an action config, or a network
+    whose action_dim is not the folder's chunk, is a ValueError naming the folder and the fixes, before any model."""
     mcfg = get_config(config)
     views, has_actions = bool(mcfg.camera_channels), os.path.isfile(os.path.join(root, STATS_FILE))
     if mcfg.action_dim and not has_actions:
@@ -82,49 +84,91 @@ def open_clips(config: str, root: str, frames: int, height: int, width: int, say
                 "sampled on the videos alone; an action-conditioned run: --config tiny-action or v2w-2b-action")
         return (ViewClips if views else GridClips)(root, frames, height, width, **text)
     clips = (ViewActionClips if views else ActionClips)(root, frames, height, width, **text)
-    clips.actions.check_action_dim(mcfg.action_dim, config)
+    if action_dim >= 0:
+        clips.actions.check_action_dim(action_dim or mcfg.action_dim, config, per_frame=mcfg.action_per_frame)
     return clips
 
 
-def other_actions(actions: list) -> list:
-    """For action_gap_db (evaluate.py): each held-out clip's chunk [1, T-1, D] replaced by the next clip's (cycling),
-    or, with one clip, by its own reversed in time, so the generation starts from the same frame and noise under
-    commands that did not happen."""
-    if len(actions) == 1:
-        return [actions[0].flip(1)]
-    return actions[1:] + actions[:1]
+def network_action_dim(config: str, init: str, recorded: int, clips, say=print) -> int:
+    """The action_dim of the network a train.py run of --config builds for `clips` (0 for a config without
+    actions): from scratch (--init random) its data's (said when it is not the config's: a net of one's own robot's
+    commands needs no config of its own); loaded from --init, its own (`recorded`: what a train.py step recorded,
+    0 = the config's), checked against the data (FolderActions.check_action_dim: one line, the fixes that work)."""
+    mcfg = get_config(config)
+    if not mcfg.action_dim:
+        return 0
+    per_frame = mcfg.action_per_frame
+    if init == "random":
+        width = clips.actions.width(per_frame)
+        if width != mcfg.action_dim:
+            say(f"actions: --config {config} trained from scratch takes its action_dim from {clips.root}: {width} "
+                f"(its clips' {clips.actions.action_width}-value commands at stride {clips.actions.stride}) instead of "
+                f"the config's {mcfg.action_dim}; recorded with every step, sample.py and evaluate.py rebuild it so")
+        return width
+    own = recorded or mcfg.action_dim
+    clips.actions.check_action_dim(own, config, init, per_frame=per_frame)
+    return own
 
 
-def standin_action(mcfg, batch: int, device=None, generator=None):
-    """A random action chunk [batch, 1, action_dim] for an action network fed stand-in inputs (smoke.py, bench.py's
-    step and RL plan, sac.auto_plan on "meta": their cost depends on its shape alone); None for a net without
-    actions."""
-    return torch.randn(batch, 1, mcfg.action_dim, device=device, generator=generator) if mcfg.action_dim else None
+def other_actions(actions: list, stems: list) -> tuple:
+    """For action_gap_db (evaluate.py): (each held-out clip's chunk [1, T-1, D] replaced by commands that did not
+    happen, what each replacement is). The next clip's (cycling) that differs from its own; with one clip, or where
+    every other clip's equals it, its own reversed in time, negated (mirrored about the data's mean command: a
+    command held for the whole chunk reverses into itself), or shifted by one sd (the mean command itself): the
+    first that differs, so a net that follows its actions never scores the 0 of one that ignores them."""
+    replaced, what = [], []
+    for i, own in enumerate(actions):
+        candidates = [(actions[(i + k) % len(actions)], f"{stems[(i + k) % len(actions)]}'s actions")
+                      for k in range(1, len(actions))]
+        candidates += [(own.flip(1), "its own reversed in time"), (-own, "its own negated (mirrored about the mean)"),
+                       (own + 1, "its own shifted by one sd")]
+        chunk, label = next((c, label) for c, label in candidates if not torch.equal(c, own))
+        replaced.append(chunk)
+        what.append(label)
+    return replaced, what
 
 
 def episode_chunks(clips, index: int, chunks: int) -> list:
     """The action chunks [1, T-1, stride*A] of `chunks` consecutive windows of clips.videos[index] (frames 0, T-1,
     2(T-1), ...: each window starts at the previous one's last frame, as generate.rollout chains them); a ValueError
-    when the episode is too short."""
+    when the episode (its video or its actions file) is too short or its actions file is damaged."""
     video, T = clips.videos[index], clips.frames
     if video.frames < 1 + chunks * (T - 1):
         raise ValueError(f"{video.path}: {video.frames} frames; {chunks} chained chunks of {T} frames need "
                          f"{1 + chunks * (T - 1)}: pass fewer --chunks, or --actions FILE")
-    return [torch.from_numpy(clips.actions.chunk(video.stem, video.frames, k * (T - 1))[0])[None]
-            for k in range(chunks)]
-
-
-def read_actions_file(path: str, shape: tuple) -> torch.Tensor:
-    """sample.py --actions FILE.npz: its `action` array as one clip's chunk [1, *shape] (already normalised, as the
-    clips give it: actionclips.ActionClips' `action`); a ValueError naming the file for another shape or NaN/Inf."""
     try:
-        with np.load(path) as f:
-            action = f["action"] if "action" in f.files else None
-    except (OSError, ValueError) as e:
-        raise ValueError(f"--actions {path}: not a readable .npz ({e}); write one with np.savez(path, action=...)") \
-            from None
-    if action is None or action.size != int(np.prod(shape)) or not np.isfinite(action).all():
-        raise ValueError(f"--actions {path}: needs an `action` array of {shape} (transitions x stride*dims, "
-                         f"normalised as training saw it) without NaN/Inf; it holds "
-                         f"{None if action is None else action.shape}")
-    return torch.from_numpy(action.astype(np.float32).reshape(1, *shape))
+        return [torch.from_numpy(clips.actions.chunk(video.stem, video.frames, k * (T - 1))[0])[None]
+                for k in range(chunks)]
+    except ClipError as e:  # the actions file does not match its video (cut, edited, damaged)
+        raise ValueError(f"the actions of {video.path}: {e}") from None
+
+
+def read_actions_file(path: str, transitions: int, width: int, folder) -> tuple:
+    """sample.py --actions FILE (.npz with `action`, or an .npy): (one clip's chunks [1, transitions, width], what was
+    read) for a net that takes `width` values a transition. Two layouts, told apart by their shape, anything else a
+    ValueError naming the file: [transitions, width], normalised as training saw it (ActionClips' `action`), or
+    stitch.py's actions/<stem>.npz as written, [N, stride, A] raw commands: its first `transitions` are normalised
+    here by folder() (a FolderActions: the run's data folder's action_stats.json)."""
+    try:
+        action = read_arrays(path, ("action",)).get("action")
+    except ValueError as e:  # damaged, an object or a text array: the file named, no numpy traceback
+        raise ValueError(f"--actions {e}") from None
+    if action is None:
+        raise ValueError(f"--actions {path}: no `action` array; write one with np.savez(path, action=...)")
+    if not np.isfinite(action).all():
+        raise ValueError(f"--actions {path}: `action` holds NaN/Inf values")
+    if action.shape == (transitions, width):
+        return torch.from_numpy(action.astype(np.float32))[None], f"{path} ({transitions} x {width}, normalised)"
+    actions = folder() if action.ndim == 3 else None
+    if actions is not None and action.shape[1:] == (actions.stride, actions.action_width) and \
+            actions.stride * actions.action_width == width:
+        if len(action) < transitions:
+            raise ValueError(f"--actions {path}: {len(action)} transitions of raw commands (stitch.py's layout), "
+                             f"these --chunks need {transitions}: pass fewer --chunks")
+        chunk = actions.normalise(action[:transitions].reshape(transitions * actions.stride, actions.action_width))
+        return torch.from_numpy(chunk)[None], (f"{path} (stitch.py's raw [N, {actions.stride}, {actions.action_width}]"
+                                               f": its first {transitions} transitions, normalised by "
+                                               f"{actions.root}/{STATS_FILE})")
+    raise ValueError(f"--actions {path}: needs an `action` array of {(transitions, width)} (transitions x stride*dims, "
+                     "normalised as training saw it) or stitch.py's actions/<stem>.npz ([N, stride, dims] raw); it "
+                     f"holds {action.shape}: its values are never reshaped into another layout")

@@ -3,13 +3,14 @@ the conditioning frame, on Path B's 2x2 grid (cut into its cameras) or Path A's 
 evaluate.py (runs compared after training) and engine/rl.py (every RL run's held-out evaluation) both score with these
 functions, on the same frames, so a run's logged eval_psnr and evaluate.py's number for its checkpoint are one number.
 
-Contents: PSNR and SSIM -> cameras of a grid or views video -> the per-camera metrics and the reward's frames.
+Contents: PSNR and SSIM -> cameras of a grid or views video -> the per-camera metrics and the reward's frames ->
+world-model rewards (--reward plug-ins that read the true clip: fidelity to the true continuation).
 """
 import torch
-from base import camera
 import torch.nn.functional as F
 
 import reward
+from base import camera
 from clips import data
 
 CAMERAS = ("ext_1", "ext_2", "wrist")  # stitch.py's grid cells: top-left, top-right, bottom-left (bottom-right black)
@@ -112,13 +113,35 @@ def reward_video(video, layout):
     return video[:, :, 1:].float()
 
 
-def score_sample(video, truth, x0, views, size, terms):
+def score_sample(video, truth, x0, views, size, terms, truth_latent=None, action=None):
     """(per-camera PSNR/SSIM {name: [1]}, rewards {name: [1]}) of one held-out generation against its truth:
     generate.from_first_frame's video and latent x0 (a camera net: video and truth [V, 3, T, H, W], one sample of V
     views), on frames 1..; the video rewards on the 2x2 grid, the latent ones on x0. What evaluate.py and every RL
-    run's held-out evaluation (rl.evaluate) score."""
+    run's held-out evaluation (rl.evaluate) score. World-model rewards read the truth's frames 1.., and where given
+    its latent and its raw actions."""
     layout = "views" if views else "grid"
     shaped = (video[None], truth[None]) if views else (video, truth)
-    rewards = reward.score(terms, video=reward_video(shaped[0], layout) if reward.needs_pixels(terms) else None,
-                           latent=x0)
+    pixels = reward.needs_pixels(terms)
+    rewards = reward.score(terms, video=reward_video(shaped[0], layout) if pixels else None, latent=x0,
+                           truth=reward_video(shaped[1], layout) if pixels else None, truth_latent=truth_latent,
+                           action=action)
     return view_metrics(*shaped, layout, size), rewards
+
+
+# -----------------------------------------------------------------------------
+# World-model rewards: how close a rollout is to the truth it started from (--reward clips.fidelity:truth_psnr, ...)
+
+
+def truth_psnr(video, truth):
+    """[B] PSNR in dB of the generated frames against the true clip's, over every frame given (in an RL rollout the
+    conditioning frame 0 is the truth's own in both and adds no error; in a held-out evaluation frames 1.. are
+    given): 10 log10(1 / MSE) of [0, 1] intensities over the whole clip, finite unless the two are identical."""
+    check_pair(video, truth.expand_as(video), "truth_psnr")
+    mse = (to_unit(video).double() - to_unit(truth.expand_as(video)).double()).square().mean(dim=(1, 2, 3, 4))
+    return (10 * torch.log10(1 / mse.clamp_min(1e-10))).float()
+
+
+def truth_latent_mse(latent, truth_latent):
+    """[B] minus the mean squared error of the generated latent against the true clip's (no decoding; the
+    conditioning latent frame, the truth's own in both, adds none)."""
+    return -(latent.float() - truth_latent.float().expand_as(latent)).square().mean(dim=(1, 2, 3, 4))

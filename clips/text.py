@@ -16,8 +16,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from base.inits import get_config
-from base.inits import TINY_CONFIGS, tiny_data
+from base.inits import TINY_CONFIGS, get_config, tiny_data
 
 NEGATIVE_STEM = "negative_prompt"  # t5.py writes the negative prompt's embedding as t5_xxl/negative_prompt.pickle
 

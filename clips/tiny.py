@@ -7,7 +7,6 @@ from base import lerobot
 from base.files import claim
 from base.inits import TINY_CLIP
 
-
 # tiny-action's synthetic episodes (make_tiny_dataset): 40 long enough for a 3-chunk rollout of 9-frame clips at
 # stride 4 (25 frames: 97 rows) and a short one. 40 rather than 10: with 10 (8 trained on) a tiny net never read the
 # commands; with 40 (36 trained on, 4 held out) it does (docs/actions.md "Measured")

@@ -1,6 +1,8 @@
 """The networks, built in one place, and the iteration-0 init guard that proves a loaded one went in: train.py, bench.py, smoke.py, sample.py and engine/resume.py build the DiT here, and
 every command its frozen video tokenizer (build_vae).
 
+make_encoder is train.py's batch -> (latent, Condition), through the VAE built here.
+
 The order is torchtitan's and matters (docs/memory.md):
     meta build -> LoRA / freeze (frozen base in the compute dtype) -> fp8 -> activation checkpointing per block
     -> context parallel -> compile per block -> FSDP2 -> materialise -> seeded init -> strict load -> fp8 base
@@ -15,8 +17,10 @@ import torch
 import torch.distributed as dist
 
 import ckpt
+import condition
 import sac
 from base import cp, fp8
+from base.camera import stack_views
 from base.collectives import agree, comm_device, rank, say, shard_model, world_size
 from base.formats import CheckpointError
 from base.inits import get_config
@@ -32,6 +36,8 @@ RECOMPILE_LIMIT = 16  # per compiled block: room for every variant a GRPO run ne
 class NetSpec:
     """What to build. Every entry point fills one from its own config."""
     config: str  # inits.get_config name
+    action_dim: int = 0  # an action config's, when not the config's own (0): a net trained from scratch on one's own
+    # robot's commands takes its data's (clips/actionclips.network_action_dim; recorded with every step)
     init: str = "random"  # random (the seeded init_weights) or anything ckpt.load takes
     ema: bool = None  # ckpt.load's ema: None = the file's only weights, True / False = its EMA / raw weights
     lora: int = 0  # adapter rank; 0 = every parameter trains
@@ -44,10 +50,15 @@ class NetSpec:
     seed: int = 0  # torch.manual_seed before init_weights: the random base and the adapters follow it alone
 
 
+def net_config(config, action_dim=0):
+    """The DiTConfig of --config with a run's own action_dim (0: the config's)."""
+    return get_config(config, **({"action_dim": action_dim} if action_dim else {}))
+
+
 def meta_net(spec: NetSpec):
     """The DiT on the meta device with its adapters (or fp8 GEMMs): what planners measure before materialising."""
     with torch.device("meta"):
-        net = DiT(get_config(spec.config)).to(spec.dtype)
+        net = DiT(net_config(spec.config, spec.action_dim)).to(spec.dtype)
     if spec.lora:
         add_lora(net, spec.lora, spec.lora_alpha or None)
         # the adapted Linears' frozen base in the compute dtype: fp32 would hold 4 B per weight that never trains
@@ -123,8 +134,8 @@ def trainable(net):
 def training_net(run):
     """train.py's network: its run's settings (run: train.Run) as a NetSpec, with --sac auto's plan (one block
     measured under every mode at this run's shape, rank 0's choice for all ranks), built; (net, its sac modes)."""
-    cfg, mcfg = run.cfg, get_config(run.cfg.config)
-    spec = NetSpec(config=cfg.config, init=cfg.init, ema={"": None, "net": False, "net_ema": True}[cfg.ema_weights],
+    cfg, mcfg = run.cfg, net_config(run.cfg.config, run.cfg.action_dim)
+    spec = NetSpec(config=cfg.config, action_dim=cfg.action_dim, init=cfg.init, ema={"": None, "net": False, "net_ema": True}[cfg.ema_weights],
                    lora=cfg.lora, lora_alpha=cfg.lora_alpha or None, fp8=cfg.fp8, sac_modes=(), compile=cfg.compile,
                    dtype=torch.float32, base_dtype=run.compute_dtype, seed=cfg.seed)
     net = meta_net(spec)
@@ -158,6 +169,30 @@ def build_vae(name, ckpt_path, device, dtype):
     else:
         raise ValueError(f"vae {name!r}: tiny or real")
     return vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def make_encoder(run, vae):
+    """train.py's to_latent(batch) -> (latent, its Condition: condition.from_batch): views are encoded one by one and stacked on
+    latent time. --cache-latents keeps encoded clips in memory by (video, start frame)."""
+    cfg, device, views, latent_cache = run.cfg, run.device, run.views, {}
+
+    def to_latent(batch):
+        keys = list(zip(batch["stem"], batch["start"].tolist()))
+        if "latent" in batch:  # --latents: encoded by cache.py exactly as below (views already stacked)
+            latent = batch["latent"].to(device).float()
+        elif not (cfg.cache_latents and all(k in latent_cache for k in keys)):
+            with torch.no_grad():
+                video = batch["video"].to(device, run.compute_dtype)
+                latent = vae.encode(video.flatten(0, 1) if views else video).float()
+            latent = stack_views(latent, views) if views else latent
+            if cfg.cache_latents:
+                latent_cache.update(zip(keys, latent))
+        else:
+            latent = torch.stack([latent_cache[k] for k in keys])
+        return latent, condition.from_batch(batch, device, cfg.height, cfg.width, run.compute_dtype,
+                                            cfg.conditional_frame_timestep, latent=latent)
+    return to_latent
+
 
 
 # -----------------------------------------------------------------------------

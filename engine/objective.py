@@ -20,7 +20,6 @@ from engine.rollout import generated_mask
 from nets.family import family_of
 
 
-
 def sample_seed(*keys):
     """A 63-bit seed from a tuple of counters: every random draw depends only on (seed, step, sample, purpose),
     so a resumed or re-sharded run draws exactly the same numbers as an uninterrupted one."""
@@ -187,18 +186,19 @@ def agreed_names(scores):
     return list(everyone[0][0])
 
 
-def score_groups(x0s, score, decode, cfg, timed, agree=None, cp_size=1):
+def score_groups(x0s, conds, score, decode, cfg, timed, agree=None, cp_size=1):
     """Decode (only if a reward needs pixels) and score every group's K samples, gather all ranks' scores and turn
-    the rewards into advantages over all ranks' groups (collective). x0s: per group a [K, C, T, H, W] latent.
+    the rewards into advantages over all ranks' groups (collective). x0s: per group a [K, C, T, H, W] latent; conds:
+    the groups' records (score reads what a world-model reward needs of the true clip: its latent, its actions).
     cfg: any config with group_size, adv_eps, adv_clip, global_std, std_ddof (GRPO's, NFT's).
     Returns (this rank's advantages [groups, K] on x0s' device, metrics: rewards, components, adv_std)."""
     device = x0s[0].device
 
     def score_all():
         out = []
-        for x0 in x0s:
+        for x0, cond in zip(x0s, conds, strict=True):
             video = timed("decode", lambda: decode(x0))
-            out.append(timed("reward", lambda: score(video, x0)))
+            out.append(timed("reward", lambda: score(video, x0, cond)))
         return out
     scores = agree("scoring the rollouts", score_all) if agree is not None else score_all()
     names = agreed_names(scores)

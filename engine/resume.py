@@ -43,11 +43,11 @@ from base.collectives import agree, gather, local_rows, rank, say, world_size
 from base.files import fsync_dir, write_atomic
 from base.formats import STEP_RE, bitsum, check_sums, dcp_call, denied, read_meta
 from ckpt import CheckpointError, build_report, model_entries, open_source
-from engine import build
 
 # Top-level DCP keys of a training checkpoint; extra_state groups take any other plain name
 TRAINING_KEYS = ("model", "optim", "rng")
 DELETING = ".deleting"  # rotate(): a step directory being deleted
+KEEP_MARKER = "keep.json"  # a step directory holding it is never rotated out (keep_checkpoint)
 
 # -----------------------------------------------------------------------------
 # The latest pointer, complete checkpoints, rotation
@@ -112,11 +112,18 @@ def rotate(out_dir, keep):
     done = complete_checkpoints(out_dir)
     protect = {p for _, p in done[-keep:]}
     protect.update([p for _, p in done if finite_and_evaluated_well(p)][-1:])
+    protect.update(p for _, p in done if os.path.isfile(os.path.join(p, KEEP_MARKER)))  # named to the user: kept
     pointer = os.path.join(out_dir, "latest")
     if os.path.exists(pointer):
         with open(pointer) as f:
             protect.add(os.path.join(out_dir, f.read().strip()))
     delete_checkpoints([p for _, p in done if p not in protect] + leftovers(out_dir, done, tmp=True))
+
+
+def keep_checkpoint(path, why):
+    """Mark a complete step directory as never rotated out (a KEEP_MARKER file saying why): RL's fidelity guard
+    names the newest checkpoint within its bound, which `--keep` would otherwise delete as the run goes on."""
+    write_atomic(os.path.join(path, KEEP_MARKER), json.dumps({"why": why}) + "\n")
 
 
 def leftovers(out_dir, done, tmp=False):
@@ -447,28 +454,3 @@ def lora_base(step_dir, meta=None):
 # The network of a step directory, as train.py built it (sample.py, evaluate.py, export.py)
 
 
-def build_from_step(step_dir, device, use_ema=False):
-    """The network of a train.py step directory rebuilt as train.py built it (its recorded config, LoRA, seeded init,
-    and for a LoRA-only step the --init base), then the step loaded strictly by ckpt.load (every key, its checksums);
-    use_ema: the EMA the run kept (train.py --ema) in place of the weights it averages."""
-    meta = read_meta(step_dir)
-    run = meta["extra"].get("config") if isinstance(meta["extra"], dict) else None
-    if not isinstance(run, dict) or "config" not in run:
-        raise CheckpointError(f"{step_dir}: not a train.py step (its meta.json records no run config)")
-    lora_base(step_dir, meta)  # before a network is built
-    if use_ema and not run.get("ema"):
-        raise CheckpointError(f"--ema: the run of {step_dir} kept no EMA (train.py --ema RATE): drop --ema")
-    init = run.get("init", "random") if meta["lora_only"] else "random"  # a LoRA-only step: its adapters' base
-    spec = build.NetSpec(config=run["config"], init=init, ema={"": None, "net": False, "net_ema": True}[
-        run.get("ema_weights", "")], lora=run.get("lora", 0), lora_alpha=run.get("lora_alpha") or None,
-        seed=run.get("seed", 0))
-    net = build.build(spec, device)  # as train.py built it: a random base is this seed's init_weights
-    recorded = meta["extra"].get("base_checksum", net.init_checksum)  # (steps saved before it was recorded: none)
-    if meta["lora_only"] and recorded != net.init_checksum:  # the same content under any path is the same base
-        raise CheckpointError(f"{step_dir} holds LoRA adapters trained on a base of content checksum {recorded}, but "
-                              f"its run's recorded base {init} now holds {net.init_checksum}: another network; restore "
-                              "the original base at that path")
-    frozen = [k for k, p in net.named_parameters() if not p.requires_grad]  # the base build() loaded, strictly
-    base = ("^(" + "|".join(map(re.escape, frozen)) + ")$",) if meta["lora_only"] and frozen else ()
-    ckpt.load(net, step_dir, ema=True if use_ema else None, allow_missing=base)  # LoRA-only: the base is not in it
-    return net

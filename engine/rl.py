@@ -9,7 +9,7 @@ one's record for train.py's loop (engine/objective.Objective) around its update.
 Contents, top to bottom: flags and resume keys -> decoding -> held-out evaluation -> the fidelity guard -> the record.
 """
 import dataclasses
-from base import camera
+import os
 
 import torch
 import torch.distributed as dist
@@ -17,10 +17,11 @@ from tqdm import tqdm
 
 import condition
 import reward
-from base import cli, collectives
+from base import camera, cli, collectives
 from base.camera import split_views
 from clips import data
 from clips.fidelity import score_sample
+from engine import resume
 from engine.generate import from_first_frame
 from engine.objective import Objective, RLConfig, check_samples, held_out_slots, sample_seed
 from nets.family import family_of
@@ -99,6 +100,15 @@ def reward_line(name, rl_cfg, spec, terms):
 # Decoding
 
 
+def truth_of(terms, cond, decode, actions):
+    """What the world-model reward terms read of a group's true clip (reward.INPUTS), computed only for them: its
+    latent (cond.gt_frames, the whole encoded clip), decoded as the samples are, its actions in raw units."""
+    wanted = {name for term in terms for name in term.inputs}
+    return {**({"truth_latent": cond.gt_frames} if "truth_latent" in wanted else {}),
+            **({"truth": decode(cond.gt_frames)} if "truth" in wanted else {}),
+            **({"action": actions.raw(cond.action)} if "action" in wanted and actions is not None else {})}
+
+
 def decoder(vae, terms, views):
     """decode(x0 [K, C, T, H, W]) -> video [K, 3, F, H, W] float32, or None when no reward term needs pixels; one
     sample at a time (memory does not grow with K); a multi-view latent is scored as Path B's 2x2 grid."""
@@ -122,7 +132,7 @@ def decoder(vae, terms, views):
 EVAL_NOISE_DRAWS = 2  # initial-noise draws per held-out clip
 
 
-def evaluate(net, vae, cfg, guidance, batches, truths, slots, neg_text, terms):
+def evaluate(net, vae, cfg, guidance, batches, truths, slots, neg_text, terms, actions=None):
     """The held-out evaluation of an RL run, collective: {"eval_reward": the weighted reward, "eval_reward_<name>":
     each term and component, "eval_psnr", "eval_ssim" and "eval_<psnr|ssim>_<camera>": fidelity to the true clip,
     "eval_sd" / "eval_sd_<name>" / "eval_sd_psnr": their spread (population sd) over the held-out samples,
@@ -145,7 +155,8 @@ def evaluate(net, vae, cfg, guidance, batches, truths, slots, neg_text, terms):
                                          grid, dtype)
             named = dataclasses.replace(batch_cond, key=("held-out", slot))
             collectives.agree("the held-out evaluation", lambda: check_samples([x0], [named], "held-out samples"))
-            metrics, scores = score_sample(video, truth, x0, views, size, terms)  # after the check: no NaN scored
+            raw = actions.raw(batch_cond.action) if actions is not None and batch_cond.action is not None else None
+            metrics, scores = score_sample(video, truth, x0, views, size, terms, latent, raw)  # checked: no NaN
             values = {("eval_reward" if k == "reward" else "eval_reward_" + k.replace("/", "_")): v
                       for k, v in scores.items()}
             for k, v in metrics.items():  # "psnr", "ext_1/psnr", ...
@@ -189,18 +200,33 @@ def fidelity_guard(cfg, say, master):
                            f"{base['eval_reward']:.4g} by more than its spread {base['eval_sd']:.3g}: the policy is "
                            "not learning this reward (a paired control keeps step 0's value); check the reward")
         if crossed:
-            keep = [r["step"] for r in history if "s_checkpoint" in r and r.get("eval_psnr") is not None
-                    and base["eval_psnr"] - r["eval_psnr"] <= cfg.max_psnr_drop]
-            best = f"{cfg.out}/step_{keep[-1]:08d}" if keep else f"none saved: the base (--init {cfg.init})"
             said["psnr"] = (f"step {row['step']}: held-out PSNR {row['eval_psnr']:.2f} dB is {drop:.2f} dB below "
                             f"step 0's {base['eval_psnr']:.2f} (--max-psnr-drop {cfg.max_psnr_drop:g}): the reward "
-                            "is being gained by forgetting the world; the newest checkpoint within the bound: " + best)
+                            "is being gained by forgetting the world; the newest checkpoint within the bound: "
+                            + best_within(cfg, base, history))
             say("WARNING " + said["psnr"] + ("" if cfg.stop_on_psnr_drop else " (--stop-on-psnr-drop stops here; a "
                                              "lower lr or a data term keeps the world: docs/rl.md)"))
         if cfg.stop_on_psnr_drop and agree(crossed):
             raise FidelityStop("--stop-on-psnr-drop: " + said.get("psnr", f"rank 0 stopped the run after step "
                                                                            f"{row['step']}'s held-out evaluation"))
     return watch
+
+
+def best_within(cfg, base, history):
+    """The fidelity guard's pick: the newest saved step whose held-out PSNR was within --max-psnr-drop of step 0's,
+    marked so that --keep rotation never deletes it (resume.keep_checkpoint), or what is left when rotation already
+    did; with none within the bound, the base."""
+    within = [r["step"] for r in history if "s_checkpoint" in r and r.get("eval_psnr") is not None
+              and base["eval_psnr"] - r["eval_psnr"] <= cfg.max_psnr_drop]
+    there = [s for s in within if os.path.isfile(os.path.join(cfg.out, f"step_{s:08d}", "meta.json"))]
+    if not there:
+        return (f"step_{within[-1]:08d}, deleted by --keep rotation since; none is left: the base (--init {cfg.init})"
+                if within else f"none saved: the base (--init {cfg.init})")
+    best = f"{cfg.out}/step_{there[-1]:08d}"
+    resume.keep_checkpoint(best, f"the newest step within --max-psnr-drop {cfg.max_psnr_drop:g} of step 0's PSNR")
+    gone = f"; the newer step_{within[-1]:08d} within it was deleted by --keep rotation" if within[-1] != there[-1] \
+        else ""
+    return f"{best} (kept: --keep rotation never deletes it){gone}"
 
 
 def spread_means(sums, squares, count, device):
@@ -234,14 +260,16 @@ def objective(run, net, vae, neg_text, terms, name, update, extra_state=None):
 
     def step(index, next_batch):
         latent, cond = next_batch()
-        views = len(data.VIEW_ORDER) if cond.camera is not None else 0
-        score = lambda video, x0: reward.score(terms, video=video, latent=x0)  # noqa: E731
-        return update(condition.per_clip(cond, neg_text, run.dp_rank), tuple(latent.shape[1:]),
-                      decoder(vae, terms, views), score, index, seed, run.dp_rank)
+        decode = decoder(vae, terms, len(data.VIEW_ORDER) if cond.camera is not None else 0)
+
+        def score(video, x0, group):  # a group's samples, and what world-model rewards read of its true clip
+            return reward.score(terms, video=video, latent=x0, **truth_of(terms, group, decode, run.actions))
+        return update(condition.per_clip(cond, neg_text, run.dp_rank), tuple(latent.shape[1:]), decode, score,
+                      index, seed, run.dp_rank)
 
     def held_out(batches, truths):  # train.held_out_batches' clips, in held_out_slots' order
         slots = held_out_slots(run.dp_rank, run.dp_world, len(batches))
-        return evaluate(net, vae, cfg, rl_cfg.guidance, batches, truths, slots, neg_text, terms)
+        return evaluate(net, vae, cfg, rl_cfg.guidance, batches, truths, slots, neg_text, terms, run.actions)
     return Objective(lr_at=rl_cfg.lr_at, betas=tuple(rl_cfg.betas), weight_decay=rl_cfg.weight_decay,
                      schedule=f"lr {rl_cfg.lr:g} (warm-up {rl_cfg.warmup}, then constant), clip "
                               f"{rl_cfg.max_grad_norm}",

@@ -55,6 +55,9 @@ def release_fresh_out(out, lock):
         os.rmdir(out)
 
 
+RECORDED_ONLY = ("action_dim",)  # TrainConfig fields that are no flag: decided at start-up from others, recorded
+
+
 def claim_run(run, keys, defaults, episodes=None):
     """train.py's run directory: claimed (one train.py per --out), settings checked against its checkpoint (keys:
     what a resumed run must keep; defaults: TrainConfig()), the --init resolved (hub names download now, before any
@@ -65,6 +68,7 @@ def claim_run(run, keys, defaults, episodes=None):
                                       lambda: check_resume_settings(cfg.out, cfg, keys, defaults, episodes),
                                       share=True)
     run.resume_from = resume_path
+    changed = {k: v for k, v in changed.items() if k not in RECORDED_ONLY}
     if changed:
         run.say(f"resume: settings changed since {resume_path}, applied from its step on: "
                 + ", ".join(f"{cli.flag(k)} {old} -> {new}" for k, (old, new) in changed.items()))
@@ -88,15 +92,16 @@ def check_lora_base(run, net):
                          "were trained on (any path holding the same file), or use a new --out")
 
 
-def episode_record(videos, n_train):
+def episode_record(videos, n_train, actions=None):
     """What a run trains and evaluates on, saved with every step: the training and held-out episodes (stems, the
     held-out ones the last in name order) and a fingerprint of their content (the manifest's sha1 and size of every
-    file), so a resume or evaluate.py on a changed data folder is refused instead of shifting silently."""
+    file), so a resume or evaluate.py on a changed data folder is refused instead of shifting silently. actions (an
+    action run's FolderActions): the fingerprints of its action files and of action_stats.json too."""
     ident = lambda v: [v.stem, v.sha1, v.bytes, v.frames] if not v.views else [  # noqa: E731
         v.stem, v.frames, sorted([s, w.sha1, w.bytes] for s, w in v.views.items())]
     digest = hashlib.sha256(json.dumps([ident(v) for v in videos]).encode()).hexdigest()[:16]
     return {"train": [v.stem for v in videos[:n_train]], "held_out": [v.stem for v in videos[n_train:]],
-            "fingerprint": digest}
+            "fingerprint": digest, **(actions.fingerprint([v.stem for v in videos]) if actions is not None else {})}
 
 
 def episode_change(saved, now, data_dir):
@@ -111,6 +116,12 @@ def episode_change(saved, now, data_dir):
     if saved["fingerprint"] != now["fingerprint"]:
         return (f"the episodes of {data_dir} have the same names but other content (fingerprint "
                 f"{saved['fingerprint']} -> {now['fingerprint']}: replaced or restitched)")
+    for key, what in (("actions", (f"the actions of its episodes changed in {data_dir}/actions (the same names and "
+                                   "sizes, other values: edited or restitched)")),
+                      ("action_stats", (f"{data_dir}/action_stats.json changed (another normalisation: the same "
+                                        "commands would reach the network as other numbers)"))):
+        if key in saved and key in now and saved[key] != now[key]:  # (steps saved before actions were fingerprinted)
+            return f"{what}, fingerprint {saved[key]} -> {now[key]}"
     return ""
 
 
@@ -125,6 +136,10 @@ def check_resume_settings(out, cfg, keys, defaults, episodes=None):
     saved = {**cli.flatten(dataclasses.asdict(defaults)), **cli.flatten(extra["config"])}
     now = cli.flatten(json.loads(json.dumps(dataclasses.asdict(cfg))))  # tuples as lists, like the saved JSON
     refused = {k: (saved.get(k), now[k]) for k in keys if saved.get(k) != now[k]}
+    if "holdout" in refused and "data" not in refused:  # named as the flag it is, not as episodes gone from the data
+        raise ValueError(f"{path}: --holdout {refused['holdout'][0]} -> {refused['holdout'][1]}: a resumed run keeps "
+                         "its held-out episodes (another --holdout would train on episodes it held out, or evaluate "
+                         f"on ones it trained on): resume with --holdout {refused['holdout'][0]}, or use a new --out")
     recorded = extra.get("episodes")
     change = episode_change(recorded, episodes, cfg.data) if recorded and episodes and "data" not in refused else ""
     if change:
@@ -388,6 +403,29 @@ def no_checkpoint_yet(run_dir):
     return (f"{run_dir}: no complete checkpoint yet (a step_XXXXXXXX/ with .metadata and meta.json)"
             f"{f' ({pending[-1]}: a save in flight, or a killed one)' if pending else ''}: this "
             f"{run.get('objective', 'train.py')} run {when}; come back once it has saved one")
+
+
+def step_settings(path):
+    """The train.py settings a step directory recorded (its meta.json), {} for anything else (a file, a named init)."""
+    if not (os.path.isfile(os.path.join(path, "meta.json")) and os.path.isfile(os.path.join(path, ".metadata"))):
+        return {}
+    extra = read_meta(path)["extra"]
+    return extra["config"] if isinstance(extra, dict) and isinstance(extra.get("config"), dict) else {}
+
+
+def missing_step(path, flag):
+    """'' unless `path` names a step directory (RUN/step_N) that is not there; then one line with the run's complete
+    steps to pass instead (or that the run has none, or is not there): `flag` is the flag that named it."""
+    run, name = os.path.split(os.path.normpath(path))
+    if os.path.exists(path) or not STEP_RE.match(name):
+        return ""
+    if not os.path.isdir(run or "."):
+        return (f"{flag} {path}: no such step, and no run {run}/ here: train it first (`python train.py --out {run}`; "
+                "relative paths are from the folder you run in)")
+    steps = [os.path.join(run, os.path.basename(p)) for _, p in complete_checkpoints(run or ".")]
+    return (f"{flag} {path}: no such step in {run}; " + (f"its complete steps: {', '.join(steps[-4:])}" if steps else
+            "it holds no complete step yet (a run saves at --save-every and at its end)")
+            + " (a run's --steps N saves step_<N, 8 digits>)")
 
 
 def checked_step(path, flag):

@@ -1,14 +1,18 @@
-"""A trained run opened to be evaluated (evaluate.py, policyeval.py): its config.json, its newest complete checkpoint
+"""A trained run opened to be evaluated (evaluate.py, policyeval.py, sample.py, export.py), and its network rebuilt
+as trained (build_from_step): its config.json, its newest complete checkpoint
 (or the step given), its VAE file and data folder checked, its held-out episodes listed as train.py held them out,
 and the guidance it samples with; one line naming the run for anything not usable, before any model is built."""
 import dataclasses
 import os
+import re
 
-from base.formats import STEP_RE
+import ckpt
+from base.formats import STEP_RE, CheckpointError, read_meta
 from base.inits import TINY_CONFIGS, get_config
 from clips.actionclips import open_clips
 from clips.text import standin_text
-from engine import resume, rundir
+from engine import build, resume, rundir
+from engine.resume import lora_base
 from nets.family import family_of
 
 RUN_KEYS = ("config", "init", "objective", "data", "frames", "height", "width", "text_len", "seed", "holdout", "vae",
@@ -86,7 +90,8 @@ def open_run(path, ema=False, guidance=-1.0):
     text = dict(text_len=run["text_len"], text_dim=mcfg.crossattn_proj_in_channels, seed=run["seed"],
                 **text_settings(run))
     views = bool(mcfg.camera_channels)
-    dataset = open_clips(run["config"], run["data"], run["frames"], run["height"], run["width"], **text)
+    dataset = open_clips(run["config"], run["data"], run["frames"], run["height"], run["width"],
+                         action_dim=run.get("action_dim", 0), **text)  # a net from scratch: its data's, recorded
     held_out = held_out_stems(dataset.videos, run["holdout"])
     meta = resume.read_meta(latest)
     recorded = meta["extra"].get("episodes")  # what it held out when it trained (steps since)
@@ -98,10 +103,12 @@ def open_run(path, ema=False, guidance=-1.0):
                              "(deleted or skipped): evaluate.py never reports a trained-on episode as held out; "
                              "restore them")
         held_out = {s: by_stem[s] for s in recorded["held_out"]}
-    now = rundir.episode_record(dataset.videos, len(dataset.videos) - len(held_out)) if recorded else None
-    if now and now["train"] == recorded["train"] and now["fingerprint"] != recorded["fingerprint"]:
-        raise ValueError(f"{path}: {rundir.episode_change(recorded, now, run['data'])}: its held-out truth is not "
-                         "what the run held out; restore the data folder")
+    now = rundir.episode_record(dataset.videos, len(dataset.videos) - len(held_out),
+                                getattr(dataset, "actions", None)) if recorded else None
+    change = rundir.episode_change(recorded, now, run["data"]) if now and now["train"] == recorded["train"] else ""
+    if change:  # the videos, or (an action run) the actions or their statistics
+        raise ValueError(f"{path}: {change}: its held-out truth is not what the run held out; restore the data "
+                         "folder")
     if not held_out:
         raise ValueError(f"{path}: trained with --holdout 0, so every video of {run['data']} was trained on; "
                          "evaluate.py compares runs on held-out episodes (train with --holdout N, or -1 for 2%)")
@@ -114,3 +121,30 @@ def text_settings(run):
     tiny = run["config"] in TINY_CONFIGS
     return dict(text="standin" if standin_text(run["config"], run["data"]) else "t5",
                 text_encoder="t5" if tiny else family_of(get_config(run["config"])).TEXT_ENCODER)
+
+
+def build_from_step(step_dir, device, use_ema=False):
+    """The network of a train.py step directory rebuilt as train.py built it (its recorded config, LoRA, seeded init,
+    and for a LoRA-only step the --init base), then the step loaded strictly by ckpt.load (every key, its checksums);
+    use_ema: the EMA the run kept (train.py --ema) in place of the weights it averages."""
+    meta = read_meta(step_dir)
+    run = meta["extra"].get("config") if isinstance(meta["extra"], dict) else None
+    if not isinstance(run, dict) or "config" not in run:
+        raise CheckpointError(f"{step_dir}: not a train.py step (its meta.json records no run config)")
+    lora_base(step_dir, meta)  # before a network is built
+    if use_ema and not run.get("ema"):
+        raise CheckpointError(f"--ema: the run of {step_dir} kept no EMA (train.py --ema RATE): drop --ema")
+    init = run.get("init", "random") if meta["lora_only"] else "random"  # a LoRA-only step: its adapters' base
+    spec = build.NetSpec(config=run["config"], action_dim=run.get("action_dim", 0), init=init, ema={"": None, "net": False, "net_ema": True}[
+        run.get("ema_weights", "")], lora=run.get("lora", 0), lora_alpha=run.get("lora_alpha") or None,
+        seed=run.get("seed", 0))
+    net = build.build(spec, device)  # as train.py built it: a random base is this seed's init_weights
+    recorded = meta["extra"].get("base_checksum", net.init_checksum)  # (steps saved before it was recorded: none)
+    if meta["lora_only"] and recorded != net.init_checksum:  # the same content under any path is the same base
+        raise CheckpointError(f"{step_dir} holds LoRA adapters trained on a base of content checksum {recorded}, but "
+                              f"its run's recorded base {init} now holds {net.init_checksum}: another network; restore "
+                              "the original base at that path")
+    frozen = [k for k, p in net.named_parameters() if not p.requires_grad]  # the base build() loaded, strictly
+    base = ("^(" + "|".join(map(re.escape, frozen)) + ")$",) if meta["lora_only"] and frozen else ()
+    ckpt.load(net, step_dir, ema=True if use_ema else None, allow_missing=base)  # LoRA-only: the base is not in it
+    return net

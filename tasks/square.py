@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 import stitch
-from engine.world import closed_loop
 from base.lerobot import ACTION_SQUARE, COMMAND_DX, COMMAND_DY, SLOTS, SQUARE_RANGE, code_frame
 from base.video import ffmpeg_exe
+from engine.world import closed_loop
 
 STRIDE, FRAMES, HEIGHT, WIDTH = 4, 9, 64, 112  # train.make_tiny_dataset's stitch (stride 4) of train.TINY's clips
 STEPS = (FRAMES - 1) * STRIDE  # raw actions in a chunk: tiny-action's action_dim 64 = STEPS x 2
@@ -283,3 +283,15 @@ def run_in_simulator(policy, tasks: dict, chunks: int = 3, seed: int = 0) -> dic
     ends = [1 + k * (FRAMES - 1) for k in range(1, chunks + 1)]
     run["success"] = torch.stack([judge(run["frames"][:, :, :end], info) for end in ends])
     return dict(run, positions=world.path)
+
+
+# ---------------------------------------------------------------------------------------------- world-model reward
+
+def follows_actions(video, truth) -> torch.Tensor:
+    """[B] a world-model reward (--reward tasks.square:follows_actions): minus the mean distance, in 320x180 pixels
+    / 100, between the square located in each generated frame and in the same true frame (the truth moved by the
+    clip's own actions), a frame where the truth shows it and the sample does not counting 1.6 (half the width)."""
+    mine, found = locate(video)
+    theirs, there = locate(truth.expand_as(video))
+    distance = torch.where(found, (mine - theirs).norm(dim=-1) / 100, 1.6)
+    return -torch.where(there, distance, 0.0).sum(1) / there.sum(1).clamp_min(1)

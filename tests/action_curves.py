@@ -20,7 +20,6 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LONG = (112, 100, 120, 104, 116, 100, 108, 124, 104, 100)
 BASE_DATA = {"square": 48, "hold": [3, 9], "episodes": 10}  # inclusive hold range

@@ -118,7 +118,7 @@ def test_rl_rollouts_and_their_held_out_evaluation_carry_the_actions(action_run,
 def test_a_model_that_ignores_its_actions_scores_an_action_gap_of_exactly_zero(action_run, tmp_path, capsys,
                                                                                monkeypatch):
     import model
-    monkeypatch.setattr(model.DiT, "_action", lambda self, action, B, dtype: torch.zeros(B, 1, self.cfg.action_dim,
+    monkeypatch.setattr(model.DiT, "_action", lambda self, action, B, Tp, dtype: torch.zeros(B, 1, self.cfg.action_dim,
                                                                                          dtype=dtype))
     evaluate.main([action_run, "--clips", "2", "--steps", "2", "--plot", str(tmp_path / "c.png")])
     metrics = json.loads(capsys.readouterr().out.splitlines()[-1])["runs"][0]["metrics"]

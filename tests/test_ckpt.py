@@ -11,6 +11,7 @@ import json
 import os
 import time
 
+import loadbench
 import pytest
 import torch
 import torch.distributed as dist
@@ -20,7 +21,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-import loadbench
 import ckpt
 import export
 from base.inits import get_config

@@ -294,7 +294,7 @@ def _grpo_update(rank, world, cp_size):
     grads = []
     optimizer.register_step_pre_hook(lambda *_: grads.extend(full(p.grad).clone() for p in params))
 
-    def score(video, latent):  # a reward that depends on every element of the sample
+    def score(video, latent, cond):  # a reward that depends on every element of the sample
         return {"reward": (latent * torch.linspace(-1, 1, latent[0].numel()).view(latent[0].shape)).mean((1, 2, 3, 4))}
     _, metrics = grpo.train_step(net, optimizer, params, [cond], GRPO_LATENT, cfg, score, lambda x0: None,
                                  seed=100 + dp_rank, window_seed=7, cp_size=cp_size)
@@ -381,7 +381,7 @@ def _nft_updates(rank, world, cp_size, updates=3):
     grads = []
     optimizer.register_step_pre_hook(lambda *_: grads.append([full(p.grad).clone() for p in params]))  # per step
 
-    def score(video, latent):  # a reward that depends on every element of the sample
+    def score(video, latent, cond):  # a reward that depends on every element of the sample
         return {"reward": (latent * torch.linspace(-1, 1, latent[0].numel()).view(latent[0].shape)).mean((1, 2, 3, 4))}
     rows = [nft.train_step(net, optimizer, params, old, [cond], GRPO_LATENT, cfg, score, lambda x0: None,
                            seed=100 + 7 * update + dp_rank, update=update, cp_size=cp_size)[1]

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import evaluate
-from engine.runs import held_out_stems, open_run, run_guidance
 import sample
 import stitch
 import train
 from clips import data, fidelity
+from engine.runs import held_out_stems, open_run, run_guidance
 from run_utils import check, in_process
 
 # -----------------------------------------------------------------------------

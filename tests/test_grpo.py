@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from rl_utils import LATENT, perturb, rollout, tiny_condition, tiny_policy
 
 import grpo
 from base import collectives
@@ -12,7 +13,6 @@ from engine import objective
 from engine.rollout import LOG_SQRT_2PI, gaussian_log_prob, rollout_group, step_coefficients
 from nets.edm import guided_x0_fn, karras_sigmas, step_mean
 from nets.lora import set_lora_enabled
-from rl_utils import LATENT, perturb, rollout, tiny_condition, tiny_policy
 
 # -----------------------------------------------------------------------------
 # Step coefficients and log-prob

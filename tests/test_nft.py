@@ -3,6 +3,7 @@ import dataclasses
 
 import pytest
 import torch
+from rl_utils import LATENT, perturb, tiny_condition, tiny_policy
 
 import grpo
 import nft
@@ -10,7 +11,7 @@ from condition import condition_mask
 from engine import objective
 from nets.family import family_of
 from nets.lora import set_lora_enabled
-from rl_utils import LATENT, perturb, tiny_condition, tiny_policy
+
 
 def test_config_refuses_what_cannot_work():
     for bad in (dict(group_size=1), dict(timesteps=0), dict(timesteps=11), dict(beta=0.0), dict(beta=1.5),
@@ -123,7 +124,7 @@ def test_all_tie_update_skips_and_weight_zero_control_stays_the_base():
     opt = grpo.lora_optimizer(net, params, cfg)
     old = [p.detach().clone() for p in params]
     before = [p.detach().clone() for p in params]
-    score = lambda video, x0: {"reward": torch.zeros(len(x0))}  # noqa: E731
+    score = lambda video, x0, cond: {"reward": torch.zeros(len(x0))}  # noqa: E731
     stats, metrics = nft.train_step(net, opt, params, old, [cond], LATENT, cfg, score, lambda x0: None, 0, 0)
     assert stats["skipped"] == 1 and metrics["skipped_updates"] == 1 and metrics["adv_std"] == 0
     assert all(torch.equal(b, p) for b, p in zip(before, params))
@@ -136,7 +137,7 @@ def test_train_step_refreshes_the_old_policy_by_the_schedule():
     cfg = nft.NFTConfig(group_size=2, num_steps=4, decay_rate=0.25, decay_max=0.5)
     opt = grpo.lora_optimizer(net, params, cfg)
     old = [p.detach().clone() for p in params]
-    score = lambda video, x0: {"reward": x0[:, 0].mean(dim=(1, 2, 3))}  # noqa: E731
+    score = lambda video, x0, cond: {"reward": x0[:, 0].mean(dim=(1, 2, 3))}  # noqa: E731
     _, m0 = nft.train_step(net, opt, params, old, [cond], LATENT, cfg, score, lambda x0: None, 0, 0)
     assert m0["old_decay"] == 0.0 and all(torch.equal(o, p) for o, p in zip(old, params))  # exact copy
     before_old = [o.clone() for o in old]
@@ -270,7 +271,7 @@ def test_compiled_updates_do_not_recompile():
     opt = grpo.lora_optimizer(net, params, cfg)
     old = [p.detach().clone() for p in params]
     family = family_of(net.cfg)
-    score = lambda video, x0: {"reward": x0[:, 0].mean(dim=(1, 2, 3))}  # noqa: E731
+    score = lambda video, x0, cond: {"reward": x0[:, 0].mean(dim=(1, 2, 3))}  # noqa: E731
     graphs = []
     with torch._dynamo.config.patch(recompile_limit=8, fail_on_recompile_limit_hit=True):
         with torch.no_grad():  # the held-out evaluation before update 1 (engine/rl.py: the family's sampler, B = 1)

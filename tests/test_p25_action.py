@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import ckpt
 import check_reference
+import ckpt
 from base.inits import config_from_upstream, get_config
 from condition import Condition
 from model import DiT, num_params

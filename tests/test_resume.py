@@ -18,7 +18,7 @@ import train
 from base.inits import get_config
 from ckpt import CheckpointError
 from condition import Condition
-from engine import resume, rundir
+from engine import resume, rundir, runs
 from model import DiT
 from nets.lora import add_lora
 from run_utils import check, in_process, suggested
@@ -191,7 +191,7 @@ def test_a_lora_run_exports_adapters_or_the_merged_network_and_says_which(lora_r
     assert "LoRA adapters and buffers only" in proc.stdout and "--merge-lora writes the whole network" in proc.stdout
     proc = check(in_process(export, [lora_run, str(tmp_path / "merged.safetensors"), "--merge-lora"]))
     assert "adapters folded into the base weights" in proc.stdout
-    lora_net = resume.build_from_step(step, torch.device("cpu"))  # base (seeded init) + adapters, as trained
+    lora_net = runs.build_from_step(step, torch.device("cpu"))  # base (seeded init) + adapters, as trained
     assert any(m.lora_b.weight.abs().sum() > 0 for m in lora_net.modules() if hasattr(m, "lora_b"))  # it trained
     plain = DiT(get_config("tiny"))
     assert ckpt.load(plain, str(tmp_path / "merged.safetensors")).ok  # strict: plain keys, no adapters

@@ -485,8 +485,8 @@ def batch():
 def test_score_weighs_terms_and_names_components():
     terms = reward.parse_rewards("default, tests.reward_plugins:wrist_brightness=0.5,"
                                  "tests.reward_plugins:black_latent=2")
-    assert [(t.name, t.weight, t.needs_video, t.needs_latent) for t in terms] == [
-        ("default", 1.0, True, False), ("wrist_brightness", 0.5, True, False), ("black_latent", 2.0, False, True)]
+    assert [(t.name, t.weight, t.inputs) for t in terms] == [
+        ("default", 1.0, ("video",)), ("wrist_brightness", 0.5, ("video",)), ("black_latent", 2.0, ("latent",))]
     assert reward.needs_pixels(terms)
     video, latent = batch()
     out = reward.score(terms, video=video, latent=latent)

@@ -271,12 +271,15 @@ def test_a_run_keeps_its_objective_and_records_only_its_own_preset(tiny_grid, tm
     assert "group_size" not in line and "num_steps" not in line
 
 
-def test_the_fidelity_guard_warns_once_and_names_the_newest_checkpoint_within_the_bound():
+def test_the_fidelity_guard_warns_once_and_names_the_newest_checkpoint_within_the_bound(tmp_path):
     """rl.fidelity_guard on made-up evaluation rows: step 0's PSNR and reward are the control's."""
     import types
 
     from engine import rl
-    cfg = types.SimpleNamespace(max_psnr_drop=0.5, stop_on_psnr_drop=False, out="OUT", init="BASE")
+    for name in (".metadata", "meta.json"):  # step 5 saved (the guard names, and keeps, only a step still there)
+        os.makedirs(tmp_path / "OUT" / "step_00000005", exist_ok=True)
+        (tmp_path / "OUT" / "step_00000005" / name).write_text("{}")
+    cfg = types.SimpleNamespace(max_psnr_drop=0.5, stop_on_psnr_drop=False, out=str(tmp_path / "OUT"), init="BASE")
     said = []
     watch = rl.fidelity_guard(cfg, said.append, master=True)
     history = [{"step": 0, "eval_psnr": 20.0, "eval_reward": 0.5, "eval_sd": 0.01},
@@ -292,7 +295,7 @@ def test_the_fidelity_guard_warns_once_and_names_the_newest_checkpoint_within_th
     watch({"step": 25, "eval_psnr": 19.9, "eval_reward": 0.48}, history, agree)  # below step 0 by > its spread
     assert len(said) == 2 and "not learning this reward" in said[1]
     stopping = rl.fidelity_guard(dataclass_replace(cfg, stop_on_psnr_drop=True), said.append, master=True)
-    with pytest.raises(rl.FidelityStop, match="newest checkpoint within the bound: OUT/step_00000005"):
+    with pytest.raises(rl.FidelityStop, match="newest checkpoint within the bound: .*OUT/step_00000005"):
         stopping({"step": 15, "eval_psnr": 19.4, "eval_reward": 0.56}, history, agree)
     other_rank = rl.fidelity_guard(dataclass_replace(cfg, stop_on_psnr_drop=True), said.append, master=False)
     with pytest.raises(rl.FidelityStop, match="rank 0 stopped"):  # rank 0 decided (agree: any rank)

@@ -17,11 +17,11 @@ import time
 
 import numpy as np
 import pytest
+import stitch_bench
 
 import stitch
-import stitch_bench
-from base.camera import fitted_intrinsics
 from base import lerobot
+from base.camera import fitted_intrinsics
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 V21, V30 = os.path.join(DATA, "lerobot_v21_tiny"), os.path.join(DATA, "lerobot_v30_tiny")

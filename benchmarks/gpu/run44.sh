@@ -1,7 +1,7 @@
 #!/bin/bash
-# Issue 44 on the device, one call. CPU (cores 2-4, one per seed, beside the GPU work): the README's tiny-action
-# command from seeds 0, 1 and 2, each then evaluated by `python policyeval.py runs/act` (tasks.square's 7 reference
-# policies, 32 start states, 3 chunks) -> $OUT/seed<s>.json. GPU: v2w-2b-action at upstream's 13x480x640 (random
+# Issues 44 and 47 on the device, one call. CPU (cores 2-4, one per seed, beside the GPU work): p25-tiny-action
+# (issue 47) trained with tiny-action's preset from seeds 0, 1 and 2, each then scored by `evaluate.py --chunks 3
+# --draws 2` and `policyeval.py` -> $OUT/p25_tiny_seeds.jsonl (tiny-action's own seeds ran on this repo's CPU). GPU: v2w-2b-action at upstream's 13x480x640 (random
 # weights, LoRA 32 so the step saves adapters only; data made here: make_synthetic(motion="actions",
 # action_width=7) stitched at stride 1, stand-in T5 embeddings), then benchmarks/worldbench.py (seconds per chunk at
 # batch 1/4/8, 35 and 10 steps, eager and compiled) and policyeval.py itself through its entry point.
@@ -11,16 +11,18 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT=$PWD
 : "${OUT:?OUT must name a folder for the results}"
 export PYTHONUNBUFFERED=1
-python -m pip install -q --no-deps .gpu/imageio_ffmpeg-*.whl > "$OUT/pip.log" 2>&1
+python -m pip install -q --no-deps .gpu/imageio_ffmpeg-*.whl > /tmp/pip.log 2>&1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 python -c "import torch; print('torch', torch.__version__)" >> "$OUT/gpu.txt"
 LOGS=/tmp/logs44; mkdir -p $LOGS /tmp/seeds/data
-for s in 0 1 2; do  # the tiny-action preset from three seeds, the data built once (the others wait on its lock)
+for s in 0 1 2; do  # issue 47's table: p25-tiny-action (Predict2.5's per-latent-frame actions) with tiny-action's preset
     (mkdir -p /tmp/seeds/s$s && cd /tmp/seeds/s$s && ln -sfn /tmp/seeds/data data && \
-     OMP_NUM_THREADS=1 timeout 530 taskset -c $((2 + s)) python $ROOT/train.py --config tiny-action --seed $s \
-        --out runs/act > $LOGS/train$s.log 2>&1 && \
-     OMP_NUM_THREADS=1 timeout 100 taskset -c $((2 + s)) python $ROOT/policyeval.py runs/act --videos 0 \
-        --out pe > $LOGS/pe$s.log 2>&1; cp pe/result.json $OUT/seed$s.json) &
+     OMP_NUM_THREADS=1 timeout 470 taskset -c $((2 + s)) python $ROOT/train.py --config p25-tiny-action --seed $s \
+        --steps 6000 --lr 3e-3 --holdout 4 --out runs/act > $LOGS/train$s.log 2>&1; \
+     OMP_NUM_THREADS=1 timeout 60 taskset -c $((2 + s)) python $ROOT/evaluate.py runs/act --chunks 3 --draws 2 \
+        --plot /tmp/seeds/s$s/c.png > $LOGS/eval$s.log 2>&1; \
+     OMP_NUM_THREADS=1 timeout 90 taskset -c $((2 + s)) python $ROOT/policyeval.py runs/act --videos 0 \
+        --out pe > $LOGS/pe$s.log 2>&1) &
 done
 A=/tmp/act44
 timeout 60 python -c "
@@ -43,4 +45,6 @@ timeout 80 python policyeval.py $A/run --task held-out --policies tasks.standin:
     --judge tasks.standin:never --episodes 4 --chunks 2 --batch 4 --videos 1 --out /tmp/pe_gpu > $LOGS/pe_gpu.log 2>&1
 cp /tmp/pe_gpu/result.json $OUT/pe_gpu.json
 wait  # the seeds
-for f in $LOGS/*.log; do echo "== $f"; tail -c 3000 "$f"; done > $OUT/logs.txt
+for s in 0 1 2; do echo "{\"seed\": $s, \"evaluate\": $(grep '^{' $LOGS/eval$s.log | tail -1 || echo null), \"policyeval\": \
+$(cat /tmp/seeds/s$s/pe/result.json 2>/dev/null || echo null)}"; done > $OUT/p25_tiny_seeds.jsonl
+for f in $LOGS/*.log; do echo "== $f"; tail -c 2500 "$f"; done > $OUT/logs.txt
