@@ -554,8 +554,8 @@ def make(run, net, params, vae, neg_text, terms):
     """GRPO's record for train.py's loop (rl.objective around train_step). run: train.Run."""
     cfg = run.cfg
 
-    def update(conds, latent_shape, decode, score, index, seed, rank):
-        return train_step(net, run.optimizer, params, conds, latent_shape, cfg.grpo, score, decode,
+    def update(conds, latent_shape, decode, score, index, seed, rank, rl_cfg):
+        return train_step(net, run.optimizer, params, conds, latent_shape, rl_cfg, score, decode,
                           seed=seed(index, "rollout", rank), window_seed=seed(index, "window"),
                           agree=collectives.agree, cp_size=cfg.cp, probe=probes(cfg.grpo, index))[1]
     return rl.objective(run, net, vae, neg_text, terms, NAME, update)

@@ -319,8 +319,8 @@ def make(run, net, params, vae, neg_text, terms):
     cfg = run.cfg
     old = {n: p.detach().clone() for n, p in net.named_parameters() if p.requires_grad}
 
-    def update(conds, latent_shape, decode, score, index, seed, rank):
-        return train_step(net, run.optimizer, params, list(old.values()), conds, latent_shape, cfg.nft, score, decode,
+    def update(conds, latent_shape, decode, score, index, seed, rank, rl_cfg):
+        return train_step(net, run.optimizer, params, list(old.values()), conds, latent_shape, rl_cfg, score, decode,
                           seed=seed(index, "rollout", rank), update=index, agree=collectives.agree,
                           cp_size=cfg.cp)[1]
     return rl.objective(run, net, vae, neg_text, terms, NAME, update, extra_state={"nft_old": old})

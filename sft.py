@@ -121,4 +121,5 @@ def make(run, net, params, vae, neg_text, terms):
                               f"{cfg.grad_clip}",
                      step=step, held_out=lambda batches, truths: evaluate(net, cfg, batches), watch=None,
                      bar=lambda row: {"loss": f"{row['loss']:.4f}"}, guidance=cfg.guidance, name="train", mfu=True,
-                     extra_state={}, eval_at_start=False, max_psnr_drop=0.0, lr_flag="--lr")
+                     extra_state={}, eval_at_start=False, max_psnr_drop=0.0, lr_flag="--lr",
+                     after_eval=lambda result: result)

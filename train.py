@@ -446,7 +446,7 @@ def train(run, lock, dataset, n_train, text, episodes):
                                               num_workers=cfg.workers, persistent_workers=cfg.workers > 0,
                                               worker_init_fn=rundir.detach_worker if cfg.workers else None))
     eval_ids, batches, truths = held_out_batches(run, dataset, n_train, to_latent)
-    held_out = lambda: objective.held_out(batches, truths)  # noqa: E731
+    held_out = lambda: objective.after_eval(objective.held_out(batches, truths))  # noqa: E731
     step_dir = os.path.join(cfg.out, f"step_{start_step:08d}")
     if start_step and not resume.eval_marker_valid(step_dir):
         # killed between the save and its evaluation: a missing or partial result is re-run, never assumed done
@@ -454,6 +454,8 @@ def train(run, lock, dataset, n_train, text, episodes):
         if run.master:
             resume.write_eval_marker(step_dir, dict(result, step=start_step))
         run.say(f"evaluated the resumed checkpoint step {start_step}: {result}")
+    elif start_step:  # its evaluation ran after the save: what it decided (RL's data weight) is decided again
+        objective.after_eval(resume.read_eval_marker(step_dir))
     if start_step == 0 and cfg.init != "random":
         with cp.disabled(net):  # the init guard (build.init_guard): its noise is drawn per global rank
             loss, zero_loss = build.guard_loss(net, *batches[0])

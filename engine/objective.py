@@ -57,6 +57,8 @@ class Objective:
     eval_at_start: bool  # RL: a held-out evaluation before the first update, every curve's starting point
     max_psnr_drop: float  # RL's fidelity bound, drawn in loss.png (0: none)
     lr_flag: str  # the flag and value of its learning rate, named when a NaN/Inf skips a step
+    after_eval: object  # result -> result, after every held-out evaluation (the one a resumed step's marker holds
+    # too): RL's adaptive data weight reads it (rl.objective); SFT: the result as it is
 
 
 # -----------------------------------------------------------------------------
@@ -78,6 +80,8 @@ class RLConfig:
     weight_decay: float = 1e-4  # AdamW weight decay
     betas: tuple = (0.9, 0.999)  # AdamW betas
     max_grad_norm: float = 1.0  # gradient clipping per optimizer step
+    data_target: float = 0.0  # > 0: data_coef adapts to hold held-out PSNR within this many dB of step 0's: after
+    # each held-out evaluation x2 when it fell more than 1.5 target, /2 when less than target / 1.5 (docs/rl.md)
 
     def __post_init__(self):
         if self.group_size < 2:
@@ -85,6 +89,8 @@ class RLConfig:
         if self.guidance < 0 or self.kl_coef < 0 or self.adv_clip <= 0:
             raise ValueError(f"need guidance >= 0, kl_coef >= 0 and adv_clip > 0: guidance={self.guidance} "
                              f"kl_coef={self.kl_coef} adv_clip={self.adv_clip}")
+        if self.data_target < 0:
+            raise ValueError(f"data_target={self.data_target}: >= 0 dB (0: a fixed data_coef)")
         if self.std_ddof not in (0, 1):
             raise ValueError(f"std_ddof={self.std_ddof}; valid: 0 (population), 1 (unbiased)")
         if self.lr <= 0 or self.warmup < 0 or self.weight_decay < 0 or self.max_grad_norm <= 0 \

@@ -66,6 +66,11 @@ def validate(cfg, given, name):
                    + ")" for k, alt in SFT_ONLY.items() if k in given})
     if cfg.eval_steps < 1:
         raise ValueError(f"--eval-steps {cfg.eval_steps}: the held-out evaluation needs >= 1 sampler step")
+    own = getattr(cfg, name)
+    if own.data_target > 0 and (own.data_coef <= 0 or not cfg.eval_every):
+        raise ValueError(f"{cli.flag(name)}-data-target {own.data_target:g}: adapts {cli.flag(name)}-data-coef (> 0, "
+                         f"its start: got {own.data_coef:g}) after each held-out evaluation (--eval-every N, got "
+                         f"{cfg.eval_every})")
     if cfg.max_psnr_drop < 0 or (cfg.stop_on_psnr_drop and not cfg.max_psnr_drop):
         raise ValueError(f"--max-psnr-drop {cfg.max_psnr_drop:g}: >= 0 dB (0: no fidelity guard), and > 0 with "
                          "--stop-on-psnr-drop")
@@ -250,13 +255,45 @@ def spread_means(sums, squares, count, device):
 # The record of an RL objective for train.py's loop
 
 
+def adapted_coef(coef, drop, target, start):
+    """The data weight held to a fidelity target as an adaptive KL controller holds a KL target: after a held-out
+    evaluation whose PSNR fell `drop` dB below step 0's, doubled above 1.5 target (the world is being forgotten),
+    halved below target / 1.5 (room to learn), kept between; within [start / 64, start * 64]."""
+    coef = coef * 2 if drop > 1.5 * target else coef / 2 if drop < target / 1.5 else coef
+    return min(max(coef, start / 64), start * 64)
+
+
+def data_weight(rl_cfg):
+    """(the adaptive rule's state: {"data_coef", "base_psnr"} tensors, saved and resumed with every checkpoint,
+    after_eval: result -> result with the weight it set), or (None, identity) for a fixed data_coef."""
+    if rl_cfg.data_target <= 0:
+        return None, lambda result: result
+    state = {"data_coef": torch.tensor([rl_cfg.data_coef], dtype=torch.float64),
+             "base_psnr": torch.tensor([float("nan")], dtype=torch.float64)}
+
+    def after_eval(result):  # every held-out evaluation, in order (a resumed step's from its marker)
+        if result is None or "eval_psnr" not in result:
+            return result
+        if torch.isnan(state["base_psnr"]).item():  # step 0's: the control's value at every step
+            state["base_psnr"].fill_(result["eval_psnr"])
+        else:
+            drop = float(state["base_psnr"]) - result["eval_psnr"]
+            state["data_coef"].fill_(adapted_coef(float(state["data_coef"]), drop, rl_cfg.data_target,
+                                                  rl_cfg.data_coef))
+        return dict(result, data_coef=float(state["data_coef"]))
+    return state, after_eval
+
+
 def objective(run, net, vae, neg_text, terms, name, update, extra_state=None):
     """The record of RL objective `name` (grpo.make, nft.make). run: train.Run (cfg, optimizer, dp_rank, say).
-    update(conds, latent_shape, decode, score, update_index, seed, rank) -> its metrics row: one update on this rank's
-    groups (collective), conds one Condition per clip (condition.per_clip)."""
+    update(conds, latent_shape, decode, score, update_index, seed, rank, rl_cfg) -> its metrics row: one update on
+    this rank's groups (collective), conds one Condition per clip (condition.per_clip), rl_cfg the objective's knobs
+    with the data weight in force (data_weight)."""
     cfg, rl_cfg = run.cfg, getattr(run.cfg, name)
     run.say(reward_line(name, rl_cfg, cfg.reward, terms))
     seed = lambda *key: sample_seed(cfg.seed, *key)  # noqa: E731
+    weight, after_eval = data_weight(rl_cfg)
+    extra_state = {**(extra_state or {}), **({"data_weight": weight} if weight else {})}
 
     def step(index, next_batch):
         latent, cond = next_batch()
@@ -264,8 +301,9 @@ def objective(run, net, vae, neg_text, terms, name, update, extra_state=None):
 
         def score(video, x0, group):  # a group's samples, and what world-model rewards read of its true clip
             return reward.score(terms, video=video, latent=x0, **truth_of(terms, group, decode, run.actions))
+        now = rl_cfg if weight is None else dataclasses.replace(rl_cfg, data_coef=float(weight["data_coef"]))
         return update(condition.per_clip(cond, neg_text, run.dp_rank), tuple(latent.shape[1:]), decode, score,
-                      index, seed, run.dp_rank)
+                      index, seed, run.dp_rank, now)
 
     def held_out(batches, truths):  # train.held_out_batches' clips, in held_out_slots' order
         slots = held_out_slots(run.dp_rank, run.dp_world, len(batches))
@@ -275,6 +313,6 @@ def objective(run, net, vae, neg_text, terms, name, update, extra_state=None):
                               f"{rl_cfg.max_grad_norm}",
                      step=step, held_out=held_out,
                      bar=lambda row: {"reward": f"{row['reward_mean']:.4g}", "std": f"{row['reward_std']:.2g}"},
-                     guidance=rl_cfg.guidance, name=name, mfu=False, extra_state=extra_state or {}, eval_at_start=True,
+                     guidance=rl_cfg.guidance, name=name, mfu=False, extra_state=extra_state, eval_at_start=True,
                      watch=fidelity_guard(cfg, tqdm.write, run.master), max_psnr_drop=cfg.max_psnr_drop,
-                     lr_flag=f"{cli.flag(name)}-lr {rl_cfg.lr:g}")
+                     lr_flag=f"{cli.flag(name)}-lr {rl_cfg.lr:g}", after_eval=after_eval)
