@@ -13,7 +13,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export PYTHONUNBUFFERED=1
 python -m pip install -q --no-deps .gpu/imageio_ffmpeg-*.whl > /tmp/pip.log 2>&1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
-LOGS=/tmp/logs; mkdir -p $LOGS; A=/tmp/a
+LOGS=$OUT/logs; mkdir -p $LOGS; A=/tmp/a  # logs straight into $OUT: a call cut short still returns them
 timeout 100 python -c "
 import numpy as np, torch, stitch, t5
 from base import lerobot
@@ -51,4 +51,3 @@ done
 rm -rf $A/p25_256x320/step_*  # the disk: a full 2B step with its optimizer is ~24 GB
 timeout 60 python sample.py --ckpt $A/p25_480x640 --chunks 3 --steps 10 --data $A/g480x640 \
     --prompt-emb "$(ls $A/g480x640/reason1/*.safetensors | head -1)" --out $OUT/p25_rollout.mp4 > $LOGS/sample.log 2>&1
-for f in $LOGS/*.log; do echo "== $f"; tail -c 2000 "$f"; done > $OUT/logs.txt
