@@ -42,6 +42,7 @@ from clips.fidelity import psnr
 from engine import build, runs
 from engine.runs import open_run, text_settings
 from engine.world import closed_loop, load_plugin, model_world
+from nets import lora
 from nets.family import family_of
 from nets.flops import matmul_peak, model_flops
 
@@ -136,15 +137,17 @@ def rows(tasks: dict, batch) -> dict:
 # The world model: the run's network, its codec, the prompt it samples with
 
 
-def load_world(cfg, run, device):
-    """(net, vae, record, dtype, grid): the run rebuilt as trained, its prompt (its first held-out episode's), the
-    negative prompt, the run's conditional_frame_timestep; a run of a net without actions is refused."""
+def load_world(cfg, run, device, fold=True):
+    """(net, vae, record, dtype, grid): the run rebuilt as trained (a LoRA run's adapters folded into its weights
+    unless fold is False: it only samples), its prompt (its first held-out episode's), the negative prompt, the run's
+    conditional_frame_timestep; a run of a net without actions is refused."""
     mcfg = get_config(run.cfg["config"])
     if not mcfg.action_dim:
         raise ValueError(f"{run.path}: --config {run.cfg['config']} takes no actions (action_dim 0): a policy cannot "
                          "steer it; evaluate an action run (--config tiny-action, v2w-2b-action)")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    net = runs.build_from_step(run.checkpoint, device, cfg.ema).to(dtype).eval()
+    net = runs.build_from_step(run.checkpoint, device, cfg.ema)
+    net = (lora.fold_lora_(net) if fold else net).to(dtype).eval()  # a LoRA run's adapters folded in: it only samples
     vae = build.build_vae(run.cfg["vae"], run.cfg["vae_ckpt"], device, dtype)
     settings = text_settings(run.cfg)
     neg, _ = text_lib.negative_embedding(run.cfg["data"], run.cfg["text_len"], mcfg.crossattn_proj_in_channels,

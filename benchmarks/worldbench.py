@@ -35,6 +35,7 @@ class WorldBenchConfig:
     steps: str = "35,10"  # sampler steps per chunk (the first is the PSNR reference)
     compile: bool = False  # torch.compile each block in place (as train.py --compile)
     repeats: int = 2  # timed chunks after one warm-up, the median reported
+    unfolded: bool = False  # a LoRA run's adapters kept apart (policyeval.py folds them in): what folding saves
     seed: int = 0
 
 
@@ -45,7 +46,7 @@ def main(argv=None):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = policyeval.PolicyEvalConfig(run=b.run, task=policyeval.HELD_OUT, episodes=max(map(int, b.batches.split(","))),
                                       videos=0)
-    net, vae, record, dtype, grid = policyeval.load_world(cfg, run, device)
+    net, vae, record, dtype, grid = policyeval.load_world(cfg, run, device, fold=not b.unfolded)
     if b.compile:
         for block in net.blocks:
             block.compile()
@@ -78,6 +79,7 @@ def main(argv=None):
             print(json.dumps({"bench": "world", "device": torch.cuda.get_device_name() if peak else "cpu",
                               "config": run.cfg["config"], "frames": frames, "size": [run.cfg["height"],
                               run.cfg["width"]], "batch": B, "steps": steps, "compile": b.compile,
+                              "lora_folded": bool(run.cfg.get("lora")) and not b.unfolded,
                               "s_per_chunk": round(seconds, 4), "s_per_episode": round(seconds / B, 4),
                               "s_first_call": round(times[0], 2),
                               "peak_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2) if peak else None,

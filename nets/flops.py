@@ -6,7 +6,8 @@ import torch
 
 
 def model_flops(cfg, latent, text_len, lora_rank=0):
-    """Forward FLOPs of one sample (a multiply-add = 2 FLOPs), and the step total under two backward rules.
+    """Forward FLOPs of the batch latent [B, C, T, H, W] holds (a multiply-add = 2 FLOPs), and the step total under
+    two backward rules.
 
     Per block, L video tokens of width D, S text tokens of width Dc, MLP hidden F, Tt adaLN rows (one per frame):
       self-attention projections q,k,v,o  4 * 2LD^2        self-attention  QK^T and PV: 4 L^2 D
@@ -21,7 +22,7 @@ def model_flops(cfg, latent, text_len, lora_rank=0):
     its forward); step_needed drops the weight gradients that a LoRA run does not compute (frozen linears cost 1x
     in backward, attention always 2x).
     """
-    _, C, T, H, W = latent
+    B, C, T, H, W = latent  # B samples cost B times one (the world benchmarks time batches of episodes)
     p, pt = cfg.patch_spatial, cfg.patch_temporal
     Tt, L, S = T // pt, (T // pt) * (H // p) * (W // p), text_len
     D, Dc, F = cfg.model_channels, cfg.crossattn_emb_channels, int(cfg.model_channels * cfg.mlp_ratio)
@@ -46,10 +47,10 @@ def model_flops(cfg, latent, text_len, lora_rank=0):
     fwd = cfg.num_blocks * per_block + outer
     step_3x = 3 * fwd
     if not lora_rank:
-        return fwd, step_3x, step_3x
+        return B * fwd, B * step_3x, B * step_3x
     frozen = cfg.num_blocks * (linear + ada) + outer
     step_needed = fwd + 2 * cfg.num_blocks * attn + frozen + 2 * cfg.num_blocks * lora
-    return fwd, step_3x, step_needed
+    return B * fwd, B * step_3x, B * step_needed
 
 
 def matmul_peak(device, dtype, n=8192, reps=20):

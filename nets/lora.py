@@ -95,17 +95,34 @@ def set_lora_enabled(model, enabled):
         m.lora_enabled = enabled
 
 
+def folded_weight(m):
+    """W + scale * B @ A, in fp32, cast back to W's dtype: the one weight a LoRALinear computes with."""
+    return (m.weight.float() + m.lora_b.weight.float() @ m.lora_a.weight.float() * m.scale).to(m.weight.dtype)
+
+
 @torch.no_grad()
 def merged_state_dict(model):
-    """The model's state_dict with every adapter folded into its base weight (W + scale * B @ A, in fp32, cast back
-    to W's dtype) under the plain keys, no lora_a / lora_b: the network a LoRA run computes, for the config
-    without LoRA."""
+    """The model's state_dict with every adapter folded into its base weight under the plain keys, no lora_a /
+    lora_b: the network a LoRA run computes, for the config without LoRA."""
     state = {k: v for k, v in model.state_dict().items() if not k.endswith((".lora_a.weight", ".lora_b.weight"))}
     for name, m in model.named_modules():
         if isinstance(m, LoRALinear) and m.lora_enabled:
-            delta = m.lora_b.weight.float() @ m.lora_a.weight.float() * m.scale
-            state[name + ".weight"] = (m.weight.float() + delta).to(m.weight.dtype)
+            state[name + ".weight"] = folded_weight(m)
     return state
+
+
+@torch.no_grad()
+def fold_lora_(model):
+    """Fold every enabled adapter into its base weight in place and switch it off, for sampling only (the adapters
+    train no more): one GEMM a linear instead of three, two casts and an add (a 2B net has 560 adapters; their cost
+    unfolded: BENCHMARKS.md, policyeval). Call it before casting to bf16: one rounding, as merged_state_dict's."""
+    for m in adapted_linears(model):
+        if getattr(m, "weight_fp8", None) is not None:
+            raise ValueError("fold_lora_: the base is held in fp8 (--fp8): folding would change weights fp8 never reads")
+        if m.lora_enabled:
+            m.weight.copy_(folded_weight(m))
+            m.lora_enabled = False
+    return model
 
 
 # -----------------------------------------------------------------------------

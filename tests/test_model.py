@@ -10,7 +10,7 @@ from base.inits import get_config
 from condition import Condition, condition_mask
 from model import DiT, build_model, num_params
 from nets.edm import denoise
-from nets.lora import LoRALinear, add_lora, set_lora_enabled
+from nets.lora import LoRALinear, add_lora, fold_lora_, merged_state_dict, set_lora_enabled
 
 REF = os.path.join(os.path.dirname(__file__), "data", "reference")
 DIT_CASES = sorted(p for p in glob.glob(os.path.join(REF, "*.json"))
@@ -104,6 +104,30 @@ def test_lora_trains_only_adapters_and_starts_at_base():
         assert torch.equal(net(x, t, Condition(ctx)), base)  # adapters off = the reference policy
         set_lora_enabled(net, True)
         assert not torch.equal(moved, base)
+
+
+def test_folding_the_adapters_in_computes_the_same_network():
+    """policyeval.py samples a LoRA run with its adapters folded into the weights: the same outputs (fp32 rounding
+    apart), the adapters switched off, the weights merged_state_dict's."""
+    torch.manual_seed(0)
+    net = build_model(get_config("tiny"))
+    x, t, ctx = tiny_inputs(net.cfg)
+    add_lora(net, rank=4, alpha=8)
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, LoRALinear):
+                m.lora_b.weight.normal_(0, 0.05)
+        set_lora_enabled(net, False)
+        base = net(x, t, Condition(ctx))
+        set_lora_enabled(net, True)
+        unfolded, merged = net(x, t, Condition(ctx)), merged_state_dict(net)
+        fold_lora_(net)
+        folded = net(x, t, Condition(ctx))
+    assert not any(m.lora_enabled for m in net.modules() if isinstance(m, LoRALinear))
+    assert (unfolded - base).abs().max() > 1e-3  # the adapters matter
+    assert (folded - unfolded).abs().max() < 1e-5 * unfolded.abs().max()
+    state = net.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in merged.items())
 
 
 def test_bf16_model_rope_equals_fp32_and_output_close():

@@ -198,6 +198,14 @@ def test_flop_formula_matches_flop_counter():
     assert step_3x == needed == 3 * fwd
     _, lora_3x, lora_needed = model_flops(cfg, tuple(x0.shape), text.shape[1], lora_rank=4)
     assert lora_needed < lora_3x
+    # a batch of 3 costs 3 samples (the world benchmarks' MFU at batch 8 once counted one)
+    x3 = torch.cat([x0] * 3)
+    with FlopCounterMode(display=False) as fc:
+        model(x3, torch.tensor([[0.1, 0.5]] * 3),
+              Condition(text.expand(3, -1, -1), condition_mask=mask.expand(3, -1, -1, -1, -1)))
+    assert fc.get_total_flops() == 3 * counted
+    assert model_flops(cfg, tuple(x3.shape), text.shape[1], lora_rank=4) == tuple(
+        3 * f for f in model_flops(cfg, tuple(x0.shape), text.shape[1], lora_rank=4))
 
 
 def test_bench_cpu_smoke(tmp_path):
