@@ -1,6 +1,7 @@
 #!/bin/bash
 # Issue 44's world model with a LoRA run's adapters folded into its weights (policyeval.py's default) against the
-# same run unfolded, v2w-2b-action at 13x480x640, random weights, guidance 0, eager; then folded at batch 8. The data
+# same run unfolded, v2w-2b-action at 13x480x640, random weights, guidance 0, eager; issue 47's 3-chunk sample of
+# p25-2b-action (random weights: run_all.sh's episodes were too short for 3 chunks); then folded at batch 8. The data
 # and the one-step LoRA run as run_all.sh makes them. Run: OUT=... bash benchmarks/gpu/run44b.sh  (carry .gpu)
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -13,9 +14,11 @@ timeout 60 python -c "
 import numpy as np, torch, stitch, t5
 from base import lerobot
 from nets.vae import WanVAE, get_vae_config
-lerobot.make_synthetic('$A/raw', lengths=(28, 28, 28), height=240, width=320, motion='actions', action_width=7)
+lerobot.make_synthetic('$A/raw', lengths=(40, 40, 40), height=240, width=320, motion='actions', action_width=7)
 rng = np.random.default_rng(0)
 stitch.stitch('$A/raw', '$A/g', stride=1, frames=13, size='480x640', workers=4)
+t5.write_embeddings('$A/g', lambda p: [torch.from_numpy(rng.standard_normal((8, 100352)).astype(np.float32)
+                    * 0.1).bfloat16() for _ in p], encoder='reason1', source={'encoder': 'stand-in', 'revision': '0'})
 t5.write_embeddings('$A/g', lambda p: [rng.standard_normal((8, 1024)).astype(np.float32) * 0.1 for _ in p])
 torch.save(WanVAE(get_vae_config('real')).state_dict(), '/tmp/tok.pth')" > $OUT/log.txt 2>&1
 timeout 80 python -m torch.distributed.run --standalone --nproc_per_node=1 train.py --config v2w-2b-action \
@@ -24,4 +27,7 @@ timeout 80 python -m torch.distributed.run --standalone --nproc_per_node=1 train
 W="timeout 45 python benchmarks/worldbench.py $A/run --steps 35,10 --repeats 1"
 $W --batches 1 > $OUT/folded1.txt 2>&1
 $W --batches 1 --unfolded > $OUT/unfolded1.txt 2>&1
+timeout 60 python sample.py --ckpt random --config p25-2b-action --vae real --vae-ckpt /tmp/tok.pth --chunks 3 \
+    --steps 10 --data $A/g --prompt-emb "$(ls $A/g/reason1/*.safetensors | head -1)" --out $OUT/p25_3chunks.mp4 \
+    > $OUT/sample.txt 2>&1
 $W --batches 8 > $OUT/folded8.txt 2>&1
