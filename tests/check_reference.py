@@ -338,6 +338,23 @@ def check_components(json_path):
     return results
 
 
+def released_key_report(json_path, config, label):
+    """(table, model entries, file entries, ckpt report) of an action release's key table (check_reference_action's,
+    check_reference_p25_action's): upstream's kwargs parsed equal `config`, the meta-device build's parameter count
+    equal the table's, and the table's keys loaded as a released file holds them (net. keys, bf16) into it."""
+    table = json.load(open(json_path))
+    cfg = get_config(config)
+    assert config_from_upstream(table["class"], table["kwargs"]) == cfg  # upstream's released kwargs, parsed
+    with torch.device("meta"):
+        net = DiT(cfg)
+    assert sum(p.numel() for p in net.parameters()) == table["num_parameters"]
+    dtypes = {"uint8": torch.uint8, "int64": torch.int64, "float32": torch.bfloat16}
+    entries = {f"net.{key}": (tuple(shape), dtypes[dtype]) for key, shape, dtype, kind in table["keys"]}
+    model = {k: (shape, torch.bfloat16, trainable) for k, (shape, _, trainable) in ckpt.model_entries(net).items()}
+    report, _ = ckpt.build_report(model, entries, label)
+    return table, model, entries, report
+
+
 def check_released_keys(json_path):
     """Meta-device builds of the released configs: keys, shapes and parameter counts equal upstream's.
     Predict2.5 entries (net_class/net_kwargs) also: state_dict key counts by kind, every `_extra_state` key ignorable

@@ -37,15 +37,15 @@ import enum
 import hashlib
 import json
 import os
-import pickle
 import subprocess
 import sys
-import types
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import save_file
+
+# the same stand-ins for TransformerEngine as Predict2's action generator (its STUBS say what each does)
+from check_reference_action import _module, _NoDotProductAttention, _rope, _TERMSNorm
 
 ACTION_FILE = "cosmos_predict2/_src/predict2/action/networks/action_conditioned_minimal_v1_lvg_dit.py"
 NET_FILE = "cosmos_predict2/_src/predict2/action/configs/action_conditioned/net.py"
@@ -101,46 +101,6 @@ STUBS = {
 B, T, H, W = 2, 4, 6, 8  # 13 pixel frames -> 4 latent frames; a 48x64-pixel clip -> 6x8 latent -> 3x4 tokens a frame
 N_ACTIONS, ACTION_DIM, PER_FRAME = 12, 7, 4
 CHANGED_FRAME = 2  # the latent frame whose 4 actions (indices 4..7) in.action_2 changes
-
-
-class _TERMSNorm(nn.Module):
-    def __init__(self, dim, eps=1e-5, **_):
-        super().__init__()
-        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
-
-    def reset_parameters(self):
-        nn.init.ones_(self.weight)
-
-    def forward(self, x):
-        y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
-
-    def get_extra_state(self):
-        return torch.frombuffer(bytearray(pickle.dumps({})), dtype=torch.uint8)
-
-    def set_extra_state(self, state):
-        pass
-
-
-def _rope(t, freqs, tensor_format="sbhd", fused=False, **_):
-    f = freqs.transpose(0, 1) if tensor_format == "bshd" else freqs  # [S,1,1,d] -> [1,S,1,d]
-    d = f.shape[-1]
-    x, rest = t[..., :d].float(), t[..., d:]
-    rotated = torch.cat([-x[..., d // 2:], x[..., : d // 2]], dim=-1)
-    out = x * torch.cos(f.float()) + rotated * torch.sin(f.float())
-    return torch.cat([out.to(t.dtype), rest], dim=-1)
-
-
-class _NoDotProductAttention(nn.Module):
-    def __init__(self, *args, **kwargs):
-        raise RuntimeError("the stubbed TE DotProductAttention cannot run: use atten_backend='torch'")
-
-
-def _module(name, **attrs):
-    mod = types.ModuleType(name)
-    mod.__dict__.update(attrs)
-    sys.modules[name] = mod
-    return mod
 
 
 def install_stubs(upstream):

@@ -21,7 +21,7 @@ from base.inits import config_from_upstream, get_config
 from clips import tiny
 from clips.actionclips import ActionClips, ViewActionClips
 from condition import Condition
-from model import DiT, num_params
+from model import DiT
 from test_stitch import V21, V30, manifest, skips
 
 ACTION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "action")
@@ -57,17 +57,11 @@ def test_network_matches_upstream_action_conditioned_dit():
 
 
 def test_released_2b_action_key_table_loads_strictly_into_v2w_2b_action():
-    table = json.load(open(os.path.join(ACTION, "action_released_keys.json")))
-    cfg = get_config("v2w-2b-action")
-    assert config_from_upstream(table["class"], table["kwargs"]) == cfg  # upstream's released kwargs, parsed
-    with torch.device("meta"):
-        net = DiT(cfg)
-    assert num_params(net) == table["num_parameters"] == 2_024_923_136
     # a released file: net. keys, bf16 (docs/predict2.md); every key of upstream's module tree at the released shape
-    dtypes = {"uint8": torch.uint8, "int64": torch.int64, "float32": torch.bfloat16}
-    entries = {f"net.{key}": (tuple(shape), dtypes[dtype]) for key, shape, dtype, kind in table["keys"]}
-    model = {k: (shape, torch.bfloat16, trainable) for k, (shape, _, trainable) in ckpt.model_entries(net).items()}
-    report, _ = ckpt.build_report(model, entries, "Cosmos-Predict2-2B-Sample-Action-Conditioned key table")
+    table, model, entries, report = check_reference.released_key_report(
+        os.path.join(ACTION, "action_released_keys.json"), "v2w-2b-action",
+        "Cosmos-Predict2-2B-Sample-Action-Conditioned key table")
+    assert table["num_parameters"] == 2_024_923_136
     assert report.ok, report.details()
     assert len(report.loaded) == len(model) == 578 and not report.allowed_missing
     assert len(report.ignored) == 113 + 4  # TE _extra_state and upstream's accum_* counters, nothing else

@@ -10,9 +10,9 @@ from safetensors.torch import load_file
 
 import check_reference
 import ckpt
-from base.inits import config_from_upstream, get_config
+from base.inits import get_config
 from condition import Condition
-from model import DiT, num_params
+from model import DiT
 from nets import flow
 from nets.family import family_of
 
@@ -79,21 +79,15 @@ def test_one_latent_frames_actions_change_that_frames_embedding_only(case):
 
 
 def test_released_key_table_loads_strictly_into_p25_2b_action():
-    table = json.load(open(os.path.join(DATA, "p25_action_released_keys.json")))
-    cfg = get_config("p25-2b-action")
-    assert config_from_upstream(table["class"], table["kwargs"]) == cfg  # upstream's released kwargs, parsed
-    with torch.device("meta"):
-        net = DiT(cfg)
-    assert num_params(net) == table["num_parameters"] == 2_126_767_104
-    dtypes = {"uint8": torch.uint8, "int64": torch.int64, "float32": torch.bfloat16}
-    entries = {f"net.{key}": (tuple(shape), dtypes[dtype]) for key, shape, dtype, kind in table["keys"]}
-    model = {k: (shape, torch.bfloat16, trainable) for k, (shape, _, trainable) in ckpt.model_entries(net).items()}
-    report, _ = ckpt.build_report(model, entries, "Cosmos-Predict2.5-2B robot/action-cond key table")
+    table, model, _, report = check_reference.released_key_report(
+        os.path.join(DATA, "p25_action_released_keys.json"), "p25-2b-action",
+        "Cosmos-Predict2.5-2B robot/action-cond key table")
+    assert table["num_parameters"] == 2_126_767_104
     assert report.ok, report.details()
     assert all(k.endswith("._extra_state") or k.startswith("net.accum_") for k in report.ignored)
     with torch.device("meta"):
         per_clip = DiT(get_config("p25-2b", action_dim=4 * 7))  # the same keys: only the forward differs
-    assert set(ckpt.model_entries(per_clip)) == set(ckpt.model_entries(net))
+    assert set(ckpt.model_entries(per_clip)) == set(model)
 
 
 def test_wrong_actions_and_a_predict2_timestep_scale_are_refused_in_one_line():

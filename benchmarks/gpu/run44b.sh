@@ -10,24 +10,14 @@ export PYTHONUNBUFFERED=1
 python -m pip install -q --no-deps .gpu/imageio_ffmpeg-*.whl > /tmp/pip.log 2>&1
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 A=/tmp/a
-timeout 60 python -c "
-import numpy as np, torch, stitch, t5
-from base import lerobot
-from nets.vae import WanVAE, get_vae_config
-lerobot.make_synthetic('$A/raw', lengths=(40, 40, 40), height=240, width=320, motion='actions', action_width=7)
-rng = np.random.default_rng(0)
-stitch.stitch('$A/raw', '$A/g', stride=1, frames=13, size='480x640', workers=4)
-t5.write_embeddings('$A/g', lambda p: [torch.from_numpy(rng.standard_normal((8, 100352)).astype(np.float32)
-                    * 0.1).bfloat16() for _ in p], encoder='reason1', source={'encoder': 'stand-in', 'revision': '0'})
-t5.write_embeddings('$A/g', lambda p: [rng.standard_normal((8, 1024)).astype(np.float32) * 0.1 for _ in p])
-torch.save(WanVAE(get_vae_config('real')).state_dict(), '/tmp/tok.pth')" > $OUT/log.txt 2>&1
+timeout 60 python benchmarks/gpu/action_data.py $A 480x640 > $OUT/log.txt 2>&1
 timeout 80 python -m torch.distributed.run --standalone --nproc_per_node=1 train.py --config v2w-2b-action \
-    --init random --lora 32 --data $A/g --height 480 --width 640 --vae real --vae-ckpt /tmp/tok.pth --frames 13 \
-    --workers 1 --sample-every 0 --save-every 100 --steps 1 --out $A/run >> $OUT/log.txt 2>&1
+    --init random --lora 32 --data $A/g480x640 --height 480 --width 640 --vae real --vae-ckpt /tmp/tok.pth \
+    --frames 13 --workers 1 --sample-every 0 --save-every 100 --steps 1 --out $A/run >> $OUT/log.txt 2>&1
 W="timeout 45 python benchmarks/worldbench.py $A/run --steps 35,10 --repeats 1"
 $W --batches 1 > $OUT/folded1.txt 2>&1
 $W --batches 1 --unfolded > $OUT/unfolded1.txt 2>&1
 timeout 60 python sample.py --ckpt random --config p25-2b-action --vae real --vae-ckpt /tmp/tok.pth --chunks 3 \
-    --steps 10 --data $A/g --prompt-emb "$(ls $A/g/reason1/*.safetensors | head -1)" --out $OUT/p25_3chunks.mp4 \
-    > $OUT/sample.txt 2>&1
+    --steps 10 --data $A/g480x640 --prompt-emb "$(ls $A/g480x640/reason1/*.safetensors | head -1)" \
+    --out $OUT/p25_3chunks.mp4 > $OUT/sample.txt 2>&1
 $W --batches 8 > $OUT/folded8.txt 2>&1
