@@ -34,7 +34,6 @@ Writes to OUT:
 import ast
 import copy
 import enum
-import hashlib
 import json
 import os
 import subprocess
@@ -44,8 +43,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-# the same stand-ins for TransformerEngine as Predict2's action generator (its STUBS say what each does)
-from check_reference_action import _module, _NoDotProductAttention, _rope, _TERMSNorm
+# Predict2's action generator's stand-ins for TransformerEngine (its STUBS say what each does), seeded weights, key
+# table and blob SHA1, shared
+from check_reference_action import _module, _NoDotProductAttention, _rope, _TERMSNorm, blob_sha1, key_table, randomize
 
 ACTION_FILE = "cosmos_predict2/_src/predict2/action/networks/action_conditioned_minimal_v1_lvg_dit.py"
 NET_FILE = "cosmos_predict2/_src/predict2/action/configs/action_conditioned/net.py"
@@ -252,28 +252,6 @@ def build(cls, kwargs, sac_config_cls):
     if "sac_config" in kwargs:
         kwargs["sac_config"] = sac_config_cls(**kwargs["sac_config"])
     return cls(**kwargs)
-
-
-def randomize(net, seed):
-    """Seeded random values for every float parameter (scaled by fan-in), so no output depends on upstream's init."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in sorted(net.named_parameters()):
-            scale = 0.5 / max(1, p.shape[-1]) ** 0.5 if p.ndim > 1 else 0.1
-            p.copy_(torch.randn(p.shape, generator=gen) * scale + (1.0 if name.endswith("norm.weight") else 0.0))
-
-
-def blob_sha1(path):
-    data = open(path, "rb").read()
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def key_table(net):
-    # named_parameters() sees SAC wrappers (blocks.N._checkpoint_wrapped_module....); state_dict() strips them
-    params = {k.replace("_checkpoint_wrapped_module.", "") for k, _ in net.named_parameters()}
-    return [[k, list(v.shape), str(v.dtype).replace("torch.", ""),
-             "parameter" if k in params else "extra_state" if k.endswith("_extra_state") else "buffer"]
-            for k, v in net.state_dict().items()]
 
 
 def upstream_commit(upstream):
