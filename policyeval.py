@@ -325,9 +325,9 @@ def timing(cfg, run, seconds, device):
     measured matmul peak (CUDA) from the formula's FLOPs: the sampler's forwards (two with CFG) a chunk."""
     mcfg, frames = get_config(run.cfg["config"]), run.cfg["frames"]
     batches = math.ceil(cfg.episodes / (cfg.batch or cfg.episodes))
-    latent = (cfg.batch or cfg.episodes, 16, (frames - 1) // 4 + 1, run.cfg["height"] // 8, run.cfg["width"] // 8)
+    latent = (cfg.episodes, 16, (frames - 1) // 4 + 1, run.cfg["height"] // 8, run.cfg["width"] // 8)  # every episode
     calls = cfg.steps * (2 if run.guidance > 0 else 1)
-    flops = model_flops(mcfg, latent, run.cfg["text_len"])[0] * calls * batches * cfg.chunks  # forwards only
+    flops = model_flops(mcfg, latent, run.cfg["text_len"])[0] * calls * cfg.chunks  # forwards only
     out = {"world_seconds": seconds, "s_per_chunk": seconds / (batches * cfg.chunks),
            "s_per_episode_chunk": seconds / (cfg.episodes * cfg.chunks)}
     if device.type == "cuda":
