@@ -14,13 +14,12 @@ and `rollout_logp_gap` reports how far the sampler's log-probs were. Either way 
 already computed: the rollout's uncond predictions of the trained steps, and (same_latent) one forward for the
 trajectories that share a step's state.
 
-Contents, top to bottom: config -> loss -> update ->
-one update of a training run (train_step: rollouts, decode, rewards, advantages over all ranks
-(objective.score_groups, shared with nft.py), update), which train.py calls; there is no trainer class.
+Contents, top to bottom: config -> loss -> update -> one update of a training run (train_step: rollouts, then
+rl.score_groups (decode, rewards, advantages over all ranks, shared with nft.py), update) -> GRPO, the objective
+train.py calls.
 """
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -28,7 +27,8 @@ import torch.distributed as dist
 from base import collectives
 from condition import uncond
 from engine import rl
-from engine.objective import RLConfig, check_samples, clip_and_step, data_loss, phase_timer, score_groups
+from engine.objective import clip_and_step
+from engine.rl import PhaseTimer, RLConfig, Scoring, data_loss, score_groups
 from engine.rollout import (
     ROLLOUT_BATCHES,
     SDE_TYPES,
@@ -52,7 +52,7 @@ from nets.lora import set_lora_enabled
 
 @dataclass(frozen=True)
 class GRPOConfig(RLConfig):
-    """GRPO's knobs: objective.RLConfig's (K, steps, CFG, KL, advantages, AdamW; Flow-GRPO's Wan recipe values) and
+    """GRPO's knobs: rl.RLConfig's (K, steps, CFG, KL, advantages, AdamW; Flow-GRPO's Wan recipe values) and
     its own."""
     num_steps: int = 8  # N stochastic steps over Karras sigmas 80 -> 0.002, then one clean pass at sigma_min
     # (Predict2.5: N steps of the shift-5 grid 0.9998 -> 0)
@@ -317,7 +317,7 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     first_logp_equal (every logp_new == logp_old bitwise), first_max_abs_dlogp, first_ratio, and per optimizer
     step grad_norm (before clipping) and grads_outside_params (must be 0). A non-finite grad norm skips that
     optimizer step and is counted in nonfinite_steps. With cfg.data_coef > 0 every chunk that trains adds, on every
-    rank, one forward + backward per group: objective.data_loss on its real clip (noise from data_generator), weighted
+    rank, one forward + backward per group: rl.data_loss on its real clip (noise from data_generator), weighted
     data_coef / groups (FSDP's mean over dp groups makes it the mean over all groups).
     """
     if cfg.data_coef > 0 and data_generator is None:
@@ -382,7 +382,7 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
 
 
 def data_term(net, rollouts, cfg: GRPOConfig, generator, stats, set_grad_sync):
-    """DDRL's regulariser in a GRPO chunk: objective.data_loss (flow matching on each group's real clip, cond.gt_frames)
+    """DDRL's regulariser in a GRPO chunk: rl.data_loss (flow matching on each group's real clip, cond.gt_frames)
     at one noise level of the family's training levels, backward with weight data_coef / groups; the last backward
     reduces the chunk's gradients (set_grad_sync)."""
     levels = family_of(net.cfg).training_levels(cfg.num_steps)
@@ -461,33 +461,30 @@ def probes(cfg: GRPOConfig, update: int) -> bool:
     return cfg.probe_every > 0 and update % cfg.probe_every == 0
 
 
-def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, score, decode, seed, window_seed,
+def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, scoring: Scoring, seed, window_seed,
                agree=None, cp_size=1, probe=True):
     """One GRPO update over this rank's groups (collective under torch.distributed: call it on every rank).
 
-    conds: one Condition per group (a clip and its prompt). score(video, latent, cond) -> {"reward": [K], name: [K], ...}
-    (reward.score: the same names on every rank); decode(latent [K, C, T, H, W]) -> video, or None when no reward
-    needs pixels. seed: this dp group's rollout noise; window_seed: the same on every rank. cp_size: ranks per cp
+    conds: one Condition per group (a clip and its prompt). scoring: rl.Scoring (the reward terms, and what decodes
+    the samples for them). seed: this dp group's rollout noise; window_seed: the same on every rank. cp_size: ranks per cp
     group (--cp: they run the same rollouts, each forward split by base/cp.py; one copy of their rewards counts, so their
     advantages and micro-steps agree, or the all-to-alls would deadlock). agree(what, fn): runs the
     scoring so that a failure on one rank raises on every rank (collectives.agree) instead of leaving the others waiting.
     Returns (stats of grpo_update, metrics: rewards over all ranks, advantages, means over all ranks, s per phase).
     """
     device = conds[0].crossattn_emb.device
-    times, timed = phase_timer(device)
+    timer, rollouts = PhaseTimer(device), []
     generator = torch.Generator(device=device).manual_seed(seed)
     starts = window_starts(cfg, len(conds), window_seed)
-    rollouts = [timed("rollout", lambda: rollout_group(net, cond, latent_shape, cfg, generator, window_start=start))
-                for cond, start in zip(conds, starts)]
+    for cond, start in zip(conds, starts):
+        with timer.phase("rollout"):
+            rollouts.append(rollout_group(net, cond, latent_shape, cfg, generator, window_start=start))
     x0s = [ro.x0_final for ro in rollouts]
-    if agree is not None:  # before any decode or reward: a NaN sample is named as such, on every rank
-        agree("checking the rollouts", lambda: check_samples(x0s, conds))
-    else:
-        check_samples(x0s, conds)
-    mine, reward_metrics = score_groups(x0s, conds, score, decode, cfg, timed, agree, cp_size)
-    stats = timed("update", lambda: grpo_update(net, optimizer, params, rollouts, list(mine), cfg,
-                                               set_grad_sync=getattr(net, "set_requires_gradient_sync", None),
-                                               cp_size=cp_size, data_generator=generator, probe=probe))
+    mine, reward_metrics = score_groups(x0s, conds, scoring, cfg, timer, agree, cp_size)
+    with timer.phase("update"):
+        stats = grpo_update(net, optimizer, params, rollouts, list(mine), cfg, cp_size=cp_size, probe=probe,
+                            set_grad_sync=getattr(net, "set_requires_gradient_sync", None), data_generator=generator)
+    times = timer.times
     times["optimizer"] = stats["optimizer_s"]
     times["update"] -= stats["optimizer_s"]
     dp = collectives.world_size() // cp_size
@@ -522,40 +519,39 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
 
 
 # -----------------------------------------------------------------------------
-# The objective: what train.py's loop and flags need of GRPO (sft.py and nft.py have the same names; train.objective_of
-# picks one)
-
-NAME = "grpo"
-CONFIG = GRPOConfig  # TrainConfig.grpo: the --grpo-* flags
-MAY_CHANGE = ("recompute_old_logp", "rollout_batch", "offload_activations", "probe_every", "lr", "warmup",
-              "weight_decay", "betas", "max_grad_norm")  # of CONFIG's knobs, those a resumed run may change
-TINY = dict(rl.TINY, grpo=dict(group_size=8, lr=3e-3))  # the tiny default's (docs/grpo.md "The tiny default")
-resume_keys = partial(rl.resume_keys, name=NAME, may_change=MAY_CHANGE)
-rewards = rl.rewards
+# The objective train.py's loop calls (train.OBJECTIVES lists it): rl.RLObjective's evaluation, guard and data
+# weight, and GRPO's update
 
 
-def validate(cfg, given):
-    """GRPO's checks on top of every RL objective's (rl.validate); returns {flag: why it would do nothing}."""
-    unused = rl.validate(cfg, given, NAME)
-    if cfg.grpo.eta <= 0:
-        raise ValueError(f"--grpo-eta {cfg.grpo.eta}: a noiseless rollout has no log-prob to train (use > 0)")
-    # a compiled training graph, or batched rollout calls, round unlike the rollout's B = 1 eager calls
-    why = [w for w, on in (("--compile", cfg.compile),
-                           (f"--grpo-rollout-batch {cfg.grpo.rollout_batch}", cfg.grpo.rollout_batch != "none")) if on]
-    if why and not cfg.grpo.recompute_old_logp:
-        if "grpo.recompute_old_logp" in given:
-            raise ValueError(f"{' and '.join(why)} with --no-grpo-recompute-old-logp: the rollout rounds unlike the "
-                             "training forward, so the ratio would not start at 1")
-        cfg.grpo = replace(cfg.grpo, recompute_old_logp=True)
-    return unused
+class GRPO(rl.RLObjective):
+    """GRPO for train.py: GRPO(run, net, params, vae, neg_text, terms); step(index, batches) -> the update's metrics."""
+    NAME = "grpo"
+    CONFIG = GRPOConfig  # TrainConfig.grpo: the --grpo-* flags
+    MAY_CHANGE = ("recompute_old_logp", "rollout_batch", "offload_activations", "probe_every", "lr", "warmup",
+                  "weight_decay", "betas", "max_grad_norm")  # of CONFIG's knobs, those a resumed run may change
+    TINY = dict(rl.TINY, grpo=dict(group_size=8, lr=3e-3))  # the tiny default's (docs/grpo.md "The tiny default")
 
+    @classmethod
+    def validate(cls, cfg, given):
+        """GRPO's checks on top of every RL objective's (rl.validate); returns {flag: why it would do nothing}."""
+        unused = rl.validate(cfg, given, cls.NAME)
+        if cfg.grpo.eta <= 0:
+            raise ValueError(f"--grpo-eta {cfg.grpo.eta}: a noiseless rollout has no log-prob to train (use > 0)")
+        # a compiled training graph, or batched rollout calls, round unlike the rollout's B = 1 eager calls
+        why = [w for w, on in (("--compile", cfg.compile), (f"--grpo-rollout-batch {cfg.grpo.rollout_batch}",
+                                                            cfg.grpo.rollout_batch != "none")) if on]
+        if why and not cfg.grpo.recompute_old_logp:
+            if "grpo.recompute_old_logp" in given:
+                raise ValueError(f"{' and '.join(why)} with --no-grpo-recompute-old-logp: the rollout rounds unlike "
+                                 "the training forward, so the ratio would not start at 1")
+            cfg.grpo = replace(cfg.grpo, recompute_old_logp=True)
+        return unused
 
-def make(run, net, params, vae, neg_text, terms):
-    """GRPO's record for train.py's loop (rl.objective around train_step). run: train.Run."""
-    cfg = run.cfg
-
-    def update(conds, latent_shape, decode, score, index, seed, rank, rl_cfg):
-        return train_step(net, run.optimizer, params, conds, latent_shape, rl_cfg, score, decode,
-                          seed=seed(index, "rollout", rank), window_seed=seed(index, "window"),
-                          agree=collectives.agree, cp_size=cfg.cp, probe=probes(cfg.grpo, index))[1]
-    return rl.objective(run, net, vae, neg_text, terms, NAME, update)
+    def step(self, index, batches):
+        """One update (train_step) on this rank's groups of batches (one), the optimizer step included; its metrics
+        row."""
+        conds, latent_shape, scoring, knobs = self.groups(batches)
+        rank = self.run.dp_rank
+        return train_step(self.net, self.run.optimizer, self.params, conds, latent_shape, knobs, scoring,
+                          seed=self.seed(index, "rollout", rank), window_seed=self.seed(index, "window"),
+                          agree=collectives.agree, cp_size=self.run.cfg.cp, probe=probes(self.knobs, index))[1]

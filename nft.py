@@ -19,14 +19,14 @@ Contents, top to bottom: config -> the old policy -> rollout -> loss -> update -
 """
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 
 from base import collectives
 from condition import Condition, map_tensors
 from engine import rl
-from engine.objective import RLConfig, check_samples, clip_and_step, data_loss, masked_mean, phase_timer, score_groups
+from engine.objective import clip_and_step
+from engine.rl import PhaseTimer, RLConfig, Scoring, data_loss, masked_mean, score_groups
 from engine.rollout import generated_mask, with_uncond
 from nets.family import family_of
 from nets.lora import set_lora_enabled
@@ -37,7 +37,7 @@ from nets.lora import set_lora_enabled
 
 @dataclass(frozen=True)
 class NFTConfig(RLConfig):
-    """DiffusionNFT's knobs: objective.RLConfig's (K, steps, CFG, KL, advantages, AdamW; NVlabs' / cosmos-rl's
+    """DiffusionNFT's knobs: rl.RLConfig's (K, steps, CFG, KL, advantages, AdamW; NVlabs' / cosmos-rl's
     values) and its own."""
     group_size: int = 4  # K samples per group (one conditioning frame + instruction)
     num_steps: int = 10  # steps of the rollout sampler (deterministic: Predict2's AB2, Predict2.5's UniPC)
@@ -248,11 +248,11 @@ def nft_update(net, optimizer, params, old, conds, x0s, advantages, cfg: NFTConf
 # One update of a training run (train.py): old-policy rollouts -> decode -> rewards -> advantages -> update
 
 
-def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig, score, decode, seed, update,
+def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig, scoring: Scoring, seed, update,
                agree=None, cp_size=1):
     """One NFT update over this rank's groups (collective under torch.distributed: call it on every rank), then the
     old policy moves towards the new weights. old: the old adapter values (updated in place); update: 0-based
-    (update 0 starts from old == theta). score, decode, agree, seed: as grpo.train_step (seed: this dp group's).
+    (update 0 starts from old == theta). scoring, agree, seed: as grpo.train_step (seed: this dp group's).
     cp_size: ranks per cp group (--cp): they sample the same groups from the same seed, each forward split by base/cp.py,
     and compute the same loss from the gathered output; one copy of their rewards enters the advantages and one of
     their losses the metrics. Every rank runs the same forwards (groups x K x timesteps), so the loss scale needs no
@@ -260,24 +260,22 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
     groups' per-rank means, as it averages the ranks' without CP.
     Returns (stats of nft_update, metrics averaged over all dp groups, s per phase)."""
     device = conds[0].crossattn_emb.device
-    times, timed = phase_timer(device)
+    timer, x0s = PhaseTimer(device), []
     generator = torch.Generator(device=device).manual_seed(seed)
     old_is_current = update == 0 or decay_at(cfg, update - 1) == 0  # the last refresh copied theta exactly
     with adapters(net, params, old) if not old_is_current else nullcontext():
-        x0s = [timed("rollout", lambda: sample_group(net, cond, latent_shape, cfg, generator)) for cond in conds]
-    if agree is not None:  # before any decode or reward: a NaN sample is named as such, on every rank
-        agree("checking the rollouts", lambda: check_samples(x0s, conds))
-    else:
-        check_samples(x0s, conds)
-    mine, reward_metrics = score_groups(x0s, conds, score, decode, cfg, timed, agree, cp_size)
+        for cond in conds:
+            with timer.phase("rollout"):
+                x0s.append(sample_group(net, cond, latent_shape, cfg, generator))
+    mine, reward_metrics = score_groups(x0s, conds, scoring, cfg, timer, agree, cp_size)
     if reward_metrics["adv_std"] == 0:  # every advantage on every rank is 0 (all-tie groups): nothing to learn, and
         # the same on every rank (gathered); no forward and no optimizer step (AdamW's decay would still move weights)
         stats = {"loss": 0.0, "kl": 0.0, "data_loss": 0.0, "old_deviation": 0.0, "micro_steps": 0, "skipped": 1,
                  "nonfinite_steps": 0, "grad_norm": None, "optimizer_s": 0.0}
     else:
-        stats = timed("update", lambda: nft_update(net, optimizer, params, old, conds, x0s, list(mine), cfg,
-                                                  generator, old_is_current,
-                                                  getattr(net, "set_requires_gradient_sync", None)))
+        with timer.phase("update"):
+            stats = nft_update(net, optimizer, params, old, conds, x0s, list(mine), cfg, generator, old_is_current,
+                               getattr(net, "set_requires_gradient_sync", None))
     decay = decay_at(cfg, update)
     if decay == 0:  # exact copy (a lerp by 1 rounds): the next update may skip the old forward
         copy_values(old, params)
@@ -293,6 +291,7 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
                "old_decay": decay, "grad_norm": stats["grad_norm"], "micro_steps": stats["micro_steps"] * dp,
                "skipped_updates": stats["skipped"], "nonfinite_steps": stats["nonfinite_steps"],
                **({"skipped": "nonfinite"} if stats["nonfinite_steps"] else {})}  # train.py counts them, as SFT's
+    times = timer.times
     times["optimizer"] = stats["optimizer_s"]
     times["update"] = times.get("update", 0.0) - stats["optimizer_s"]
     metrics.update({f"s_{name}": times.get(name, 0.0) for name in ("rollout", "decode", "reward", "update",
@@ -301,26 +300,28 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
 
 
 # -----------------------------------------------------------------------------
-# The objective: what train.py's loop and flags need of NFT (sft.py and grpo.py have the same names; train.objective_of
-# picks one)
-
-NAME = "nft"
-CONFIG = NFTConfig  # TrainConfig.nft: the --nft-* flags
-MAY_CHANGE = ("rollout_batch", "lr", "warmup", "weight_decay", "betas", "max_grad_norm")  # a resume may change these
-TINY = dict(rl.TINY, nft=dict(group_size=8, lr=3e-3))  # the tiny default's (docs/nft.md)
-validate = partial(rl.validate, name=NAME)
-resume_keys = partial(rl.resume_keys, name=NAME, may_change=MAY_CHANGE)
-rewards = rl.rewards
+# The objective train.py's loop calls (train.OBJECTIVES lists it): rl.RLObjective's evaluation, guard and data
+# weight, NFT's old policy and update
 
 
-def make(run, net, params, vae, neg_text, terms):
-    """NFT's record for train.py's loop (rl.objective around train_step). Its old policy (the sampler), copies of the
-    trainable adapters, is saved with every checkpoint as extra_state "nft_old" and restored on resume."""
-    cfg = run.cfg
-    old = {n: p.detach().clone() for n, p in net.named_parameters() if p.requires_grad}
+class NFT(rl.RLObjective):
+    """DiffusionNFT for train.py: NFT(run, net, params, vae, neg_text, terms); step(index, batch) -> the update's
+    metrics. Its old policy (the sampler), copies of the trainable adapters, is saved with every checkpoint as state
+    "nft_old" and restored on resume."""
+    NAME = "nft"
+    CONFIG = NFTConfig  # TrainConfig.nft: the --nft-* flags
+    MAY_CHANGE = ("rollout_batch", "lr", "warmup", "weight_decay", "betas", "max_grad_norm")  # a resume may change these
+    TINY = dict(rl.TINY, nft=dict(group_size=8, lr=3e-3))  # the tiny default's (docs/nft.md)
 
-    def update(conds, latent_shape, decode, score, index, seed, rank, rl_cfg):
-        return train_step(net, run.optimizer, params, list(old.values()), conds, latent_shape, rl_cfg, score, decode,
-                          seed=seed(index, "rollout", rank), update=index, agree=collectives.agree,
-                          cp_size=cfg.cp)[1]
-    return rl.objective(run, net, vae, neg_text, terms, NAME, update, extra_state={"nft_old": old})
+    def __init__(self, run, net, params, vae, neg_text, terms):
+        super().__init__(run, net, params, vae, neg_text, terms)
+        self.old = {n: p.detach().clone() for n, p in net.named_parameters() if p.requires_grad}
+        self.state = {"nft_old": self.old, **self.state}
+
+    def step(self, index, batches):
+        """One update (train_step) on this rank's groups of batches (one), the optimizer step included; its metrics
+        row."""
+        conds, latent_shape, scoring, knobs = self.groups(batches)
+        return train_step(self.net, self.run.optimizer, self.params, list(self.old.values()), conds, latent_shape,
+                          knobs, scoring, seed=self.seed(index, "rollout", self.run.dp_rank), update=index,
+                          agree=collectives.agree, cp_size=self.run.cfg.cp)[1]

@@ -2,8 +2,8 @@
 Predict2, flow.training_loss for Predict2.5), its learning-rate schedule and the held-out loss. train.py runs it as
 the `sft` objective; grpo.py and nft.py are the RL ones.
 
-Contents, top to bottom: the loss -> one step -> the schedule -> the held-out loss -> the objective (NAME, CONFIG,
-MAY_CHANGE, TINY, validate, resume_keys, rewards, make: the same names as grpo.py's and nft.py's).
+Contents, top to bottom: the loss -> one step -> the schedule -> the held-out loss -> SFT, the objective train.py
+calls (the same names as grpo.GRPO's and nft.NFT's).
 """
 import math
 
@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from base.collectives import all_mean, any_rank, ranks_any
-from engine.objective import Objective, clip_and_step, sample_seed
+from engine.objective import clip_and_step, sample_seed
 from engine.rl import unused_rl_flags
 from nets.family import family_of
 
@@ -23,13 +23,13 @@ def training_loss(net, cfg, latent, cond, seeds):
     return family_of(net.cfg).training_loss(net, latent, cond, seeds, cfg)
 
 
-def sft_step(net, optimizer, trainable, cfg, next_batch, step, rank, world):
-    """One SFT optimizer step over grad_accum micro-batches; returns (mean loss on this rank, grad norm, None). A loss
+def sft_step(net, optimizer, trainable, cfg, batches, step, rank, world):
+    """One SFT optimizer step over the grad_accum micro-batches `batches` ((latent, Condition) each); returns (mean
+    loss on this rank, grad norm, None). A loss
     or gradient norm that is NaN/Inf on any rank skips the step on every rank (the gradients are dropped, the weights
     and the optimizer state stay as they were); the third value is then its likely cause (nonfinite_cause)."""
     loss_sum, bad_batch = 0.0, False
-    for micro in range(cfg.grad_accum):
-        latent, cond = next_batch()
+    for micro, (latent, cond) in enumerate(batches):
         inputs = (latent, cond.crossattn_emb, cond.camera)
         bad_batch |= not all(bool(torch.isfinite(x).all()) for x in inputs if x is not None)
         seeds = [sample_seed(cfg.seed, step, (micro * world + rank) * cfg.batch_size + b) for b in range(len(latent))]
@@ -86,40 +86,59 @@ def evaluate(net, cfg, batches):
 
 
 # -----------------------------------------------------------------------------
-# The objective: what train.py's loop and flags need of SFT (grpo.py and nft.py have the same names; train.objective_of
-# picks one)
-
-NAME = "sft"
-CONFIG = None  # SFT's knobs are TrainConfig's own (--lr, --warmup, ...)
-MAY_CHANGE = ()  # of CONFIG's knobs, those a resumed run may change
-TINY = {}  # the tiny default's settings of this objective (train.TINY is SFT's)
+# The objective train.py's loop calls (train.OBJECTIVES lists it; grpo.GRPO and nft.NFT have the same names)
 
 
-def validate(cfg, given):
-    """{flag: why it does nothing} for the RL flags given to an SFT run."""
-    return unused_rl_flags(cfg, given, NAME)
+class SFT:
+    """Supervised fine-tuning for train.py: SFT(run, net, params, vae, neg_text, terms) (run: train.Run: cfg,
+    optimizer, device, dp_rank, dp_world; SFT reads neither the VAE, the negative prompt nor rewards);
+    step(step, batches) -> the step's metrics row; evaluate(batches, truths) -> {"eval_loss"}."""
+    NAME = "sft"
+    CONFIG = None  # SFT's knobs are TrainConfig's own (--lr, --warmup, ...)
+    MAY_CHANGE = ()  # of CONFIG's knobs, those a resumed run may change
+    TINY = {}  # the tiny default's settings of this objective (train.TINY is SFT's)
+    mfu = True
+    eval_at_start = False  # its curve starts at the first save
+    max_psnr_drop = 0.0  # no fidelity bound in loss.png
 
+    @staticmethod
+    def validate(cfg, given):
+        """{flag: why it does nothing} for the RL flags given to an SFT run."""
+        return unused_rl_flags(cfg, given, SFT.NAME)
 
-def resume_keys(cfg):
-    return []
+    @staticmethod
+    def resume_keys(cfg):
+        return []
 
+    @staticmethod
+    def rewards(cfg):
+        return None  # SFT scores no samples
 
-def rewards(cfg):
-    return None  # SFT scores no samples
+    def __init__(self, run, net, params, vae, neg_text, terms):
+        cfg = run.cfg
+        self.run, self.net, self.params, self.cfg = run, net, params, cfg
+        self.betas, self.weight_decay, self.guidance, self.name = (cfg.beta1, cfg.beta2), cfg.weight_decay, \
+            cfg.guidance, "train"
+        self.schedule = f"lr {cfg.lr:g} (warm-up {cfg.warmup}, cosine to x{cfg.lr_min_ratio}), clip {cfg.grad_clip}"
+        self.lr_flag, self.state = "--lr", {}  # named when a NaN/Inf skips a step; nothing to resume but the weights
 
+    def lr_at(self, step):
+        return lr_at(self.cfg, step)
 
-def make(run, net, params, vae, neg_text, terms):
-    """The record of SFT for train.py's loop. run: train.Run (cfg, optimizer, device, dp_rank, dp_world)."""
-    cfg = run.cfg
+    def step(self, step, batches):
+        """One optimizer step over batches (cfg.grad_accum (latent, Condition) micro-batches); its metrics row."""
+        loss, grad_norm, cause = sft_step(self.net, self.run.optimizer, self.params, self.cfg, batches, step,
+                                          self.run.dp_rank, self.run.dp_world)
+        return {"loss": all_mean(loss, self.run.device), "grad_norm": grad_norm, **nonfinite_fields(cause)}
 
-    def step(step, next_batch):
-        loss, grad_norm, cause = sft_step(net, run.optimizer, params, cfg, next_batch, step,
-                                          run.dp_rank, run.dp_world)
-        return {"loss": all_mean(loss, run.device), "grad_norm": grad_norm, **nonfinite_fields(cause)}
-    return Objective(lr_at=lambda s: lr_at(cfg, s), betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
-                     schedule=f"lr {cfg.lr:g} (warm-up {cfg.warmup}, cosine to x{cfg.lr_min_ratio}), clip "
-                              f"{cfg.grad_clip}",
-                     step=step, held_out=lambda batches, truths: evaluate(net, cfg, batches), watch=None,
-                     bar=lambda row: {"loss": f"{row['loss']:.4f}"}, guidance=cfg.guidance, name="train", mfu=True,
-                     extra_state={}, eval_at_start=False, max_psnr_drop=0.0, lr_flag="--lr",
-                     after_eval=lambda result: result)
+    def evaluate(self, batches, truths):
+        return evaluate(self.net, self.cfg, batches)
+
+    def evaluated(self, result):
+        return result
+
+    def watch(self, row, history):
+        return None  # no fidelity guard: SFT's held-out loss is its own measure
+
+    def bar(self, row):
+        return {"loss": f"{row['loss']:.4f}"}

@@ -26,7 +26,7 @@ from base import camera, cli
 from base.camera import split_views
 from base.inits import TINY_CONFIGS, get_config
 from clips.data import VIEW_ORDER
-from engine import build, objective
+from engine import build, rl
 from engine.rollout import LOG_SQRT_2PI, rollout_group
 from grpo import GRPOConfig
 from nets.family import family_of
@@ -198,7 +198,7 @@ def main(argv=None):
     with phases("reward"):
         scores = reward.grid_rewards(video)
     rewards = scores["reward"]
-    advantages = objective.group_advantages(rewards, [cond.key] * K, eps=gcfg.adv_eps, clip=gcfg.adv_clip,
+    advantages = rl.group_advantages(rewards, [cond.key] * K, eps=gcfg.adv_eps, clip=gcfg.adv_clip,
                                        global_std=gcfg.global_std, ddof=gcfg.std_ddof)
     print(f"video {tuple(video.shape)}, rewards {rewards.tolist()}, advantages {advantages.tolist()}")
     print("raw reward statistics: " + ", ".join(f"{k} {v.tolist()}" for k, v in scores.items() if k != "reward"))

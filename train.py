@@ -40,7 +40,7 @@ from clips.tiny import make_tiny_dataset
 from engine import build, resume, rl, rundir
 from engine.build import build_vae, compile_seconds, make_encoder, net_config, trainable
 from engine.generate import write_sample
-from engine.objective import Objective, held_out_slots
+from engine.objective import held_out_slots
 from grpo import GRPOConfig
 from nets import vae as vae_lib
 from nets.family import FAMILIES, family_of
@@ -259,13 +259,14 @@ def resume_keys(cfg):
     return keys + objective_of(cfg.objective).resume_keys(cfg)
 
 
-# The objectives: each module has the same names (NAME, CONFIG, MAY_CHANGE, TINY, validate, resume_keys, rewards,
-# make), and this is the one place --objective is read: the rest of train.py asks the module, never which one it is
-OBJECTIVES = {module.NAME: module for module in (sft, grpo, nft)}
+# The objectives: each class has the same names (NAME, CONFIG, MAY_CHANGE, TINY, validate, resume_keys, rewards; an
+# object: lr_at, step, evaluate, evaluated, watch, bar, state), and this is the one place --objective is read: the
+# rest of train.py asks the class, never which one it is. A new objective: its file, and one entry here.
+OBJECTIVES = {objective.NAME: objective for objective in (sft.SFT, grpo.GRPO, nft.NFT)}
 
 
 def objective_of(name):
-    """The objective module of --objective `name` (sft.py, grpo.py or nft.py); a ValueError names the valid ones."""
+    """The objective class of --objective `name` (sft.SFT, grpo.GRPO or nft.NFT); a ValueError names the valid ones."""
     if name not in OBJECTIVES:
         raise ValueError(f"--objective {name!r}: valid are {', '.join(OBJECTIVES)}")
     return OBJECTIVES[name]
@@ -435,37 +436,34 @@ def train(run, lock, dataset, n_train, text, episodes):
     net, sac_modes = build.training_net(run)
     rundir.check_lora_base(run, net)
     params = trainable(net)  # after fully_shard: the DTensor parameters
-    objective = module.make(run, net, params, vae, neg_text, terms)
+    objective = module(run, net, params, vae, neg_text, terms)
     run.optimizer = make_optimizer(run, objective, params)
     ema = [p.detach().clone() for p in params] if cfg.ema else None
     names = [n for n, p in net.named_parameters() if p.requires_grad]  # the order of `params`
-    extra_state = {**({"ema": dict(zip(names, ema))} if ema else {}), **objective.extra_state} or None
+    extra_state = {**({"ema": dict(zip(names, ema))} if ema else {}), **objective.state} or None
     sampler = data.ClipSampler(n_train, rank=run.dp_rank, world_size=run.dp_world, seed=cfg.seed)
     start_step = restore(run, net, objective, sampler, extra_state)
     loader = iter(torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler,
                                               num_workers=cfg.workers, persistent_workers=cfg.workers > 0,
                                               worker_init_fn=rundir.detach_worker if cfg.workers else None))
     eval_ids, batches, truths = held_out_batches(run, dataset, n_train, to_latent)
-    held_out = lambda: objective.after_eval(objective.held_out(batches, truths))  # noqa: E731
     step_dir = os.path.join(cfg.out, f"step_{start_step:08d}")
     if start_step and not resume.eval_marker_valid(step_dir):
         # killed between the save and its evaluation: a missing or partial result is re-run, never assumed done
-        result = held_out()
+        result = objective.evaluate(batches, truths)
         if run.master:
             resume.write_eval_marker(step_dir, dict(result, step=start_step))
         run.say(f"evaluated the resumed checkpoint step {start_step}: {result}")
     elif start_step:  # its evaluation ran after the save: what it decided (RL's data weight) is decided again
-        objective.after_eval(resume.read_eval_marker(step_dir))
+        objective.evaluated(resume.read_eval_marker(step_dir))
     if start_step == 0 and cfg.init != "random":
         with cp.disabled(net):  # the init guard (build.init_guard): its noise is drawn per global rank
             loss, zero_loss = build.guard_loss(net, *batches[0])
         build.init_guard(loss, zero_loss, max_ratio=cfg.guard_max_ratio, source=cfg.init)  # the weights went in
-    loop = Loop(run=run, net=net, params=params, objective=objective, sampler=sampler,
-                next_batch=lambda: to_latent(next(loader)), held_out=held_out, ema=ema, extra_state=extra_state,
-                sac_modes=sac_modes, has_holdout=n_train < len(dataset), episodes=episodes,
-                write_sample=lambda done: write_sample(net, vae, getattr(dataset, "clips", dataset), eval_ids[0], cfg,
-                                                       neg_text, objective.guidance,
-                                                       os.path.join(cfg.out, f"sample_{done:08d}.mp4"), run.master))
+    loop = Loop(run=run, net=net, params=params, objective=objective, sampler=sampler, loader=loader,
+                to_latent=to_latent, held_out=(batches, truths), ema=ema, extra_state=extra_state,
+                sac_modes=sac_modes, has_holdout=n_train < len(dataset), episodes=episodes, vae=vae,
+                sample_clip=(getattr(dataset, "clips", dataset), eval_ids[0]), neg_text=neg_text)
     history = train_loop(loop, start_step)
     if run.distributed:
         dist.barrier()  # rank 0 may still be writing markers and plots: tear the group down together
@@ -484,16 +482,31 @@ class Loop:
     run: Run
     net: object
     params: list
-    objective: Objective
+    objective: object  # sft.SFT, grpo.GRPO or nft.NFT (objective_of)
     sampler: object
-    next_batch: object
-    held_out: object
+    loader: object  # an iterator of the DataLoader's batches
+    to_latent: object  # build.make_encoder's: batch -> (latent, Condition)
+    held_out: tuple  # held_out_batches' (batches, truths)
     ema: list
     extra_state: dict
     sac_modes: list
     has_holdout: bool
     episodes: dict  # rundir.episode_record: saved with every step
-    write_sample: object  # done -> writes sample_<done>.mp4
+    vae: object
+    sample_clip: tuple  # (the clips, the index of the clip whose first frame starts the sample videos)
+    neg_text: object
+
+
+def held_out(loop):
+    """The objective's held-out evaluation, and what it decides after it (RL's adaptive data weight)."""
+    return loop.objective.evaluate(*loop.held_out)
+
+
+def sample_video(loop, done):
+    """sample_<done>.mp4: the sample video of the weights after step `done` (engine/generate.write_sample)."""
+    cfg = loop.run.cfg
+    write_sample(loop.net, loop.vae, *loop.sample_clip, cfg, loop.neg_text, loop.objective.guidance,
+                 os.path.join(cfg.out, f"sample_{done:08d}.mp4"), loop.run.master)
 
 
 def step_counts(loop):
@@ -513,7 +526,8 @@ def one_step(loop, step, start_step, peak):
     lr = loop.objective.lr_at(step)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
-    row = {"lr": lr, **loop.objective.step(step, loop.next_batch)}
+    batches = [loop.to_latent(next(loop.loader)) for _ in range(cfg.grad_accum)]  # RL: one (--grad-accum is SFT's)
+    row = {"lr": lr, **loop.objective.step(step, batches)}
     if loop.ema is not None and "skipped" not in row:  # a skipped update left the weights as they were
         with torch.no_grad():
             torch._foreach_lerp_(loop.ema, [p.detach() for p in loop.params], 1 - sft.ema_beta(step, cfg.ema))
@@ -541,7 +555,7 @@ def save_and_evaluate(loop, row, done):
     path = resume.save(cfg.out, done, loop.net, run.optimizer, extra, keep=cfg.keep, lora_only=bool(cfg.lora),
                        extra_state=loop.extra_state)
     row["s_checkpoint"] = time.perf_counter() - t_save
-    result = loop.held_out()
+    result = held_out(loop)
     row.update(result)
     if run.master:
         resume.write_eval_marker(path, dict(result, step=done))
@@ -558,7 +572,7 @@ def train_loop(loop, start_step):
     log = rundir.MetricsLog(cfg, run, start_step, loop.has_holdout, rundir.config_hash(cfg, resume_keys(cfg)),
                             loop.objective.max_psnr_drop)
     if loop.objective.eval_at_start and start_step == 0:  # once: a restart keeps it
-        row = {"step": 0, **loop.held_out()}
+        row = {"step": 0, **held_out(loop)}
         run.say(f"held-out evaluation before the first update: {row}")
         log.write(row, first=True)
     if start_step >= cfg.steps:  # a finished run run again: nothing to do, said (not a bar at 100%)
@@ -574,16 +588,16 @@ def train_loop(loop, start_step):
         if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps or stopping:
             save_and_evaluate(loop, row, done)
         elif cfg.eval_every and done % cfg.eval_every == 0:
-            row.update(loop.held_out())
+            row.update(held_out(loop))
         log.write(row)  # after the save: a row is logged once its step is safe or the run went on past it
-        if loop.objective.watch and "eval_reward" in row:  # RL's fidelity guard, decided on rank 0 (its history)
-            loop.objective.watch(row, log.history[:-1], lambda stop: collectives.any_rank(stop, run.device))
+        if "eval_reward" in row:  # RL's fidelity guard, decided on rank 0 (its history)
+            loop.objective.watch(row, log.history[:-1])
         if run.master:
             bar.set_postfix(**loop.objective.bar(row), s_it=f"{row['s_per_step']:.2f}")
         nonfinite = rundir.count_nonfinite(row, nonfinite, cfg, loop.objective,
                                            say=lambda line: run.master and tqdm.write(line))
         if cfg.sample_every and (done % cfg.sample_every == 0 or done == cfg.steps):  # the last step's too
-            loop.write_sample(done)
+            sample_video(loop, done)
         if stopping:
             run.say(f"stopping after step {done} on {signal.Signals(stop['signal']).name}: checkpoint saved, exit 0")
             break

@@ -1,15 +1,22 @@
-"""What GRPO (grpo.py) and DiffusionNFT (nft.py) share between train.py's loop and their math.
+"""What GRPO (grpo.py) and DiffusionNFT (nft.py) share: everything of an RL objective but its rollouts and update.
 
-Both post-train the LoRA adapters from the same clips, rewards (reward.py) and run directory; they differ only in
-their update. This file holds the rest: their flags checked (validate), the settings a resumed run keeps
-(resume_keys), the start-up line, the decoder, the held-out evaluation every RL run logs (eval_reward_*, eval_psnr:
-the deterministic sampler on fixed held-out clips and noise), the fidelity guard, and `objective`, which makes either
-one's record for train.py's loop (engine/objective.Objective) around its update.
+Both post-train the LoRA adapters from the same clips, rewards (reward.py) and run directory. This file holds the
+rest: their flags checked (validate), the settings a resumed run keeps (resume_keys), the knobs both have (RLConfig),
+scoring a group's samples (Scoring: decode, reward, the truth a world-model reward reads) into group-normalised
+advantages over all ranks, DDRL's data term, the held-out evaluation every RL run logs (eval_reward_*, eval_psnr: the
+deterministic sampler on fixed held-out clips and noise), the fidelity guard, the adaptive data weight, and
+RLObjective: what train.py's loop calls of either (grpo.GRPO and nft.NFT subclass it and add `step`). Nothing here
+calls back into grpo.py, nft.py or train.py.
 
-Contents, top to bottom: flags and resume keys -> decoding -> held-out evaluation -> the fidelity guard -> the record.
+Contents, top to bottom: flags and resume keys -> the shared knobs -> scoring (timing, checks, advantages) -> the
+data term -> held-out evaluation -> the fidelity guard -> the data weight -> RLObjective.
 """
 import dataclasses
 import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -21,9 +28,11 @@ from base import camera, cli, collectives
 from base.camera import split_views
 from clips import data
 from clips.fidelity import score_sample
+from condition import Condition
 from engine import resume
 from engine.generate import from_first_frame
-from engine.objective import Objective, RLConfig, check_samples, held_out_slots, sample_seed
+from engine.objective import held_out_slots, sample_seed
+from engine.rollout import generated_mask
 from nets.family import family_of
 
 # -----------------------------------------------------------------------------
@@ -78,11 +87,6 @@ def validate(cfg, given, name):
     return unused
 
 
-def rewards(cfg):
-    """The run's reward terms (reward.parse_rewards of --reward), for an RL objective's rollouts and evaluation."""
-    return reward.parse_rewards(cfg.reward)
-
-
 def resume_keys(cfg, name, may_change):
     """The reward and every knob of the objective's config (cfg.<name>) except may_change, as flattened TrainConfig
     keys."""
@@ -102,32 +106,238 @@ def reward_line(name, rl_cfg, spec, terms):
 
 
 # -----------------------------------------------------------------------------
-# Decoding
+# The knobs both RL objectives have (grpo.GRPOConfig, nft.NFTConfig: each its own defaults and knobs on top)
 
 
-def truth_of(terms, cond, decode, actions):
-    """What the world-model reward terms read of a group's true clip (reward.INPUTS), computed only for them: its
-    latent (cond.gt_frames, the whole encoded clip), decoded as the samples are, its actions in raw units."""
-    wanted = {name for term in terms for name in term.inputs}
-    return {**({"truth_latent": cond.gt_frames} if "truth_latent" in wanted else {}),
-            **({"truth": decode(cond.gt_frames)} if "truth" in wanted else {}),
-            **({"action": actions.raw(cond.action)} if "action" in wanted and actions is not None else {})}
+@dataclass(frozen=True)
+class RLConfig:
+    group_size: int = 2  # K samples per group (one conditioning frame + instruction)
+    num_steps: int = 8  # steps of the rollout sampler
+    guidance: float = 0.0  # CFG of the rollouts, upstream's convention c + g (c - u); 0: one call a step
+    kl_coef: float = 0.0  # weight of the KL term to the LoRA-disabled base (one more forward)
+    adv_eps: float = 1e-4  # added to the std, outside the sqrt
+    adv_clip: float = 5.0  # advantages are clipped to +-adv_clip
+    global_std: bool = True  # normalise by the std of all rewards in the update (advised for K <= 4), else per group
+    std_ddof: int = 0  # 0: population std (K = 2 gives |A| ~ 1); 1: unbiased (|A| ~ 0.7071 at K = 2)
+    lr: float = 1e-4  # AdamW learning rate over the LoRA adapters, constant after the warm-up
+    warmup: int = 0  # updates of linear learning-rate warm-up before the constant lr (0 = none)
+    weight_decay: float = 1e-4  # AdamW weight decay
+    betas: tuple = (0.9, 0.999)  # AdamW betas
+    max_grad_norm: float = 1.0  # gradient clipping per optimizer step
+    data_target: float = 0.0  # > 0: data_coef adapts to hold held-out PSNR within this many dB of step 0's: after
+    # each held-out evaluation x2 when it fell more than 1.5 target, /2 when less than target / 1.5 (docs/rl.md)
+
+    def __post_init__(self):
+        if self.group_size < 2:
+            raise ValueError(f"group_size={self.group_size}: a group baseline needs K >= 2")
+        if self.guidance < 0 or self.kl_coef < 0 or self.adv_clip <= 0:
+            raise ValueError(f"need guidance >= 0, kl_coef >= 0 and adv_clip > 0: guidance={self.guidance} "
+                             f"kl_coef={self.kl_coef} adv_clip={self.adv_clip}")
+        if self.data_target < 0:
+            raise ValueError(f"data_target={self.data_target}: >= 0 dB (0: a fixed data_coef)")
+        if self.std_ddof not in (0, 1):
+            raise ValueError(f"std_ddof={self.std_ddof}; valid: 0 (population), 1 (unbiased)")
+        if self.lr <= 0 or self.warmup < 0 or self.weight_decay < 0 or self.max_grad_norm <= 0 \
+                or len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"need lr > 0, warmup >= 0, weight_decay >= 0, max_grad_norm > 0 and two betas in [0, 1):"
+                             f" lr={self.lr} warmup={self.warmup} weight_decay={self.weight_decay} "
+                             f"max_grad_norm={self.max_grad_norm} betas={self.betas}")
+
+    def lr_at(self, update):
+        """The learning rate of update `update` (0-based): linear warm-up over warmup updates, then constant."""
+        return self.lr * min(1.0, (update + 1) / self.warmup) if self.warmup else self.lr
 
 
-def decoder(vae, terms, views):
-    """decode(x0 [K, C, T, H, W]) -> video [K, 3, F, H, W] float32, or None when no reward term needs pixels; one
-    sample at a time (memory does not grow with K); a multi-view latent is scored as Path B's 2x2 grid."""
-    vae_dtype = next(vae.parameters()).dtype
+# -----------------------------------------------------------------------------
+# Scoring a group's samples: decode (only when a reward needs pixels), the truth a world-model reward reads, reward
+
+
+@dataclass
+class Scoring:
+    """What scoring an update's samples reads: the reward terms (reward.parse_rewards), the VAE that decodes a
+    sample when a term needs pixels, the views of a multi-view latent (scored as Path B's 2x2 grid; 0 for a grid
+    net) and the run's actions (FolderActions: their raw units, for world-model rewards; None without)."""
+    terms: list
+    vae: object = None
+    views: int = 0
+    actions: object = None
 
     @torch.no_grad()
-    def decode(x0):
-        if not reward.needs_pixels(terms):
+    def decode(self, x0):
+        """x0 [K, C, T, H, W] -> video [K, 3, F, H, W] float32, or None when no term needs pixels; one sample at a
+        time (memory does not grow with K)."""
+        if not reward.needs_pixels(self.terms):
             return None
-        if views:
-            return torch.cat([camera.grid_from_views(vae.decode(split_views(x0[k: k + 1], views).to(vae_dtype)),
+        vae, dtype = self.vae, next(self.vae.parameters()).dtype
+        if self.views:
+            return torch.cat([camera.grid_from_views(vae.decode(split_views(x0[k: k + 1], self.views).to(dtype)),
                                                      data.VIEW_ORDER) for k in range(len(x0))]).float()
-        return torch.cat([vae.decode(x0[k: k + 1].to(vae_dtype)) for k in range(len(x0))]).float()
-    return decode
+        return torch.cat([vae.decode(x0[k: k + 1].to(dtype)) for k in range(len(x0))]).float()
+
+    def truth(self, cond):
+        """What the world-model terms read of a group's true clip (reward.INPUTS), computed only for them: its latent
+        (cond.gt_frames, the whole encoded clip), decoded as the samples are, its actions in raw units."""
+        wanted = {name for term in self.terms for name in term.inputs}
+        return {**({"truth_latent": cond.gt_frames} if "truth_latent" in wanted else {}),
+                **({"truth": self.decode(cond.gt_frames)} if "truth" in wanted else {}),
+                **({"action": self.actions.raw(cond.action)} if "action" in wanted and self.actions is not None
+                   else {})}
+
+    def score(self, video, x0, cond):
+        """reward.score of a group's samples (video: decode(x0)) and its true clip: {"reward": [K], name: [K]}."""
+        return reward.score(self.terms, video=video, latent=x0, **self.truth(cond))
+
+
+# -----------------------------------------------------------------------------
+# The phases of one RL update, between its rollouts and its update, that GRPO and NFT share
+
+
+class PhaseTimer:
+    """times[name]: the seconds spent in `with timer.phase(name):` blocks (CUDA synchronised around each)."""
+
+    def __init__(self, device):
+        self.device, self.times = device, {}
+
+    @contextmanager
+    def phase(self, name):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start
+
+
+MAX_SAMPLE_ABS = 1e6  # latents are unit-scale (the sampler starts at sigma 80): a sample beyond this is no video
+
+
+def check_samples(x0s, conds, what="RL rollouts"):
+    """FloatingPointError naming the groups whose samples to reward (x0s: per group [K, C, T, H, W]) hold NaN/Inf, and
+    why: NaN/Inf inputs (the conditioning frames, prompt or camera of its Condition) or, from finite inputs, a diverged
+    policy; finite samples beyond MAX_SAMPLE_ABS are a diverged policy too (a reward would overflow on them and be
+    blamed). Called before scoring, so a reward is never blamed for (or fed) a broken sample."""
+    huge = [g for g, x0 in enumerate(x0s) if bool(torch.isfinite(x0).all()) and float(x0.abs().max()) > MAX_SAMPLE_ABS]
+    if huge:
+        peak = max(float(x0s[g].abs().max()) for g in huge)
+        raise FloatingPointError(f"{what} of {len(huge)} of {len(x0s)} groups reach |x| = {peak:.3g} (latents "
+                                 f"are unit-scale; > {MAX_SAMPLE_ABS:g} is no video) before scoring (the rewards were "
+                                 "not called): the policy diverged; lower the --grpo-lr / --nft-lr and resume from an "
+                                 "earlier checkpoint")
+    bad = [g for g, x0 in enumerate(x0s) if not bool(torch.isfinite(x0).all())]
+    if not bad:
+        return
+    cond = conds[bad[0]]
+    frames = cond.gt_frames if cond.gt_frames is None or cond.condition_mask is None else \
+        torch.where(cond.condition_mask.bool(), cond.gt_frames, 0.0)  # only the conditioning frames are read
+    inputs = [name for name, t in (("conditioning frames", frames), ("prompt embedding", cond.crossattn_emb),
+                                   ("negative prompt embedding", cond.neg_crossattn_emb), ("camera", cond.camera))
+              if t is not None and not bool(torch.isfinite(t).all())]
+    cause = (f"its {', '.join(inputs)} hold NaN/Inf: the clip or its text embedding is damaged" if inputs else
+             "its inputs are finite: the policy diverged (lower the --grpo-lr / --nft-lr, resume from an earlier "
+             "checkpoint)")
+    raise FloatingPointError(f"{what} of {len(bad)} of {len(x0s)} groups are NaN/Inf before scoring (the "
+                             f"rewards were not called); group {bad[0]} (key {cond.key}): {cause}")
+
+
+def agreed_names(scores):
+    """The reward component names, the same for every group on every rank (collective), or a ValueError listing them:
+    the rewards are gathered by position, so differing names would mix components or hang the gather."""
+    mine = sorted({tuple(sorted(s)) for s in scores})  # one entry when every group has the same names
+    everyone = collectives.gather(mine)
+    if len(everyone[0]) != 1 or any(e != everyone[0] for e in everyone):
+        raise ValueError("reward components differ between clips or ranks (" + "; ".join(
+            f"rank {r}: {' / '.join(map(str, map(list, e)))}" for r, e in enumerate(everyone)) + "): every reward "
+            "term must return the same components for every batch")
+    return list(everyone[0][0])
+
+
+def score_all(x0s, conds, scoring: Scoring, timer: PhaseTimer):
+    """Every group's scores (Scoring.score of its decoded samples), timed as "decode" and "reward"."""
+    out = []
+    for x0, cond in zip(x0s, conds, strict=True):
+        with timer.phase("decode"):
+            video = scoring.decode(x0)
+        with timer.phase("reward"):
+            out.append(scoring.score(video, x0, cond))
+    return out
+
+
+def score_groups(x0s, conds, scoring: Scoring, cfg, timer: PhaseTimer, agree=None, cp_size=1):
+    """Check the samples (check_samples: a NaN sample is named as such, never fed to a reward), decode (only where a
+    reward needs pixels) and score every group's K samples, gather all ranks' scores and turn the rewards into
+    advantages over all ranks' groups (collective). x0s: per group a [K, C, T, H, W] latent; conds: the groups'
+    records (the truth a world-model reward reads: its latent, its actions). cfg: any config with group_size,
+    adv_eps, adv_clip, global_std, std_ddof (GRPO's, NFT's); agree: collectives.agree, so that a failure on one rank
+    raises on every rank (None: one process). Returns (this rank's advantages [groups, K] on x0s' device, metrics:
+    rewards, components, adv_std)."""
+    device = x0s[0].device
+    if agree is not None:
+        agree("checking the rollouts", lambda: check_samples(x0s, conds))
+        scores = agree("scoring the rollouts", lambda: score_all(x0s, conds, scoring, timer))
+    else:
+        check_samples(x0s, conds)
+        scores = score_all(x0s, conds, scoring, timer)
+    names = agreed_names(scores)
+    local = torch.stack([torch.cat([s[n].float().reshape(-1) for s in scores]).to(device) for n in names])
+    everyone = collectives.gather_groups(local, cp_size).double().cpu()  # [names, dp * groups * K], dp-rank-major
+    rank, world = collectives.dp_coords(cp_size)  # --cp: a cp group's ranks scored the same rollouts; one copy counts
+    keys = [(r, g) for r in range(world) for g in range(len(x0s)) for _ in range(cfg.group_size)]
+    rewards = everyone[names.index("reward")]
+    advantages = group_advantages(rewards, keys, eps=cfg.adv_eps, clip=cfg.adv_clip, global_std=cfg.global_std,
+                                  ddof=cfg.std_ddof)
+    metrics = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(correction=0)),
+               "reward_group_std": float(rewards.view(-1, cfg.group_size).std(dim=1, correction=0).mean()),
+               "adv_std": float(advantages.std(correction=0))}
+    metrics.update({f"reward_{name.replace('/', '_')}": float(everyone[i].mean())
+                    for i, name in enumerate(names) if name != "reward"})
+    return advantages.view(world, len(x0s), cfg.group_size)[rank].to(device), metrics
+
+
+# -----------------------------------------------------------------------------
+# Advantages: a group's rewards -> group-relative advantages (score_groups, smoke.py)
+
+
+def group_advantages(rewards, keys, eps=1e-4, clip=5.0, global_std=True, ddof=0):
+    """(r - mean_group) / (std + eps), clipped to +-clip: [n] float64 advantages for [n] rewards.
+
+    keys: one hashable group key per reward, (episode id, instruction); interleaved keys are fine. std is the
+    population std (ddof 0, Flow-GRPO) or unbiased (ddof 1), of the group or, with global_std, of all valid
+    rewards. A non-finite reward (failed scoring) gets advantage 0; a group whose valid rewards are all equal
+    (or has fewer than 2) gets exactly 0, so the zero-advantage filter drops it.
+    """
+    r = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1).cpu()
+    if len(keys) != r.numel():
+        raise ValueError(f"{r.numel()} rewards but {len(keys)} group keys")
+    valid = torch.isfinite(r)
+    advantages = torch.zeros_like(r)
+    if global_std:
+        pooled = r[valid]
+        global_sd = pooled.std(correction=ddof) if pooled.numel() > ddof else torch.tensor(0.0, dtype=r.dtype)
+    for key in dict.fromkeys(keys):
+        idx = torch.tensor([j for j, k in enumerate(keys) if k == key and valid[j]], dtype=torch.long)
+        group = r[idx]
+        if group.numel() < 2 or bool((group == group[0]).all()):
+            continue
+        sd = global_sd if global_std else group.std(correction=ddof)
+        advantages[idx] = (group - group.mean()) / (sd + eps)
+    return advantages.clamp(-clip, clip)
+# -----------------------------------------------------------------------------
+# DDRL's data term, the regulariser GRPO and NFT share (--grpo-data-coef, --nft-data-coef)
+
+
+def masked_mean(x, gen_mask):
+    """Mean over the generated elements of x [1, C, T, H, W] (gen_mask [1, 1, T, H, W])."""
+    return (x * gen_mask).sum() / (gen_mask.sum() * x.shape[1])
+
+
+def data_loss(net, cond: Condition, grid, generator):
+    """DDRL's regulariser: flow matching on the group's real clip (cond.gt_frames, the whole encoded clip) at one
+    noise level of the grid, the generated frames only: mean |v - (eps - x_data)|^2."""
+    i = int(torch.randint(len(grid), (1,), generator=generator, device=generator.device))
+    eps = torch.randn(cond.gt_frames.shape, generator=generator, device=generator.device)
+    v, u, _ = family_of(net.cfg).forward_velocity(net, cond, cond.gt_frames.float(), eps, grid[i])
+    return masked_mean((v - u).square(), generated_mask(cond, tuple(v.shape[1:]), v.device))
 
 
 # -----------------------------------------------------------------------------
@@ -252,7 +462,7 @@ def spread_means(sums, squares, count, device):
 
 
 # -----------------------------------------------------------------------------
-# The record of an RL objective for train.py's loop
+# The adaptive data weight
 
 
 def adapted_coef(coef, drop, target, start):
@@ -284,35 +494,74 @@ def data_weight(rl_cfg):
     return state, after_eval
 
 
-def objective(run, net, vae, neg_text, terms, name, update, extra_state=None):
-    """The record of RL objective `name` (grpo.make, nft.make). run: train.Run (cfg, optimizer, dp_rank, say).
-    update(conds, latent_shape, decode, score, update_index, seed, rank, rl_cfg) -> its metrics row: one update on
-    this rank's groups (collective), conds one Condition per clip (condition.per_clip), rl_cfg the objective's knobs
-    with the data weight in force (data_weight)."""
-    cfg, rl_cfg = run.cfg, getattr(run.cfg, name)
-    run.say(reward_line(name, rl_cfg, cfg.reward, terms))
-    seed = lambda *key: sample_seed(cfg.seed, *key)  # noqa: E731
-    weight, after_eval = data_weight(rl_cfg)
-    extra_state = {**(extra_state or {}), **({"data_weight": weight} if weight else {})}
+# -----------------------------------------------------------------------------
+# What train.py's loop calls of an RL objective; grpo.GRPO and nft.NFT add `step(index, batches) -> metrics row`
 
-    def step(index, next_batch):
-        latent, cond = next_batch()
-        decode = decoder(vae, terms, len(data.VIEW_ORDER) if cond.camera is not None else 0)
 
-        def score(video, x0, group):  # a group's samples, and what world-model rewards read of its true clip
-            return reward.score(terms, video=video, latent=x0, **truth_of(terms, group, decode, run.actions))
-        now = rl_cfg if weight is None else dataclasses.replace(rl_cfg, data_coef=float(weight["data_coef"]))
-        return update(condition.per_clip(cond, neg_text, run.dp_rank), tuple(latent.shape[1:]), decode, score,
-                      index, seed, run.dp_rank, now)
+class RLObjective:
+    """An RL objective for train.py's loop, built from the run (train.Run: cfg, optimizer, dp_rank, actions, say),
+    the network and its trainable adapters, the VAE, the negative prompt and the reward terms. Its subclass adds
+    NAME, CONFIG, MAY_CHANGE, TINY and step(index, batches) -> the update's metrics row (batches: [one (latent,
+    Condition) of train.py's loader]; the optimizer step included)."""
+    mfu = False  # RL's MFU: smoke.py (rollouts and updates differ too much for one number)
+    eval_at_start = True  # a held-out evaluation before the first update: every curve's starting point
 
-    def held_out(batches, truths):  # train.held_out_batches' clips, in held_out_slots' order
-        slots = held_out_slots(run.dp_rank, run.dp_world, len(batches))
-        return evaluate(net, vae, cfg, rl_cfg.guidance, batches, truths, slots, neg_text, terms, run.actions)
-    return Objective(lr_at=rl_cfg.lr_at, betas=tuple(rl_cfg.betas), weight_decay=rl_cfg.weight_decay,
-                     schedule=f"lr {rl_cfg.lr:g} (warm-up {rl_cfg.warmup}, then constant), clip "
-                              f"{rl_cfg.max_grad_norm}",
-                     step=step, held_out=held_out,
-                     bar=lambda row: {"reward": f"{row['reward_mean']:.4g}", "std": f"{row['reward_std']:.2g}"},
-                     guidance=rl_cfg.guidance, name=name, mfu=False, extra_state=extra_state, eval_at_start=True,
-                     watch=fidelity_guard(cfg, tqdm.write, run.master), max_psnr_drop=cfg.max_psnr_drop,
-                     lr_flag=f"{cli.flag(name)}-lr {rl_cfg.lr:g}", after_eval=after_eval)
+    @classmethod
+    def validate(cls, cfg, given):
+        """{flag: why it would do nothing}; imports the reward plug-ins (a typo fails before any model)."""
+        return validate(cfg, given, cls.NAME)
+
+    @classmethod
+    def resume_keys(cls, cfg):
+        return resume_keys(cfg, cls.NAME, cls.MAY_CHANGE)
+
+    @staticmethod
+    def rewards(cfg):
+        """The run's reward terms (reward.parse_rewards of --reward), for its rollouts and evaluation."""
+        return reward.parse_rewards(cfg.reward)
+
+    def __init__(self, run, net, params, vae, neg_text, terms):
+        cfg, knobs = run.cfg, getattr(run.cfg, self.NAME)
+        self.run, self.net, self.params, self.vae, self.neg_text, self.terms, self.knobs = \
+            run, net, params, vae, neg_text, terms, knobs
+        run.say(reward_line(self.NAME, knobs, cfg.reward, terms))
+        self.weight, self.adapt = data_weight(knobs)
+        self.state = {"data_weight": self.weight} if self.weight else {}  # saved with every checkpoint, resumed
+        self.guard = fidelity_guard(cfg, tqdm.write, run.master)
+        self.betas, self.weight_decay, self.guidance = tuple(knobs.betas), knobs.weight_decay, knobs.guidance
+        self.schedule = f"lr {knobs.lr:g} (warm-up {knobs.warmup}, then constant), clip {knobs.max_grad_norm}"
+        self.name, self.max_psnr_drop = self.NAME, cfg.max_psnr_drop  # the bar's name; the bound drawn in loss.png
+        self.lr_flag = f"{cli.flag(self.NAME)}-lr {knobs.lr:g}"  # named when a NaN/Inf skips an update
+
+    def lr_at(self, update):
+        return self.knobs.lr_at(update)
+
+    def seed(self, *key):
+        return sample_seed(self.run.cfg.seed, *key)
+
+    def groups(self, batches):
+        """(one Condition per clip (condition.per_clip), the latent's shape, the Scoring of its samples, the knobs
+        with the data weight in force) of one update's batches: one (latent, Condition) (--grad-accum is SFT's)."""
+        (latent, cond), = batches
+        scoring = Scoring(self.terms, self.vae, len(data.VIEW_ORDER) if cond.camera is not None else 0,
+                          self.run.actions)
+        knobs = self.knobs if self.weight is None else \
+            dataclasses.replace(self.knobs, data_coef=float(self.weight["data_coef"]))
+        return condition.per_clip(cond, self.neg_text, self.run.dp_rank), tuple(latent.shape[1:]), scoring, knobs
+
+    def evaluate(self, batches, truths):
+        """The held-out evaluation (train.held_out_batches' clips, in held_out_slots' order), then evaluated."""
+        slots = held_out_slots(self.run.dp_rank, self.run.dp_world, len(batches))
+        return self.evaluated(evaluate(self.net, self.vae, self.run.cfg, self.knobs.guidance, batches, truths, slots,
+                                       self.neg_text, self.terms, self.run.actions))
+
+    def evaluated(self, result):
+        """After every held-out evaluation, in order (a resumed step's from its marker): the adaptive data weight."""
+        return self.adapt(result)
+
+    def watch(self, row, history):
+        """The fidelity guard after a held-out evaluation (history: rank 0's rows before this one); collective."""
+        self.guard(row, history, partial(collectives.any_rank, device=self.run.device))
+
+    def bar(self, row):
+        return {"reward": f"{row['reward_mean']:.4g}", "std": f"{row['reward_std']:.2g}"}

@@ -9,7 +9,7 @@ from rl_utils import LATENT, perturb, rollout, tiny_condition, tiny_policy
 import grpo
 from base import collectives
 from condition import condition_mask
-from engine import objective
+from engine import rl
 from engine.rollout import LOG_SQRT_2PI, gaussian_log_prob, rollout_group, step_coefficients
 from nets.edm import guided_x0_fn, karras_sigmas, step_mean
 from nets.lora import set_lora_enabled
@@ -324,19 +324,19 @@ def test_surrogate_at_ratio_one_and_outside_the_clip(advantage):
 def test_all_equal_rewards_give_zero_advantages():
     for global_std in (True, False):
         for ddof in (0, 1):
-            adv = objective.group_advantages([0.1, 0.1, 0.1, 0.3, 0.3, 0.3], ["a"] * 3 + ["b"] * 3,
+            adv = rl.group_advantages([0.1, 0.1, 0.1, 0.3, 0.3, 0.3], ["a"] * 3 + ["b"] * 3,
                                         global_std=global_std, ddof=ddof)
             assert torch.equal(adv, torch.zeros(6))
-    adv = objective.group_advantages([0.7, 0.7], [("ep", "x")] * 2)
+    adv = rl.group_advantages([0.7, 0.7], [("ep", "x")] * 2)
     assert torch.equal(adv, torch.zeros(2)) and not torch.isnan(adv).any()
 
 
 def test_k2_advantage_conventions():
     d = 3e-3
     r = [0.5 + d, 0.5]
-    a0 = objective.group_advantages(r, ["g", "g"], ddof=0, global_std=False)
+    a0 = rl.group_advantages(r, ["g", "g"], ddof=0, global_std=False)
     torch.testing.assert_close(a0, torch.tensor([1.0, -1.0], dtype=torch.float64) * (d / 2) / (d / 2 + 1e-4))
-    a1 = objective.group_advantages(r, ["g", "g"], ddof=1, global_std=False)
+    a1 = rl.group_advantages(r, ["g", "g"], ddof=1, global_std=False)
     s = d / math.sqrt(2)
     torch.testing.assert_close(a1, torch.tensor([1.0, -1.0], dtype=torch.float64) * (d / 2) / (s + 1e-4))
     assert abs(float(a0.std(correction=0)) - (d / 2) / (d / 2 + 1e-4)) < 1e-12
@@ -345,7 +345,7 @@ def test_k2_advantage_conventions():
 def test_global_std_interleaved_keys_clip_and_failed_rewards():
     r = torch.tensor([0.1, 0.9, 0.4, 0.2, 0.8, 0.5])
     keys = [("e1", "t"), ("e2", "t"), ("e1", "t"), ("e2", "t"), ("e1", "t"), ("e2", "t")]
-    adv = objective.group_advantages(r, keys, global_std=True, ddof=0)
+    adv = rl.group_advantages(r, keys, global_std=True, ddof=0)
     rd = r.double()
     sd = rd.std(correction=0)
     g1, g2 = rd[[0, 2, 4]], rd[[1, 3, 5]]
@@ -354,14 +354,14 @@ def test_global_std_interleaved_keys_clip_and_failed_rewards():
     expected[[1, 3, 5]] = (g2 - g2.mean()) / (sd + 1e-4)
     torch.testing.assert_close(adv, expected)
     # same instruction, different episodes: two groups, not one (the key is (episode, instruction))
-    assert not torch.allclose(adv, objective.group_advantages(r, [("*", "t")] * 6, global_std=True))
+    assert not torch.allclose(adv, rl.group_advantages(r, [("*", "t")] * 6, global_std=True))
     # sorted order gives the same advantages
     order = [0, 2, 4, 1, 3, 5]
-    torch.testing.assert_close(objective.group_advantages(r[order], [keys[j] for j in order]), adv[order])
+    torch.testing.assert_close(rl.group_advantages(r[order], [keys[j] for j in order]), adv[order])
     # clipping and a failed (NaN) reward
-    big = objective.group_advantages([0.0, 0.0, 0.0, 0.0, 0.0, 1.0], ["g"] * 6, eps=0.0, clip=2.0, global_std=False)
+    big = rl.group_advantages([0.0, 0.0, 0.0, 0.0, 0.0, 1.0], ["g"] * 6, eps=0.0, clip=2.0, global_std=False)
     assert float(big.max()) == 2.0
-    nan = objective.group_advantages([0.2, float("nan"), 0.4], ["g"] * 3, global_std=False)
+    nan = rl.group_advantages([0.2, float("nan"), 0.4], ["g"] * 3, global_std=False)
     assert float(nan[1]) == 0.0 and torch.isfinite(nan).all() and float(nan[0]) < 0 < float(nan[2])
 
 
@@ -539,7 +539,7 @@ def test_fsdp_ranks_with_uneven_zero_advantages_stay_in_step():
 
 
 def test_data_term_adds_the_flow_matching_gradient_once_per_group_and_syncs_last():
-    """--grpo-data-coef: each trained chunk adds objective.data_loss on every group's real clip, weighted data_coef /
+    """--grpo-data-coef: each trained chunk adds rl.data_loss on every group's real clip, weighted data_coef /
     groups, after the policy-gradient micro-steps; the gradient sync moves to the data term's last backward; the
     gradient is the zero-coefficient update's plus exactly that term's; all-tie groups still skip everything."""
     from nets.family import family_of
@@ -571,7 +571,7 @@ def test_data_term_adds_the_flow_matching_gradient_once_per_group_and_syncs_last
         p.grad = None
     g, levels = torch.Generator().manual_seed(3), family_of(net.cfg).training_levels(4)
     for ro in ros:
-        (0.7 * objective.data_loss(net, ro.cond, levels, g) / 2).backward()
+        (0.7 * rl.data_loss(net, ro.cond, levels, g) / 2).backward()
     for a, b, c in zip(plain, with_data, [p.grad for p in params]):
         torch.testing.assert_close(b, a + c, rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="data_generator"):

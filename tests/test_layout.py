@@ -251,7 +251,10 @@ def test_each_model_family_has_one_home_with_the_same_names_chosen_in_one_place(
     assert calls and all(c.startswith("nets/family.py:") for c in calls), calls
 
 
-OBJECTIVE_API = ("NAME", "CONFIG", "MAY_CHANGE", "TINY", "validate", "resume_keys", "rewards", "make")
+OBJECTIVE_API = ("NAME", "CONFIG", "MAY_CHANGE", "TINY", "validate", "resume_keys", "rewards", "lr_at", "step",
+                 "evaluate", "evaluated", "watch", "bar")
+OBJECTIVE_FIELDS = ("betas", "weight_decay", "schedule", "guidance", "name", "mfu", "state", "eval_at_start",
+                    "max_psnr_drop", "lr_flag")  # what train.py reads of a built objective
 
 
 def required(fn):
@@ -261,18 +264,31 @@ def required(fn):
 
 
 def test_each_objective_has_the_same_names_and_is_chosen_in_one_place():
-    """sft.py, grpo.py and nft.py define the same objective API with the same parameters; train.objective_of is the
-    one place --objective is read: nothing else reads a TrainConfig's objective."""
+    """sft.SFT, grpo.GRPO and nft.NFT define the same objective API with the same parameters; train.objective_of is
+    the one place --objective is read: nothing else reads a TrainConfig's objective."""
     import grpo
     import nft
     import sft
     import train
-    assert train.OBJECTIVES == {"sft": sft, "grpo": grpo, "nft": nft}
-    for name in OBJECTIVE_API:
-        values = [getattr(m, name) for m in (sft, grpo, nft)]
+    assert train.OBJECTIVES == {"sft": sft.SFT, "grpo": grpo.GRPO, "nft": nft.NFT}
+    classes = list(train.OBJECTIVES.values())
+    for name in OBJECTIVE_API + ("__init__",):
+        values = [getattr(c, name) for c in classes]
         if callable(values[0]) and name != "CONFIG":
             assert required(values[0]) == required(values[1]) == required(values[2]), name
     reads = [f"{rel}:{n}" for rel, text in tracked_text_files() if rel.endswith(".py") and not rel.startswith("tests/")
              for n, line in enumerate(text.splitlines(), start=1) if re.search(r"cfg\.objective\b", line)
              and not (rel == "train.py" and "objective_of(cfg.objective)" in line)]
     assert not reads, "the objective is read outside train.objective_of: " + str(reads)
+
+
+def test_objectives_are_called_downward_only():
+    """No callable crosses a floor upward: train.py hands an objective data (batches, reward terms), never a function
+    of its own, and an objective hands engine/ none of its own (the names a reader would give such a hallway)."""
+    hallways = ("next_batch", "score=", "decode=", "update=lambda", "timed(", "write_sample=lambda", "held_out=lambda",
+                "lambda stop")
+    hits = [f"{rel}:{n}: {word}" for rel in ("train.py", "sft.py", "grpo.py", "nft.py", "engine/rl.py",
+                                             "engine/objective.py")
+            for n, line in enumerate(open(os.path.join(ROOT, rel), encoding="utf-8"), start=1)
+            for word in hallways if word in line.split("#")[0]]
+    assert not hits, "a callback up a floor: " + "; ".join(hits)

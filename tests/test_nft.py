@@ -8,7 +8,7 @@ from rl_utils import LATENT, perturb, tiny_condition, tiny_policy
 import grpo
 import nft
 from condition import condition_mask
-from engine import objective
+from engine import rl
 from nets.family import family_of
 from nets.lora import set_lora_enabled
 
@@ -38,7 +38,7 @@ def test_on_policy_gradient_is_advantage_weighted_flow_matching():
             v = torch.randn(1, *LATENT, generator=g, requires_grad=True)
             nft.nft_loss(v, v.detach(), u, 0.7, r, gen, cfg).backward()
             v2 = v.detach().clone().requires_grad_(True)  # the advantage-weighted flow-matching loss
-            (cfg.adv_clip * (2 * r - 1) * objective.masked_mean((0.7 * (v2 - u)).square(), gen)).backward()
+            (cfg.adv_clip * (2 * r - 1) * rl.masked_mean((0.7 * (v2 - u)).square(), gen)).backward()
             torch.testing.assert_close(v.grad, v2.grad, rtol=1e-5, atol=1e-7)
             if r == 0.5:
                 assert v.grad.abs().max() < 1e-6

@@ -562,22 +562,22 @@ def test_each_term_sees_its_own_copy_of_the_inputs(plugin_dir):
 
 
 def _names_on_two_ranks(rank, world):
-    """objective.agreed_names when rank 1's term returned another component: refused on both ranks, no rank left
+    """rl.agreed_names when rank 1's term returned another component: refused on both ranks, no rank left
     in the gather."""
-    from engine import objective
+    from engine import rl
     scores = [{"reward": torch.ones(2), "energy" if rank == 0 else "energy_v2": torch.ones(2)}]
     try:
-        objective.agreed_names(scores)
+        rl.agreed_names(scores)
     except ValueError as e:
         return str(e)
     return None
 
 
 def test_reward_component_names_are_agreed_between_clips_and_ranks():
-    from engine import objective
-    assert objective.agreed_names([{"reward": 1, "b": 2, "a": 3}] * 2) == ["a", "b", "reward"]
+    from engine import rl
+    assert rl.agreed_names([{"reward": 1, "b": 2, "a": 3}] * 2) == ["a", "b", "reward"]
     with pytest.raises(ValueError, match=r"rank 0: \['a', 'reward'\] / \['reward'\]\): every reward term must"):
-        objective.agreed_names([{"reward": 1, "a": 2}, {"reward": 1}])  # a component only some clips return
+        rl.agreed_names([{"reward": 1, "a": 2}, {"reward": 1}])  # a component only some clips return
     messages = run_dist(_names_on_two_ranks, 2, 120)
     assert messages[0] == messages[1] and "rank 0: ['energy', 'reward']; rank 1: ['energy_v2', 'reward']" in \
         messages[0]

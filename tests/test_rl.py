@@ -238,10 +238,10 @@ def test_grpo_nonfinite_updates_stop_after_max_nonfinite_and_nan_rollouts_are_na
 def test_a_diverged_policy_is_named_by_the_held_out_evaluation_not_the_reward(tiny_grid, tmp_path):
     """An absurd --grpo-lr diverges the policy in its first update; the held-out evaluation after it finds NaN samples
     and says so, instead of calling the reward on them (which blamed the reward plug-in: "its reward is not
-    finite"). Finite samples beyond objective.MAX_SAMPLE_ABS are named likewise."""
+    finite"). Finite samples beyond rl.MAX_SAMPLE_ABS are named likewise."""
     import torch
 
-    from engine import objective
+    from engine import rl
     proc = run(["--data", tiny_grid, "--objective", "grpo", "--lora", "4", "--grpo-lr", "1e6", "--steps", "2",
                 "--batch-size", "1", "--grpo-group-size", "2", "--grpo-num-steps", "3", "--eval-steps", "2",
                 "--eval-every", "1", "--sample-every", "0", "--reward", "reward_plugins:black_latent",
@@ -251,7 +251,7 @@ def test_a_diverged_policy_is_named_by_the_held_out_evaluation_not_the_reward(ti
         "finite: the policy diverged (lower the --grpo-lr" in proc.stderr, proc.stderr
     assert "reward term" not in proc.stderr
     with pytest.raises(FloatingPointError, match=r"RL rollouts of 1 of 2 groups reach \|x\| = 1e\+08 .*diverged"):
-        objective.check_samples([torch.zeros(2, 1, 1, 1, 1), torch.full((2, 1, 1, 1, 1), 1e8)], [None, None])
+        rl.check_samples([torch.zeros(2, 1, 1, 1, 1), torch.full((2, 1, 1, 1, 1), 1e8)], [None, None])
 
 
 def test_a_run_keeps_its_objective_and_records_only_its_own_preset(tiny_grid, tmp_path):
