@@ -4,7 +4,9 @@ import torch
 
 from base.inits import get_config
 from condition import Condition, condition_mask
+from engine.rl import Scoring
 from engine.rollout import rollout_group
+from reward import RewardTerm
 from model import build_model
 from nets.lora import add_lora
 
@@ -39,3 +41,8 @@ def perturb(params, scale=0.05, seed=1):
 def rollout(net, cfg, seed=0, cond=None):
     """GRPO's K trajectories of one group (rollout.rollout_group) from tiny_condition or `cond`."""
     return rollout_group(net, cond or tiny_condition(), LATENT, cfg, torch.Generator().manual_seed(seed))
+
+
+def latent_reward(fn):
+    """rl.Scoring of one reward term fn(latent) -> [K] (weight 1: the total reward is fn's)."""
+    return Scoring([RewardTerm(name="r", fn=fn, weight=1.0, inputs=("latent",))])

@@ -19,6 +19,7 @@ from dist_utils import run_dist
 from model import DiT
 from nets.lora import add_lora
 from run_utils import in_process, script
+from rl_utils import latent_reward
 
 
 def _inputs(cfg, T=4, H=8, W=8, text_len=8):
@@ -294,9 +295,9 @@ def _grpo_update(rank, world, cp_size):
     grads = []
     optimizer.register_step_pre_hook(lambda *_: grads.extend(full(p.grad).clone() for p in params))
 
-    def score(video, latent, cond):  # a reward that depends on every element of the sample
-        return {"reward": (latent * torch.linspace(-1, 1, latent[0].numel()).view(latent[0].shape)).mean((1, 2, 3, 4))}
-    _, metrics = grpo.train_step(net, optimizer, params, [cond], GRPO_LATENT, cfg, score, lambda x0: None,
+    score = latent_reward(lambda latent: (latent * torch.linspace(-1, 1, latent[0].numel()).view(latent[0].shape))
+                          .mean((1, 2, 3, 4)))  # a reward that depends on every element of the sample
+    _, metrics = grpo.train_step(net, optimizer, params, [cond], GRPO_LATENT, cfg, score,
                                  seed=100 + dp_rank, window_seed=7, cp_size=cp_size)
     return metrics, grads, [full(p.detach()).clone() for p in params]
 
@@ -381,9 +382,9 @@ def _nft_updates(rank, world, cp_size, updates=3):
     grads = []
     optimizer.register_step_pre_hook(lambda *_: grads.append([full(p.grad).clone() for p in params]))  # per step
 
-    def score(video, latent, cond):  # a reward that depends on every element of the sample
-        return {"reward": (latent * torch.linspace(-1, 1, latent[0].numel()).view(latent[0].shape)).mean((1, 2, 3, 4))}
-    rows = [nft.train_step(net, optimizer, params, old, [cond], GRPO_LATENT, cfg, score, lambda x0: None,
+    score = latent_reward(lambda latent: (latent * torch.linspace(-1, 1, latent[0].numel()).view(latent[0].shape))
+                          .mean((1, 2, 3, 4)))  # a reward that depends on every element of the sample
+    rows = [nft.train_step(net, optimizer, params, old, [cond], GRPO_LATENT, cfg, score,
                            seed=100 + 7 * update + dp_rank, update=update, cp_size=cp_size)[1]
             for update in range(updates)]
     return rows, grads, [full(p.detach()).clone() for p in params], [full(o).clone() for o in old]

@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 import torch
-from rl_utils import LATENT, perturb, tiny_condition, tiny_policy
+from rl_utils import LATENT, latent_reward, perturb, tiny_condition, tiny_policy
 
 import grpo
 import nft
@@ -124,8 +124,8 @@ def test_all_tie_update_skips_and_weight_zero_control_stays_the_base():
     opt = grpo.lora_optimizer(net, params, cfg)
     old = [p.detach().clone() for p in params]
     before = [p.detach().clone() for p in params]
-    score = lambda video, x0, cond: {"reward": torch.zeros(len(x0))}  # noqa: E731
-    stats, metrics = nft.train_step(net, opt, params, old, [cond], LATENT, cfg, score, lambda x0: None, 0, 0)
+    score = latent_reward(lambda latent: torch.zeros(len(latent)))
+    stats, metrics = nft.train_step(net, opt, params, old, [cond], LATENT, cfg, score, 0, 0)
     assert stats["skipped"] == 1 and metrics["skipped_updates"] == 1 and metrics["adv_std"] == 0
     assert all(torch.equal(b, p) for b, p in zip(before, params))
     assert opt.state == {}  # no optimizer step at all
@@ -137,15 +137,15 @@ def test_train_step_refreshes_the_old_policy_by_the_schedule():
     cfg = nft.NFTConfig(group_size=2, num_steps=4, decay_rate=0.25, decay_max=0.5)
     opt = grpo.lora_optimizer(net, params, cfg)
     old = [p.detach().clone() for p in params]
-    score = lambda video, x0, cond: {"reward": x0[:, 0].mean(dim=(1, 2, 3))}  # noqa: E731
-    _, m0 = nft.train_step(net, opt, params, old, [cond], LATENT, cfg, score, lambda x0: None, 0, 0)
+    score = latent_reward(lambda latent: latent[:, 0].mean(dim=(1, 2, 3)))
+    _, m0 = nft.train_step(net, opt, params, old, [cond], LATENT, cfg, score, 0, 0)
     assert m0["old_decay"] == 0.0 and all(torch.equal(o, p) for o, p in zip(old, params))  # exact copy
     before_old = [o.clone() for o in old]
-    _, m1 = nft.train_step(net, opt, params, old, [cond], LATENT, cfg, score, lambda x0: None, 1, 1)
+    _, m1 = nft.train_step(net, opt, params, old, [cond], LATENT, cfg, score, 1, 1)
     assert m1["old_decay"] == 0.25
     torch.testing.assert_close(old[1], 0.25 * before_old[1] + 0.75 * params[1].detach())
     assert m1["old_deviation"] == 0.0  # update 1 sampled with old == theta (refreshed by copy after update 0)
-    _, m2 = nft.train_step(net, opt, params, old, [cond], LATENT, cfg, score, lambda x0: None, 2, 2)
+    _, m2 = nft.train_step(net, opt, params, old, [cond], LATENT, cfg, score, 2, 2)
     assert m2["old_deviation"] > 0  # old lags theta: its own forward
 
 
@@ -271,13 +271,13 @@ def test_compiled_updates_do_not_recompile():
     opt = grpo.lora_optimizer(net, params, cfg)
     old = [p.detach().clone() for p in params]
     family = family_of(net.cfg)
-    score = lambda video, x0, cond: {"reward": x0[:, 0].mean(dim=(1, 2, 3))}  # noqa: E731
+    score = latent_reward(lambda latent: latent[:, 0].mean(dim=(1, 2, 3)))
     graphs = []
     with torch._dynamo.config.patch(recompile_limit=8, fail_on_recompile_limit_hit=True):
         with torch.no_grad():  # the held-out evaluation before update 1 (engine/rl.py: the family's sampler, B = 1)
             family.sample(net, family.initial_state(torch.randn(1, *LATENT)), cond, 0.0, family.ROLLOUT_GRID, 2)
         for update in range(4):
-            _, metrics = nft.train_step(net, opt, params, old, [cond], LATENT, cfg, score, lambda x0: None, update,
+            _, metrics = nft.train_step(net, opt, params, old, [cond], LATENT, cfg, score, update,
                                         update)
             graphs.append((counters["stats"]["unique_graphs"], counters["stats"]["calls_captured"]))
             assert (metrics["old_deviation"] > 0) == (update >= 2), (update, metrics["old_deviation"])
