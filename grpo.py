@@ -524,12 +524,12 @@ def train_step(net, optimizer, params, conds, latent_shape, cfg: GRPOConfig, sco
 
 
 class GRPO(rl.RLObjective):
-    """GRPO for train.py: GRPO(run, net, params, vae, neg_text, terms); step(index, batches) -> the update's metrics."""
+    """GRPO for train.py: GRPO(run, net, params, vae, neg_text, terms); step(step, batches) -> the update's metrics."""
     NAME = "grpo"
     CONFIG = GRPOConfig  # TrainConfig.grpo: the --grpo-* flags
     MAY_CHANGE = ("recompute_old_logp", "rollout_batch", "offload_activations", "probe_every", "lr", "warmup",
                   "weight_decay", "betas", "max_grad_norm")  # of CONFIG's knobs, those a resumed run may change
-    TINY = dict(rl.TINY, grpo=dict(group_size=8, lr=3e-3))  # the tiny default's (docs/grpo.md "The tiny default")
+    TINY_RECIPES = ("tiny_rl", "tiny_grpo")  # recipes/ files on top of tiny.py for this objective
 
     @classmethod
     def validate(cls, cfg, given):
@@ -547,11 +547,11 @@ class GRPO(rl.RLObjective):
             cfg.grpo = replace(cfg.grpo, recompute_old_logp=True)
         return unused
 
-    def step(self, index, batches):
+    def step(self, step, batches):
         """One update (train_step) on this rank's groups of batches (one), the optimizer step included; its metrics
         row."""
         conds, latent_shape, scoring, knobs = self.groups(batches)
         rank = self.run.dp_rank
         return train_step(self.net, self.run.optimizer, self.params, conds, latent_shape, knobs, scoring,
-                          seed=self.seed(index, "rollout", rank), window_seed=self.seed(index, "window"),
-                          agree=collectives.agree, cp_size=self.run.cfg.cp, probe=probes(self.knobs, index))[1]
+                          seed=self.seed(step, "rollout", rank), window_seed=self.seed(step, "window"),
+                          agree=collectives.agree, cp_size=self.run.cfg.cp, probe=probes(self.knobs, step))[1]

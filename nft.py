@@ -311,17 +311,17 @@ class NFT(rl.RLObjective):
     NAME = "nft"
     CONFIG = NFTConfig  # TrainConfig.nft: the --nft-* flags
     MAY_CHANGE = ("rollout_batch", "lr", "warmup", "weight_decay", "betas", "max_grad_norm")  # a resume may change these
-    TINY = dict(rl.TINY, nft=dict(group_size=8, lr=3e-3))  # the tiny default's (docs/nft.md)
+    TINY_RECIPES = ("tiny_rl", "tiny_nft")  # recipes/ files on top of tiny.py for this objective
 
     def __init__(self, run, net, params, vae, neg_text, terms):
         super().__init__(run, net, params, vae, neg_text, terms)
         self.old = {n: p.detach().clone() for n, p in net.named_parameters() if p.requires_grad}
         self.state = {"nft_old": self.old, **self.state}
 
-    def step(self, index, batches):
+    def step(self, step, batches):
         """One update (train_step) on this rank's groups of batches (one), the optimizer step included; its metrics
         row."""
         conds, latent_shape, scoring, knobs = self.groups(batches)
         return train_step(self.net, self.run.optimizer, self.params, list(self.old.values()), conds, latent_shape,
-                          knobs, scoring, seed=self.seed(index, "rollout", self.run.dp_rank), update=index,
+                          knobs, scoring, seed=self.seed(step, "rollout", self.run.dp_rank), update=step,
                           agree=collectives.agree, cp_size=self.run.cfg.cp)[1]

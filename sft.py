@@ -96,7 +96,7 @@ class SFT:
     NAME = "sft"
     CONFIG = None  # SFT's knobs are TrainConfig's own (--lr, --warmup, ...)
     MAY_CHANGE = ()  # of CONFIG's knobs, those a resumed run may change
-    TINY = {}  # the tiny default's settings of this objective (train.TINY is SFT's)
+    TINY_RECIPES = ()  # recipes/ files on top of tiny.py for this objective
     mfu = True
     eval_at_start = False  # its curve starts at the first save
     max_psnr_drop = 0.0  # no fidelity bound in loss.png

@@ -7,9 +7,11 @@
     python train.py --objective grpo --init out/step_00001000 --lora 4 --out runs/tiny-grpo   # GRPO (--grpo-*)
     python train.py --config p25-tiny --out runs/p25-tiny      # the Predict2.5 tiny default
 
-Flags not given take the preset of --config: tiny, p25-tiny (data/tiny_grid, 9x64x112, 1000 steps at lr 2e-3,
-warm-up 20, the tiny codec, 2 held-out videos; an RL objective: TINY_RL; tiny-action: TINY_ACTION) or every other
-config (93x432x768, 20k steps at lr 2^-14.5, warm-up 1000, the real VAE); an action config samples at guidance 0.
+Flags not given take the preset of --config, files in recipes/: tiny.py for a tiny config (data/tiny_grid, 9x64x112,
+1000 steps at lr 2e-3, warm-up 20, the tiny codec, 2 held-out videos; tiny_action.py on top for an action config,
+tiny_rl.py and tiny_<objective>.py for an RL objective), real.py for every other config (93x432x768, 20k steps at lr
+2^-14.5, warm-up 1000, the real VAE); action.py (guidance 0) for an action config. An experiment is a file: copy a
+recipe, edit it, pass --recipe FILE (its settings count as flags given; flags on the command line still win).
 The RL objectives have their own optimizer flags (--grpo-lr, ...; --nft-lr, ...): the SFT ones are refused with them.
 One script, top to bottom: config -> setup -> data -> run directory -> model -> optimizer -> resume -> loop.
 """
@@ -32,29 +34,30 @@ import nft
 import sac
 import sft
 from base import cli, collectives, cp, lerobot
-from base.inits import CONFIGS, TINY_CLIP, TINY_CONFIGS, get_config, tiny_data
+from base.inits import CONFIGS, TINY_CONFIGS, get_config, tiny_data
 from clips import actionclips, data
 from clips import text as text_lib
 from clips.text import standin_text
 from clips.tiny import make_tiny_dataset
 from engine import build, resume, rl, rundir
-from engine.build import build_vae, compile_seconds, make_encoder, net_config, trainable
+from engine.build import build_vae, compile_seconds, make_encoder, trainable
 from engine.generate import write_sample
 from engine.objective import held_out_slots
 from grpo import GRPOConfig
 from nets import vae as vae_lib
 from nets.family import FAMILIES, family_of
-from nets.flops import matmul_peak, model_flops
+from nets.flops import matmul_peak
 from nft import NFTConfig
 
 # -----------------------------------------------------------------------------
 # Config: every field is a --flag (base/cli.py: the comment is its --help); unknown flags are an error. 0 / "" / -1 mean
-# "from the preset" (TINY for --config tiny, REAL otherwise), filled only where the flag was not given.
+# "from the preset" (recipes/: tiny.py for --config tiny, real.py otherwise), filled only where the flag was not given.
 
 
 @dataclass
 class TrainConfig:
     config: str = "tiny"  # DiT config (inits.CONFIGS): tiny, v2w-2b, v2w-14b, p25-tiny, p25-2b, p25-14b, ...
+    recipe: str = ""  # an experiment's file (a copy of recipes/*.py): its settings replace the preset's, flags win
     init: str = ""  # droid | 2b-480p-16fps | 14b-720p-10fps | PATH | hf://org/repo/file@rev | random ("" = random for tiny)
     ema_weights: str = ""  # net | net_ema: which copy of a release file that holds both ("" = the only one); net_ema on a step dir: its saved EMA
     guard_max_ratio: float = 0.75  # init guard: iteration-0 loss / zero-velocity loss must stay below (random ~1.6)
@@ -117,25 +120,29 @@ class TrainConfig:
     action_dim: int = field(default=0, init=False)  # no flag: an action net's, decided at start-up (load_data)
 
 
-TINY = dict(data="data/tiny_grid", vae="tiny", **TINY_CLIP, steps=1000, lr=2e-3, warmup=20,
-            save_every=500, sample_every=500, text_len=16, workers=0, cache_latents=True, holdout=2)
-# the tiny action nets learn to follow their commands: 36 episodes for 6000 steps at 3e-3, 4 held out (docs/actions.md)
-TINY_ACTION = dict(steps=6000, lr=3e-3, holdout=4)
-REAL = dict(vae="real", frames=93, height=432, width=768, steps=20000, lr=2 ** -14.5, warmup=1000, save_every=200,
-            sample_every=1000)
 FAMILY_ONLY = {k: f.NAME for f in FAMILIES for k in f.TRAIN_FLAGS}  # loss knobs of one model family: its owner
+
+
+def preset(name, objective):
+    """The settings of --config `name` and --objective `objective` that are not TrainConfig's defaults: the recipes
+    of recipes/ that apply, later ones winning."""
+    tiny, action = name in TINY_CONFIGS, name in CONFIGS and CONFIGS[name].action_dim > 0
+    files = ["tiny", *(["tiny_action"] if action else [])] if tiny else ["real"]
+    files += ["action"] if action else []
+    files += list(objective_of(objective).TINY_RECIPES) if tiny else []  # RL: tiny_rl, tiny_grpo or tiny_nft
+    settings = dict(data=tiny_data(name)) if tiny else {}  # the tiny default's own folder for the config
+    for file in files:
+        settings.update(cli.recipe(file))
+    return settings
+
+
 def parse_config(argv):
-    """Dataclass defaults, then the TINY or REAL preset, then the flags given on the command line."""
+    """Dataclass defaults, then the preset of --config (recipes/), then --recipe FILE's, then the flags given."""
     given = cli.parse_flags(TrainConfig, argv, description=__doc__)  # argparse rejects unknown flags
+    if given.get("recipe"):  # its settings count as given: checked as flags are (nothing silently ignored)
+        given = cli.merged(cli.read_recipe(given["recipe"]), given)
     name = given.get("config", TrainConfig.config)
-    preset = dict(TINY, data=tiny_data(name)) if name in TINY_CONFIGS else REAL
-    if name in TINY_CONFIGS and CONFIGS[name].action_dim:  # tiny-action, p25-tiny-action: one preset, compared
-        preset.update(TINY_ACTION)
-    if name in CONFIGS and CONFIGS[name].action_dim:  # upstream samples its action net without CFG: the actions stay
-        preset["guidance"] = 0.0  # in the uncond branch, so the prompt is all guidance would push (docs/actions.md)
-    if name in TINY_CONFIGS:  # the objective's own tiny settings (RL: from the tiny SFT checkpoint, rl.TINY)
-        preset.update(objective_of(given.get("objective", TrainConfig.objective)).TINY)
-    return validate(cli.build(TrainConfig, preset, given), given)
+    return validate(cli.build(TrainConfig, preset(name, given.get("objective", TrainConfig.objective)), given), given)
 
 
 def validate(cfg, given=None):
@@ -259,8 +266,8 @@ def resume_keys(cfg):
     return keys + objective_of(cfg.objective).resume_keys(cfg)
 
 
-# The objectives: each class has the same names (NAME, CONFIG, MAY_CHANGE, TINY, validate, resume_keys, rewards; an
-# object: lr_at, step, evaluate, evaluated, watch, bar, state), and this is the one place --objective is read: the
+# The objectives: each class has the same names (NAME, CONFIG, MAY_CHANGE, TINY_RECIPES, validate, resume_keys, rewards;
+# built: lr_at, step, evaluate, evaluated, watch, bar, state), and this is the one place --objective is read: the
 # rest of train.py asks the class, never which one it is. A new objective: its file, and one entry here.
 OBJECTIVES = {objective.NAME: objective for objective in (sft.SFT, grpo.GRPO, nft.NFT)}
 
@@ -498,25 +505,8 @@ class Loop:
 
 
 def held_out(loop):
-    """The objective's held-out evaluation, and what it decides after it (RL's adaptive data weight)."""
+    """The objective's held-out evaluation (RL: with what it decides after it, the adaptive data weight)."""
     return loop.objective.evaluate(*loop.held_out)
-
-
-def sample_video(loop, done):
-    """sample_<done>.mp4: the sample video of the weights after step `done` (engine/generate.write_sample)."""
-    cfg = loop.run.cfg
-    write_sample(loop.net, loop.vae, *loop.sample_clip, cfg, loop.neg_text, loop.objective.guidance,
-                 os.path.join(cfg.out, f"sample_{done:08d}.mp4"), loop.run.master)
-
-
-def step_counts(loop):
-    """(tokens, FLOPs) per rank and step: a cp group shares each sample's FLOPs (attention: all tokens, 1/cp of the
-    heads)."""
-    cfg, views = loop.run.cfg, loop.run.views
-    shape = (1, 16, max(views, 1) * vae_lib.latent_frames(cfg.frames), cfg.height // 8, cfg.width // 8)
-    tokens = shape[2] * (cfg.height // 16) * (cfg.width // 16) * cfg.batch_size * cfg.grad_accum
-    flops = model_flops(net_config(cfg.config, cfg.action_dim), shape, cfg.text_len, cfg.lora)[2]
-    return tokens, flops * cfg.batch_size * cfg.grad_accum / cfg.cp
 
 
 def one_step(loop, step, start_step, peak):
@@ -536,7 +526,7 @@ def one_step(loop, step, start_step, peak):
     if run.device.type == "cuda":
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    tokens, flops = step_counts(loop)
+    tokens, flops = build.step_counts(cfg, run.views)
     return {"step": step + 1, **row, "s_per_step": dt,
             **({"s_compile": compile_seconds() - compiled0} if cfg.compile else {}),  # inside s_per_step
             "tokens_per_s": tokens * run.dp_world / dt,
@@ -597,7 +587,8 @@ def train_loop(loop, start_step):
         nonfinite = rundir.count_nonfinite(row, nonfinite, cfg, loop.objective,
                                            say=lambda line: run.master and tqdm.write(line))
         if cfg.sample_every and (done % cfg.sample_every == 0 or done == cfg.steps):  # the last step's too
-            sample_video(loop, done)
+            write_sample(loop.net, loop.vae, *loop.sample_clip, cfg, loop.neg_text, loop.objective.guidance,
+                         os.path.join(cfg.out, f"sample_{done:08d}.mp4"), run.master)
         if stopping:
             run.say(f"stopping after step {done} on {signal.Signals(stop['signal']).name}: checkpoint saved, exit 0")
             break

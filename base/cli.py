@@ -14,6 +14,8 @@ comma-separated values, and a nested dataclass field contributes its own fields 
 Unknown flags are an error (one line naming the closest valid flags), and so are unknown keys in a preset. The help
 text of a flag is the comment on its field's line plus any comment-only lines right below it (so a header comment for
 the next fields goes after a blank line), with the default appended (unless the comment speaks of its default itself).
+A preset is a recipe file (recipes/*.py, nanoGPT's config/*.py): plain assignments `name = value` of fields, read
+by `read_recipe` (a shipped one by `recipe(name)`).
 `cli.main(fn)` runs a script's main and turns a user error (a bad flag, a missing file) into one line on stderr
 and exit code 2, instead of a traceback; NANOCOSMOS_TRACEBACK=1 shows the traceback too.
 """
@@ -205,6 +207,35 @@ def build(cls, *layers):
         if dataclasses.is_dataclass(kind) and isinstance(values.get(key), dict):
             values[key] = build(kind, values[key])
     return cls(**values)
+
+
+RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
+
+
+def read_recipe(path, what="--recipe"):
+    """{name: value} of a recipe file's top-level assignments (names starting with "_" aside); a missing file is one
+    line naming `what`, the path and the fix."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{what} {path}: no such file; copy one of {RECIPES} (e.g. tiny.py) and edit it")
+    with open(path, encoding="utf-8") as f:
+        settings = {}
+        exec(compile(f.read(), path, "exec"), {}, settings)  # a preset is data: assignments, no imports needed
+    return {k: v for k, v in settings.items() if not k.startswith("_")}
+
+
+def recipe(name):
+    """A shipped recipe: recipes/<name>.py's settings ({} when there is none by that name)."""
+    path = os.path.join(RECIPES, name + ".py")
+    return read_recipe(path) if os.path.isfile(path) else {}
+
+
+def merged(*layers):
+    """Nested dicts overlaid, later wins (a nested dataclass's dict merged key by key, as build does)."""
+    out = {}
+    for layer in layers:
+        for key, value in layer.items():
+            out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def parse(cls, argv, description=None, positional=(), prog=None):

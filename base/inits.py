@@ -336,7 +336,6 @@ def _hf_download(url, offline):
 # -----------------------------------------------------------------------------
 # The tiny configs: CPU-fast, each on its own synthetic folder (clips/tiny.py builds it)
 
-TINY_CLIP = dict(frames=9, height=64, width=112)  # the tiny presets' clips (train.TINY): 9 frames of a 64x112 grid
 TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot", "tiny-action", "p25-tiny-action")  # CPU-fast: tiny VAE, 9x64x112, stand-in prompt
 
 

@@ -5,7 +5,7 @@ import os
 import stitch
 from base import lerobot
 from base.files import claim
-from base.inits import TINY_CLIP
+from base.cli import recipe
 
 # tiny-action's synthetic episodes (make_tiny_dataset): 40 long enough for a 3-chunk rollout of 9-frame clips at
 # stride 4 (25 frames: 97 rows) and a short one. 40 rather than 10: with 10 (8 trained on) a tiny net never read the
@@ -30,5 +30,6 @@ def make_tiny_dataset(root, views=False, actions=False):
                                  "rebuilt)")
             stitch.make_synthetic(raw, lengths=lengths, cameras=True, motion=motion)
         lerobot.check_synthetic(raw, lengths, motion, stitched=root)
-        stitch.stitch(raw, root, stride=4, frames=TINY_CLIP["frames"], size=f"{TINY_CLIP['height']}x{TINY_CLIP['width']}",
+        clip = recipe("tiny")  # the tiny preset's clips: recipes/tiny.py
+        stitch.stitch(raw, root, stride=4, frames=clip["frames"], size=f"{clip['height']}x{clip['width']}",
                       workers=1, layout="views" if views else "grid")

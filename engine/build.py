@@ -26,6 +26,7 @@ from base.formats import CheckpointError
 from base.inits import get_config
 from model import DiT, num_params
 from nets.edm import denoise
+from nets.flops import model_flops
 from nets.lora import LORA_TARGETS, adapted_linears, add_lora, check_fp8_shapes, quantize_base, target_linears
 from nets.vae import LinearCodec, WanVAE, get_vae_config, latent_frames
 
@@ -53,6 +54,15 @@ class NetSpec:
 def net_config(config, action_dim=0):
     """The DiTConfig of --config with a run's own action_dim (0: the config's)."""
     return get_config(config, **({"action_dim": action_dim} if action_dim else {}))
+
+
+def step_counts(cfg, views):
+    """(tokens, FLOPs) per rank and step of train.py's cfg (views: a camera net's, else 0): a cp group shares each
+    sample's FLOPs (attention: all tokens, 1/cp of the heads)."""
+    shape = (1, 16, max(views, 1) * latent_frames(cfg.frames), cfg.height // 8, cfg.width // 8)
+    tokens = shape[2] * (cfg.height // 16) * (cfg.width // 16) * cfg.batch_size * cfg.grad_accum
+    flops = model_flops(net_config(cfg.config, cfg.action_dim), shape, cfg.text_len, cfg.lora)[2]
+    return tokens, flops * cfg.batch_size * cfg.grad_accum / cfg.cp
 
 
 def meta_net(spec: NetSpec):

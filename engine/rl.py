@@ -38,10 +38,6 @@ from nets.family import family_of
 # -----------------------------------------------------------------------------
 # Flags and resume keys
 
-# The tiny default's RL settings (train.py's preset for a tiny config, docs/grpo.md "The tiny default"): 8 samples a
-# group (each objective's own TINY), 4 groups an update, a held-out evaluation every 5 updates
-TINY = dict(steps=30, save_every=15, sample_every=15, eval_every=5, eval_steps=20, batch_size=4,
-            reward="reward:wrist_brightness")
 RL_ONLY = ("reward", "eval_steps", "max_psnr_drop", "stop_on_psnr_drop")  # TrainConfig flags only RL reads
 # Flags that only shape the SFT optimizer or batch: with an RL objective they would be silently unused (the RL
 # configs have their own: --grpo-lr, --nft-lr, ...)
@@ -495,13 +491,13 @@ def data_weight(rl_cfg):
 
 
 # -----------------------------------------------------------------------------
-# What train.py's loop calls of an RL objective; grpo.GRPO and nft.NFT add `step(index, batches) -> metrics row`
+# What train.py's loop calls of an RL objective; grpo.GRPO and nft.NFT add `step(step, batches) -> metrics row`
 
 
 class RLObjective:
     """An RL objective for train.py's loop, built from the run (train.Run: cfg, optimizer, dp_rank, actions, say),
     the network and its trainable adapters, the VAE, the negative prompt and the reward terms. Its subclass adds
-    NAME, CONFIG, MAY_CHANGE, TINY and step(index, batches) -> the update's metrics row (batches: [one (latent,
+    NAME, CONFIG, MAY_CHANGE, TINY_RECIPES and step(step, batches) -> the update's metrics row (batches: [one (latent,
     Condition) of train.py's loader]; the optimizer step included)."""
     mfu = False  # RL's MFU: smoke.py (rollouts and updates differ too much for one number)
     eval_at_start = True  # a held-out evaluation before the first update: every curve's starting point
@@ -533,8 +529,8 @@ class RLObjective:
         self.name, self.max_psnr_drop = self.NAME, cfg.max_psnr_drop  # the bar's name; the bound drawn in loss.png
         self.lr_flag = f"{cli.flag(self.NAME)}-lr {knobs.lr:g}"  # named when a NaN/Inf skips an update
 
-    def lr_at(self, update):
-        return self.knobs.lr_at(update)
+    def lr_at(self, step):
+        return self.knobs.lr_at(step)
 
     def seed(self, *key):
         return sample_seed(self.run.cfg.seed, *key)

@@ -32,7 +32,7 @@ from base.lerobot import ACTION_SQUARE, COMMAND_DX, COMMAND_DY, SLOTS, SQUARE_RA
 from base.video import ffmpeg_exe
 from engine.world import closed_loop
 
-STRIDE, FRAMES, HEIGHT, WIDTH = 4, 9, 64, 112  # train.make_tiny_dataset's stitch (stride 4) of train.TINY's clips
+STRIDE, FRAMES, HEIGHT, WIDTH = 4, 9, 64, 112  # clips/tiny.make_tiny_dataset's stitch (stride 4) of recipes/tiny.py's clips
 STEPS = (FRAMES - 1) * STRIDE  # raw actions in a chunk: tiny-action's action_dim 64 = STEPS x 2
 SOURCE_HW = (90, 160)  # make_synthetic's camera frames (its defaults, which make_tiny_dataset keeps)
 COMMANDS = np.array([(dx, dy) for dx in COMMAND_DX for dy in COMMAND_DY], np.float32)  # [15, 2]

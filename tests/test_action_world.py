@@ -10,7 +10,7 @@ import torch
 import evaluate
 import sample
 import train
-from base import lerobot
+from base import cli, lerobot
 from clips import actionclips, tiny
 from clips.fidelity import view_metrics
 from condition import uncond
@@ -162,7 +162,7 @@ def test_the_tiny_preset_follows_its_actions_better_than_the_same_net_trained_wi
     held-out PSNR with the true actions, and score action_gap_db > 0.5 dB (the issue's target)."""
     data = os.path.abspath(train.tiny_data("tiny-action"))  # the scripts run in the repo root: absolute paths
     tiny.make_tiny_dataset(data, actions=True)  # once, before the two runs read it
-    preset = [f"--{k.replace('_', '-')}={v}" for k, v in train.TINY_ACTION.items()]
+    preset = [f"--{k.replace('_', '-')}={v}" for k, v in cli.recipe("tiny_action").items()]
     act, plain = os.path.abspath("act"), os.path.abspath("plain")
     beside = script_beside(["--config", "tiny", "--data", data, "--guidance", "0", *preset, "--out", plain])
     check(script(["--config", "tiny-action", "--data", data, "--out", act], timeout=1500))

@@ -16,9 +16,12 @@ import evaluate
 import sample
 import stitch
 import train
+from base.cli import recipe
 from clips import data, fidelity
 from engine.runs import held_out_stems, open_run, run_guidance
 from run_utils import check, in_process
+
+TINY = recipe("tiny")  # the tiny preset's clips (recipes/tiny.py)
 
 # -----------------------------------------------------------------------------
 # Metrics
@@ -126,10 +129,10 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("evaluate")
     raw = str(root / "raw")
     stitch.make_synthetic(raw, lengths=(48, 40, 56, 44), cameras=True)
-    size = f"{train.TINY['height']}x{train.TINY['width']}"
+    size = f"{TINY['height']}x{TINY['width']}"
     out = {}
     for layout, config in (("grid", "tiny"), ("views", "p25-tiny-agibot")):
-        stitch.stitch(raw, str(root / layout), stride=4, frames=train.TINY["frames"], size=size, workers=1,
+        stitch.stitch(raw, str(root / layout), stride=4, frames=TINY["frames"], size=size, workers=1,
                       layout=layout)
         out[layout] = str(root / f"run_{layout}")
         check(in_process(train, ["--config", config, "--data", str(root / layout), "--out", out[layout], "--steps",

@@ -21,7 +21,7 @@ class Dummy:
     NAME = "dummy"
     CONFIG = None  # no flags of its own
     MAY_CHANGE = ()
-    TINY = {}
+    TINY_RECIPES = ()  # no recipes/tiny_dummy.py
     mfu, eval_at_start, max_psnr_drop = False, False, 0.0
 
     @staticmethod

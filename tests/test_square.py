@@ -10,11 +10,13 @@ import pytest
 import torch
 
 import stitch
-import train
 from base import lerobot
+from base.cli import recipe
 from base.inits import get_config
 from base.video import ffmpeg_exe, read_clip
 from tasks import square
+
+TINY = recipe("tiny")  # the tiny preset's clips (recipes/tiny.py)
 
 TOLERANCE = 0.25  # per-pixel |sim - stitched| in [-1, 1] units: twice the H.264 passes' measured worst, 0.125 (16/255)
 
@@ -26,8 +28,8 @@ def action_grid(tmp_path_factory) -> tuple:
     root = tmp_path_factory.mktemp("square")
     raw = stitch.make_synthetic(str(root / "raw"), lengths=(8, 8, 44, 8, 40), cameras=True, motion="actions")
     out = str(root / "grid")
-    stitch.stitch(raw, out, stride=square.STRIDE, frames=train.TINY["frames"], workers=1,
-                  size=f"{train.TINY['height']}x{train.TINY['width']}")
+    stitch.stitch(raw, out, stride=square.STRIDE, frames=TINY["frames"], workers=1,
+                  size=f"{TINY['height']}x{TINY['width']}")
     return raw, out
 
 
@@ -45,8 +47,8 @@ def stitched(out: str) -> list:
 
 
 def test_the_simulator_is_the_tiny_action_worlds_settings():
-    assert (square.FRAMES, square.HEIGHT, square.WIDTH) == (train.TINY["frames"], train.TINY["height"],
-                                                            train.TINY["width"])
+    assert (square.FRAMES, square.HEIGHT, square.WIDTH) == (TINY["frames"], TINY["height"],
+                                                            TINY["width"])
     assert square.STEPS * 2 == get_config("tiny-action").action_dim == 64
 
 

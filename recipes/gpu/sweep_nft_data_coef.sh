@@ -1,6 +1,6 @@
 #!/bin/bash
-# Runs from the repository root on the GPU machine with .gpu/ carried (the ffmpeg wheel; .gpu/grid for the 14B runs).
 # Issue 34 item 3: the regularisation sweep on the tiny default (CPU runs for NFT, GPU runs for GRPO, in parallel).
+# Runs from the repository root on the GPU machine with .gpu/ carried (the ffmpeg wheel; .gpu/grid for the 14B runs).
 python -m pip install --no-deps -q .gpu/imageio_ffmpeg-*.whl 2>&1 | tail -1
 nproc; nvidia-smi --query-gpu=name,memory.used --format=csv
 S=/tmp/sweep; mkdir -p $S

@@ -4,9 +4,9 @@
 # then sample.py chaining 3 chunks under the held-out episode's actions, then GRPO and NFT one update each with
 # actions (LoRA 32, --eval-steps 1). .gpu/grid holds no actions, so the data is made here on the device's CPU:
 # make_synthetic(motion="actions", action_width=7) (the square moved by (dx, dy), 5 zero dims), stitched at stride 1,
-# stand-in T5 embeddings. Random weights and the random real-architecture VAE (run37_env.sh): speed and memory, not
+# stand-in T5 embeddings. Random weights and the random real-architecture VAE (env.sh): speed and memory, not
 # quality. Expected ~300 s (data ~20, SFT ~120 with its checkpoint, rollout ~40, GRPO ~60, NFT ~60); limits total 470.
-source "$(dirname "$0")/run37_env.sh"
+source "$(dirname "$0")/env.sh"
 A=/tmp/act
 rm -rf $A  # a run directory left by an earlier call would be resumed
 run data36 40 python -c "

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 36 item 4: which tiny-action variant follows its actions? tests/action_curves.py on the device's 16 CPU cores
 # (one run a core): each variant trains `train.py --config tiny-action` for STEPS, evaluate.py scores every saved step.
-#   bash benchmarks/gpu/sweep36.sh "base,abspos,..." 4000
+#   bash recipes/gpu/sweep_tiny_action_variants.sh "base,abspos,..." 4000
 set -u
 : "${OUT:?OUT must name a folder for the logs}"
 cd "$(dirname "$0")/../.."

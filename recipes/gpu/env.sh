@@ -1,4 +1,4 @@
-# Sourced by benchmarks/gpu/run37*.sh (issue 37): the repo root, the device's missing wheel, the random real-architecture VAE,
+# Sourced by recipes/gpu/*.sh (issue 37): the repo root, the device's missing wheel, the random real-architecture VAE,
 # the stitched data, and a summary of metrics.jsonl files. OUT: the folder whose files come back.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=tests  # tests/reward_plugins.py: the latent reward term of the RL rows

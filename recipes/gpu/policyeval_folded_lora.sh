@@ -1,8 +1,8 @@
 #!/bin/bash
 # Issue 44's world model with a LoRA run's adapters folded into its weights (policyeval.py's default) against the
 # same run unfolded, v2w-2b-action at 13x480x640, random weights, guidance 0, eager; issue 47's 3-chunk sample of
-# p25-2b-action (random weights: run_all.sh's episodes were too short for 3 chunks); then folded at batch 8. The data
-# and the one-step LoRA run as run_all.sh makes them. Run: OUT=... bash benchmarks/gpu/run44b.sh  (carry .gpu)
+# p25-2b-action (random weights: action_world_models.sh's episodes were too short for 3 chunks); then folded at batch 8. The data
+# and the one-step LoRA run as action_world_models.sh makes them. Run: OUT=... bash recipes/gpu/policyeval_folded_lora.sh  (carry .gpu)
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 : "${OUT:?OUT must name a folder for the results}"
@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1
 python -m pip install -q --no-deps .gpu/imageio_ffmpeg-*.whl > /tmp/pip.log 2>&1
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 A=/tmp/a
-timeout 60 python benchmarks/gpu/action_data.py $A 480x640 > $OUT/log.txt 2>&1
+timeout 60 python recipes/gpu/action_data.py $A 480x640 > $OUT/log.txt 2>&1
 timeout 80 python -m torch.distributed.run --standalone --nproc_per_node=1 train.py --config v2w-2b-action \
     --init random --lora 32 --data $A/g480x640 --height 480 --width 640 --vae real --vae-ckpt /tmp/tok.pth \
     --frames 13 --workers 1 --sample-every 0 --save-every 100 --steps 1 --out $A/run >> $OUT/log.txt 2>&1

@@ -1,8 +1,8 @@
-"""The device runs' action data (run_all.sh, run44b.sh): 3 synthetic episodes of 40 frames with 7-value commands
+"""The device runs' action data (action_world_models.sh, policyeval_folded_lora.sh): 3 synthetic episodes of 40 frames with 7-value commands
 (long enough for 3 chained 13-frame chunks), stitched at stride 1 into ROOT/gHxW for each size, with stand-in text
 of both widths (Reason1's for p25, T5's for v2w); the random real-architecture Wan VAE at /tmp/tok.pth.
 
-    python benchmarks/gpu/action_data.py ROOT 480x640 [256x320 ...]
+    python recipes/gpu/action_data.py ROOT 480x640 [256x320 ...]
 """
 import os
 import sys

@@ -1,8 +1,8 @@
 #!/bin/bash
 # Issue 34 item 3, GRPO's data weight over 3 seeds on the device's CPUs (cores 4-15, one run a core), beside issue 37's
-# 14B GRPO update 1 or 2 on the GPU (bash benchmarks/gpu/run37c.sh WAVE, cores 0-3).
-#   bash benchmarks/gpu/sweep34c.sh 1   # data_coef 0.001, 0.003 x brightness, red x seeds 0-2; 14B GRPO update 1
-#   bash benchmarks/gpu/sweep34c.sh 2   # 0.001, 0.003 x motion and 0.005 x brightness, red; 14B GRPO update 2
+# 14B GRPO update 1 or 2 on the GPU (bash recipes/gpu/grpo_14b_fast.sh WAVE, cores 0-3).
+#   bash recipes/gpu/sweep_grpo_data_coef.sh 1   # data_coef 0.001, 0.003 x brightness, red x seeds 0-2; 14B GRPO update 1
+#   bash recipes/gpu/sweep_grpo_data_coef.sh 2   # 0.001, 0.003 x motion and 0.005 x brightness, red; 14B GRPO update 2
 set -u
 : "${OUT:?OUT must name a folder for the logs}"
 cd "$(dirname "$0")/../.."
@@ -12,7 +12,7 @@ save() { mkdir -p $OUT/sweep; for d in $S/*/; do n=$(basename $d); mkdir -p $OUT
          cp $d/metrics.jsonl $OUT/sweep/$n/ 2>/dev/null; done; }
 trap save EXIT
 t0=$(date +%s)
-OUT=$OUT/r37 taskset -c 0-3 timeout 500 bash benchmarks/gpu/run37c.sh "$1" &
+OUT=$OUT/r37 taskset -c 0-3 timeout 500 bash recipes/gpu/grpo_14b_fast.sh "$1" &
 [ -d $S/base/step_00001000 ] || OMP_NUM_THREADS=1 taskset -c 4 python train.py --out $S/base --device cpu > $S/base.log 2>&1
 echo "base ready after $(( $(date +%s) - t0 )) s"
 curves() { OMP_NUM_THREADS=1 taskset -c 4-15 timeout 480 python tests/rl_curves.py --objectives grpo --seeds 0,1,2 \

@@ -1,6 +1,6 @@
 #!/bin/bash
-# Runs from the repository root on the GPU machine with .gpu/ carried (the ffmpeg wheel; .gpu/grid for the 14B runs).
 # Issue 34 item 3, GRPO's part (CPU, 12 jobs) beside issue 37's NFT --cp 1-rank NCCL run and the 2B GRPO update (GPU).
+# Runs from the repository root on the GPU machine with .gpu/ carried (the ffmpeg wheel; .gpu/grid for the 14B runs).
 python -m pip install --no-deps -q .gpu/imageio_ffmpeg-*.whl 2>&1 | tail -1
 S=/tmp/sweep; mkdir -p $S $OUT/r37
 save() { mkdir -p $OUT/sweep; for d in $S/*/; do n=$(basename $d); mkdir -p $OUT/sweep/$n; cp $d/metrics.jsonl $OUT/sweep/$n/ 2>/dev/null; done; cp $S/grpo*.log $OUT/sweep/ 2>/dev/null; }
@@ -9,7 +9,7 @@ t0=$(date +%s)
 (OMP_NUM_THREADS=1 python train.py --out $S/base --device cpu > $S/base.log 2>&1; echo "base $(( $(date +%s) - t0 )) s"
 OMP_NUM_THREADS=1 timeout 430 python tests/rl_curves.py --objectives grpo --rewards brightness,red \
   --settings "grpo.kl_coef=0,0.1,1" --seeds 0,1 --jobs 12 --extra "--device cpu" --out $S > $OUT/grpo.txt 2>&1) &
-OUT=$OUT/r37 timeout 450 bash benchmarks/gpu/run37b.sh &
+OUT=$OUT/r37 timeout 450 bash recipes/gpu/nft_vs_grpo_2b.sh &
 wait
 echo "all $(( $(date +%s) - t0 )) s"
 grep -v '^{' $OUT/grpo.txt | tail -12; cat $OUT/r37/rc.txt $OUT/r37/summary.txt
