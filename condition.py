@@ -50,7 +50,7 @@ def uncond(cond: Condition):
 
 def map_tensors(cond: Condition, fn):
     """cond with fn applied to each of its tensor fields (None fields, fps floats and the key stay): one sample of a
-    batch's record (per_clip), a one-sample record as a batch (nft.rollout_group)."""
+    batch's record (per_clip), a one-sample record as a batch (nft.sample_group)."""
     tensors = {f.name: v for f in fields(cond) if isinstance(v := getattr(cond, f.name), torch.Tensor)}
     return replace(cond, **{name: fn(v) for name, v in tensors.items()})
 

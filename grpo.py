@@ -325,12 +325,7 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     dp = collectives.world_size() // cp_size
     items = [(g, k) for g, adv in enumerate(advantages) for k in range(len(adv))
              if float(adv[k]) != 0.0 or not cfg.drop_zero_advantage]
-    stats = {"trajectories": len(items), "micro_steps": 0, "forwards": 0, "padded_steps": 0, "opt_steps": 0,
-             "skipped_chunks": 0, "nonfinite_steps": 0, "grad_norm": [], "grads_outside_params": [], "loss": 0.0, "kl": 0.0,
-             "clipfrac_in_update": 0.0, "approx_kl_in_update": 0.0, "clipfrac": None, "approx_kl": None,
-             "first_logp_equal": None, "first_max_abs_dlogp": None,
-             "first_ratio": None, "logp_requires_grad": None, "logp_has_grad_fn": None, "optimizer_s": 0.0,
-             "data_loss": 0.0}
+    stats = update_stats(len(items))
     if generator is not None:
         items = [items[j] for j in torch.randperm(len(items), generator=generator).tolist()]
     n_chunks = cfg.opt_steps_per_update
@@ -357,20 +352,8 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
         if len(chunk) + len(padding) != n_micro:
             raise RuntimeError(f"rank cannot pad its {len(chunk)} micro-steps to {n_micro}: no trainable step")
         n_backward = n_micro + (len(rollouts) if cfg.data_coef > 0 else 0)  # the last one reduces the gradients
-        for done, (g, ks, i, *dummy) in enumerate([m + (1.0,) for m in chunk] + padding, start=1):
-            real = dummy[0] != 0.0
-            advantage = [advantages[g][k] for k in ks] if real else [0.0]
-            loss, infos = grpo_loss(net, rollouts[g], ks, i, advantage, cfg, weights[g][i],
-                                    reuse_uncond=stats["opt_steps"] == 0)  # theta == theta_old until a step
-            if set_grad_sync is not None:
-                set_grad_sync(done == n_backward)
-            (loss * (scale if real else 0.0)).backward()
-            stats["forwards"] += 1
-            if not real:
-                stats["padded_steps"] += 1
-                continue
-            for info in infos:
-                record_micro_step(stats, info, cfg)
+        chunk_backward(net, rollouts, advantages, [m + (1.0,) for m in chunk] + padding, weights, scale, n_backward,
+                       cfg, stats, set_grad_sync)
         if cfg.data_coef > 0:
             data_term(net, rollouts, cfg, data_generator, stats, set_grad_sync)
         optimizer_step(net, optimizer, params, cfg, stats, c)
@@ -379,6 +362,36 @@ def grpo_update(net, optimizer, params, rollouts, advantages, cfg: GRPOConfig, g
     if stats["opt_steps"] and probe:  # same on every rank: the skip decisions above are global
         stats["clipfrac"], stats["approx_kl"] = probe_after_update(net, rollouts[0], cfg)
     return stats
+
+
+def update_stats(trajectories):
+    """grpo_update's stats before its first micro-step."""
+    return {"trajectories": trajectories, "micro_steps": 0, "forwards": 0, "padded_steps": 0, "opt_steps": 0,
+            "skipped_chunks": 0, "nonfinite_steps": 0, "grad_norm": [], "grads_outside_params": [], "loss": 0.0,
+            "kl": 0.0, "clipfrac_in_update": 0.0, "approx_kl_in_update": 0.0, "clipfrac": None, "approx_kl": None,
+            "first_logp_equal": None, "first_max_abs_dlogp": None, "first_ratio": None, "logp_requires_grad": None,
+            "logp_has_grad_fn": None, "optimizer_s": 0.0, "data_loss": 0.0}
+
+
+def chunk_backward(net, rollouts, advantages, micro, weights, scale, n_backward, cfg: GRPOConfig, stats,
+                   set_grad_sync):
+    """The backward of every micro-step of one chunk (micro: (group, samples, step, 1.0) real ones, then (..., 0.0)
+    padding that runs and adds nothing), each real loss scaled by `scale`; the n_backward-th backward of the chunk
+    reduces its gradients (set_grad_sync)."""
+    for done, (g, ks, i, *dummy) in enumerate(micro, start=1):
+        real = dummy[0] != 0.0
+        advantage = [advantages[g][k] for k in ks] if real else [0.0]
+        loss, infos = grpo_loss(net, rollouts[g], ks, i, advantage, cfg, weights[g][i],
+                                reuse_uncond=stats["opt_steps"] == 0)  # theta == theta_old until a step
+        if set_grad_sync is not None:
+            set_grad_sync(done == n_backward)
+        (loss * (scale if real else 0.0)).backward()
+        stats["forwards"] += 1
+        if not real:
+            stats["padded_steps"] += 1
+            continue
+        for info in infos:
+            record_micro_step(stats, info, cfg)
 
 
 def data_term(net, rollouts, cfg: GRPOConfig, generator, stats, set_grad_sync):

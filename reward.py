@@ -49,16 +49,15 @@ decode; `score(terms, video=, latent=, ...)` returns the weighted sum, every ter
 Contents, top to bottom: config; pixels -> views; tiled phase correlation; coherent motion; the components;
 grid_rewards and calibrated; plug-ins (RewardTerm, parse_rewards, needs_pixels, score).
 """
-import importlib
 import inspect
 import math
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
+
+from base.cli import load_function
 
 # -----------------------------------------------------------------------------
 # Config
@@ -471,29 +470,6 @@ def parse_weight(term, text):
         raise ValueError(f"--reward term {term!r}: weight {weight} must be finite and >= 0 (0 logs the term "
                          f"without optimising it)")
     return weight
-
-
-def load_function(what, module, name):
-    """The callable module.name of a plug-in (every `module:function` flag: --reward, policyeval.py's --policies and
-    --judge); `what` names the flag and term in its one-line errors. The working directory is put on sys.path:
-    train.py's own folder may be another one."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)  # appended: a plug-in must not shadow an installed package for the whole run
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        if err.name is not None and (module == err.name or module.startswith(err.name + ".")):
-            raise ValueError(f"{what}: no module {module!r}: it must be importable from the working "
-                             f"directory {cwd} ({module.replace('.', '/')}.py there) or installed") from err
-        raise ImportError(f"{what}: importing {module!r} failed: {err}") from err
-    if not hasattr(mod, name):
-        raise ValueError(f"{what}: module {module!r} ({getattr(mod, '__file__', '?')}) has no "
-                         f"function {name!r}")
-    fn = getattr(mod, name)
-    if not callable(fn):
-        raise ValueError(f"{what}: {module}.{name} is a {type(fn).__name__}, not a function")
-    return fn
 
 
 def inputs_of(term, fn):

@@ -18,7 +18,7 @@ from nets.family import family_of
 
 def training_loss(net, cfg, latent, cond, seeds):
     """The video2world training loss of the net's family (edm.training_loss: Predict2; flow.training_loss:
-    Predict2.5), one seed per sample. cond: the batch's record (train.condition_of); the family redraws its
+    Predict2.5), one seed per sample. cond: the batch's record (condition.from_batch); the family redraws its
     conditioning frames per sample."""
     return family_of(net.cfg).training_loss(net, latent, cond, seeds, cfg)
 

@@ -61,7 +61,7 @@ from base.lerobot import (  # make_synthetic:
     read_cameras,
     select_episodes,
 )
-from base.video import check_ffmpeg, ffmpeg_exe, probe_video
+from base.video import cell_filter, check_ffmpeg, ffmpeg_exe, fit_of, probe_video
 
 RECIPE_VERSION = 1  # bump when the code changes the bytes written for the same recipe
 DROID_TEMPLATE = (
@@ -165,15 +165,6 @@ def normalize_task(task: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------ ffmpeg
-
-def cell_filter(src_hw: tuple, cell_hw: tuple, fit: str) -> str:
-    (sh, sw), (ch, cw) = src_hw, cell_hw
-    flags = "area" if sh >= ch and sw >= cw else "bicubic"  # area when shrinking, bicubic when enlarging
-    if fit == "stretch":
-        return f"scale={cw}:{ch}:flags={flags},format=yuv420p"
-    return (f"scale={cw}:{ch}:force_original_aspect_ratio=decrease:force_divisible_by=2:flags={flags},"
-            f"format=yuv420p,pad={cw}:{ch}:(ow-iw)/2:(oh-ih)/2:black")
-
 
 def segment_input(path: str, start: float, length: int, fps: Fraction) -> list:
     """ffmpeg input options for source frames start .. start + (length-1)/fps: the cut lies half a frame inside each
@@ -412,9 +403,7 @@ def outputs_intact(out: str, rec: dict, layout: str) -> bool:
 
 
 def fit_policy(cfg: StitchConfig, src_hw: tuple, cell_hw: tuple) -> str:
-    if cfg.fit != "auto":
-        return cfg.fit
-    return "stretch" if abs(src_hw[1] / src_hw[0] / (cell_hw[1] / cell_hw[0]) - 1) <= 0.05 else "pad"
+    return fit_of(cfg.fit, src_hw, cell_hw)
 
 
 def stitch(src: str, out: str, **overrides) -> dict:

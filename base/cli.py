@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import difflib
 import functools
+import importlib
 import inspect
 import io
 import json
@@ -38,7 +39,7 @@ import typing
 @functools.cache
 def field_help(cls) -> dict:
     """{field name: help text} from the comments beside (and continuing below) each field of a dataclass; a field
-    its class does not comment (inherited, e.g. objective.RLConfig's) takes its base class's comment."""
+    its class does not comment (inherited, e.g. rl.RLConfig's) takes its base class's comment."""
     helps = {}
     for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
         helps.update(own_field_help(klass))
@@ -236,6 +237,29 @@ def merged(*layers):
         for key, value in layer.items():
             out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
+
+
+def load_function(what, module, name):
+    """The callable module.name of a plug-in (every `module:function` flag: train.py's --reward, policyeval.py's
+    --policies and --judge, a task's); `what` names the flag and term in its one-line errors. The working directory is put on sys.path:
+    train.py's own folder may be another one."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)  # appended: a plug-in must not shadow an installed package for the whole run
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name is not None and (module == err.name or module.startswith(err.name + ".")):
+            raise ValueError(f"{what}: no module {module!r}: it must be importable from the working "
+                             f"directory {cwd} ({module.replace('.', '/')}.py there) or installed") from err
+        raise ImportError(f"{what}: importing {module!r} failed: {err}") from err
+    if not hasattr(mod, name):
+        raise ValueError(f"{what}: module {module!r} ({getattr(mod, '__file__', '?')}) has no "
+                         f"function {name!r}")
+    fn = getattr(mod, name)
+    if not callable(fn):
+        raise ValueError(f"{what}: {module}.{name} is a {type(fn).__name__}, not a function")
+    return fn
 
 
 def parse(cls, argv, description=None, positional=(), prog=None):

@@ -14,6 +14,24 @@ import numpy as np
 import torch
 
 
+def cell_filter(src_hw: tuple, cell_hw: tuple, fit: str) -> str:
+    """ffmpeg's filter fitting a camera of src_hw into a grid cell of cell_hw (fit: stretch or pad), as stitch.py
+    writes every grid and tasks/square.py renders its true frames."""
+    (sh, sw), (ch, cw) = src_hw, cell_hw
+    flags = "area" if sh >= ch and sw >= cw else "bicubic"  # area when shrinking, bicubic when enlarging
+    if fit == "stretch":
+        return f"scale={cw}:{ch}:flags={flags},format=yuv420p"
+    return (f"scale={cw}:{ch}:force_original_aspect_ratio=decrease:force_divisible_by=2:flags={flags},"
+            f"format=yuv420p,pad={cw}:{ch}:(ow-iw)/2:(oh-ih)/2:black")
+
+
+def fit_of(fit: str, src_hw: tuple, cell_hw: tuple) -> str:
+    """stitch.py's --fit for one camera: auto stretches when the aspect is within 5% of the cell's, else pads."""
+    if fit != "auto":
+        return fit
+    return "stretch" if abs(src_hw[1] / src_hw[0] / (cell_hw[1] / cell_hw[0]) - 1) <= 0.05 else "pad"
+
+
 def ffmpeg_exe() -> str:
     return imageio_ffmpeg.get_ffmpeg_exe()  # honours IMAGEIO_FFMPEG_EXE
 

@@ -4,7 +4,7 @@ with an `action` feature (the layout, the alignment and how a stride > 1 packs t
 
     ds = ActionClips("data/droid_grid", frames=93, height=432, width=768)   # + action [92, 4*A], state [93, S]
     ds.actions.check_action_dim(net.cfg.action_dim, "v2w-2b-action")        # one line when the widths disagree
-    ds = open_clips("tiny-action", "data/tiny_action_grid", 9, 64, 112, **text)   # what train/evaluate.py build
+    ds = open_clips("tiny-action", "data/tiny_action_grid", 9, 64, 112, **text)   # what train.py and evaluate.py build
 
 A run's network decides whether its clips carry actions (open_clips): an action config (action_dim > 0) on a folder
 without actions is refused in one line; a config without actions on a folder with them trains on the videos alone

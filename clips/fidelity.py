@@ -107,7 +107,7 @@ def view_metrics(pred, truth, layout, size):
 
 def reward_video(video, layout):
     """Frames 1.. of a grid video [B, 3, T, H, W], or of views [B, V, 3, T, H, W] put into Path B's 2x2 grid, as
-    train.grpo_step scores a views run's rollouts."""
+    rl.Scoring.decode scores a views run's rollouts."""
     if layout == "views":
         video = torch.cat([camera.grid_from_views(v, data.VIEW_ORDER) for v in video])
     return video[:, :, 1:].float()

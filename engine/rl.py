@@ -60,7 +60,7 @@ def unused_rl_flags(cfg, given, name, keep=""):
 
 
 def validate(cfg, given, name):
-    """The checks every RL objective shares (its own: grpo.validate / nft.validate); returns {flag: why it would do
+    """The checks every RL objective shares (its own: GRPO.validate in grpo.py); returns {flag: why it would do
     nothing} for the flags it leaves unused. Imports the reward plug-ins now: a typo fails before any model."""
     unused = unused_rl_flags(cfg, given, name, keep=name)
     if "guidance" in given:  # samples and evaluation use the policy's own CFG

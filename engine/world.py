@@ -16,13 +16,13 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from base.cli import load_function
 from engine.generate import next_chunk
-from reward import load_function
 
 
 def load_plugin(spec: str, flag: str):
-    """The callable of `module:function` (reward.py's plug-in mechanism), imported now: a typo is one line before
-    any model is built."""
+    """The callable of `module:function` (base/cli.load_function, as --reward's plug-ins), imported now: a typo is
+    one line before any model is built."""
     module, _, name = spec.partition(":")
     if not module or not name:
         raise ValueError(f"{flag} {spec!r}: give module:function (e.g. tasks.square:go_to_target)")

@@ -105,7 +105,7 @@ def draw_sample(latent_C_T_H_W, seed, cfg):
 def training_loss(net, latent, cond: Condition, seeds, cfg):
     """Batch loss with one seed per sample. (1+s)^2/s^2 |x0_hat - x0|^2 equals |v_hat - (eps - x0)|^2 exactly; we use
     the velocity form (no 1e8 weights at small sigma). Conditioning frames add 0 (replaced). cond: the batch's record
-    (train.condition_of); its conditioning frames are redrawn per sample here. cfg: high_sigma_ratio, text_dropout,
+    (condition.from_batch); its conditioning frames are redrawn per sample here. cfg: high_sigma_ratio, text_dropout,
     loss_scale (train.TrainConfig)."""
     draws = [draw_sample(latent[b], s, cfg) for b, s in enumerate(seeds)]
     sigma = torch.tensor([d[0] for d in draws], device=latent.device)

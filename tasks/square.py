@@ -27,9 +27,8 @@ import subprocess
 import numpy as np
 import torch
 
-import stitch
 from base.lerobot import ACTION_SQUARE, COMMAND_DX, COMMAND_DY, SLOTS, SQUARE_RANGE, code_frame
-from base.video import ffmpeg_exe
+from base.video import cell_filter, ffmpeg_exe, fit_of
 from engine.world import closed_loop
 
 STRIDE, FRAMES, HEIGHT, WIDTH = 4, 9, 64, 112  # clips/tiny.make_tiny_dataset's stitch (stride 4) of recipes/tiny.py's clips
@@ -85,10 +84,10 @@ def step(corners_B_2, actions_B_N_2) -> np.ndarray:
 
 def grid_graph() -> str:
     """stitch.episode_command's filter graph for one input holding the three cameras side by side: each camera cut
-    out and converted to yuv420p (make_synthetic's encoder did that), fitted into its cell by stitch.cell_filter (area
+    out and converted to yuv420p (make_synthetic's encoder did that), fitted into its cell by video.cell_filter (area
     scaling), stacked into the grid; ffmpeg's -pix_fmt rgb24 then converts as read_clip's decode does."""
     (sh, sw), (h, w) = SOURCE_HW, (HEIGHT // 2, WIDTH // 2)
-    cell = stitch.cell_filter(SOURCE_HW, (h, w), stitch.fit_policy(stitch.make_config({}), SOURCE_HW, (h, w)))
+    cell = cell_filter(SOURCE_HW, (h, w), fit_of("auto", SOURCE_HW, (h, w)))  # stitch.py's default --fit
     chains = ["[0:v]split=3" + "".join(f"[in_{s}]" for s in SLOTS)]
     chains += [f"[in_{s}]crop={sw}:{sh}:{i * sw}:0,format=yuv420p,{cell}[{s}]" for i, s in enumerate(SLOTS)]
     chains += ["[ext_1][ext_2]hstack=shortest=1[top]", f"[wrist]pad={w * 2}:{h}:0:0:black[bottom]",
