@@ -123,15 +123,17 @@ class TrainConfig:
 FAMILY_ONLY = {k: f.NAME for f in FAMILIES for k in f.TRAIN_FLAGS}  # loss knobs of one model family: its owner
 
 
-def preset(name, objective):
-    """The settings of --config `name` and --objective `objective` that are not TrainConfig's defaults: the recipes
-    of recipes/ that apply, later ones winning."""
+def recipes_of(name, objective):
+    """The recipes/ files of --config `name` and --objective `objective`, in the order they apply (later wins)."""
     tiny, action = name in TINY_CONFIGS, name in CONFIGS and CONFIGS[name].action_dim > 0
     files = ["tiny", *(["tiny_action"] if action else [])] if tiny else ["real"]
-    files += ["action"] if action else []
-    files += list(objective_of(objective).TINY_RECIPES) if tiny else []  # RL: tiny_rl, tiny_grpo or tiny_nft
-    settings = dict(data=tiny_data(name)) if tiny else {}  # the tiny default's own folder for the config
-    for file in files:
+    return files + (["action"] if action else []) + (list(objective_of(objective).TINY_RECIPES) if tiny else [])
+
+
+def preset(name, objective):
+    """The settings of --config `name` and --objective `objective` that are not TrainConfig's defaults."""
+    settings = dict(data=tiny_data(name)) if name in TINY_CONFIGS else {}  # the tiny default's own folder
+    for file in recipes_of(name, objective):
         settings.update(cli.recipe(file))
     return settings
 
@@ -504,8 +506,7 @@ class Loop:
     neg_text: object
 
 
-def held_out(loop):
-    """The objective's held-out evaluation (RL: with what it decides after it, the adaptive data weight)."""
+def held_out(loop):  # the objective's held-out evaluation (RL: and what it decides after it, its data weight)
     return loop.objective.evaluate(*loop.held_out)
 
 

@@ -219,7 +219,7 @@ def measure_calls(b, net, counts, device):
         z = torch.randn(1, C, T // b.views, H, W, device=device, dtype=dtype)
 
         @torch.no_grad()
-        def decode():  # a views sample decodes each view (rl.decoder)
+        def decode():  # a views sample decodes each view (rl.Scoring.decode)
             for _ in range(b.views):
                 vae.decode(z)
         calls["decode"] = decode

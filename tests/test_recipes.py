@@ -1,0 +1,41 @@
+"""An experiment is a file: the presets are recipes/*.py, and a user's copy passed as --recipe counts as flags given."""
+import os
+
+import pytest
+
+import train
+from base import cli
+from base.inits import TINY_CONFIGS
+
+
+def test_the_presets_are_the_recipe_files():
+    """--config picks recipes/ files; every shipped recipe is read by some preset, and names only TrainConfig fields."""
+    tiny, real = train.parse_config([]), train.preset("v2w-2b", "sft")
+    assert (tiny.frames, tiny.height, tiny.width, tiny.steps, tiny.vae) == (9, 64, 112, 1000, "tiny")
+    assert (real["frames"], real["height"], real["width"], real["steps"], real["vae"]) == (93, 432, 768, 20000, "real")
+    action = train.preset("tiny-action", "sft")
+    assert action["steps"] == 6000 and action["guidance"] == 0.0 and action["data"] == "data/tiny_action_grid"
+    assert train.preset("tiny", "grpo")["grpo"] == {"group_size": 8, "lr": 3e-3}
+    shipped = {f[:-3] for f in os.listdir(cli.RECIPES) if f.endswith(".py")}
+    read = {name for config in TINY_CONFIGS + ("v2w-2b", "v2w-2b-action") for objective in train.OBJECTIVES
+            for name in train.recipes_of(config, objective)}
+    assert read == shipped, f"recipes no preset reads: {sorted(shipped - read)}; missing: {sorted(read - shipped)}"
+
+
+def test_a_copied_recipe_is_an_experiment_and_its_settings_count_as_flags(tmp_path):
+    mine = tmp_path / "mine.py"
+    mine.write_text("# my experiment\nsteps = 7\nlr = 1e-3\nholdout = 1\n")
+    cfg = train.parse_config(["--recipe", str(mine), "--lr", "5e-4"])
+    assert (cfg.steps, cfg.lr, cfg.holdout, cfg.frames) == (7, 5e-4, 1, 9)  # the recipe over the preset, flags win
+    rl = tmp_path / "rl.py"
+    rl.write_text("grpo = dict(kl_coef=0.01)\n")
+    with pytest.raises(ValueError, match="--grpo-kl-coef does nothing with --objective sft"):
+        train.parse_config(["--recipe", str(rl)])  # checked as a flag is: nothing silently ignored
+    cfg = train.parse_config(["--recipe", str(rl), "--objective", "grpo", "--lora", "2", "--grpo-lr", "1e-3"])
+    assert (cfg.grpo.kl_coef, cfg.grpo.lr, cfg.grpo.group_size) == (0.01, 1e-3, 8)  # nested: merged key by key
+    typo = tmp_path / "typo.py"
+    typo.write_text("stepz = 7\n")
+    with pytest.raises(ValueError, match="stepz"):
+        train.parse_config(["--recipe", str(typo)])
+    with pytest.raises(ValueError, match="--recipe .*nope.py: no such file"):
+        train.parse_config(["--recipe", str(tmp_path / "nope.py")])
