@@ -241,8 +241,8 @@ def merged(*layers):
 
 def load_function(what, module, name):
     """The callable module.name of a plug-in (every `module:function` flag: train.py's --reward, policyeval.py's
-    --policies and --judge, a task's); `what` names the flag and term in its one-line errors. The working directory is put on sys.path:
-    train.py's own folder may be another one."""
+    --policies and --judge, a task's); `what` names the flag and term in its one-line errors. The working directory
+    is put on sys.path: train.py's own folder may be another one."""
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.append(cwd)  # appended: a plug-in must not shadow an installed package for the whole run

@@ -3,7 +3,7 @@
 Ranks: `rank`, `world_size` (0 and 1 without a process group), `say` (print on rank 0). Agreement: `agree` runs a
 function on every rank and raises on all of them together if it failed anywhere (no rank left waiting in a
 collective), `gather` is every rank's picklable value; `all_mean`, `any_rank`, `ranks_any` reduce one step's numbers
-and flags. Sharding: `shard_model` is train.py's FSDP2 layout (bench.py and benchmarks/rlplan.py follow it), `local_rows` the
+and flags. Sharding: `shard_model` is train.py's FSDP2 layout (bench.py and rlplan.py follow it), `local_rows` the
 dim-0 rows a rank holds of a (DTensor) model tensor. Context parallelism (base/cp.py's mesh: a cp group is cp consecutive
 ranks): `dp_coords`, `gather_groups` (one copy of each cp group's tensor) and `sum_groups` (a sum over dp groups).
 Not named dist: every file aliases torch.distributed as `dist`.
