@@ -431,8 +431,8 @@ def main(argv=None):
 def train(run, lock, dataset, n_train, text, episodes):
     """Everything after the run directory is claimed: model, objective, resume, the loop. Returns the metrics rows."""
     cfg = run.cfg
-    module = objective_of(cfg.objective)
-    terms = module.rewards(cfg)  # validated; None for SFT, which scores no samples
+    method = objective_of(cfg.objective)  # its class
+    terms = method.rewards(cfg)  # validated; None for SFT, which scores no samples
     run.actions = getattr(getattr(dataset, "clips", dataset), "actions", None)
     neg_text = None  # the uncond branch of CFG in RL rollouts and samples
     if terms is not None or cfg.sample_every:
@@ -445,7 +445,7 @@ def train(run, lock, dataset, n_train, text, episodes):
     net, sac_modes = build.training_net(run)
     rundir.check_lora_base(run, net)
     params = trainable(net)  # after fully_shard: the DTensor parameters
-    objective = module(run, net, params, vae, neg_text, terms)
+    objective = method(run, net, params, vae, neg_text, terms)
     run.optimizer = make_optimizer(run, objective, params)
     ema = [p.detach().clone() for p in params] if cfg.ema else None
     names = [n for n, p in net.named_parameters() if p.requires_grad]  # the order of `params`
