@@ -9,7 +9,6 @@ import argparse
 import io
 import json
 import os
-import shutil
 import time
 
 import loadbench
@@ -253,18 +252,10 @@ def build_other():
 
 
 def _job(rank, ws, f, tmpdir):
-    """The 2-rank job every test of this file reads: loads, saves and resumes, LoRA-only saves, the fault matrix."""
+    import shutil
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["HF_HOME"] = os.path.join(tmpdir, f"hf{rank}")
     out, res = {}, {}
-    _load_every_format(res, f)
-    _train_save_resume(res, out, f, rank, tmpdir)
-    _lora_save_resume(res, out, f, tmpdir)
-    res["faults"] = _fault_matrix(out, f, rank, tmpdir)
-    return res
-
-
-def _load_every_format(res, f):
     ref = reference_state()
     # 1. every source format into FSDP2 shards, compared bitwise after gathering
     expect_bf16 = {k: v.to(torch.bfloat16).to(v.dtype) for k, v in ref.items()}
@@ -288,9 +279,6 @@ def _load_every_format(res, f):
     report = ckpt.load(net, f["ref"])
     res["load_hsdp"] = all(torch.equal(v, ref[k]) for k, v in full_state(net).items())
     res["checksum_hsdp"], res["placements_hsdp"] = report.checksum, str(net.blocks[0].mlp.layer1.weight.placements)
-
-
-def _train_save_resume(res, out, f, rank, tmpdir):
     # 2. train 3 steps, saving at 1, 2, 3 (keep 2) with an EMA (sharded like the parameters) as extra state;
     # step 4 after the save is the reference for resume
     out["out"] = os.path.join(tmpdir, "out")
@@ -329,9 +317,6 @@ def _train_save_resume(res, out, f, rank, tmpdir):
     want = {k: res["ema_step3"].get(k, v) for k, v in res["state_step3"].items()}
     res["load_dcp_ema"] = all(torch.equal(v, want[k]) for k, v in full_state(net3).items())
     res["taken_from_dcp_ema"] = report.taken_from
-
-
-def _lora_save_resume(res, out, f, tmpdir):
     # 3. LoRA-only save (frozen base excluded) and resume on top of the base loaded from the init file
     out["lora"] = os.path.join(tmpdir, "lora")
     net = build(lora=2)
@@ -351,9 +336,6 @@ def _lora_save_resume(res, out, f, tmpdir):
     res["lora_extra"] = resume.resume(out["lora"], net, opt)
     res["lora_loss3_resumed"] = train_step(net, opt, 3)
     res["lora_state3_resumed"] = full_state(net)
-
-
-def _fault_matrix(out, f, rank, tmpdir):
     # 4. fault matrix
     if rank == 0:
         shutil.copytree(os.path.join(out["out"], "step_00000003"), os.path.join(tmpdir, "dcp_broken"))
@@ -378,7 +360,8 @@ def _fault_matrix(out, f, rank, tmpdir):
         except Exception as e:
             faults[name] = (type(e).__name__, str(e))
         dist.barrier()
-    return faults
+    res["faults"] = faults
+    return res
 
 
 @pytest.fixture(scope="module")

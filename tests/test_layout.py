@@ -168,8 +168,9 @@ def test_the_listing_is_the_map_and_readme_names_every_file():
 
 
 MAX_FUNCTION = 80  # lines of one function, its docstring included: one screen, split where a reader would
-LONG_FUNCTIONS = {  # not yet split: the p25 action reference generator (its split must regenerate tests/data bit for bit)
-    "tests/check_reference_p25_action.py:main"}
+LONG_FUNCTIONS = {  # not yet split: the p25 action reference generator (its split must regenerate tests/data bit for
+    # bit) and test_ckpt's 2-rank job (split, its file would pass 600 lines: it needs a helper file first)
+    "tests/check_reference_p25_action.py:main", "tests/test_ckpt.py:_job"}
 
 
 def test_no_function_is_longer_than_a_screen():
