@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from base.camera import fallback_cameras, views_map
+from base.inits import action_layout
 
 
 @dataclass
@@ -144,10 +145,12 @@ def per_clip(cond: Condition, neg_crossattn_emb, rank):
 # Stand-ins: a network fed no data, whose cost depends on the shapes alone
 
 
-def standin_action(mcfg, batch: int, device=None, generator=None, rows=1):
-    """A random action chunk [batch, rows, action_dim] for an action network fed stand-in inputs (rows: a per-latent-
-    frame net's latent frames after the first); None for a net without actions."""
-    return torch.randn(batch, rows, mcfg.action_dim, device=device, generator=generator) if mcfg.action_dim else None
+def standin_action(mcfg, batch: int, latent_frames: int, device=None, generator=None):
+    """A random action chunk [batch, transitions, dims] (model.action_layout) for an action network fed stand-in
+    inputs of `latent_frames` latent frames; None for a net without actions."""
+    if not mcfg.action_dim:
+        return None
+    return torch.randn(action_layout(mcfg, batch, latent_frames), device=device, generator=generator)
 
 
 def standin(mcfg, gt_frames, crossattn_emb, *, neg_crossattn_emb=None, views=0, cond_frames=1, pixels=None,
@@ -166,8 +169,7 @@ def standin(mcfg, gt_frames, crossattn_emb, *, neg_crossattn_emb=None, views=0, 
         else:
             w2c, intrinsics = fallback_cameras(max(views, 1), T // max(views, 1), *pixels)
             camera = views_map(w2c, intrinsics, *pixels)[None].to(gt_frames.device, camera_dtype)
-    rows = gt_frames.shape[2] // max(views, 1) - 1 if mcfg.action_per_frame else 1
-    action = standin_action(mcfg, gt_frames.shape[0], gt_frames.device, generator, rows)
+    action = standin_action(mcfg, gt_frames.shape[0], gt_frames.shape[2] // max(views, 1), gt_frames.device, generator)
     return Condition(crossattn_emb=crossattn_emb, neg_crossattn_emb=neg_crossattn_emb, gt_frames=gt_frames,
                      condition_mask=frame_mask(gt_frames, views, cond_frames), camera=camera, action=action, key=key,
                      conditional_frame_timestep=conditional_frame_timestep)

@@ -55,10 +55,38 @@ class DiTConfig:
     # action_dim: the actions of one latent frame flattened, 4 x 7 released), each latent frame's embedding added to
     # that frame's time embedding and adaLN-LoRA input, zero for latent frame 0 and on conditioning frames
     action_per_frame: bool = False
+    action_hidden_dim: int = 0  # the action MLPs' hidden width (upstream's hidden_dim_in_action_embedder); 0 = 4 x D
 
     @property
     def head_dim(self):
         return self.model_channels // self.num_heads
+
+
+ACTIONS_PER_LATENT_FRAME = 4  # the VAE's temporal compression: 4 frames (transitions) per latent frame after the first
+
+
+def action_layout(cfg, B: int, latent_frames: int):
+    """The one action layout an action net takes for a clip of `latent_frames` latent frames: [B, transitions, dims],
+    transitions = 4 (latent_frames - 1) (a pixel frame's transition each), dims = the values of one transition
+    (per clip: action_dim / transitions; per latent frame: action_dim / 4)."""
+    transitions = ACTIONS_PER_LATENT_FRAME * (latent_frames - 1)
+    per = ACTIONS_PER_LATENT_FRAME if cfg.action_per_frame else transitions
+    if transitions < 1 or cfg.action_dim % per:
+        raise ValueError(f"action_dim {cfg.action_dim} does not split into {transitions} transitions of a clip of "
+                         f"{latent_frames} latent frames ({1 + transitions} frames): sample the frames the net was "
+                         "trained on")
+    return (B, transitions, cfg.action_dim // per)
+
+
+def check_action(action, layout, what, note=""):
+    """`action` of exactly `layout` [B, transitions, dims], or one line naming it, the layout and a likely cause."""
+    if tuple(action.shape) == tuple(layout):
+        return
+    B, T, D = layout
+    hint = (" (transposed? it is [B, dims, transitions])" if tuple(action.shape) == (B, D, T) else
+            " (flattened? keep one row per transition)" if action.ndim < 3 else "")
+    raise ValueError(f"{what} {tuple(action.shape)} ({action[0].numel() if action.ndim else 0} values a sample): expected"
+                     f" [B, transitions, dims] = {list(layout)}{hint}{note}")
 
 
 _RELEASE = dict(max_img_h=240, max_img_w=240, max_frames=128, use_adaln_lora=True, adaln_lora_dim=256)
@@ -138,18 +166,23 @@ def config_from_upstream(class_name, kwargs):
     if name not in _UPSTREAM_CLASSES:
         raise ValueError(f"unsupported upstream class {class_name!r}: expected one of {sorted(_UPSTREAM_CLASSES)}")
     ours = {f.name for f in fields(DiTConfig)} - {"video2world", "fp32_time_modulation", "camera_channels",
-                                                   "action_per_frame"}
+                                                   "action_per_frame", "action_hidden_dim"}
     if ("action_dim" in kwargs) != (name in _ACTION_CLASSES):
         raise ValueError(f"{name}: action_dim is {'missing' if 'action_dim' not in kwargs else 'not a kwarg of it'}"
                          f" (only {' and '.join(_ACTION_CLASSES)} take it, and require it)")
-    per_frame = name == "ActionChunkConditionedMinimalV1LVGDiT"
+    per_frame, hidden = name == "ActionChunkConditionedMinimalV1LVGDiT", None
     if per_frame:  # its action_dim is one action's: the MLPs take a latent frame's actions, flattened
         kwargs = dict(kwargs)
-        hidden = kwargs.pop("hidden_dim_in_action_embedder", None)
-        if hidden not in (None, 4 * kwargs.get("model_channels", 0)):
-            raise ValueError(f"{name}: hidden_dim_in_action_embedder={hidden}: only the default 4 * model_channels")
+        hidden = kwargs.pop("hidden_dim_in_action_embedder", None)  # upstream: None = 4 x model_channels
+        if hidden is not None:
+            if not isinstance(hidden, int) or hidden < 1:
+                raise ValueError(f"{name}: hidden_dim_in_action_embedder={hidden!r}: a positive width, or None")
         kwargs.pop("num_action_per_chunk", None)  # upstream pops and ignores it (the count comes from the input)
-        kwargs["action_dim"] *= kwargs.pop("temporal_compression_ratio", 4)
+        ratio = kwargs.pop("temporal_compression_ratio", 4)
+        if ratio != 4:  # upstream splits the chunk into num_actions // ratio rows: one per latent frame only at 4
+            raise ValueError(f"{name}: temporal_compression_ratio={ratio}: ours is 4 (the VAE's: 4 actions a latent "
+                             f"frame); upstream would split 4k actions into 4k/{ratio} rows against k latent frames")
+        kwargs["action_dim"] *= ratio
     unknown = set(kwargs) - ours - _UPSTREAM_IGNORED
     if unknown:
         raise ValueError(f"upstream kwargs not understood by DiTConfig: {sorted(unknown)}")
@@ -168,6 +201,7 @@ def config_from_upstream(class_name, kwargs):
     values.setdefault("rope_enable_fps_modulation", True)
     video2world, camera_channels = _UPSTREAM_CLASSES[name]
     return DiTConfig(video2world=video2world, camera_channels=camera_channels, action_per_frame=per_frame,
+                     action_hidden_dim=hidden or 0,
                      fp32_time_modulation=bool(kwargs.get("use_wan_fp32_strategy", False)), **values)
 
 
