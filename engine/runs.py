@@ -15,6 +15,9 @@ from engine import build, resume, rundir
 from engine.resume import lora_base
 from nets.family import family_of
 
+# what a resumed run keeps (train.resume_keys), so a step's own record must agree with config.json on them
+RECORDED_KEYS = ("config", "init", "lora", "objective", "vae", "vae_ckpt", "frames", "height", "width", "text_len",
+                 "seed", "data", "holdout", "ema", "action_dim")
 RUN_KEYS = ("config", "init", "objective", "data", "frames", "height", "width", "text_len", "seed", "holdout", "vae",
             "vae_ckpt", "ema", "guidance", "conditional_frame_timestep")  # what is read of a run's config.json
 
@@ -94,6 +97,9 @@ def open_run(path, ema=False, guidance=-1.0):
                          action_dim=run.get("action_dim", 0), **text)  # a net from scratch: its data's, recorded
     held_out = held_out_stems(dataset.videos, run["holdout"])
     meta = resume.read_meta(latest)
+    disagree = config_disagreement(run, meta, latest)
+    if disagree:
+        raise ValueError(f"{path}: {disagree}")
     recorded = meta["extra"].get("episodes")  # what it held out when it trained (steps since)
     if recorded and recorded["held_out"] and sorted(held_out) != sorted(recorded["held_out"]):
         by_stem = {v.stem: i for i, v in enumerate(dataset.videos)}
@@ -114,6 +120,22 @@ def open_run(path, ema=False, guidance=-1.0):
                          "evaluate.py compares runs on held-out episodes (train with --holdout N, or -1 for 2%)")
     return Run(path=path, directory=directory, cfg=run, checkpoint=latest, step=meta["step"],
                views=views, dataset=dataset, held_out=held_out, guidance=run_guidance(path, run, guidance))
+
+
+def config_disagreement(run, meta, step_dir):
+    """"" when config.json agrees with the step's own record of its run (meta.json extra.config) on RECORDED_KEYS,
+    else one line naming each key, both values and the fix (config.json edited after training: the step is what
+    trained)."""
+    saved = meta["extra"].get("config") if isinstance(meta["extra"], dict) else None
+    if not isinstance(saved, dict):
+        return ""
+    differ = [k for k in RECORDED_KEYS if k in saved and k in run and saved[k] != run[k]]
+    if not differ:
+        return ""
+    both = ", ".join(f"{k} {run[k]!r} in config.json, {saved[k]!r} in the step" for k in differ)
+    return (f"config.json disagrees with {step_dir}/meta.json, the step's own record of how it was trained: {both}; "
+            "config.json was edited after training: restore it (e.g. from the step's meta.json extra.config), or "
+            "train a new run with the settings you want")
 
 
 def text_settings(run):

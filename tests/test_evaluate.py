@@ -183,12 +183,19 @@ def test_refusals_name_the_run_before_any_model_is_built(runs, tiny_grid, tmp_pa
     broken = str(tmp_path / "broken")
     shutil.copytree(runs["grid"], broken)
     os.remove(os.path.join(broken, "step_00000002", "meta.json"))
+    edited = str(tmp_path / "edited")  # the held-out count edited in config.json after training
+    shutil.copytree(runs["grid"], edited)
+    with open(os.path.join(edited, "config.json")) as f:
+        saved = json.load(f)
+    with open(os.path.join(edited, "config.json"), "w") as f:
+        json.dump(dict(saved, holdout=saved["holdout"] + 1), f)
     (tmp_path / "empty").mkdir()
     others = data.list_videos(tiny_grid)[-1].stem  # the last video of another synthetic source
     cases = [([other, runs["views"]], ["raw__ep000003", others, "no common episode"]),
              ([str(tmp_path / "empty")], ["empty: not a train.py run directory"]),
              ([broken], [broken, "missing or incomplete"]),
              ([trained_on_all], [trained_on_all, "--holdout 0"]),
+             ([edited], [edited, "config.json disagrees", "holdout 2 in config.json, 1 in the step"]),
              ([runs["grid"], "--ema"], [runs["grid"], "kept no EMA"]),
              ([runs["grid"], "--reward", "default,reward_plugins:black_latent"], ["black_latent", "read the latent"]),
              ([runs["grid"], "--plot", os.path.join(runs["grid"], "cmp.png")], ["inside the run"]),
