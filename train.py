@@ -37,7 +37,7 @@ from clips import actionclips, data
 from clips import text as text_lib
 from clips.text import standin_text
 from clips.tiny import make_tiny_dataset
-from engine import build, resume, rl, rundir
+from engine import build, resume, rl, rundir, runs
 from engine.build import build_vae, compile_seconds, make_encoder, net_config, trainable
 from engine.generate import write_sample
 from engine.objective import Objective, held_out_slots
@@ -188,6 +188,8 @@ def validate(cfg, given=None):
         if missing:
             raise ValueError(missing)
         ckpt.resolve_source(cfg.init)  # a local path: it exists and has a checkpoint format (hub names: in main)
+        if "holdout" not in given:  # RL from an SFT step: the base's held-out episodes, never trained on
+            cfg.holdout = runs.init_holdout(cfg.init, cfg.data, cfg.holdout)
     sac.make_checkpoint_fn("block" if cfg.sac == "auto" else cfg.sac)  # raises with the valid modes
     if min(cfg.sac_every, cfg.grad_accum, cfg.batch_size, cfg.steps, cfg.max_nonfinite) < 1 or cfg.eval_every < 0:
         raise ValueError("--sac-every, --grad-accum, --batch-size, --steps and --max-nonfinite must be >= 1, "
@@ -352,8 +354,9 @@ def load_data(run):
         short, n = data.short_videos(dataset.skipped, cfg.frames), len(dataset)
         raise ValueError(f"{cfg.data}: " + (f"{short}; the {n} video(s) left are" if short else f"only {n} usable "
                          f"video(s) for {cfg.frames}-frame clips,") + f" all held out by --holdout {holdout}: "
-                         + ("" if short else "stitch more episodes, or ") + "pass --holdout 0 to train on them (no "
-                         "held-out evaluation)")
+                         + ("" if short else "stitch more episodes, or ") + (f"pass --holdout 1 (evaluate.py and "
+                         "policyeval.py need one held-out episode), or " if n > 1 else "") + "--holdout 0 to train on "
+                         "them all (no held-out evaluation: evaluate.py and policyeval.py then refuse the run)")
     return dataset, len(dataset) - holdout, text
 
 

@@ -53,6 +53,19 @@ def held_out_stems(videos, holdout):
     return {videos[i].stem: i for i in range(n - k, n)}
 
 
+def init_holdout(init, data, holdout):
+    """The --holdout of a run from the train.py step `init` on the same data folder: the step's run's (said when it
+    differs from `holdout`, the preset's or the default), so RL from an SFT base never trains on the base's held-out
+    episodes nor needs the flag again; `holdout` for anything else."""
+    base = rundir.step_settings(init)
+    if "holdout" not in base or os.path.normpath(base.get("data", "")) != os.path.normpath(data):
+        return holdout
+    if base["holdout"] != holdout:
+        print(f"train: --holdout {base['holdout']}, as --init {init}'s run held out on {data} (pass --holdout to "
+              "change it)", flush=True)
+    return base["holdout"]
+
+
 def run_guidance(path, run, given):
     """--guidance if given (>= 0), else the run's own: GRPO / NFT their rollouts' (grpo.guidance, nft.guidance), SFT
     the guidance its sample videos used (train.py --guidance, default 7.0)."""

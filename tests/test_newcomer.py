@@ -125,3 +125,19 @@ def test_the_quickstarts_outputs_are_ignored_and_it_says_how_to_install_without_
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     quickstart = readme[readme.index("## Quickstart"):readme.index("## The first hour")]
     assert "python -m venv" in quickstart and re.search(r"index .*(unreachable|cannot be reached)", quickstart)
+
+
+def test_rl_from_a_base_holds_out_what_the_base_held_out_and_all_held_out_names_holdout_1(three, tmp_path):
+    """Issue 54: 3 episodes: --holdout 3 names --holdout 1 as the way on; an SFT base trained with --holdout 1, then
+    RL from its step without the flag holds out the base's 1 (said), not the tiny preset's 2."""
+    proc = in_process(train, ["--data", three, "--steps", "1", "--holdout", "3", "--out", str(tmp_path / "x")] + SHORT)
+    assert proc.returncode == 2 and "pass --holdout 1 (evaluate.py and policyeval.py need one" in proc.stderr
+    base = str(tmp_path / "base")
+    check(in_process(train, ["--data", three, "--steps", "2", "--holdout", "1", "--out", base] + SHORT))
+    rl_run = str(tmp_path / "nft")
+    proc = check(in_process(train, ["--data", three, "--objective", "nft", "--lora", "4", "--init",
+                                    f"{base}/step_00000002", "--steps", "1", "--guard-max-ratio", "100",
+                                    "--eval-every", "0", "--out", rl_run] + SHORT))
+    assert f"--holdout 1, as --init {base}/step_00000002's run held out" in proc.stdout
+    with open(os.path.join(rl_run, "config.json")) as f:
+        assert json.load(f)["holdout"] == 1
