@@ -39,7 +39,7 @@ from clips.actionclips import other_actions
 from clips.fidelity import CAMERAS, score_sample, view_metrics
 from engine import build, rundir, runs
 from engine.generate import from_first_frame, rollout
-from engine.runs import open_run, run_directory, text_settings
+from engine.runs import open_run, run_directory, run_guidance, text_settings
 from nets.family import family_of
 
 CURVES = {"eval_reward": "held-out reward (eval_reward)", "eval_psnr": "held-out PSNR, dB (eval_psnr)",
@@ -210,9 +210,10 @@ def read_curves(path):
     return {key: points for key, points in curves.items() if points}
 
 
-def plot_curves(path, curves):
+def plot_curves(path, curves, note=""):
     """One figure at path, a panel per CURVES quantity that some run logged, a line per run; curves [(label,
-    read_curves(run))]. Returns the panels' keys (none: nothing is written)."""
+    read_curves(run))]; note: a warning drawn above the panels (the runs' curves sampled at different guidance).
+    Returns the panels' keys (none: nothing is written)."""
     keys = [key for key in CURVES if any(key in c for _, c in curves)]
     if not keys:
         return keys
@@ -228,6 +229,8 @@ def plot_curves(path, curves):
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    if note:
+        fig.suptitle(note, color="firebrick", fontsize=9, wrap=True)
     fig.tight_layout()
     tmp = path + ".tmp" + os.path.splitext(path)[1]
     fig.savefig(tmp, dpi=100, metadata={"Creator": PLOT_MARK})
@@ -324,6 +327,15 @@ def runs_reward(runs):
     return specs.pop() if len(specs) == 1 else "default"
 
 
+def curve_labels(runs):
+    """([(label, curves)], note) for plot_curves: each run's metrics.jsonl curves labelled with the guidance they were
+    sampled at during training (its own, whatever --guidance says), and a note when those differ."""
+    own = [run_guidance(r.path, r.cfg, -1) for r in runs]
+    note = "" if len(set(own)) < 2 else ("NOT COMPARABLE: the curves sample at different guidance (" + ", ".join(
+        f"{r.path} {g:g}" for r, g in zip(runs, own)) + "); the table at one: evaluate.py --guidance G")
+    return [(f"{r.path} (guidance {g:g})", read_curves(r.directory)) for r, g in zip(runs, own)], note
+
+
 def main(argv=None):
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
     plot, replacing = os.path.abspath(cfg.plot), check_plot_path(cfg.plot)  # before any work
@@ -361,7 +373,7 @@ def main(argv=None):
         print(json.dumps({"stems": stems, "view_size": list(size), "steps": cfg.steps, "seed": cfg.seed,
                           "reward": cfg.reward, "runs": rows}), flush=True)
     try:
-        keys = plot_curves(cfg.plot, [(run.path, read_curves(run.directory)) for run in runs]) if plots else None
+        keys = plot_curves(cfg.plot, *curve_labels(runs)) if plots else None
     except OSError as e:  # checked at the start, failed now (a full disk, a folder gone): the results first
         results()
         raise OSError(f"--plot {cfg.plot}: not written ({e.strerror or e}); the table and JSON above hold every "

@@ -240,7 +240,7 @@ def test_an_unwritable_plot_is_refused_before_any_clip_is_sampled(runs, tmp_path
 def test_a_plot_that_fails_late_loses_no_result(runs, tmp_path, monkeypatch):
     """Item 3: a plot that fails after the work (a full disk, a folder removed meanwhile): the table and the JSON are
     printed first, then the one error line."""
-    def full(path, curves):
+    def full(path, curves, note=""):
         raise OSError(28, "No space left on device", path)
     monkeypatch.setattr(evaluate, "plot_curves", full)
     plot = str(tmp_path / "cmp.png")
@@ -320,3 +320,17 @@ def test_an_rl_run_with_no_checkpoint_yet_says_when_it_saves(runs, tmp_path):
 def test_every_flag_has_help():
     helps = evaluate.cli.field_help(evaluate.EvalConfig)
     assert all(helps.get(f) for f in evaluate.EvalConfig.__dataclass_fields__)
+
+
+def test_compare_png_labels_each_runs_guidance_and_says_when_they_differ(tmp_path):
+    """Issue 54: the Quickstart's SFT (7), NFT (0) and GRPO (7) curves: each labelled with its guidance, and a note
+    above the panels that they are not comparable; runs at one guidance get no note."""
+    import types
+    runs = [types.SimpleNamespace(path=name, directory=str(tmp_path / name), cfg=cfg) for name, cfg in (
+        ("out", {"objective": "sft", "guidance": 7.0}), ("runs/tiny-nft", {"objective": "nft", "nft": {"guidance": 0}}),
+        ("runs/tiny-grpo", {"objective": "grpo", "grpo": {"guidance": 7.0}}))]
+    curves, note = evaluate.curve_labels(runs)
+    assert [label for label, _ in curves] == ["out (guidance 7)", "runs/tiny-nft (guidance 0)",
+                                              "runs/tiny-grpo (guidance 7)"]
+    assert note.startswith("NOT COMPARABLE") and "runs/tiny-nft 0" in note
+    assert evaluate.curve_labels([runs[0], runs[2]])[1] == ""
