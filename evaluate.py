@@ -99,7 +99,7 @@ def evaluate_run(run, stems, cfg, terms, device, size):
     """The run's newest checkpoint on each held-out stem: {"clips": [per clip: stem, seed, metrics, rewards],
     "metrics", "rewards" (their means over clips)}."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    net = runs.build_from_step(run.checkpoint, device, cfg.ema).to(dtype).eval()
+    net = runs.for_sampling(runs.build_from_step(run.checkpoint, device, cfg.ema), dtype, device, cfg.compile, cfg.fp8)
     vae = build.build_vae(run.cfg["vae"], run.cfg["vae_ckpt"], device, dtype)
     mcfg, settings = net.cfg, text_settings(run.cfg)
     neg, neg_source = text_lib.negative_embedding(run.cfg["data"], run.cfg["text_len"], mcfg.crossattn_proj_in_channels,
@@ -249,6 +249,8 @@ class EvalConfig:
     # one or more
     clips: int = 4  # held-out clips per run: the first N of the episodes every run holds out
     steps: int = 35  # sampler steps (Predict2: Euler + AB2; Predict2.5: UniPC)
+    compile: str = "auto"  # torch.compile each run's blocks: auto (on a GPU), on, off; its first clip compiles them
+    fp8: bool = False  # block GEMMs in fp8 (H100/H200; base/fp8.py)
     guidance: float = -1.0  # CFG for every run; default -1: each run's own (GRPO --grpo-guidance, NFT --nft-guidance,
     # SFT its sample videos' --guidance, 7.0 unless set)
     seed: int = 0  # initial noise of clip i (draw d): seed + i (+ d * clips), the same for every run
@@ -274,6 +276,8 @@ def parse_config(argv):
         raise ValueError(f"--device {cfg.device!r}: cuda or cpu")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    runs.check_fast_flags(cfg.compile, cfg.fp8, torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else
+                                                                            "cpu")))
     if os.path.splitext(cfg.plot)[1].lower() not in PLOT_FORMATS:
         raise ValueError(f"--plot {cfg.plot}: end it in {', '.join(PLOT_FORMATS)}")
     plot = os.path.abspath(cfg.plot)

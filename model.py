@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from base import cp
-from base.inits import DiTConfig, action_layout, check_action
-from condition import Condition
+from base.inits import DiTConfig
+from condition import Condition, action_layout, check_action
 
 # -----------------------------------------------------------------------------
 # Building blocks

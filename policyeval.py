@@ -46,7 +46,6 @@ from clips.fidelity import psnr
 from engine import build, runs
 from engine.runs import open_run, text_settings
 from engine.world import closed_loop, load_plugin, model_world
-from nets import lora
 from nets.family import family_of
 from nets.flops import matmul_peak, model_flops
 
@@ -60,6 +59,8 @@ class PolicyEvalConfig:
     episodes: int = 32  # start states, the same for every policy and both worlds
     chunks: int = 3  # chained chunks per episode
     steps: int = 35  # sampler steps per chunk
+    compile: str = "auto"  # torch.compile the world model's blocks: auto (on a GPU), on, off; the first chunk compiles
+    fp8: bool = False  # the world model's block GEMMs in fp8 (H100/H200; base/fp8.py)
     batch: int = 0  # episodes per network call (0 = all of them)
     seed: int = 0  # the tasks, the policies' draws, the noise (episode e, chunk k: seed + 1000 e + k)
     guidance: float = -1.0  # CFG; -1 = the run's own (an action run samples at 0, as upstream)
@@ -159,8 +160,8 @@ def rows(tasks: dict, batch) -> dict:
 
 
 def load_world(cfg, run, device, fold=True):
-    """(net, vae, record, dtype, grid): the run rebuilt as trained (a LoRA run's adapters folded into its weights
-    unless fold is False: it only samples), its prompt (its first held-out episode's), the negative prompt, the run's
+    """(net, vae, record, dtype, grid): the run rebuilt as trained, made ready to sample (runs.for_sampling: adapters
+    folded, --fp8, --compile; fold False: as trained, nothing of it), its prompt (its first held-out episode's), the negative prompt, the run's
     conditional_frame_timestep; a run of a net without actions is refused."""
     mcfg = get_config(run.cfg["config"])
     if not mcfg.action_dim:
@@ -168,7 +169,7 @@ def load_world(cfg, run, device, fold=True):
                          "steer it; evaluate an action run (--config tiny-action, v2w-2b-action)")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     net = runs.build_from_step(run.checkpoint, device, cfg.ema)
-    net = (lora.fold_lora_(net) if fold else net).to(dtype).eval()  # a LoRA run's adapters folded in: it only samples
+    net = runs.for_sampling(net, dtype, device, cfg.compile, cfg.fp8) if fold else net.to(dtype).eval()
     vae = build.build_vae(run.cfg["vae"], run.cfg["vae_ckpt"], device, dtype)
     settings = text_settings(run.cfg)
     neg, _ = text_lib.negative_embedding(run.cfg["data"], run.cfg["text_len"], mcfg.crossattn_proj_in_channels,
@@ -467,6 +468,7 @@ def main(argv=None):
     run = open_run(cfg.run, cfg.ema, cfg.guidance)
     tasks, first = start_states(cfg, task, run)
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    runs.check_fast_flags(cfg.compile, cfg.fp8, device)
     os.makedirs(cfg.out, exist_ok=True)
     world = load_world(cfg, run, device)
     print(f"policyeval: {run.checkpoint}: {len(policies)} policies x {cfg.episodes} episodes x {cfg.chunks} chunks, "

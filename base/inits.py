@@ -62,33 +62,6 @@ class DiTConfig:
         return self.model_channels // self.num_heads
 
 
-ACTIONS_PER_LATENT_FRAME = 4  # the VAE's temporal compression: 4 frames (transitions) per latent frame after the first
-
-
-def action_layout(cfg, B: int, latent_frames: int):
-    """The one action layout an action net takes for a clip of `latent_frames` latent frames: [B, transitions, dims],
-    transitions = 4 (latent_frames - 1) (a pixel frame's transition each), dims = the values of one transition
-    (per clip: action_dim / transitions; per latent frame: action_dim / 4)."""
-    transitions = ACTIONS_PER_LATENT_FRAME * (latent_frames - 1)
-    per = ACTIONS_PER_LATENT_FRAME if cfg.action_per_frame else transitions
-    if transitions < 1 or cfg.action_dim % per:
-        raise ValueError(f"action_dim {cfg.action_dim} does not split into {transitions} transitions of a clip of "
-                         f"{latent_frames} latent frames ({1 + transitions} frames): sample the frames the net was "
-                         "trained on")
-    return (B, transitions, cfg.action_dim // per)
-
-
-def check_action(action, layout, what, note=""):
-    """`action` of exactly `layout` [B, transitions, dims], or one line naming it, the layout and a likely cause."""
-    if tuple(action.shape) == tuple(layout):
-        return
-    B, T, D = layout
-    hint = (" (transposed? it is [B, dims, transitions])" if tuple(action.shape) == (B, D, T) else
-            " (flattened? keep one row per transition)" if action.ndim < 3 else "")
-    raise ValueError(f"{what} {tuple(action.shape)} ({action[0].numel() if action.ndim else 0} values a sample): expected"
-                     f" [B, transitions, dims] = {list(layout)}{hint}{note}")
-
-
 _RELEASE = dict(max_img_h=240, max_img_w=240, max_frames=128, use_adaln_lora=True, adaln_lora_dim=256)
 CONFIGS = {
     # CPU-fast: tests and the built-in tiny default of train.py / smoke.py

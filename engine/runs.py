@@ -6,13 +6,17 @@ import dataclasses
 import os
 import re
 
+import torch
+
 import ckpt
+from base import fp8 as fp8_lib
 from base.formats import STEP_RE, CheckpointError, read_meta
 from base.inits import TINY_CONFIGS, get_config
 from clips.actionclips import open_clips
 from clips.text import standin_text
 from engine import build, resume, rundir
 from engine.resume import lora_base
+from nets import lora
 from nets.family import family_of
 
 # what a resumed run keeps (train.resume_keys), so a step's own record must agree with config.json on them
@@ -182,4 +186,35 @@ def build_from_step(step_dir, device, use_ema=False):
     frozen = [k for k, p in net.named_parameters() if not p.requires_grad]  # the base build() loaded, strictly
     base = ("^(" + "|".join(map(re.escape, frozen)) + ")$",) if meta["lora_only"] and frozen else ()
     ckpt.load(net, step_dir, ema=True if use_ema else None, allow_missing=base)  # LoRA-only: the base is not in it
+    return net
+
+
+COMPILE_MODES = ("auto", "on", "off")  # --compile of the sampling commands: auto = on a GPU
+
+
+def check_fast_flags(compile_mode, fp8, device):
+    """--compile and --fp8 of sample.py, evaluate.py and policyeval.py, checked before any model is built."""
+    if compile_mode not in COMPILE_MODES:
+        raise ValueError(f"--compile {compile_mode!r}: one of {', '.join(COMPILE_MODES)} (auto: on a GPU)")
+    if fp8 and device.type != "cuda":
+        raise ValueError("--fp8: fp8 GEMMs need a GPU with fp8 tensor cores (H100/H200); drop --fp8 on the CPU")
+
+
+@torch.no_grad()
+def for_sampling(net, dtype, device, compile_mode="auto", fp8=False, say=print):
+    """The net made ready to only sample: a LoRA run's adapters folded into its weights (one GEMM a Linear instead of
+    three), cast to dtype, eval; fp8: the blocks' Linears as fp8 GEMMs (a folded LoRA base quantised once, a full net's
+    weights per forward: base/fp8.py); compile (auto: on a GPU): each block compiled in place, as train.py --compile
+    (the first chunk pays the compile, said; every later one runs the compiled kernels)."""
+    net = lora.fold_lora_(net).to(dtype).eval()
+    if fp8:
+        adapted = lora.quantize_base(net)  # a folded LoRA net: its base, once
+        plain = lora.target_linears(net)
+        converted = fp8_lib.convert_trainable(plain) if plain else 0
+        say(f"sampling: fp8 GEMMs in {adapted + converted} block Linears (--fp8; e4m3, per-channel weight scales)")
+    if compile_mode == "on" or (compile_mode == "auto" and device.type == "cuda"):
+        for block in net.blocks:
+            block.compile()
+        say("sampling: blocks compiled (--compile " + compile_mode + "): the first chunk also compiles them (tens of "
+            "seconds on a 2B net; later chunks run compiled); --compile off to skip")
     return net
