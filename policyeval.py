@@ -204,12 +204,12 @@ def guarded(fn, name, role):
 
 def rollouts(cfg, run, task, policies, judge, tasks, first, world, partial=None):
     """({policy: {"world": frames, "sim": frames or None, "success_world": [N], "success_sim": [N] or None,
-    "max_action_sd": float}}, the world model's seconds): every policy, batch by batch, in the world model and (where
+    "max_action_sd": float}}, the world model's seconds, each chunk's seconds): every policy, batch by batch, in the world model and (where
     the task has one) the simulator, from the same start frames. A plug-in that fails: partial(results so far, the
     error) is called (it writes them), then the error is raised naming the policy."""
     size, simulate = cfg.batch or cfg.episodes, getattr(task, "simulator", None)
     batches = [np.arange(i, min(i + size, cfg.episodes)) for i in range(0, cfg.episodes, size)]
-    results, seconds = {}, 0.0
+    results, seconds, clock = {}, 0.0, []  # clock: each world-model chunk's seconds, in order (timing)
     with tqdm(total=len(policies) * cfg.episodes * cfg.chunks, desc="policyeval", unit="chunk") as bar:
         for name, policy in policies.items():
             parts, reach = [], [0.0]
@@ -218,7 +218,7 @@ def rollouts(cfg, run, task, policies, judge, tasks, first, world, partial=None)
                     part, took = episodes(cfg, run, name, guarded(policy, name, "policy"),
                                           guarded(judge, cfg.judge or f"{cfg.task}:judge", "judge"), simulate,
                                           rows(tasks, batch), first[batch], world, lambda: bar.update(len(batch)),
-                                          reach)
+                                          reach, clock)
                     parts.append(part)
                     seconds += took
             except ValueError as e:  # a plug-in's (PluginError, or a wrong return): the policies done are kept
@@ -229,12 +229,13 @@ def rollouts(cfg, run, task, policies, judge, tasks, first, world, partial=None)
                 raise ValueError(f"policy {name}: {e}{kept}") from e
             results[name] = {k: None if parts[0][k] is None else torch.cat([p[k] for p in parts]) for k in parts[0]}
             results[name]["max_action_sd"] = reach[0]
-    return results, seconds
+    return results, seconds, clock
 
 
-def episodes(cfg, run, name, policy, judge, simulate, tasks, first, world, progress, reach):
+def episodes(cfg, run, name, policy, judge, simulate, tasks, first, world, progress, reach, clock):
     """One batch of episodes of one policy: its frames and success in the world model and the simulator, and the
-    world model's seconds; reach[0]: the largest |action - mean| / sd (action_stats.json) the policy commanded."""
+    world model's seconds; reach[0]: the largest |action - mean| / sd (action_stats.json) the policy commanded;
+    clock: each world-model chunk's seconds appended."""
     net, vae, record, dtype, grid = world
     actions, frames, B = run.dataset.actions, run.cfg["frames"], len(first)
     info = {"task": tasks, "steps": (frames - 1) * actions.stride, "action_dim": actions.action_width,
@@ -245,12 +246,21 @@ def episodes(cfg, run, name, policy, judge, simulate, tasks, first, world, progr
         chunk = actions.normalise(raw)
         reach[0] = max(reach[0], float(np.abs(chunk).max()) if chunk.size else 0.0)
         return chunk
-    step = model_world(net, vae, condition.map_tensors(record, lambda v: v.expand(B, *v.shape[1:])),
+
+    def timed(raw, k):  # each chunk's seconds (the first compiles under --compile): timing's warm figure
+        synchronize()
+        t0 = time.perf_counter()
+        out = world_step(raw, k)
+        synchronize()
+        clock.append(time.perf_counter() - t0)
+        return out
+    synchronize = torch.cuda.synchronize if next(net.parameters()).is_cuda else (lambda: None)
+    world_step = model_world(net, vae, condition.map_tensors(record, lambda v: v.expand(B, *v.shape[1:])),
                        normalise, frames, cfg.steps, run.guidance,
                        [cfg.seed + 1000 * int(e) for e in tasks["episode"]], grid, dtype,
                        first.to(next(net.parameters()).device))
     t0 = time.perf_counter()
-    dreamt = closed_loop(step, policy, name, first, info, cfg.chunks, shape, progress)["frames"]
+    dreamt = closed_loop(timed, policy, name, first, info, cfg.chunks, shape, progress)["frames"]
     took, truth = time.perf_counter() - t0, None
     if simulate is not None:
         truth = closed_loop(simulate(tasks), policy, name, first, info, cfg.chunks, shape)["frames"]
@@ -434,7 +444,7 @@ def write_videos(cfg, results):
     return written
 
 
-def timing(cfg, run, seconds, device):
+def timing(cfg, run, seconds, clock, device):
     """The world model's cost: seconds a chunk (batched) and per episode, peak memory, and MFU against the
     measured matmul peak (CUDA) from the formula's FLOPs: the sampler's forwards (two with CFG) a chunk."""
     mcfg, frames = get_config(run.cfg["config"]), run.cfg["frames"]
@@ -443,10 +453,15 @@ def timing(cfg, run, seconds, device):
     calls = cfg.steps * (2 if run.guidance > 0 else 1)
     flops = model_flops(mcfg, latent, run.cfg["text_len"])[0] * calls * cfg.chunks  # forwards only
     out = {"world_seconds": seconds, "s_per_chunk": seconds / (batches * cfg.chunks),
-           "s_per_episode_chunk": seconds / (cfg.episodes * cfg.chunks)}
+           "s_per_episode_chunk": seconds / (cfg.episodes * cfg.chunks),
+           "s_first_chunk": clock[0] if clock else None,  # with --compile: the compile too
+           "s_per_chunk_warm": float(np.median(clock[1:])) if len(clock) > 1 else None}  # every later chunk
     if device.type == "cuda":
-        out.update(peak_gib=torch.cuda.max_memory_allocated() / 2 ** 30,
-                   mfu=flops / seconds / matmul_peak(device, torch.bfloat16))
+        peak, size = matmul_peak(device, torch.bfloat16), cfg.batch or cfg.episodes
+        out.update(peak_gib=torch.cuda.max_memory_allocated() / 2 ** 30, mfu=flops / seconds / peak)
+        if out["s_per_chunk_warm"]:  # a full batch's chunk (the figure to compare: no compile in it)
+            one = model_flops(mcfg, (min(size, cfg.episodes),) + latent[1:], run.cfg["text_len"])[0] * calls
+            out["mfu_warm"] = one / out["s_per_chunk_warm"] / peak
     return out
 
 
@@ -479,9 +494,9 @@ def main(argv=None):
     def partial(done, error):  # a plug-in failed: the policies done so far are kept
         write_result(cfg, {**agreement(done, cfg.chunks, run.cfg["frames"]), **settings, "partial": True,
                            "error": error} if done else {**settings, "partial": True, "error": error, "policies": {}})
-    results, seconds = rollouts(cfg, run, task, policies, judge, tasks, first, world, partial)
+    results, seconds, clock = rollouts(cfg, run, task, policies, judge, tasks, first, world, partial)
     summary = agreement(results, cfg.chunks, run.cfg["frames"])
-    summary.update(**settings, **timing(cfg, run, seconds, device))
+    summary.update(**settings, **timing(cfg, run, seconds, clock, device))
     summary["warnings"] = warnings(summary, data_frame_change(run))
     summary["videos"] = write_videos(cfg, results)
     summary["plot"] = plot(summary, os.path.join(cfg.out, "ranking.png"))
