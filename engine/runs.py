@@ -133,8 +133,9 @@ def open_run(path, ema=False, guidance=-1.0):
         raise ValueError(f"{path}: {change}: its held-out truth is not what the run held out; restore the data "
                          "folder")
     if not held_out:
-        raise ValueError(f"{path}: trained with --holdout 0, so every video of {run['data']} was trained on; "
-                         "evaluate.py compares runs on held-out episodes (train with --holdout N, or -1 for 2%)")
+        raise ValueError(f"{path}: trained with --holdout 0, so every video of {run['data']} was trained on, and "
+                         "evaluate.py and policyeval.py need a held-out episode to start from: retrain into a new --out "
+                         "with --holdout 1 (RL from it then holds out the same episode)")
     return Run(path=path, directory=directory, cfg=run, checkpoint=latest, step=meta["step"],
                views=views, dataset=dataset, held_out=held_out, guidance=run_guidance(path, run, guidance))
 
