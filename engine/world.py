@@ -40,7 +40,8 @@ def checked(value, name: str, shape: tuple, what: str):
     if tuple(got.shape) != tuple(shape) or not bool(torch.isfinite(got).all()):
         finite = bool(torch.isfinite(got).all()) if got.numel() else True
         raise ValueError(f"{name} returned {what} of shape {tuple(got.shape)}{'' if finite else ' with NaN/Inf'}; "
-                         f"expected finite {list(shape)}")
+                         f"expected finite {list(shape)}" + (" = [B, steps, action_dim], a row per raw action (not "
+                                                              "transposed, not flat)" if what == "actions" else ""))
     return got
 
 

@@ -64,6 +64,8 @@ def test_plugins_are_refused_in_one_line_before_any_model(action_run, tiny_actio
     (tmp_path / "mine.py").write_text(
         "import torch\n"
         "def short(frames, info): return torch.zeros(len(frames), 5, 2)\n"
+        "def transposed(frames, info): return torch.zeros(len(frames), 2, info['steps'])\n"
+        "def flat(frames, info): return torch.zeros(len(frames), info['steps'] * 2)\n"
         "def nan(frames, info): return torch.full((len(frames), info['steps'], 2), float('nan'))\n"
         "def half(frames, info): return torch.full((len(frames) + 1,), 0.5)\n"
         "def above(frames, info): return torch.full((len(frames),), 2.0)\n")
@@ -82,6 +84,8 @@ def test_plugins_are_refused_in_one_line_before_any_model(action_run, tiny_actio
     refused("--task", "mine", says="--task mine: has no sample_tasks or first_frames")
     refused("--task", "held-out", says="--policies: none given, and --task held-out has no POLICIES")
     refused("--policies", "mine:short", says="mine:short returned actions of shape (2, 5, 2); expected finite [2, 32, 2]")
+    refused("--policies", "mine:transposed", says="returned actions of shape (2, 2, 32); expected finite [2, 32, 2]")
+    refused("--policies", "mine:flat", says="returned actions of shape (2, 64); expected finite [2, 32, 2]")
     refused("--policies", "mine:nan", says="mine:nan returned actions of shape (2, 32, 2) with NaN/Inf")
     refused("--judge", "mine:half", says="--judge returned (3,) values")
     refused("--judge", "mine:above", says="expected [2] successes in [0, 1]")
@@ -138,7 +142,8 @@ def test_held_out_mode_starts_at_frame_0_keeps_finished_policies_and_says_what_i
     base = [action_run, "--task", "held-out", "--judge", "heldmine:judge", "--episodes", "3", "--chunks", "1",
             "--steps", "1", "--videos", "1", "--out", out]
     proc = check(in_process(policyeval, base + ["--policies", "heldmine:still,heldmine:far"]))
-    assert "WARNING: heldmine:far: actions reach" in proc.stdout and "WARNING: heldmine:still: actions" not in proc.stdout
+    assert "WARNING: heldmine:far: 100.0% of its action values outside the data's range" in proc.stdout
+    assert "WARNING: heldmine:still:" not in proc.stdout
     assert "no ranking.png" in proc.stdout and "world model alone" in proc.stdout
     assert sorted(os.listdir(out)) == ["far_ep0_world.mp4", "result.json", "still_ep0_world.mp4"]
     run = policyeval.open_run(action_run)
