@@ -198,7 +198,8 @@ def check_fast_flags(compile_mode, fp8, device):
     if compile_mode not in COMPILE_MODES:
         raise ValueError(f"--compile {compile_mode!r}: one of {', '.join(COMPILE_MODES)} (auto: on a GPU)")
     if fp8 and device.type != "cuda":
-        raise ValueError("--fp8: fp8 GEMMs need a GPU with fp8 tensor cores (H100/H200); drop --fp8 on the CPU")
+        raise ValueError("--fp8: fp8 GEMMs are for a GPU with fp8 tensor cores (H100/H200); on the CPU they only emulate "
+                         "it, slower: drop --fp8")
 
 
 @torch.no_grad()
