@@ -259,6 +259,10 @@ def main(argv=None):
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     # a run's newest step or a step itself, checked (files whole, LoRA base there) before any model
     step = rundir.checked_step(cfg.ckpt, "--ckpt ") if is_run(cfg.ckpt) or run_settings(cfg.ckpt) else None
+    disagree = runs.config_disagreement(rundir.run_config(cfg.ckpt), formats.read_meta(step), step) \
+        if step is not None and is_run(cfg.ckpt) else ""
+    if disagree:  # config.json edited after training: its settings are not what the step was trained with
+        raise ValueError(f"--ckpt {cfg.ckpt}: {disagree}")
     actions, episode = episode_actions(cfg)  # an action net's chunks, and the episode they come from
     first = None if get_config(cfg.config).camera_channels else load_first_frame(cfg, episode).to(device)
     if step is not None:  # a train.py run (its newest checkpoint) or one of its steps: rebuilt as trained

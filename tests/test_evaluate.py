@@ -207,6 +207,8 @@ def test_refusals_name_the_run_before_any_model_is_built(runs, tiny_grid, tmp_pa
         assert all(w in proc.stderr for w in words), (words, proc.stderr)
         assert "ckpt: resumed" not in proc.stdout  # refused before a network was built
     assert not os.path.exists(os.path.join(runs["grid"], "cmp.png"))
+    proc = in_process(sample, ["--ckpt", edited, "--steps", "1", "--out", str(tmp_path / "s.mp4")])  # any reader
+    assert proc.returncode == 2 and "config.json disagrees" in proc.stderr and "holdout 2 in config.json" in proc.stderr
 
 
 # -----------------------------------------------------------------------------
