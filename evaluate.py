@@ -99,7 +99,8 @@ def evaluate_run(run, stems, cfg, terms, device, size):
     """The run's newest checkpoint on each held-out stem: {"clips": [per clip: stem, seed, metrics, rewards],
     "metrics", "rewards" (their means over clips)}."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    net = runs.for_sampling(runs.build_from_step(run.checkpoint, device, cfg.ema), dtype, device, cfg.compile, cfg.fp8)
+    net = runs.build_from_step(run.checkpoint, device, cfg.ema)  # adapters unfolded: rl.evaluate's numbers, bitwise
+    net = runs.for_sampling(net, dtype, device, cfg.compile, cfg.fp8, fold=False)
     vae = build.build_vae(run.cfg["vae"], run.cfg["vae_ckpt"], device, dtype)
     mcfg, settings = net.cfg, text_settings(run.cfg)
     neg, neg_source = text_lib.negative_embedding(run.cfg["data"], run.cfg["text_len"], mcfg.crossattn_proj_in_channels,

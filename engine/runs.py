@@ -203,12 +203,13 @@ def check_fast_flags(compile_mode, fp8, device):
 
 
 @torch.no_grad()
-def for_sampling(net, dtype, device, compile_mode="auto", fp8=False, say=print):
+def for_sampling(net, dtype, device, compile_mode="auto", fp8=False, say=print, fold=True):
     """The net made ready to only sample: a LoRA run's adapters folded into its weights (one GEMM a Linear instead of
     three), cast to dtype, eval; fp8: the blocks' Linears as fp8 GEMMs (a folded LoRA base quantised once, a full net's
     weights per forward: base/fp8.py); compile (auto: on a GPU): each block compiled in place, as train.py --compile
-    (the first chunk pays the compile, said; every later one runs the compiled kernels)."""
-    net = lora.fold_lora_(net).to(dtype).eval()
+    (the first chunk pays the compile, said; every later one runs the compiled kernels). fold False: the adapters
+    kept apart (evaluate.py: its numbers are the run's own held-out evaluation's, bit for bit; --fp8 folds anyway)."""
+    net = (lora.fold_lora_(net) if fold or fp8 else net).to(dtype).eval()
     if fp8:
         adapted = lora.quantize_base(net)  # a folded LoRA net: its base, once
         plain = lora.target_linears(net)
