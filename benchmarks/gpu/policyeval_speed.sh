@@ -30,8 +30,8 @@ run() {  # run NAME SECONDS FLAGS...: policyeval.py with FLAGS, its result.json 
     cp /tmp/pe_$name/result.json $OUT/$name.json 2>/dev/null
 }
 run eager35 70 --compile off --steps 35
-run compiled35 100 --steps 35                 # the user's command: --compile auto compiles on a GPU
-run compiled35_fp8 100 --steps 35 --fp8
+run compiled35 120 --steps 35                 # the user's command: --compile auto compiles on a GPU
+run compiled35_fp8 120 --steps 35 --fp8
 run compiled10 80 --steps 10
 run compiled10_fp8 80 --steps 10 --fp8
 timeout $(left 90) python benchmarks/worldbench.py $A/run --batches 1 --steps 35,20,15,10 --repeats 1 \
