@@ -1,7 +1,7 @@
 #!/bin/bash
 # policyeval.py's world-model chunk time through the user's own command, on one GPU: v2w-2b-action with LoRA 32 at
 # 13x480x640, batch 1, random weights and the random real-architecture VAE (speed, not quality): eager vs compiled
-# (--compile auto, the default on a GPU), bf16 vs --fp8, 35 vs 10 sampler steps. Each run: 1 episode x 3 chunks; its
+# (--compile auto, the default on a GPU), bf16 vs --fp8, 35 / 20 (the default) / 10 sampler steps. Each run: 1 episode x 3 chunks; its
 # result.json's s_per_chunk_warm is the median of chunks 2-3 (chunk 1 also compiles: s_first_chunk).
 # Then benchmarks/worldbench.py's PSNR of 35 vs 20/15/10 steps on the same chunk (random weights: the sampler's error,
 # not the model's quality). Every command under `timeout`, within a 500 s budget; logs written into $OUT as they go.
@@ -30,10 +30,11 @@ run() {  # run NAME SECONDS FLAGS...: policyeval.py with FLAGS, its result.json 
     cp /tmp/pe_$name/result.json $OUT/$name.json 2>/dev/null
 }
 run eager35 70 --compile off --steps 35
-run compiled35 120 --steps 35                 # the user's command: --compile auto compiles on a GPU
+run default 120                               # the user's command as is: --compile auto (compiled), --steps 20
+run compiled35 120 --steps 35
 run compiled35_fp8 120 --steps 35 --fp8
+run default_fp8 90 --fp8
 run compiled10 80 --steps 10
-run compiled10_fp8 80 --steps 10 --fp8
 timeout $(left 90) python benchmarks/worldbench.py $A/run --batches 1 --steps 35,20,15,10 --repeats 1 \
     > $LOGS/world.log 2>&1
 grep -h '^{' $LOGS/world.log > $OUT/world.jsonl
