@@ -123,6 +123,22 @@ def test_a_transposed_or_flat_action_chunk_is_refused_naming_the_layout(config):
             assert "\n" not in str(e.value)
 
 
+def test_a_non_default_hidden_dim_in_action_embedder_matches_upstream(case):
+    """Upstream's class built with hidden_dim_in_action_embedder 40 (not 4 x 48; tests/check_reference_p25_action.py's
+    p25_action_hidden case) loads strictly and gives upstream's output on the main call's inputs."""
+    meta, _, io = case
+    hidden = json.load(open(os.path.join(DATA, "p25_action_hidden.json")))
+    net = check_reference.build_dit_case(hidden, os.path.join(DATA, "p25_action_hidden.weights.safetensors"))
+    assert net.cfg.action_hidden_dim == 40 and net.action_embedder_B_3D.fc1.weight.shape == (40, 28)
+    call = meta["calls"]["main"]["forward_kwargs"]
+    kwargs = check_reference.call_kwargs({k: v for k, v in call.items() if k != "action"}, io, net.cfg)
+    kwargs["action"] = io[call["action"]]
+    with torch.no_grad():
+        out = check_reference.forward(net, kwargs)
+    theirs = load_file(os.path.join(DATA, "p25_action_hidden.io.safetensors"))["out.y_B_C_T_H_W"]
+    assert (out - theirs).abs().max() <= BOUND and (theirs - io["out.y_B_C_T_H_W"]).abs().max() > 1000 * BOUND
+
+
 def test_upstream_hidden_dim_in_action_embedder_is_taken_and_a_compression_ratio_not_4_refused():
     kwargs = {**json.load(open(os.path.join(DATA, "p25_action.json")))["config"]["kwargs"],
               "hidden_dim_in_action_embedder": 40}
