@@ -354,7 +354,7 @@ def load_data(run):
         short, n = data.short_videos(dataset.skipped, cfg.frames), len(dataset)
         raise ValueError(f"{cfg.data}: " + (f"{short}; the {n} video(s) left are" if short else f"only {n} usable "
                          f"video(s) for {cfg.frames}-frame clips,") + f" all held out by --holdout {holdout}: "
-                         + ("" if short else "stitch more episodes, or ") + (f"pass --holdout 1 (evaluate.py and "
+                         + ("" if short else "stitch more episodes, or ") + ("pass --holdout 1 (evaluate.py and "
                          "policyeval.py need one held-out episode), or " if n > 1 else "") + "--holdout 0 to train on "
                          "them all (no held-out evaluation: evaluate.py and policyeval.py then refuse the run)")
     return dataset, len(dataset) - holdout, text
