@@ -168,6 +168,10 @@ class LoadReport:
     def summary(self):
         conv = ", ".join(f"{k} x{v}" for k, v in sorted(self.dtype_conversions.items())) or "none"
         errors = ", ".join(f"{n.replace('_', ' ')} {len(getattr(self, n))}" for n in self.ERRORS)
+        if self.dtype_errors:  # the tensors named on this first line too (a log may keep only it)
+            first = "; ".join(e.split(": narrowing")[0] for e in self.dtype_errors[:3])
+            errors = errors.replace(f"dtype errors {len(self.dtype_errors)}", f"dtype errors {len(self.dtype_errors)}"
+                                    f" ({first}{'; ...' if len(self.dtype_errors) > 3 else ''})")
         taken = "".join(f", {n} from {p}." for p, n in self.taken_from.items())
         return (f"{len(self.loaded)} tensors match{taken}; {errors}; known-ignorable {len(self.ignored)},"
                 f" allowed missing {len(self.allowed_missing)}, other copy/state {len(self.other_prefix)};"

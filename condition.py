@@ -141,13 +141,46 @@ def per_clip(cond: Condition, neg_crossattn_emb, rank):
 
 
 # -----------------------------------------------------------------------------
+# The action chunk's one layout (DiT._action, the stand-ins, every entry point's check)
+
+
+ACTIONS_PER_LATENT_FRAME = 4  # the VAE's temporal compression: 4 frames (transitions) per latent frame after the first
+
+
+def action_layout(cfg, B: int, latent_frames: int):
+    """The one action layout an action net takes for a clip of `latent_frames` latent frames: [B, transitions, dims],
+    transitions = 4 (latent_frames - 1) (a pixel frame's transition each), dims = the values of one transition
+    (per clip: action_dim / transitions; per latent frame: action_dim / 4)."""
+    transitions = ACTIONS_PER_LATENT_FRAME * (latent_frames - 1)
+    per = ACTIONS_PER_LATENT_FRAME if cfg.action_per_frame else transitions
+    if transitions < 1 or cfg.action_dim % per:
+        raise ValueError(f"action_dim {cfg.action_dim} does not split into {transitions} transitions of a clip of "
+                         f"{latent_frames} latent frames ({1 + transitions} frames): sample the frames the net was "
+                         "trained on")
+    return (B, transitions, cfg.action_dim // per)
+
+
+def check_action(action, layout, what, note=""):
+    """`action` of exactly `layout` [B, transitions, dims], or one line naming it, the layout and a likely cause."""
+    if tuple(action.shape) == tuple(layout):
+        return
+    B, T, D = layout
+    hint = (" (transposed? it is [B, dims, transitions])" if tuple(action.shape) == (B, D, T) else
+            " (flattened? keep one row per transition)" if action.ndim < 3 else "")
+    raise ValueError(f"{what} {tuple(action.shape)} ({action[0].numel() if action.ndim else 0} values a sample): expected"
+                     f" [B, transitions, dims] = {list(layout)}{hint}{note}")
+
+
+# -----------------------------------------------------------------------------
 # Stand-ins: a network fed no data, whose cost depends on the shapes alone
 
 
-def standin_action(mcfg, batch: int, device=None, generator=None, rows=1):
-    """A random action chunk [batch, rows, action_dim] for an action network fed stand-in inputs (rows: a per-latent-
-    frame net's latent frames after the first); None for a net without actions."""
-    return torch.randn(batch, rows, mcfg.action_dim, device=device, generator=generator) if mcfg.action_dim else None
+def standin_action(mcfg, batch: int, latent_frames: int, device=None, generator=None):
+    """A random action chunk [batch, transitions, dims] (action_layout) for an action network fed stand-in
+    inputs of `latent_frames` latent frames; None for a net without actions."""
+    if not mcfg.action_dim:
+        return None
+    return torch.randn(action_layout(mcfg, batch, latent_frames), device=device, generator=generator)
 
 
 def standin(mcfg, gt_frames, crossattn_emb, *, neg_crossattn_emb=None, views=0, cond_frames=1, pixels=None,
@@ -166,8 +199,7 @@ def standin(mcfg, gt_frames, crossattn_emb, *, neg_crossattn_emb=None, views=0, 
         else:
             w2c, intrinsics = fallback_cameras(max(views, 1), T // max(views, 1), *pixels)
             camera = views_map(w2c, intrinsics, *pixels)[None].to(gt_frames.device, camera_dtype)
-    rows = gt_frames.shape[2] // max(views, 1) - 1 if mcfg.action_per_frame else 1
-    action = standin_action(mcfg, gt_frames.shape[0], gt_frames.device, generator, rows)
+    action = standin_action(mcfg, gt_frames.shape[0], gt_frames.shape[2] // max(views, 1), gt_frames.device, generator)
     return Condition(crossattn_emb=crossattn_emb, neg_crossattn_emb=neg_crossattn_emb, gt_frames=gt_frames,
                      condition_mask=frame_mask(gt_frames, views, cond_frames), camera=camera, action=action, key=key,
                      conditional_frame_timestep=conditional_frame_timestep)

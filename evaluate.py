@@ -39,7 +39,7 @@ from clips.actionclips import other_actions
 from clips.fidelity import CAMERAS, score_sample, view_metrics
 from engine import build, rundir, runs
 from engine.generate import from_first_frame, rollout
-from engine.runs import open_run, run_directory, text_settings
+from engine.runs import open_run, run_directory, run_guidance, text_settings
 from nets.family import family_of
 
 CURVES = {"eval_reward": "held-out reward (eval_reward)", "eval_psnr": "held-out PSNR, dB (eval_psnr)",
@@ -99,7 +99,8 @@ def evaluate_run(run, stems, cfg, terms, device, size):
     """The run's newest checkpoint on each held-out stem: {"clips": [per clip: stem, seed, metrics, rewards],
     "metrics", "rewards" (their means over clips)}."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    net = runs.build_from_step(run.checkpoint, device, cfg.ema).to(dtype).eval()
+    net = runs.build_from_step(run.checkpoint, device, cfg.ema)  # adapters unfolded: rl.evaluate's numbers, bitwise
+    net = runs.for_sampling(net, dtype, device, cfg.compile, cfg.fp8, fold=False)
     vae = build.build_vae(run.cfg["vae"], run.cfg["vae_ckpt"], device, dtype)
     mcfg, settings = net.cfg, text_settings(run.cfg)
     neg, neg_source = text_lib.negative_embedding(run.cfg["data"], run.cfg["text_len"], mcfg.crossattn_proj_in_channels,
@@ -210,9 +211,10 @@ def read_curves(path):
     return {key: points for key, points in curves.items() if points}
 
 
-def plot_curves(path, curves):
+def plot_curves(path, curves, note=""):
     """One figure at path, a panel per CURVES quantity that some run logged, a line per run; curves [(label,
-    read_curves(run))]. Returns the panels' keys (none: nothing is written)."""
+    read_curves(run))]; note: a warning drawn above the panels (the runs' curves sampled at different guidance).
+    Returns the panels' keys (none: nothing is written)."""
     keys = [key for key in CURVES if any(key in c for _, c in curves)]
     if not keys:
         return keys
@@ -228,6 +230,8 @@ def plot_curves(path, curves):
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    if note:
+        fig.suptitle(note, color="firebrick", fontsize=9, wrap=True)
     fig.tight_layout()
     tmp = path + ".tmp" + os.path.splitext(path)[1]
     fig.savefig(tmp, dpi=100, metadata={"Creator": PLOT_MARK})
@@ -246,6 +250,8 @@ class EvalConfig:
     # one or more
     clips: int = 4  # held-out clips per run: the first N of the episodes every run holds out
     steps: int = 35  # sampler steps (Predict2: Euler + AB2; Predict2.5: UniPC)
+    compile: str = "auto"  # torch.compile each run's blocks: auto (on a GPU), on, off; its first clip compiles them
+    fp8: bool = False  # block GEMMs in fp8 (H100/H200; base/fp8.py)
     guidance: float = -1.0  # CFG for every run; default -1: each run's own (GRPO --grpo-guidance, NFT --nft-guidance,
     # SFT its sample videos' --guidance, 7.0 unless set)
     seed: int = 0  # initial noise of clip i (draw d): seed + i (+ d * clips), the same for every run
@@ -271,6 +277,8 @@ def parse_config(argv):
         raise ValueError(f"--device {cfg.device!r}: cuda or cpu")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    runs.check_fast_flags(cfg.compile, cfg.fp8, torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else
+                                                                            "cpu")))
     if os.path.splitext(cfg.plot)[1].lower() not in PLOT_FORMATS:
         raise ValueError(f"--plot {cfg.plot}: end it in {', '.join(PLOT_FORMATS)}")
     plot = os.path.abspath(cfg.plot)
@@ -324,6 +332,15 @@ def runs_reward(runs):
     return specs.pop() if len(specs) == 1 else "default"
 
 
+def curve_labels(runs):
+    """([(label, curves)], note) for plot_curves: each run's metrics.jsonl curves labelled with the guidance they were
+    sampled at during training (its own, whatever --guidance says), and a note when those differ."""
+    own = [run_guidance(r.path, r.cfg, -1) for r in runs]
+    note = "" if len(set(own)) < 2 else ("NOT COMPARABLE: the curves sample at different guidance (" + ", ".join(
+        f"{r.path} {g:g}" for r, g in zip(runs, own)) + "); the table at one: evaluate.py --guidance G")
+    return [(f"{r.path} (guidance {g:g})", read_curves(r.directory)) for r, g in zip(runs, own)], note
+
+
 def main(argv=None):
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
     plot, replacing = os.path.abspath(cfg.plot), check_plot_path(cfg.plot)  # before any work
@@ -361,7 +378,7 @@ def main(argv=None):
         print(json.dumps({"stems": stems, "view_size": list(size), "steps": cfg.steps, "seed": cfg.seed,
                           "reward": cfg.reward, "runs": rows}), flush=True)
     try:
-        keys = plot_curves(cfg.plot, [(run.path, read_curves(run.directory)) for run in runs]) if plots else None
+        keys = plot_curves(cfg.plot, *curve_labels(runs)) if plots else None
     except OSError as e:  # checked at the start, failed now (a full disk, a folder gone): the results first
         results()
         raise OSError(f"--plot {cfg.plot}: not written ({e.strerror or e}); the table and JSON above hold every "

@@ -30,7 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from base import cp
 from base.inits import DiTConfig
-from condition import Condition
+from condition import Condition, action_layout, check_action
 
 # -----------------------------------------------------------------------------
 # Building blocks
@@ -316,7 +316,8 @@ class Block(nn.Module):
 
 
 class ActionEmbedder(nn.Module):
-    """Upstream's action Mlp: Linear(A -> 4D) -> tanh-approximated GELU -> Linear(4D -> out), with biases."""
+    """Upstream's action Mlp: Linear(A -> hidden) -> tanh-approximated GELU -> Linear(hidden -> out), with biases
+    (hidden: 4D, or Predict2.5's hidden_dim_in_action_embedder, DiTConfig.action_hidden_dim)."""
 
     def __init__(self, action_dim, hidden, out):
         super().__init__()
@@ -380,8 +381,9 @@ class DiT(nn.Module):
             # action_per_frame): upstream registers them last, so they come last here
             if not cfg.use_adaln_lora:
                 raise ValueError(f"action_dim={cfg.action_dim} needs use_adaln_lora (upstream adds to its input)")
-            self.action_embedder_B_D = ActionEmbedder(cfg.action_dim, 4 * D, D)
-            self.action_embedder_B_3D = ActionEmbedder(cfg.action_dim, 4 * D, 3 * D)
+            hidden = cfg.action_hidden_dim or 4 * D
+            self.action_embedder_B_D = ActionEmbedder(cfg.action_dim, hidden, D)
+            self.action_embedder_B_3D = ActionEmbedder(cfg.action_dim, hidden, 3 * D)
         self.cp_group = None  # --cp: cp.enable(net, group) splits each sample's latent frames over the group
         if not self.t_embedding_norm.weight.is_meta:
             self.init_weights()
@@ -461,7 +463,7 @@ class DiT(nn.Module):
         t_mlp = self.t_embedder[1](sinusoid)
         # with adaLN-LoRA the raw sinusoid drives the per-block modulations and the MLP output is the shared bias
         emb, adaln_lora = (sinusoid, t_mlp) if cfg.use_adaln_lora else (t_mlp, None)
-        action = self._action(cond.action, B, Tp, dtype)  # [B, 1, A] per clip, or [B, Tp - 1, A] per latent frame
+        action = self._action(cond.action, B, T, dtype)  # [B, 1, A] per clip, or [B, Tp - 1, A] per latent frame
         if action is not None:
             action_emb, action_adaln = self.action_embedder_B_D(action), self.action_embedder_B_3D(action)
             if cfg.action_per_frame:  # frame 0's zero, the conditioning frames' masked; this rank's frames
@@ -504,9 +506,10 @@ class DiT(nn.Module):
         B, T, H, W = grid_B_T_H_W
         return camera.to(dtype).reshape(B, T, H * W, C)
 
-    def _action(self, action, B, Tp, dtype):
-        """The MLPs' input: the action chunk flattened per clip [B, 1, action_dim], or (action_per_frame) per latent
-        frame after the first [B, Tp - 1, action_dim], or None; required iff the config has action_dim."""
+    def _action(self, action, B, T, dtype):
+        """The MLPs' input: the action chunk [B, transitions, dims] checked (action_layout), flattened per clip
+        [B, 1, action_dim], or (action_per_frame) per latent frame after the first [B, T - 1, action_dim], or None;
+        required iff the config has action_dim."""
         A, per_frame = self.cfg.action_dim, self.cfg.action_per_frame
         if (action is None) != (not A):
             raise ValueError(f"this config has action_dim={A}: pass Condition.action [B, transitions, dims]" if A else
@@ -514,13 +517,9 @@ class DiT(nn.Module):
                              " v2w-2b-action or tiny-action, or drop the action")
         if action is None:
             return None
-        rows = Tp - 1 if per_frame else 1
-        if action.ndim < 2 or action.shape[0] != B or action[0].numel() != rows * A:
-            raise ValueError(f"Condition.action {tuple(action.shape)} flattens to {action[0].numel()} values per clip,"
-                             + (f" the network takes {rows} x action_dim {A} (one row per latent frame after the first"
-                                f" of {Tp}: 4 transitions each)" if per_frame else f" the network's action_dim is {A}"
-                                " (transitions x dims, e.g. 12 x 7 for 13 frames)"))
-        return action.reshape(B, rows, A).to(dtype)
+        check_action(action, action_layout(self.cfg, B, T), "Condition.action", f"; the network's action_dim is {A}" +
+                     (" (4 transitions x dims a latent frame)" if per_frame else " (transitions x dims)"))
+        return action.reshape(B, T - 1 if per_frame else 1, A).to(dtype)
 
     @staticmethod
     def _per_frame(action_emb_B_T_C, mask_B_1_T_H_W, group):

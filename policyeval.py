@@ -12,9 +12,12 @@ and the PSNR of the world's frames against the simulator's, chunk by chunk (drif
 
 A task module (tasks/square.py is the template to copy) has sample_tasks(n, seed), first_frames(tasks),
 simulator(tasks) where a true simulator exists, judge and POLICIES. --task held-out starts from the first frames of
-the run's held-out episodes instead (no simulator: the world model's success alone). Writes OUT/result.json (every
-number), OUT/ranking.png (world vs simulator success), OUT/<policy>_ep<i>.mp4 (world model | simulator); prints a
-table and one JSON line. engine/world.py holds the closed loop (docs/policyeval.md).
+the run's held-out episodes instead, frame 0 of each (no simulator: the world model's success alone, no ranking.png;
+info["task"] holds {"episode", "video", "stem"}, no target: a judge must judge from the frames). Writes
+OUT/result.json (every number; partial, with the error, when a plug-in fails), OUT/ranking.png (world vs simulator
+success), OUT/<policy>_ep<i>.mp4 (world model | simulator; held-out: <policy>_ep<i>_world.mp4, the world model alone);
+prints a table, warnings (a world model collapsed to noise, actions far outside the data's range) and one JSON line.
+engine/world.py holds the closed loop (docs/policyeval.md).
 
 Contents, top to bottom: config -> the task and the plug-ins -> the world model -> rollouts -> agreement -> outputs ->
 main.
@@ -32,6 +35,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import cache
 import ckpt
 import condition
 from base import cli
@@ -42,7 +46,6 @@ from clips.fidelity import psnr
 from engine import build, runs
 from engine.runs import open_run, text_settings
 from engine.world import closed_loop, load_plugin, model_world
-from nets import lora
 from nets.family import family_of
 from nets.flops import matmul_peak, model_flops
 
@@ -55,7 +58,9 @@ class PolicyEvalConfig:
     judge: str = ""  # module:function: frames, info -> [B] success in [0, 1] ("" = the task's judge)
     episodes: int = 32  # start states, the same for every policy and both worlds
     chunks: int = 3  # chained chunks per episode
-    steps: int = 35  # sampler steps per chunk
+    steps: int = 20  # sampler steps per chunk: 20 ranks as 35 does at 0.57x the time (docs/policyeval.md "Steps")
+    compile: str = "auto"  # torch.compile the world model's blocks: auto (on a GPU), on, off; the first chunk compiles
+    fp8: bool = False  # the world model's block GEMMs in fp8 (H100/H200; base/fp8.py)
     batch: int = 0  # episodes per network call (0 = all of them)
     seed: int = 0  # the tasks, the policies' draws, the noise (episode e, chunk k: seed + 1000 e + k)
     guidance: float = -1.0  # CFG; -1 = the run's own (an action run samples at 0, as upstream)
@@ -111,13 +116,21 @@ def load_task(cfg):
 
 
 def start_states(cfg, task, run):
-    """(tasks: per-episode arrays, first frames [N, 3, 1, H, W] in [-1, 1]): the task's, or with --task held-out the
-    frame 0 of the run's held-out episodes, cycled."""
+    """(tasks: per-episode arrays, first frames [N, 3, 1, H, W] in [-1, 1]): the task's, or with --task held-out frame 0
+    of the run's held-out episodes, cycled (info["task"]: {"episode", "video" (its dataset index), "stem"}), said when
+    episodes repeat a start frame."""
     if task is None:
         stems = sorted(run.held_out)
         index = [run.held_out[stems[e % len(stems)]] for e in range(cfg.episodes)]
-        clips = {i: run.dataset[(i, 0)]["video"][:, :1] for i in set(index)}
-        return {"episode": np.arange(cfg.episodes), "video": np.array(index)}, torch.stack([clips[i] for i in index])
+        clips = {i: held_out_first_frame(run, i) for i in set(index)}
+        if cfg.episodes > len(stems):
+            print(f"policyeval: --task held-out: {cfg.episodes} episodes start from the {len(stems)} held-out episodes'"
+                  f" frame 0, each repeated ~{cfg.episodes / len(stems):.0f}x (only the noise differs): "
+                  f"{len(stems)} distinct start states; hold out more episodes (train.py --holdout N) for more",
+                  flush=True)
+        tasks = {"episode": np.arange(cfg.episodes), "video": np.array(index),
+                 "stem": np.array([run.dataset.videos[i].stem for i in index])}
+        return tasks, torch.stack([clips[i] for i in index])
     tasks = dict(task.sample_tasks(cfg.episodes, cfg.seed))
     tasks.setdefault("episode", np.arange(cfg.episodes))  # an episode's noise seeds come from its index
     first = torch.as_tensor(task.first_frames(tasks)).float()
@@ -126,6 +139,15 @@ def start_states(cfg, task, run):
         raise ValueError(f"--task {cfg.task}: first_frames gives {tuple(first.shape)}, the run's world is {list(want)} "
                          f"([episodes, 3, 1, height, width] of {run.directory}'s clips): a task of another world")
     return tasks, first
+
+
+def held_out_first_frame(run, index):
+    """Frame 0 [3, 1, H, W] of the run's video `index` (cache.Windows at start 0: evaluate.py's and sample.py's start,
+    not a random window)."""
+    item = cache.Windows(run.dataset, [(index, 0)])[0]
+    if "error" in item:
+        raise ValueError(f"{run.path}: held-out video {run.dataset.videos[index].stem}: {item['error']}")
+    return item["video"][:, :1]
 
 
 def rows(tasks: dict, batch) -> dict:
@@ -138,8 +160,8 @@ def rows(tasks: dict, batch) -> dict:
 
 
 def load_world(cfg, run, device, fold=True):
-    """(net, vae, record, dtype, grid): the run rebuilt as trained (a LoRA run's adapters folded into its weights
-    unless fold is False: it only samples), its prompt (its first held-out episode's), the negative prompt, the run's
+    """(net, vae, record, dtype, grid): the run rebuilt as trained, made ready to sample (runs.for_sampling: adapters
+    folded, --fp8, --compile; fold False: as trained, nothing of it), its prompt (its first held-out episode's), the negative prompt, the run's
     conditional_frame_timestep; a run of a net without actions is refused."""
     mcfg = get_config(run.cfg["config"])
     if not mcfg.action_dim:
@@ -147,7 +169,7 @@ def load_world(cfg, run, device, fold=True):
                          "steer it; evaluate an action run (--config tiny-action, v2w-2b-action)")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     net = runs.build_from_step(run.checkpoint, device, cfg.ema)
-    net = (lora.fold_lora_(net) if fold else net).to(dtype).eval()  # a LoRA run's adapters folded in: it only samples
+    net = runs.for_sampling(net, dtype, device, cfg.compile, cfg.fp8) if fold else net.to(dtype).eval()
     vae = build.build_vae(run.cfg["vae"], run.cfg["vae_ckpt"], device, dtype)
     settings = text_settings(run.cfg)
     neg, _ = text_lib.negative_embedding(run.cfg["data"], run.cfg["text_len"], mcfg.crossattn_proj_in_channels,
@@ -164,44 +186,101 @@ def load_world(cfg, run, device, fold=True):
 # Rollouts: every policy in the world model and in the simulator, batch by batch
 
 
-def rollouts(cfg, run, task, policies, judge, tasks, first, world):
-    """({policy: {"world": frames, "sim": frames or None, "success_world": [N], "success_sim": [N] or None}}, the
-    world model's seconds): every policy, batch by batch, in the world model and (where the task has one) the
-    simulator, from the same start frames."""
+class PluginError(ValueError):
+    """A policy or judge plug-in failed (raised, or returned the wrong thing): one line naming it and the cause."""
+
+
+def guarded(fn, name, role):
+    """fn, whose exceptions become a PluginError naming the plug-in, its role and the cause (a KeyError of a policy
+    copied from tasks/square.py under --task held-out: its info["task"] has no "target")."""
+    def call(frames, info):
+        try:
+            return fn(frames, info)
+        except Exception as e:  # the plug-in's own code: any error is its, said with its name, then raised
+            keys = f"; info['task'] holds {sorted(info['task'])}" if isinstance(e, KeyError) else ""
+            raise PluginError(f"{role} {name} raised {type(e).__name__}: {e}{keys}") from e
+    return call
+
+
+def rollouts(cfg, run, task, policies, judge, tasks, first, world, partial=None):
+    """({policy: {"world": frames, "sim": frames or None, "success_world": [N], "success_sim": [N] or None,
+    "max_action_sd": float}}, the world model's seconds, each chunk's seconds): every policy, batch by batch, in the world model and (where
+    the task has one) the simulator, from the same start frames. A plug-in that fails: partial(results so far, the
+    error) is called (it writes them), then the error is raised naming the policy."""
     size, simulate = cfg.batch or cfg.episodes, getattr(task, "simulator", None)
     batches = [np.arange(i, min(i + size, cfg.episodes)) for i in range(0, cfg.episodes, size)]
-    results, seconds = {}, 0.0
+    results, seconds, clock = {}, 0.0, []  # clock: each world-model chunk's seconds, in order (timing)
     with tqdm(total=len(policies) * cfg.episodes * cfg.chunks, desc="policyeval", unit="chunk") as bar:
         for name, policy in policies.items():
-            parts = []
-            for batch in batches:
-                part, took = episodes(cfg, run, name, policy, judge, simulate, rows(tasks, batch), first[batch],
-                                      world, lambda: bar.update(len(batch)))
-                parts.append(part)
-                seconds += took
+            parts, reach = [], [0.0, 0, 0]  # max sd, raw values outside the data's range, raw values
+            try:
+                for batch in batches:
+                    part, took = episodes(cfg, run, name, guarded(policy, name, "policy"),
+                                          guarded(judge, cfg.judge or f"{cfg.task}:judge", "judge"), simulate,
+                                          rows(tasks, batch), first[batch], world, lambda: bar.update(len(batch)),
+                                          reach, clock)
+                    parts.append(part)
+                    seconds += took
+            except ValueError as e:  # a plug-in's (PluginError, or a wrong return): the policies done are kept
+                if partial is not None:
+                    partial(results, f"{name}: {e}")
+                kept = f"; the {len(results)} policies evaluated before it are in {cfg.out}/result.json (partial)" \
+                    if results and partial is not None else ""
+                raise ValueError(f"policy {name}: {e}{kept}") from e
             results[name] = {k: None if parts[0][k] is None else torch.cat([p[k] for p in parts]) for k in parts[0]}
-    return results, seconds
+            results[name]["max_action_sd"] = reach[0]
+            results[name]["share_outside_range"] = reach[1] / max(reach[2], 1)
+    return results, seconds, clock
 
 
-def episodes(cfg, run, name, policy, judge, simulate, tasks, first, world, progress):
+def episodes(cfg, run, name, policy, judge, simulate, tasks, first, world, progress, reach, clock):
     """One batch of episodes of one policy: its frames and success in the world model and the simulator, and the
-    world model's seconds."""
+    world model's seconds; reach: the largest |action - mean| / sd the policy commanded, how many of its raw values
+    fell outside the data's [min, max] widened by a tenth of the range (action_stats.json), how many it gave;
+    clock: each world-model chunk's seconds appended."""
     net, vae, record, dtype, grid = world
     actions, frames, B = run.dataset.actions, run.cfg["frames"], len(first)
     info = {"task": tasks, "steps": (frames - 1) * actions.stride, "action_dim": actions.action_width,
             "seed": cfg.seed}
     shape = (B, info["steps"], info["action_dim"])
-    step = model_world(net, vae, condition.map_tensors(record, lambda v: v.expand(B, *v.shape[1:])),
-                       actions.normalise, frames, cfg.steps, run.guidance,
+
+    low, high = data_range(actions)
+
+    def normalise(raw):  # the net's chunk; how far outside the data's commands the policy went, kept
+        chunk = actions.normalise(raw)
+        reach[0] = max(reach[0], float(np.abs(chunk).max()) if chunk.size else 0.0)
+        raw = np.asarray(raw)
+        reach[1] += int(((raw < low) | (raw > high)).sum())
+        reach[2] += raw.size
+        return chunk
+
+    def timed(raw, k):  # each chunk's seconds (the first compiles under --compile): timing's warm figure
+        synchronize()
+        t0 = time.perf_counter()
+        out = world_step(raw, k)
+        synchronize()
+        clock.append(time.perf_counter() - t0)
+        return out
+    synchronize = torch.cuda.synchronize if next(net.parameters()).is_cuda else (lambda: None)
+    world_step = model_world(net, vae, condition.map_tensors(record, lambda v: v.expand(B, *v.shape[1:])),
+                       normalise, frames, cfg.steps, run.guidance,
                        [cfg.seed + 1000 * int(e) for e in tasks["episode"]], grid, dtype,
                        first.to(next(net.parameters()).device))
     t0 = time.perf_counter()
-    dreamt = closed_loop(step, policy, name, first, info, cfg.chunks, shape, progress)["frames"]
+    dreamt = closed_loop(timed, policy, name, first, info, cfg.chunks, shape, progress)["frames"]
     took, truth = time.perf_counter() - t0, None
     if simulate is not None:
         truth = closed_loop(simulate(tasks), policy, name, first, info, cfg.chunks, shape)["frames"]
     return {"world": dreamt, "success_world": judged(judge, dreamt, info), "sim": truth,
             "success_sim": None if truth is None else judged(judge, truth, info)}, took
+
+
+def data_range(actions):
+    """The data's per-dim action [min, max] (action_stats.json) widened by a tenth of the range each side."""
+    with open(os.path.join(actions.root, "action_stats.json"), encoding="utf-8") as f:
+        stats = json.load(f)["action"]
+    low, high = np.asarray(stats["min"], np.float32), np.asarray(stats["max"], np.float32)
+    return low - 0.1 * (high - low), high + 0.1 * (high - low)
 
 
 def judged(judge, frames, info):
@@ -247,7 +326,9 @@ def agreement(results, chunks, frames):
     """The world model against the simulator: per policy its success in both, per chunk the PSNR of the world's
     frames against the simulator's (frames 1.. of each chunk); over the policies Pearson, Spearman, MMRV and the
     false-success rate (the world's success of the policies whose true success is 0)."""
-    policies = {name: {"success_world": float(r["success_world"].mean())} for name, r in results.items()}
+    policies = {name: {"success_world": float(r["success_world"].mean()), "max_action_sd": r.get("max_action_sd"),
+                       "share_outside_range": r.get("share_outside_range"), "frame_change": frame_change(r["world"])}
+                for name, r in results.items()}
     sims = [r["success_sim"] for r in results.values()]
     if any(s is None for s in sims):
         return {"policies": policies}
@@ -269,6 +350,41 @@ def agreement(results, chunks, frames):
             "psnr_per_chunk": np.mean(drift, 0).tolist()}
 
 
+OUT_OF_RANGE_SHARE = 0.01  # more raw action values than this outside the data's range (+-10%): extrapolation
+OUT_OF_RANGE_SD = 10.0  # or one this many sd from the data's mean
+NOISE_CHANGE = 3.0  # frames changing this many times the data's own per-frame change (+0.02): noise, not motion
+
+
+def frame_change(frames_B_3_T_H_W):
+    """The mean |frame t - frame t-1| of a world's frames in [-1, 1]: a few hundredths for the data's motion, ~0.5 or
+    more for frames of noise (a collapsed world model)."""
+    return float((frames_B_3_T_H_W[:, :, 1:] - frames_B_3_T_H_W[:, :, :-1]).abs().mean())
+
+
+def warnings(summary, data_change):
+    """Lines for results that must not be read as a ranking: a policy whose world frames change like noise against the
+    data's per-frame change `data_change` (a world model collapsed under its actions, scored anyway), and actions
+    outside the data's range (OUT_OF_RANGE_SHARE, OUT_OF_RANGE_SD: extrapolation)."""
+    lines = []
+    for name, p in summary["policies"].items():
+        if p["frame_change"] > NOISE_CHANGE * data_change + 0.02:
+            lines.append(f"{name}: the world model's frames change {p['frame_change']:.3f} a frame, the data's "
+                         f"{data_change:.3f}: noise, not motion (a world model collapsed under these actions); its "
+                         "success is not a measurement (see the mp4s; train longer or check the actions' range)")
+        share, sd = p.get("share_outside_range") or 0.0, p.get("max_action_sd") or 0.0
+        if share > OUT_OF_RANGE_SHARE or sd > OUT_OF_RANGE_SD:
+            lines.append(f"{name}: {100 * share:.1f}% of its action values outside the data's range (action_stats.json "
+                         f"min-max +-10%), up to {sd:.1f} sd from its mean: the world model never saw such commands; "
+                         "its frames there are extrapolation (policy outputs in the dataset's units?)")
+    return lines
+
+
+def data_frame_change(run):
+    """The data's own mean per-frame change: frame_change of the run's first held-out episode's clip at frame 0."""
+    item = cache.Windows(run.dataset, [(run.held_out[sorted(run.held_out)[0]], 0)])[0]
+    return frame_change(item["video"][None]) if "video" in item else float("nan")
+
+
 # -----------------------------------------------------------------------------
 # Outputs: the table, result.json, ranking.png, the side-by-side videos
 
@@ -286,20 +402,27 @@ def table(summary):
                      f"{summary['mmrv']:.3f}, false success (policies that truly fail) "
                      + ("none fail" if summary["false_success"] is None else
                         f"{summary['false_success']:.3f} (max {summary['false_success_max']:.3f})"))
+        if len(names) < 2:
+            lines.append("(Spearman/Pearson nan: one policy; a ranking needs two or more)")
+        elif math.isnan(summary["spearman"]) or math.isnan(summary["pearson"]):
+            lines.append("(Spearman/Pearson nan: every policy has the same success in one of the worlds: no order to "
+                         "correlate)")
     return "\n".join(lines)
 
 
 def plot(summary, path):
-    """World vs simulator success, one point per policy; None (said once) without matplotlib."""
+    """World vs simulator success, one point per policy with binomial error bars and labels that do not pile up; None
+    without matplotlib or a simulator (said by main)."""
     if importlib.util.find_spec("matplotlib") is None or "spearman" not in summary:
         return None
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(5, 5))
-    for name, p in summary["policies"].items():
-        ax.scatter(p["success_sim"], p["success_world"])
-        ax.annotate(name.split(":")[-1], (p["success_sim"], p["success_world"]), fontsize=8)
+    names = list(summary["policies"])
+    xs = [summary["policies"][n]["success_sim"] for n in names]
+    ys = [summary["policies"][n]["success_world"] for n in names]
+    draw_points(ax, xs, ys, [n.split(":")[-1] for n in names], summary["episodes"])
     ax.plot([0, 1], [0, 1], color="grey", lw=0.5)
     ax.set(xlabel="success in the simulator", ylabel="success in the world model", xlim=(-0.05, 1.05),
            ylim=(-0.05, 1.05), title=f"Spearman {summary['spearman']:.2f}, MMRV {summary['mmrv']:.2f}")
@@ -308,19 +431,38 @@ def plot(summary, path):
     return path
 
 
+def draw_points(ax, xs, ys, labels, n):
+    """The policies' points with binomial standard errors sqrt(p (1 - p) / n) on both axes (n episodes each), and
+    their labels stacked upward where points sit within a label's height of each other (ties pile up otherwise)."""
+    for x, y in zip(xs, ys):
+        ax.errorbar(x, y, xerr=math.sqrt(x * (1 - x) / n), yerr=math.sqrt(y * (1 - y) / n), fmt="o", ms=4,
+                    capsize=2, lw=0.8)
+    placed = []  # (x, y of the label in data units)
+    for i in sorted(range(len(xs)), key=lambda i: (ys[i], xs[i])):
+        y = ys[i]
+        while any(abs(px - xs[i]) < 0.25 and abs(py - y) < 0.04 for px, py in placed):
+            y += 0.04
+        placed.append((xs[i], y))
+        ax.annotate(labels[i], (xs[i], ys[i]), xytext=(xs[i] + 0.02, y + 0.01), fontsize=8,
+                    arrowprops=dict(arrowstyle="-", lw=0.3, color="grey") if y != ys[i] else None)
+
+
 def write_videos(cfg, results):
-    """OUT/<policy>_ep<i>.mp4: the world model's episode, beside the simulator's where there is one."""
+    """OUT/<policy>_ep<i>.mp4: the world model's episode | the simulator's; under --task held-out (no simulator)
+    OUT/<policy>_ep<i>_world.mp4, the world model alone (the held-out truth followed its recorded actions, not the
+    policy's: nothing to set beside it)."""
     written = []
     for name, r in results.items():
         for e in range(min(cfg.videos, cfg.episodes)):
             video = r["world"][e] if r["sim"] is None else torch.cat([r["world"][e], r["sim"][e]], dim=-1)
-            path = os.path.join(cfg.out, f"{name.split(':')[-1]}_ep{e}.mp4")
+            alone = "_world" if r["sim"] is None else ""
+            path = os.path.join(cfg.out, f"{name.split(':')[-1]}_ep{e}{alone}.mp4")
             write_mp4(path, video, fps=4)
             written.append(path)
     return written
 
 
-def timing(cfg, run, seconds, device):
+def timing(cfg, run, seconds, clock, device):
     """The world model's cost: seconds a chunk (batched) and per episode, peak memory, and MFU against the
     measured matmul peak (CUDA) from the formula's FLOPs: the sampler's forwards (two with CFG) a chunk."""
     mcfg, frames = get_config(run.cfg["config"]), run.cfg["frames"]
@@ -329,15 +471,25 @@ def timing(cfg, run, seconds, device):
     calls = cfg.steps * (2 if run.guidance > 0 else 1)
     flops = model_flops(mcfg, latent, run.cfg["text_len"])[0] * calls * cfg.chunks  # forwards only
     out = {"world_seconds": seconds, "s_per_chunk": seconds / (batches * cfg.chunks),
-           "s_per_episode_chunk": seconds / (cfg.episodes * cfg.chunks)}
+           "s_per_episode_chunk": seconds / (cfg.episodes * cfg.chunks),
+           "s_first_chunk": clock[0] if clock else None,  # with --compile: the compile too
+           "s_per_chunk_warm": float(np.median(clock[1:])) if len(clock) > 1 else None}  # every later chunk
     if device.type == "cuda":
-        out.update(peak_gib=torch.cuda.max_memory_allocated() / 2 ** 30,
-                   mfu=flops / seconds / matmul_peak(device, torch.bfloat16))
+        peak, size = matmul_peak(device, torch.bfloat16), cfg.batch or cfg.episodes
+        out.update(peak_gib=torch.cuda.max_memory_allocated() / 2 ** 30, mfu=flops / seconds / peak)
+        if out["s_per_chunk_warm"]:  # a full batch's chunk (the figure to compare: no compile in it)
+            one = model_flops(mcfg, (min(size, cfg.episodes),) + latent[1:], run.cfg["text_len"])[0] * calls
+            out["mfu_warm"] = one / out["s_per_chunk_warm"] / peak
     return out
 
 
 # -----------------------------------------------------------------------------
 # Main
+
+
+def write_result(cfg, summary):
+    with open(os.path.join(cfg.out, "result.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
 
 
 def main(argv=None):
@@ -349,20 +501,31 @@ def main(argv=None):
     run = open_run(cfg.run, cfg.ema, cfg.guidance)
     tasks, first = start_states(cfg, task, run)
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    runs.check_fast_flags(cfg.compile, cfg.fp8, device)
     os.makedirs(cfg.out, exist_ok=True)
     world = load_world(cfg, run, device)
     print(f"policyeval: {run.checkpoint}: {len(policies)} policies x {cfg.episodes} episodes x {cfg.chunks} chunks, "
           f"{cfg.steps} steps, guidance {run.guidance}, task {cfg.task}", flush=True)
-    results, seconds = rollouts(cfg, run, task, policies, judge, tasks, first, world)
+    settings = dict(run=run.checkpoint, step=run.step, task=cfg.task, episodes=cfg.episodes, chunks=cfg.chunks,
+                    steps=cfg.steps, seed=cfg.seed, guidance=run.guidance)
+
+    def partial(done, error):  # a plug-in failed: the policies done so far are kept
+        write_result(cfg, {**agreement(done, cfg.chunks, run.cfg["frames"]), **settings, "partial": True,
+                           "error": error} if done else {**settings, "partial": True, "error": error, "policies": {}})
+    results, seconds, clock = rollouts(cfg, run, task, policies, judge, tasks, first, world, partial)
     summary = agreement(results, cfg.chunks, run.cfg["frames"])
-    summary.update(run=run.checkpoint, step=run.step, task=cfg.task, episodes=cfg.episodes, chunks=cfg.chunks,
-                   steps=cfg.steps, seed=cfg.seed, guidance=run.guidance, **timing(cfg, run, seconds, device))
+    summary.update(**settings, **timing(cfg, run, seconds, clock, device))
+    summary["warnings"] = warnings(summary, data_frame_change(run))
     summary["videos"] = write_videos(cfg, results)
     summary["plot"] = plot(summary, os.path.join(cfg.out, "ranking.png"))
-    with open(os.path.join(cfg.out, "result.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1)
+    write_result(cfg, summary)
     print(table(summary), flush=True)
-    if summary["plot"] is None and "spearman" in summary:
+    for line in summary["warnings"]:
+        print("policyeval: WARNING: " + line, flush=True)
+    if task is None:
+        print(f"policyeval: --task held-out: no simulator, so no ranking against the truth and no ranking.png; the "
+              f"mp4s ({cfg.out}/*_world.mp4) show the world model alone", flush=True)
+    elif summary["plot"] is None and "spearman" in summary:
         print("policyeval: ranking.png: matplotlib is not installed (pip install matplotlib); result.json holds "
               "every number", flush=True)
     print(json.dumps(summary), flush=True)

@@ -65,6 +65,8 @@ class SampleConfig:
     height: int = 0  # pixels, a multiple of 16 (default: the run's, or 64 for tiny, 432)
     width: int = 0  # pixels, a multiple of 16 (default: the run's, or 112 for tiny, 768)
     steps: int = 35  # sampler steps (Predict2.5 Karras grid: steps + 1 network evaluations)
+    compile: str = "auto"  # torch.compile the blocks: auto (on a GPU), on, off; the first chunk pays the compile
+    fp8: bool = False  # block GEMMs in fp8 (H100/H200; base/fp8.py)
     guidance: float = 7.0  # CFG, upstream convention x0_c + g (x0_c - x0_u) (Predict2.5: v_c + g (v_c - v_u));
     # default for a GRPO/NFT run: its rollouts' (--grpo-guidance / --nft-guidance: NFT's policy is CFG-free); for an
     # action net 0, as upstream samples it
@@ -253,9 +255,14 @@ def episode_actions(cfg):
 def main(argv=None):
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    runs.check_fast_flags(cfg.compile, cfg.fp8, device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     # a run's newest step or a step itself, checked (files whole, LoRA base there) before any model
     step = rundir.checked_step(cfg.ckpt, "--ckpt ") if is_run(cfg.ckpt) or run_settings(cfg.ckpt) else None
+    disagree = runs.config_disagreement(rundir.run_config(cfg.ckpt), formats.read_meta(step), step) \
+        if step is not None and is_run(cfg.ckpt) else ""
+    if disagree:  # config.json edited after training: its settings are not what the step was trained with
+        raise ValueError(f"--ckpt {cfg.ckpt}: {disagree}")
     actions, episode = episode_actions(cfg)  # an action net's chunks, and the episode they come from
     first = None if get_config(cfg.config).camera_channels else load_first_frame(cfg, episode).to(device)
     if step is not None:  # a train.py run (its newest checkpoint) or one of its steps: rebuilt as trained
@@ -267,7 +274,7 @@ def main(argv=None):
             print("sample: RANDOM weights (--ckpt random)", flush=True)
         net = build.build(build.NetSpec(config=cfg.config, init=source, ema=cfg.ema), device)
     mcfg = net.cfg
-    net = net.to(dtype).eval()
+    net = runs.for_sampling(net, dtype, device, cfg.compile, cfg.fp8)  # adapters folded, --fp8, --compile
     vae = build.build_vae(cfg.vae, cfg.vae_ckpt, device, dtype)
 
     dim = mcfg.crossattn_proj_in_channels  # the embedding as stored (Predict2.5: before the net's crossattn_proj)

@@ -39,7 +39,7 @@ from clips import actionclips, data
 from clips import text as text_lib
 from clips.text import standin_text
 from clips.tiny import make_tiny_dataset
-from engine import build, resume, rl, rundir
+from engine import build, resume, rl, rundir, runs
 from engine.build import build_vae, compile_seconds, make_encoder, trainable
 from engine.generate import write_sample
 from engine.objective import held_out_slots
@@ -197,6 +197,8 @@ def validate(cfg, given=None):
         if missing:
             raise ValueError(missing)
         ckpt.resolve_source(cfg.init)  # a local path: it exists and has a checkpoint format (hub names: in main)
+        if "holdout" not in given:  # RL from an SFT step: the base's held-out episodes, never trained on
+            cfg.holdout = runs.init_holdout(cfg.init, cfg.data, cfg.holdout)
     sac.make_checkpoint_fn("block" if cfg.sac == "auto" else cfg.sac)  # raises with the valid modes
     if min(cfg.sac_every, cfg.grad_accum, cfg.batch_size, cfg.steps, cfg.max_nonfinite) < 1 or cfg.eval_every < 0:
         raise ValueError("--sac-every, --grad-accum, --batch-size, --steps and --max-nonfinite must be >= 1, "
@@ -354,17 +356,7 @@ def load_data(run):
                                          action_dim=-1, **text)
         recorded = 0 if cfg.init == "random" else rundir.step_settings(cfg.init).get("action_dim", 0)
         cfg.action_dim = actionclips.network_action_dim(cfg.config, cfg.init, recorded, dataset, run.say)
-    holdout = cfg.holdout if cfg.holdout >= 0 else max(1, len(dataset) // 50)
-    if 0 < len(dataset) - holdout < holdout:  # legal, but rarely meant: the tiny preset's 2 of a 3-episode folder
-        run.say(f"WARNING: {cfg.data}: --holdout {holdout} leaves {len(dataset) - holdout} of its {len(dataset)} "
-                "usable videos to train on, fewer than it holds out: stitch more episodes, or pass a smaller --holdout")
-    if len(dataset) - holdout < 1:  # the cause first (videos shorter than the clips, or too few episodes), the fix
-        short, n = data.short_videos(dataset.skipped, cfg.frames), len(dataset)
-        raise ValueError(f"{cfg.data}: " + (f"{short}; the {n} video(s) left are" if short else f"only {n} usable "
-                         f"video(s) for {cfg.frames}-frame clips,") + f" all held out by --holdout {holdout}: "
-                         + ("" if short else "stitch more episodes, or ") + "pass --holdout 0 to train on them (no "
-                         "held-out evaluation)")
-    return dataset, len(dataset) - holdout, text
+    return dataset, data.train_count(cfg.data, dataset, cfg.holdout, cfg.frames, run.say), text
 
 
 def make_optimizer(run, objective, params):

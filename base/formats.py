@@ -188,6 +188,11 @@ def _pt_records(path, tensors):
                 raise CheckpointError(f"{path}: zip record {info.filename} is corrupt or compressed")
             n, m = struct.unpack("<HH", head[26:30])
             records.append((info.header_offset + 30 + n + m, info.file_size, info.CRC))
+    meta = [k for k, t in tensors.items() if isinstance(t, torch.Tensor) and t.is_meta]
+    if meta:  # torch.save of meta tensors writes their shapes and no bytes
+        raise CheckpointError(f"{path}: {len(meta)} of {len(tensors)} tensors (e.g. {meta[0]}) were saved on the meta "
+                              "device: shapes without values (a model built on meta and saved before to_empty() and "
+                              "its weights were loaded); save the materialised weights")
     storages = {}
     for key, t in tensors.items():
         if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():

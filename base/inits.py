@@ -55,6 +55,7 @@ class DiTConfig:
     # action_dim: the actions of one latent frame flattened, 4 x 7 released), each latent frame's embedding added to
     # that frame's time embedding and adaLN-LoRA input, zero for latent frame 0 and on conditioning frames
     action_per_frame: bool = False
+    action_hidden_dim: int = 0  # the action MLPs' hidden width (upstream's hidden_dim_in_action_embedder); 0 = 4 x D
 
     @property
     def head_dim(self):
@@ -138,18 +139,23 @@ def config_from_upstream(class_name, kwargs):
     if name not in _UPSTREAM_CLASSES:
         raise ValueError(f"unsupported upstream class {class_name!r}: expected one of {sorted(_UPSTREAM_CLASSES)}")
     ours = {f.name for f in fields(DiTConfig)} - {"video2world", "fp32_time_modulation", "camera_channels",
-                                                   "action_per_frame"}
+                                                   "action_per_frame", "action_hidden_dim"}
     if ("action_dim" in kwargs) != (name in _ACTION_CLASSES):
         raise ValueError(f"{name}: action_dim is {'missing' if 'action_dim' not in kwargs else 'not a kwarg of it'}"
                          f" (only {' and '.join(_ACTION_CLASSES)} take it, and require it)")
-    per_frame = name == "ActionChunkConditionedMinimalV1LVGDiT"
+    per_frame, hidden = name == "ActionChunkConditionedMinimalV1LVGDiT", None
     if per_frame:  # its action_dim is one action's: the MLPs take a latent frame's actions, flattened
         kwargs = dict(kwargs)
-        hidden = kwargs.pop("hidden_dim_in_action_embedder", None)
-        if hidden not in (None, 4 * kwargs.get("model_channels", 0)):
-            raise ValueError(f"{name}: hidden_dim_in_action_embedder={hidden}: only the default 4 * model_channels")
+        hidden = kwargs.pop("hidden_dim_in_action_embedder", None)  # upstream: None = 4 x model_channels
+        if hidden is not None:
+            if not isinstance(hidden, int) or hidden < 1:
+                raise ValueError(f"{name}: hidden_dim_in_action_embedder={hidden!r}: a positive width, or None")
         kwargs.pop("num_action_per_chunk", None)  # upstream pops and ignores it (the count comes from the input)
-        kwargs["action_dim"] *= kwargs.pop("temporal_compression_ratio", 4)
+        ratio = kwargs.pop("temporal_compression_ratio", 4)
+        if ratio != 4:  # upstream splits the chunk into num_actions // ratio rows: one per latent frame only at 4
+            raise ValueError(f"{name}: temporal_compression_ratio={ratio}: ours is 4 (the VAE's: 4 actions a latent "
+                             f"frame); upstream would split 4k actions into 4k/{ratio} rows against k latent frames")
+        kwargs["action_dim"] *= ratio
     unknown = set(kwargs) - ours - _UPSTREAM_IGNORED
     if unknown:
         raise ValueError(f"upstream kwargs not understood by DiTConfig: {sorted(unknown)}")
@@ -168,6 +174,7 @@ def config_from_upstream(class_name, kwargs):
     values.setdefault("rope_enable_fps_modulation", True)
     video2world, camera_channels = _UPSTREAM_CLASSES[name]
     return DiTConfig(video2world=video2world, camera_channels=camera_channels, action_per_frame=per_frame,
+                     action_hidden_dim=hidden or 0,
                      fp32_time_modulation=bool(kwargs.get("use_wan_fp32_strategy", False)), **values)
 
 

@@ -33,7 +33,8 @@ class WorldBenchConfig:
     run: str = ""  # a train.py run of an action config
     batches: str = "1,4,8"  # episodes per network call
     steps: str = "35,10"  # sampler steps per chunk (the first is the PSNR reference)
-    compile: bool = False  # torch.compile each block in place (as train.py --compile)
+    compile: bool = False  # torch.compile each block in place (policyeval.py --compile on)
+    fp8: bool = False  # fp8 block GEMMs (policyeval.py --fp8)
     repeats: int = 2  # timed chunks after one warm-up, the median reported
     unfolded: bool = False  # a LoRA run's adapters kept apart (policyeval.py folds them in): what folding saves
     seed: int = 0
@@ -45,9 +46,11 @@ def main(argv=None):
     run = open_run(b.run)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = policyeval.PolicyEvalConfig(run=b.run, task=policyeval.HELD_OUT, episodes=max(map(int, b.batches.split(","))),
-                                      videos=0)
-    net, vae, record, dtype, grid = policyeval.load_world(cfg, run, device, fold=not b.unfolded)
-    if b.compile:
+                                      videos=0, compile="on" if b.compile else "off", fp8=b.fp8)
+    if b.unfolded and b.fp8:
+        raise ValueError("--unfolded with --fp8: the fp8 path folds the adapters first; drop one")
+    net, vae, record, dtype, grid = policyeval.load_world(cfg, run, device, fold=not b.unfolded)  # compiled there
+    if b.compile and b.unfolded:
         for block in net.blocks:
             block.compile()
     _, first = policyeval.start_states(cfg, None, run)
@@ -78,7 +81,7 @@ def main(argv=None):
             reference.setdefault(B, {})[steps] = out.float().cpu()
             print(json.dumps({"bench": "world", "device": torch.cuda.get_device_name() if peak else "cpu",
                               "config": run.cfg["config"], "frames": frames, "size": [run.cfg["height"],
-                              run.cfg["width"]], "batch": B, "steps": steps, "compile": b.compile,
+                              run.cfg["width"]], "batch": B, "steps": steps, "compile": b.compile, "fp8": b.fp8,
                               "lora_folded": bool(run.cfg.get("lora")) and not b.unfolded,
                               "s_per_chunk": round(seconds, 4), "s_per_episode": round(seconds / B, 4),
                               "s_first_call": round(times[0], 2),

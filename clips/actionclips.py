@@ -166,9 +166,13 @@ def read_actions_file(path: str, transitions: int, width: int, folder) -> tuple:
             raise ValueError(f"--actions {path}: {len(action)} transitions of raw commands (stitch.py's layout), "
                              f"these --chunks need {transitions}: pass fewer --chunks")
         chunk = actions.normalise(action[:transitions].reshape(transitions * actions.stride, actions.action_width))
+        unused = f", {len(action) - transitions} later ones unused" if len(action) > transitions else ""
         return torch.from_numpy(chunk)[None], (f"{path} (stitch.py's raw [N, {actions.stride}, {actions.action_width}]"
-                                               f": its first {transitions} transitions, normalised by "
+                                               f": its first {transitions} of {len(action)} transitions{unused}, "
+                                               "normalised by "
                                                f"{actions.root}/{STATS_FILE})")
+    hint = (" (transposed? it is [dims, transitions])" if action.shape == (width, transitions) else
+            " (flattened? keep one row per transition)" if action.ndim < 2 else "")
     raise ValueError(f"--actions {path}: needs an `action` array of {(transitions, width)} (transitions x stride*dims, "
                      "normalised as training saw it) or stitch.py's actions/<stem>.npz ([N, stride, dims] raw); it "
-                     f"holds {action.shape}: its values are never reshaped into another layout")
+                     f"holds {action.shape}{hint}: its values are never reshaped into another layout")

@@ -428,3 +428,20 @@ class ClipSampler(Sampler):
                 raise ValueError(f"sampler state has {key}={state[key]}, this run {getattr(self, key)}: resuming "
                                  "would replay or skip samples; keep the dataset, world size and seed")
         self.position = int(state["position"])
+
+
+def train_count(folder, dataset, holdout_flag, frames, say):
+    """How many of the folder's videos train (the last --holdout in name order are held out; -1: 2%, at least
+    one); a folder left with none is refused with the cause first (short videos or too few episodes), then the fix."""
+    holdout = holdout_flag if holdout_flag >= 0 else max(1, len(dataset) // 50)
+    if 0 < len(dataset) - holdout < holdout:  # legal, but rarely meant: the tiny preset's 2 of a 3-episode folder
+        say(f"WARNING: {folder}: --holdout {holdout} leaves {len(dataset) - holdout} of its {len(dataset)} "
+            "usable videos to train on, fewer than it holds out: stitch more episodes, or pass a smaller --holdout")
+    if len(dataset) - holdout < 1:  # the cause first (videos shorter than the clips, or too few episodes), the fix
+        short, n = short_videos(dataset.skipped, frames), len(dataset)
+        raise ValueError(f"{folder}: " + (f"{short}; the {n} video(s) left are" if short else f"only {n} usable "
+                         f"video(s) for {frames}-frame clips,") + f" all held out by --holdout {holdout}: "
+                         + ("" if short else "stitch more episodes, or ") + ("pass --holdout 1 (evaluate.py and "
+                         "policyeval.py need one held-out episode), or " if n > 1 else "") + "--holdout 0 to train on "
+                         "them all (no held-out evaluation: evaluate.py and policyeval.py then refuse the run)")
+    return len(dataset) - holdout

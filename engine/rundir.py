@@ -262,7 +262,7 @@ def plot_metrics(path, history, held_out=True, max_drop=0.0):
                 "--holdout 0)")
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
-    ax.legend()
+    below(ax) if grpo_run else ax.legend()
     if grpo_run:
         ax = axes[0][1]
         mean = np.array([r["reward_mean"] for r in updates])
@@ -276,13 +276,18 @@ def plot_metrics(path, history, held_out=True, max_drop=0.0):
         ax.set_xlabel("update")
         ax.set_ylabel("reward")
         ax.grid(alpha=0.3)
-        ax.legend()
+        below(ax)  # inside, the legend of a rising reward covers its curves
     if fidelity:
         plot_fidelity(axes[0][-1], fidelity, max_drop, held_out)
     fig.tight_layout()
-    fig.savefig(path + ".tmp.png", dpi=100)
+    fig.savefig(path + ".tmp.png", dpi=100, bbox_inches="tight")  # tight: no axis label or outside legend cut
     plt.close(fig)
     os.replace(path + ".tmp.png", path)
+
+
+def below(ax):
+    """The panel's legend under its axes, out of the curves' way."""
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
 
 
 def plot_fidelity(ax, rows, max_drop, held_out):
@@ -294,10 +299,11 @@ def plot_fidelity(ax, rows, max_drop, held_out):
     if max_drop and rows[0]["step"] == 0:
         ax.axhline(rows[0]["eval_psnr"] - max_drop, ls="--", color="red", lw=1, label=f"step 0 - {max_drop:g} dB")
     ax.set_xlabel("update")
-    ax.set_ylabel("PSNR (dB) vs the true clip, frames 1..")
-    ax.set_title("held-out fidelity" if held_out else "fidelity (training clips, --holdout 0)", fontsize=10)
+    ax.set_ylabel("PSNR (dB), frames 1..")
+    ax.set_title(("held-out fidelity" if held_out else "fidelity (training clips, --holdout 0)") + ": PSNR vs the "
+                 "true clip", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    below(ax)
 
 
 # -----------------------------------------------------------------------------

@@ -6,15 +6,22 @@ import dataclasses
 import os
 import re
 
+import torch
+
 import ckpt
+from base import fp8 as fp8_lib
 from base.formats import STEP_RE, CheckpointError, read_meta
 from base.inits import TINY_CONFIGS, get_config
 from clips.actionclips import open_clips
 from clips.text import standin_text
 from engine import build, resume, rundir
 from engine.resume import lora_base
+from nets import lora
 from nets.family import family_of
 
+# what a resumed run keeps (train.resume_keys), so a step's own record must agree with config.json on them
+RECORDED_KEYS = ("config", "init", "lora", "objective", "vae", "vae_ckpt", "frames", "height", "width", "text_len",
+                 "seed", "data", "holdout", "ema", "action_dim")
 RUN_KEYS = ("config", "init", "objective", "data", "frames", "height", "width", "text_len", "seed", "holdout", "vae",
             "vae_ckpt", "ema", "guidance", "conditional_frame_timestep")  # what is read of a run's config.json
 
@@ -48,6 +55,19 @@ def held_out_stems(videos, holdout):
     n = len(videos)
     k = holdout if holdout >= 0 else max(1, n // 50)
     return {videos[i].stem: i for i in range(n - k, n)}
+
+
+def init_holdout(init, data, holdout):
+    """The --holdout of a run from the train.py step `init` on the same data folder: the step's run's (said when it
+    differs from `holdout`, the preset's or the default), so RL from an SFT base never trains on the base's held-out
+    episodes nor needs the flag again; `holdout` for anything else."""
+    base = rundir.step_settings(init)
+    if "holdout" not in base or os.path.normpath(base.get("data", "")) != os.path.normpath(data):
+        return holdout
+    if base["holdout"] != holdout:
+        print(f"train: --holdout {base['holdout']}, as --init {init}'s run held out on {data} (pass --holdout to "
+              "change it)", flush=True)
+    return base["holdout"]
 
 
 def run_guidance(path, run, given):
@@ -94,6 +114,9 @@ def open_run(path, ema=False, guidance=-1.0):
                          action_dim=run.get("action_dim", 0), **text)  # a net from scratch: its data's, recorded
     held_out = held_out_stems(dataset.videos, run["holdout"])
     meta = resume.read_meta(latest)
+    disagree = config_disagreement(run, meta, latest)
+    if disagree:
+        raise ValueError(f"{path}: {disagree}")
     recorded = meta["extra"].get("episodes")  # what it held out when it trained (steps since)
     if recorded and recorded["held_out"] and sorted(held_out) != sorted(recorded["held_out"]):
         by_stem = {v.stem: i for i, v in enumerate(dataset.videos)}
@@ -110,10 +133,27 @@ def open_run(path, ema=False, guidance=-1.0):
         raise ValueError(f"{path}: {change}: its held-out truth is not what the run held out; restore the data "
                          "folder")
     if not held_out:
-        raise ValueError(f"{path}: trained with --holdout 0, so every video of {run['data']} was trained on; "
-                         "evaluate.py compares runs on held-out episodes (train with --holdout N, or -1 for 2%)")
+        raise ValueError(f"{path}: trained with --holdout 0, so every video of {run['data']} was trained on, and "
+                         "evaluate.py and policyeval.py need a held-out episode to start from: retrain into a new --out "
+                         "with --holdout 1 (RL from it then holds out the same episode)")
     return Run(path=path, directory=directory, cfg=run, checkpoint=latest, step=meta["step"],
                views=views, dataset=dataset, held_out=held_out, guidance=run_guidance(path, run, guidance))
+
+
+def config_disagreement(run, meta, step_dir):
+    """"" when config.json agrees with the step's own record of its run (meta.json extra.config) on RECORDED_KEYS,
+    else one line naming each key, both values and the fix (config.json edited after training: the step is what
+    trained)."""
+    saved = meta["extra"].get("config") if isinstance(meta["extra"], dict) else None
+    if not isinstance(saved, dict):
+        return ""
+    differ = [k for k in RECORDED_KEYS if k in saved and k in run and saved[k] != run[k]]
+    if not differ:
+        return ""
+    both = ", ".join(f"{k} {run[k]!r} in config.json, {saved[k]!r} in the step" for k in differ)
+    return (f"config.json disagrees with {step_dir}/meta.json, the step's own record of how it was trained: {both}; "
+            "config.json was edited after training: restore it (e.g. from the step's meta.json extra.config), or "
+            "train a new run with the settings you want")
 
 
 def text_settings(run):
@@ -147,4 +187,37 @@ def build_from_step(step_dir, device, use_ema=False):
     frozen = [k for k, p in net.named_parameters() if not p.requires_grad]  # the base build() loaded, strictly
     base = ("^(" + "|".join(map(re.escape, frozen)) + ")$",) if meta["lora_only"] and frozen else ()
     ckpt.load(net, step_dir, ema=True if use_ema else None, allow_missing=base)  # LoRA-only: the base is not in it
+    return net
+
+
+COMPILE_MODES = ("auto", "on", "off")  # --compile of the sampling commands: auto = on a GPU
+
+
+def check_fast_flags(compile_mode, fp8, device):
+    """--compile and --fp8 of sample.py, evaluate.py and policyeval.py, checked before any model is built."""
+    if compile_mode not in COMPILE_MODES:
+        raise ValueError(f"--compile {compile_mode!r}: one of {', '.join(COMPILE_MODES)} (auto: on a GPU)")
+    if fp8 and device.type != "cuda":
+        raise ValueError("--fp8: fp8 GEMMs are for a GPU with fp8 tensor cores (H100/H200); on the CPU they only emulate "
+                         "it, slower: drop --fp8")
+
+
+@torch.no_grad()
+def for_sampling(net, dtype, device, compile_mode="auto", fp8=False, say=print, fold=True):
+    """The net made ready to only sample: a LoRA run's adapters folded into its weights (one GEMM a Linear instead of
+    three), cast to dtype, eval; fp8: the blocks' Linears as fp8 GEMMs (a folded LoRA base quantised once, a full net's
+    weights per forward: base/fp8.py); compile (auto: on a GPU): each block compiled in place, as train.py --compile
+    (the first chunk pays the compile, said; every later one runs the compiled kernels). fold False: the adapters
+    kept apart (evaluate.py: its numbers are the run's own held-out evaluation's, bit for bit; --fp8 folds anyway)."""
+    net = (lora.fold_lora_(net) if fold or fp8 else net).to(dtype).eval()
+    if fp8:
+        adapted = lora.quantize_base(net)  # a folded LoRA net: its base, once
+        plain = lora.target_linears(net)
+        converted = fp8_lib.convert_trainable(plain) if plain else 0
+        say(f"sampling: fp8 GEMMs in {adapted + converted} block Linears (--fp8; e4m3, per-channel weight scales)")
+    if compile_mode == "on" or (compile_mode == "auto" and device.type == "cuda"):
+        for block in net.blocks:
+            block.compile()
+        say("sampling: blocks compiled (--compile " + compile_mode + "): the first chunk also compiles them (tens of "
+            "seconds on a 2B net; later chunks run compiled); --compile off to skip")
     return net

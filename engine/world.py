@@ -26,6 +26,10 @@ def load_plugin(spec: str, flag: str):
     module, _, name = spec.partition(":")
     if not module or not name:
         raise ValueError(f"{flag} {spec!r}: give module:function (e.g. tasks.square:go_to_target)")
+    if module.endswith(".py"):  # a file name: import would look for a package "mypolicy" holding "py.py"
+        dotted = module[:-3].replace("/", ".").replace("\\", ".").lstrip(".")
+        raise ValueError(f"{flag} {spec!r}: give the module, not its file: {dotted}:{name} (importable from the "
+                         "working folder)")
     return load_function(f"{flag} {spec!r}", module, name)
 
 
@@ -36,7 +40,8 @@ def checked(value, name: str, shape: tuple, what: str):
     if tuple(got.shape) != tuple(shape) or not bool(torch.isfinite(got).all()):
         finite = bool(torch.isfinite(got).all()) if got.numel() else True
         raise ValueError(f"{name} returned {what} of shape {tuple(got.shape)}{'' if finite else ' with NaN/Inf'}; "
-                         f"expected finite {list(shape)}")
+                         f"expected finite {list(shape)}" + (" = [B, steps, action_dim], a row per raw action (not "
+                                                              "transposed, not flat)" if what == "actions" else ""))
     return got
 
 

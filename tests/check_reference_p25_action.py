@@ -26,6 +26,8 @@ Writes to OUT:
   p25_action.json                  constructor kwargs, the calls, what every dbg tensor is, facts the calls show
                                    (which latent frames action_2 changes, exact zeros), blob SHA1s of the upstream
                                    files imported or parsed, stubs, the upstream commit
+  p25_action_hidden.*              the small case again with hidden_dim_in_action_embedder 40 (not 4D): its weights,
+                                   its output on the main call's inputs, its kwargs and key table
   p25_action_released_keys.json    every state_dict key/shape/dtype/kind of the class built on the meta device at the
                                    RELEASED 2B kwargs (the net node cosmos_v1_2B_action_chunk_conditioned of
                                    action_conditioned/net.py merged with the net overrides along the experiment's
@@ -469,7 +471,32 @@ def main(argv):
           f"{rel['num_parameters']:,} parameters")
     for k, v in facts.items():
         print(f"  {k}: {v}")
+    hidden_case(Net, SACConfig, DataType, io, out, source)
     return 0
+
+
+HIDDEN = 40  # a non-default hidden_dim_in_action_embedder (the small case's default is 4 x 48 = 192)
+
+
+def hidden_case(Net, sac_config_cls, data_type, io, out, source):
+    """p25_action_hidden.{weights,io}.safetensors + .json: the small case built with hidden_dim_in_action_embedder
+    HIDDEN (seeded weights, seed 0), its output on the main call's inputs (out.y_B_C_T_H_W; its in.* are
+    p25_action.io's)."""
+    kwargs = {**SMALL, "hidden_dim_in_action_embedder": HIDDEN}
+    net = build(Net, kwargs, sac_config_cls).eval()
+    randomize(net, seed=0)
+    with torch.no_grad():
+        y = net(io["in.x_B_C_T_H_W"], io["in.timesteps_B_1_int64"], io["in.crossattn_emb"],
+                condition_video_input_mask_B_C_T_H_W=io["in.condition_video_input_mask_B_1_T_H_W"], fps=io["in.fps_B"],
+                padding_mask=io["in.padding_mask_B_1_H_W"], data_type=data_type.VIDEO, action=io["in.action_B_12_7"])
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()},
+              os.path.join(out, "p25_action_hidden.weights.safetensors"))
+    save_file({"out.y_B_C_T_H_W": y.contiguous()}, os.path.join(out, "p25_action_hidden.io.safetensors"))
+    meta = {"config": {"class": CLASS, "kwargs": kwargs}, "inputs": "p25_action.io.safetensors in.* (the main call)",
+            "source": source, "keys": key_table(net)}
+    with open(os.path.join(out, "p25_action_hidden.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=1)
+    print(f"wrote the hidden_dim_in_action_embedder={HIDDEN} case: {len(net.state_dict())} keys")
 
 
 if __name__ == "__main__":

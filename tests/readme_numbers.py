@@ -11,7 +11,8 @@ Each part is the Quickstart's own command, run in OUT (its data/ folder is built
   guard   the init guard's ratio of a 100-step base (`python train.py --steps 100`), which it refuses
   grpo    the same with --objective grpo
   action  `python train.py --config tiny-action` (its 6000 steps): eval_loss at its end, and `evaluate.py` on it
-          (action_gap_db over its 4 held-out episodes x 2 draws)
+          (action_gap_db over its 4 held-out episodes x 2 draws; and docs/actions.md's `--chunks 3`, 1 draw: PSNR,
+          action_gap_db, PSNR per chained chunk)
 Wall times are printed too (they are this machine's: the docs say which machine theirs came from). With one thread
 (OMP_NUM_THREADS=1) every number but the times is deterministic; RECORDED holds what the last full run printed, the
 numbers the docs quote, and tests/test_numbers.py holds the docs to them and re-runs the cheap prefix of `sft`.
@@ -34,10 +35,15 @@ RECORDED = {
     "nft/eval_reward@0": 0.3802160993218422, "nft/eval_reward@30": 0.40406081825494766,
     "grpo/eval_reward@0": 0.37484224885702133, "grpo/eval_reward@30": 0.38809211552143097,
     "guard/ratio@1000": 0.174, "guard/ratio@100": 0.753,
-    "action/steps": 6000, "action/eval_loss@6000": 0.8013482093811035, "action/action_gap_db": 1.7626042621491549,
+    "action/steps": 6000, "action/eval_loss@6000": 0.7650126218795776, "action/action_gap_db": 1.9803518049325897,
+    # the action part re-run 2026-12-07 (issue 54, its --chunks 3 added): the run before gave eval_loss 0.8013 and
+    # action_gap_db 1.7626 by the same command on the same kind of box (not bitwise the same run to run here)
+    "action/chunks3/psnr": 16.432861809087793, "action/chunks3/action_gap_db": 2.0693172781732567,
+    "action/chunks3/chunk1/psnr": 16.432861809087793, "action/chunks3/chunk2/psnr": 14.789218532868187,
+    "action/chunks3/chunk3/psnr": 13.766744541535417,
 }
 # and the wall times of that run (a busy machine: the other numbers do not depend on it): sft 92 s, nft 49 s, grpo
-# 164 s, action 304 s
+# 164 s, action 304 s (806 s with the --chunks 3 evaluation, on a busy box)
 
 
 def command(script, argv, cwd, log):
@@ -109,8 +115,14 @@ def action(out):
     command("evaluate.py", ["runs/act", "--draws", "2", "--plot", "act.png"], out, os.path.join(out, "act_eval.log"))
     with open(os.path.join(out, "act_eval.log")) as f:
         result = [json.loads(line) for line in f if line.startswith("{")][-1]
+    # docs/actions.md's: the README's `evaluate.py runs/act --chunks 3` (1 draw)
+    command("evaluate.py", ["runs/act", "--chunks", "3", "--plot", "act3.png"], out, os.path.join(out, "act3.log"))
+    with open(os.path.join(out, "act3.log")) as f:
+        chained = [json.loads(line) for line in f if line.startswith("{")][-1]["runs"][0]["metrics"]
     return {"action/steps": steps, f"action/eval_loss@{steps}": rows[steps]["eval_loss"],
-            "action/action_gap_db": result["runs"][0]["metrics"]["action_gap_db"], "action/seconds": seconds}
+            "action/action_gap_db": result["runs"][0]["metrics"]["action_gap_db"], "action/seconds": seconds,
+            "action/chunks3/psnr": chained["psnr"], "action/chunks3/action_gap_db": chained["action_gap_db"],
+            **{f"action/chunks3/chunk{k}/psnr": chained[f"chunk{k}/psnr"] for k in (1, 2, 3)}}
 
 
 PARTS = {"sft": sft, "nft": lambda out: rl(out, "nft"), "grpo": lambda out: rl(out, "grpo"), "guard": guard,

@@ -97,7 +97,7 @@ def test_action_dim_mismatch_and_missing_action_are_refused_in_one_line():
     x, t, text = torch.randn(1, 16, 3, 8, 8), torch.rand(1), torch.randn(1, 4, 1024)
     with pytest.raises(ValueError) as e:
         net(x, t, Condition(crossattn_emb=text, action=torch.randn(1, 12, 7)))
-    assert "\n" not in str(e.value) and "84" in str(e.value) and "action_dim is 64" in str(e.value)
+    assert "\n" not in str(e.value) and "84" in str(e.value) and "action_dim is 64" in str(e.value) and "[1, 8, 8]" in str(e.value)
     with pytest.raises(ValueError, match="action_dim=64: pass Condition.action"):
         net(x, t, Condition(crossattn_emb=text))
     with pytest.raises(ValueError, match="action_dim=0"):

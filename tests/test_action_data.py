@@ -87,10 +87,16 @@ def test_sample_actions_take_the_chunk_layout_or_a_stitched_file_never_a_reshape
     np.savez(tmp_path / "flat.npz", action=np.zeros((2, 32), np.float32))
     with pytest.raises(ValueError, match=r"needs an `action` array of \(8, 8\).*holds \(2, 32\)"):
         read_actions_file(str(tmp_path / "flat.npz"), 8, 8, folder)
+    for name, wrong, cause in (("t.npz", np.zeros((8, 24), np.float32), "transposed"),
+                               ("f.npz", np.zeros(192, np.float32), "flattened")):
+        np.savez(tmp_path / name, action=wrong)
+        with pytest.raises(ValueError, match=rf"holds \({wrong.shape[0]},.*\({cause}\?"):
+            read_actions_file(str(tmp_path / name), 24, 8, folder)
     last = len(clips.videos) - 1
     stitched = os.path.join(root, "actions", clips.videos[last].stem + ".npz")
     chunk, what = read_actions_file(stitched, 24, 8, folder)
-    assert "stitch.py's raw [N, 4, 2]" in what
+    assert "stitch.py's raw [N, 4, 2]" in what and "its first 24 of 24 transitions, normalised" in what
+    assert "its first 16 of 24 transitions, 8 later ones unused" in read_actions_file(stitched, 16, 8, folder)[1]
     assert torch.equal(chunk, torch.cat(episode_chunks(clips, last, 3), dim=1))
     np.save(tmp_path / "a.npy", chunk[0, :8].numpy())
     assert torch.equal(read_actions_file(str(tmp_path / "a.npy"), 8, 8, folder)[0], chunk[:, :8])

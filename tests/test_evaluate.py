@@ -186,12 +186,19 @@ def test_refusals_name_the_run_before_any_model_is_built(runs, tiny_grid, tmp_pa
     broken = str(tmp_path / "broken")
     shutil.copytree(runs["grid"], broken)
     os.remove(os.path.join(broken, "step_00000002", "meta.json"))
+    edited = str(tmp_path / "edited")  # the held-out count edited in config.json after training
+    shutil.copytree(runs["grid"], edited)
+    with open(os.path.join(edited, "config.json")) as f:
+        saved = json.load(f)
+    with open(os.path.join(edited, "config.json"), "w") as f:
+        json.dump(dict(saved, holdout=saved["holdout"] + 1), f)
     (tmp_path / "empty").mkdir()
     others = data.list_videos(tiny_grid)[-1].stem  # the last video of another synthetic source
     cases = [([other, runs["views"]], ["raw__ep000003", others, "no common episode"]),
              ([str(tmp_path / "empty")], ["empty: not a train.py run directory"]),
              ([broken], [broken, "missing or incomplete"]),
              ([trained_on_all], [trained_on_all, "--holdout 0"]),
+             ([edited], [edited, "config.json disagrees", "holdout 2 in config.json, 1 in the step"]),
              ([runs["grid"], "--ema"], [runs["grid"], "kept no EMA"]),
              ([runs["grid"], "--reward", "default,reward_plugins:black_latent"], ["black_latent", "read the latent"]),
              ([runs["grid"], "--plot", os.path.join(runs["grid"], "cmp.png")], ["inside the run"]),
@@ -203,6 +210,8 @@ def test_refusals_name_the_run_before_any_model_is_built(runs, tiny_grid, tmp_pa
         assert all(w in proc.stderr for w in words), (words, proc.stderr)
         assert "ckpt: resumed" not in proc.stdout  # refused before a network was built
     assert not os.path.exists(os.path.join(runs["grid"], "cmp.png"))
+    proc = in_process(sample, ["--ckpt", edited, "--steps", "1", "--out", str(tmp_path / "s.mp4")])  # any reader
+    assert proc.returncode == 2 and "config.json disagrees" in proc.stderr and "holdout 2 in config.json" in proc.stderr
 
 
 # -----------------------------------------------------------------------------
@@ -236,7 +245,7 @@ def test_an_unwritable_plot_is_refused_before_any_clip_is_sampled(runs, tmp_path
 def test_a_plot_that_fails_late_loses_no_result(runs, tmp_path, monkeypatch):
     """Item 3: a plot that fails after the work (a full disk, a folder removed meanwhile): the table and the JSON are
     printed first, then the one error line."""
-    def full(path, curves):
+    def full(path, curves, note=""):
         raise OSError(28, "No space left on device", path)
     monkeypatch.setattr(evaluate, "plot_curves", full)
     plot = str(tmp_path / "cmp.png")
@@ -316,3 +325,17 @@ def test_an_rl_run_with_no_checkpoint_yet_says_when_it_saves(runs, tmp_path):
 def test_every_flag_has_help():
     helps = evaluate.cli.field_help(evaluate.EvalConfig)
     assert all(helps.get(f) for f in evaluate.EvalConfig.__dataclass_fields__)
+
+
+def test_compare_png_labels_each_runs_guidance_and_says_when_they_differ(tmp_path):
+    """Issue 54: the Quickstart's SFT (7), NFT (0) and GRPO (7) curves: each labelled with its guidance, and a note
+    above the panels that they are not comparable; runs at one guidance get no note."""
+    import types
+    runs = [types.SimpleNamespace(path=name, directory=str(tmp_path / name), cfg=cfg) for name, cfg in (
+        ("out", {"objective": "sft", "guidance": 7.0}), ("runs/tiny-nft", {"objective": "nft", "nft": {"guidance": 0}}),
+        ("runs/tiny-grpo", {"objective": "grpo", "grpo": {"guidance": 7.0}}))]
+    curves, note = evaluate.curve_labels(runs)
+    assert [label for label, _ in curves] == ["out (guidance 7)", "runs/tiny-nft (guidance 0)",
+                                              "runs/tiny-grpo (guidance 7)"]
+    assert note.startswith("NOT COMPARABLE") and "runs/tiny-nft 0" in note
+    assert evaluate.curve_labels([runs[0], runs[2]])[1] == ""

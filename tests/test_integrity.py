@@ -395,3 +395,19 @@ def test_the_clis_keep_their_command_lines_and_print_user_errors_as_one_line(tmp
     assert proc.returncode == 0 and "--no-verify" in proc.stdout and "train.py --init" in " ".join(proc.stdout.split())
     proc = in_process(export, ["--help"])
     assert proc.returncode == 0 and "net_ema. copy" in " ".join(proc.stdout.split())
+
+
+def test_a_meta_device_save_and_a_narrowing_load_are_named_for_what_they_are(tmp_path):
+    """A .pt that torch.save wrote from meta tensors (no bytes) is named as such, not as "not written by torch.save";
+    a load refused for narrowing dtypes names the first tensors on its first line."""
+    net = DiT(get_config("tiny"))
+    meta = str(tmp_path / "meta.pt")
+    torch.save({"net." + k: v.to("meta") for k, v in net.state_dict().items()}, meta)
+    with pytest.raises(ckpt.CheckpointError, match=r"tensors \(e\.g\. net\..*\) were saved on the meta device"):
+        ckpt.load(DiT(get_config("tiny")), meta)
+    narrow = str(tmp_path / "bf16.pt")
+    torch.save({"net." + k: v.to(torch.bfloat16) for k, v in net.state_dict().items()}, narrow)
+    with pytest.raises(ckpt.CheckpointError) as e:
+        ckpt.load(DiT(get_config("tiny")).half(), narrow)
+    first = str(e.value).splitlines()[0]
+    assert "dtype errors 47 (x_embedder.proj.1.weight: bf16 -> fp16; t_embedder.1.linear_1.weight" in first, first

@@ -118,10 +118,27 @@ def test_evaluate_says_when_the_runs_hold_out_different_episodes_or_sample_at_di
 def test_the_quickstarts_outputs_are_ignored_and_it_says_how_to_install_without_a_gpu_index():
     """Item 12: what the Quickstart writes is ignored by git; it makes a venv first and says what to do when the
     CPU-wheel index cannot be reached."""
-    outputs = ["runs/tiny-nft/config.json", "sample.mp4", "nft.mp4", "act.mp4", "compare.png", "out/x", "data/x"]
-    if os.path.isdir(os.path.join(ROOT, ".git")):
+    outputs = ["runs/tiny-nft/config.json", "sample.mp4", "nft.mp4", "act.mp4", "compare.png", "out/x", "data/x",
+               "mine.mp4", "mine-nft.mp4", "policyeval/result.json", "policyeval_fast/result.json"]
+    if os.path.exists(os.path.join(ROOT, ".git")):  # a clone's folder, or a worktree's file
         proc = subprocess.run(["git", "check-ignore", *outputs], cwd=ROOT, capture_output=True, text=True)
         assert proc.stdout.split() == outputs, proc.stdout
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     quickstart = readme[readme.index("## Quickstart"):readme.index("## The first hour")]
     assert "python -m venv" in quickstart and re.search(r"index .*(unreachable|cannot be reached)", quickstart)
+
+
+def test_rl_from_a_base_holds_out_what_the_base_held_out_and_all_held_out_names_holdout_1(three, tmp_path):
+    """Issue 54: 3 episodes: --holdout 3 names --holdout 1 as the way on; an SFT base trained with --holdout 1, then
+    RL from its step without the flag holds out the base's 1 (said), not the tiny preset's 2."""
+    proc = in_process(train, ["--data", three, "--steps", "1", "--holdout", "3", "--out", str(tmp_path / "x")] + SHORT)
+    assert proc.returncode == 2 and "pass --holdout 1 (evaluate.py and policyeval.py need one" in proc.stderr
+    base = str(tmp_path / "base")
+    check(in_process(train, ["--data", three, "--steps", "2", "--holdout", "1", "--out", base] + SHORT))
+    rl_run = str(tmp_path / "nft")
+    proc = check(in_process(train, ["--data", three, "--objective", "nft", "--lora", "4", "--init",
+                                    f"{base}/step_00000002", "--steps", "1", "--guard-max-ratio", "100",
+                                    "--eval-every", "0", "--out", rl_run] + SHORT))
+    assert f"--holdout 1, as --init {base}/step_00000002's run held out" in proc.stdout
+    with open(os.path.join(rl_run, "config.json")) as f:
+        assert json.load(f)["holdout"] == 1

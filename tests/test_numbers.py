@@ -30,6 +30,14 @@ def test_the_docs_quote_the_numbers_the_script_printed():
     assert f"(loss ratio {RECORDED['guard/ratio@100']:.3f} >=" in readme
     assert f"the ratio was {RECORDED['guard/ratio@1000']:.3f}" in readme
     assert f"{RECORDED['action/action_gap_db']:+.2f} dB" in bench
+    rl_doc = doc("docs/rl.md")
+    assert (f"held-out {RECORDED['nft/eval_reward@0']:.3f} → {RECORDED['nft/eval_reward@30']:.3f} (NFT) and "
+            f"{RECORDED['grpo/eval_reward@0']:.3f} → {RECORDED['grpo/eval_reward@30']:.3f} (GRPO)") in rl_doc
+    assert "about 0.52 (NFT) and 0.45 (GRPO)" not in rl_doc
+    actions = doc("docs/actions.md")  # its `evaluate.py runs/act --chunks 3`
+    assert f"held-out PSNR {RECORDED['action/chunks3/psnr']:.2f}, `action_gap_db` " \
+           f"**{RECORDED['action/chunks3/action_gap_db']:+.2f}**" in actions
+    assert " / ".join(f"{RECORDED[f'action/chunks3/chunk{k}/psnr']:.2f}" for k in (1, 2, 3)) in actions
     for stale in ("1.69 at step 500", "0.376 → 0.516", "→ 0.436", "ratio 0.765", "ratio was 0.371"):
         assert stale not in readme + bench, stale
 

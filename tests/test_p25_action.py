@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 import check_reference
 import ckpt
-from base.inits import get_config
+from base.inits import config_from_upstream, get_config
 from condition import Condition
 from model import DiT
 from nets import flow
@@ -96,7 +96,58 @@ def test_wrong_actions_and_a_predict2_timestep_scale_are_refused_in_one_line():
     x, t, text = torch.randn(1, 16, 3, 8, 8), torch.rand(1), torch.randn(1, 4, 96)
     with torch.no_grad():
         net(x, t, Condition(crossattn_emb=text, action=torch.randn(1, 8, 8)))  # 8 transitions x (4 x 2): 2 x 32
-        with pytest.raises(ValueError, match=r"flattens to 56 values per clip, the network takes 2 x action_dim 32"):
+        with pytest.raises(ValueError, match=r"\(1, 7, 8\) \(56 values a sample\): expected .* = \[1, 8, 8\]; .* 32"):
             net(x, t, Condition(crossattn_emb=text, action=torch.randn(1, 7, 8)))
     with pytest.raises(ValueError, match="action_per_frame config with timestep_scale 1"):
         family_of(get_config("p25-tiny-action", timestep_scale=1.0))
+
+
+@pytest.mark.parametrize("config", ["p25-tiny-action", "tiny-action"])
+def test_a_transposed_or_flat_action_chunk_is_refused_naming_the_layout(config):
+    """Both nets take exactly [B, transitions, dims]: the same values transposed (moved the output by up to 1.4 when
+    only the count was checked) or flat are refused in one line naming the expected layout."""
+    net = DiT(get_config(config)).eval()
+    width = 96 if config.startswith("p25") else 1024
+    x, t, text = torch.randn(1, 16, 3, 8, 8), torch.rand(1), torch.randn(1, 4, width)
+    if config == "tiny-action":  # per clip: 8 transitions x 8; a 5-latent-frame clip would need 16 x 4
+        good = torch.randn(1, 8, 8)
+    else:  # per latent frame: 4 transitions a latent frame, 8 values each; 5 latent frames: 16 x 8
+        x, good = torch.randn(1, 16, 5, 8, 8), torch.randn(1, 16, 8)
+    with torch.no_grad():
+        net(x, t, Condition(crossattn_emb=text, action=good))
+        for wrong, cause in ((good.flatten(1), "flattened"), (good.transpose(1, 2), "transposed")):
+            if wrong.shape == good.shape:
+                continue  # square: a transposition is not visible in the shape
+            with pytest.raises(ValueError, match=r"expected \[B, transitions, dims\] = \[1, \d+, \d+\] \(" + cause) as e:
+                net(x, t, Condition(crossattn_emb=text, action=wrong))
+            assert "\n" not in str(e.value)
+
+
+def test_a_non_default_hidden_dim_in_action_embedder_matches_upstream(case):
+    """Upstream's class built with hidden_dim_in_action_embedder 40 (not 4 x 48; tests/check_reference_p25_action.py's
+    p25_action_hidden case) loads strictly and gives upstream's output on the main call's inputs."""
+    meta, _, io = case
+    hidden = json.load(open(os.path.join(DATA, "p25_action_hidden.json")))
+    net = check_reference.build_dit_case(hidden, os.path.join(DATA, "p25_action_hidden.weights.safetensors"))
+    assert net.cfg.action_hidden_dim == 40 and net.action_embedder_B_3D.fc1.weight.shape == (40, 28)
+    call = meta["calls"]["main"]["forward_kwargs"]
+    kwargs = check_reference.call_kwargs({k: v for k, v in call.items() if k != "action"}, io, net.cfg)
+    kwargs["action"] = io[call["action"]]
+    with torch.no_grad():
+        out = check_reference.forward(net, kwargs)
+    theirs = load_file(os.path.join(DATA, "p25_action_hidden.io.safetensors"))["out.y_B_C_T_H_W"]
+    assert (out - theirs).abs().max() <= BOUND and (theirs - io["out.y_B_C_T_H_W"]).abs().max() > 1000 * BOUND
+
+
+def test_upstream_hidden_dim_in_action_embedder_is_taken_and_a_compression_ratio_not_4_refused():
+    kwargs = {**json.load(open(os.path.join(DATA, "p25_action.json")))["config"]["kwargs"],
+              "hidden_dim_in_action_embedder": 40}
+    cfg = config_from_upstream("ActionChunkConditionedMinimalV1LVGDiT", kwargs)
+    assert cfg.action_hidden_dim == 40 and cfg.action_dim == 28
+    net = DiT(cfg)
+    assert net.action_embedder_B_D.fc1.weight.shape == (40, 28) and net.action_embedder_B_3D.fc2.weight.shape == (
+        3 * cfg.model_channels, 40)
+    assert config_from_upstream("ActionChunkConditionedMinimalV1LVGDiT", {**kwargs, "hidden_dim_in_action_embedder":
+                                                                          None}).action_hidden_dim == 0
+    with pytest.raises(ValueError, match="temporal_compression_ratio=2: ours is 4"):
+        config_from_upstream("ActionChunkConditionedMinimalV1LVGDiT", {**kwargs, "temporal_compression_ratio": 2})

@@ -64,6 +64,8 @@ def test_plugins_are_refused_in_one_line_before_any_model(action_run, tiny_actio
     (tmp_path / "mine.py").write_text(
         "import torch\n"
         "def short(frames, info): return torch.zeros(len(frames), 5, 2)\n"
+        "def transposed(frames, info): return torch.zeros(len(frames), 2, info['steps'])\n"
+        "def flat(frames, info): return torch.zeros(len(frames), info['steps'] * 2)\n"
         "def nan(frames, info): return torch.full((len(frames), info['steps'], 2), float('nan'))\n"
         "def half(frames, info): return torch.full((len(frames) + 1,), 0.5)\n"
         "def above(frames, info): return torch.full((len(frames),), 2.0)\n")
@@ -76,11 +78,14 @@ def test_plugins_are_refused_in_one_line_before_any_model(action_run, tiny_actio
     refused("--policies", "nosuchmodule:fn", says="--policies 'nosuchmodule:fn': no module 'nosuchmodule'")
     refused("--policies", "mine:nothing", says="--policies 'mine:nothing': module 'mine'")
     refused("--policies", "mine", says="--policies 'mine': give module:function")
+    refused("--policies", "mine.py:short", says="give the module, not its file: mine:short")
     refused("--judge", "mine:nothing", says="has no function 'nothing'")
     refused("--task", "nosuchtask", says="--task 'nosuchtask': cannot be imported")
     refused("--task", "mine", says="--task mine: has no sample_tasks or first_frames")
     refused("--task", "held-out", says="--policies: none given, and --task held-out has no POLICIES")
     refused("--policies", "mine:short", says="mine:short returned actions of shape (2, 5, 2); expected finite [2, 32, 2]")
+    refused("--policies", "mine:transposed", says="returned actions of shape (2, 2, 32); expected finite [2, 32, 2]")
+    refused("--policies", "mine:flat", says="returned actions of shape (2, 64); expected finite [2, 32, 2]")
     refused("--policies", "mine:nan", says="mine:nan returned actions of shape (2, 32, 2) with NaN/Inf")
     refused("--judge", "mine:half", says="--judge returned (3,) values")
     refused("--judge", "mine:above", says="expected [2] successes in [0, 1]")
@@ -112,8 +117,64 @@ def test_a_small_evaluation_end_to_end(action_run, tmp_path):
     assert list(policies) == ["tasks.square:go_to_target", "tasks.square:stand_still"]
     assert policies["tasks.square:go_to_target"]["success_sim"] == 1.0
     assert policies["tasks.square:stand_still"]["success_sim"] == 0.0
-    assert {"spearman", "pearson", "mmrv", "false_success", "psnr_per_chunk", "s_per_chunk"} <= set(summary)
+    assert {"spearman", "pearson", "mmrv", "false_success", "psnr_per_chunk", "s_per_chunk", "s_first_chunk",
+            "s_per_chunk_warm", "warnings"} <= set(summary) and summary["s_per_chunk_warm"] > 0
     assert len(policies["tasks.square:stand_still"]["psnr_per_chunk"]) == 2
     assert sorted(os.listdir(out)) == ["go_to_target_ep0.mp4", "ranking.png", "result.json", "stand_still_ep0.mp4"]
     assert "Spearman" in proc.stdout and "false success" in proc.stdout
     assert sys.modules["tasks.square"] is square  # the default task is tasks/square.py
+
+
+def test_held_out_mode_starts_at_frame_0_keeps_finished_policies_and_says_what_it_lacks(action_run, tmp_path,
+                                                                                        monkeypatch, capsys):
+    """--task held-out: every episode starts at its held-out video's frame 0 (not a random window), the repeats are
+    said; a policy copied from tasks/square.py (info["task"]["target"]) fails naming itself and the keys there, and
+    the policies evaluated before it stay in a partial result.json; actions far outside the data's range are warned
+    about; no ranking.png and world-model-alone mp4s are said."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "heldmine.py").write_text(
+        "import torch\n"
+        "def still(frames, info): return torch.zeros(len(frames), info['steps'], info['action_dim'])\n"
+        "def far(frames, info): return torch.full((len(frames), info['steps'], info['action_dim']), 1e4)\n"
+        "def copied(frames, info): return info['task']['target']\n"
+        "def judge(frames, info): return torch.zeros(len(frames))\n")
+    out = str(tmp_path / "o")
+    base = [action_run, "--task", "held-out", "--judge", "heldmine:judge", "--episodes", "3", "--chunks", "1",
+            "--steps", "1", "--videos", "1", "--out", out]
+    proc = check(in_process(policyeval, base + ["--policies", "heldmine:still,heldmine:far"]))
+    assert "WARNING: heldmine:far: 100.0% of its action values outside the data's range" in proc.stdout
+    assert not [line for line in proc.stdout.splitlines() if line.startswith("policyeval: WARNING: heldmine:still:")
+                and "outside the data" in line]
+    assert "heldmine:still: the world model's frames change" in proc.stdout  # a 4-step world model: noise, said
+    assert "no ranking.png" in proc.stdout and "world model alone" in proc.stdout
+    assert sorted(os.listdir(out)) == ["far_ep0_world.mp4", "result.json", "still_ep0_world.mp4"]
+    run = policyeval.open_run(action_run)
+    n = 2 * len(run.held_out) + 1
+    capsys.readouterr()
+    tasks, first = policyeval.start_states(policyeval.PolicyEvalConfig(run=action_run, task="held-out", episodes=n),
+                                           None, run)
+    assert f"{n} episodes start from the {len(run.held_out)} held-out episodes' frame 0" in capsys.readouterr().out
+    for e in range(n):
+        video = run.dataset.videos[int(tasks["video"][e])]
+        assert tasks["stem"][e] == video.stem
+        frame0 = torch.from_numpy(policyeval.cache.data.read_clip(video.path, 0, 1, 64, 112)[0]).permute(2, 0, 1)
+        assert torch.equal(first[e, :, 0], frame0.float().div(127.5).sub(1.0))
+    proc = in_process(policyeval, base + ["--policies", "heldmine:still,heldmine:copied"])
+    assert proc.returncode == 2 and proc.stderr.count("error:") == 1, proc.stderr
+    assert "policy heldmine:copied" in proc.stderr and "KeyError" in proc.stderr and "'stem'" in proc.stderr
+    with open(os.path.join(out, "result.json")) as f:
+        kept = json.load(f)
+    assert kept["partial"] and list(kept["policies"]) == ["heldmine:still"] and "heldmine:copied" in kept["error"]
+
+
+def test_a_world_of_noise_and_a_single_policy_are_said():
+    calm = torch.zeros(2, 3, 9, 8, 8)
+    calm[:, :, 1:] += 0.05
+    noise = torch.rand(2, 3, 9, 8, 8) * 2 - 1
+    summary = {"policies": {"a:calm": {"frame_change": policyeval.frame_change(calm), "max_action_sd": 1.0},
+                            "a:noise": {"frame_change": policyeval.frame_change(noise), "max_action_sd": 1.0}}}
+    said = policyeval.warnings(summary, data_change=0.01)
+    assert len(said) == 1 and said[0].startswith("a:noise: the world model's frames change") and "noise" in said[0]
+    one = {"policies": {"a:x": {"success_world": 0.5, "success_sim": 0.5}}, "spearman": float("nan"),
+           "pearson": float("nan"), "mmrv": 0.0, "false_success": None}
+    assert "nan: one policy" in policyeval.table(one)

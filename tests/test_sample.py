@@ -15,6 +15,8 @@ import export
 import sample
 import train
 from base import camera
+from base.inits import get_config
+from condition import Condition
 from run_utils import check, in_process, script, suggested
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -239,3 +241,39 @@ def test_an_adapters_export_or_a_killed_save_is_named_for_what_it_is(base_and_lo
         refused(in_process(sample, ["--ckpt", killed, "--steps", "1"]),
                 f"{killed}: an incomplete save (no meta.json", "a killed save",
                 f"pass the run directory ({run}) or an intact step")
+
+
+def test_the_fast_sampling_flags_are_checked_and_for_sampling_folds_adapters(capsys):
+    """--compile auto|on|off and --fp8 (a GPU's): refused in one line otherwise; for_sampling folds a LoRA net's
+    adapters (the same velocity as the unfolded net) and compiles nothing on the CPU under auto."""
+    from engine import runs
+    from model import DiT
+    from nets.lora import add_lora
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="--compile 'yes': one of auto, on, off"):
+        runs.check_fast_flags("yes", False, cpu)
+    with pytest.raises(ValueError, match="--fp8: fp8 GEMMs are for a GPU"):
+        runs.check_fast_flags("auto", True, cpu)
+    torch.manual_seed(0)
+    net = DiT(get_config("tiny")).eval()
+    add_lora(net, 4)
+    for m in net.modules():
+        if hasattr(m, "lora_b"):
+            torch.nn.init.normal_(m.lora_b.weight, std=0.1)
+    x, t = torch.randn(1, 16, 3, 8, 8), torch.rand(1)
+    cond = Condition(crossattn_emb=torch.randn(1, 4, 1024))
+    with torch.no_grad():
+        before = net(x, t, cond)
+        folded = runs.for_sampling(net, torch.float32, cpu)
+        assert not any(getattr(m, "lora_enabled", False) for m in folded.modules())
+        torch.testing.assert_close(folded(x, t, cond), before, atol=1e-5, rtol=1e-5)
+    assert "compiled" not in capsys.readouterr().out
+    for rank in (0, 4):  # --fp8's plumbing (emulated on the CPU): a full net's Linears, a folded LoRA base
+        net = DiT(get_config("tiny")).eval()
+        if rank:
+            add_lora(net, rank)
+        with torch.no_grad():
+            before = net(x, t, cond)
+            after = runs.for_sampling(net, torch.float32, cpu, "off", fp8=True)(x, t, cond)
+        assert 0 < ((after - before).norm() / before.norm()).item() < 0.06  # e4m3: measured 0.029 and 0.036
+    assert capsys.readouterr().out.count("fp8 GEMMs in 20 block Linears") == 2
