@@ -157,11 +157,11 @@ def play(env, family: str, steps: int, rng, planner=None, share: float = RANDOM_
     obs = env.get_obs() if pixels else None
     for i in range(steps):
         if i % SEGMENT == 0:
-            target = next_target(family, env, planner, rng, share)
+            target = next_target(family, env, planner, rng, share).astype(np.float32)  # as recorded: stepped so
         states.append(np.asarray(env.agent.position, np.float32))
         frames += [screen(obs)] if pixels else []
-        obs, _, _, _, info = env.step(target)
-        actions.append(np.asarray(target, np.float32))
+        obs, _, _, _, info = env.step(target.astype(np.float64))
+        actions.append(target)
         coverage.append(info["coverage"])
     out = {"action": np.stack(actions), "state": np.stack(states), "coverage": np.asarray(coverage)}
     return dict(out, frames=np.stack(frames)) if pixels else out
