@@ -192,24 +192,43 @@ def judge(frames_B_3_T_H_W, info: dict) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------------- policies
 
 _PLANS = {}  # (family, share, reset seed) -> the actions planned so far [n, 2]: each policy plans once per process
+FAMILIES = {"expert": ("expert", 0.0), "expert_25": ("expert_random", 0.25), "expert_60": ("expert_random", 0.6),
+            "random_play": ("random", 0.0), "go_to_goal": ("go_to_goal", 0.0), "stand_still": ("stand_still", 0.0),
+            "push_away": ("push_away", 0.0)}  # policy -> (pushtworld.next_target's family, its random share)
+ABSENT = ("go_to_goal", "stand_still", "push_away")  # families absent from the world model's data
 
 
-def planned(family: str, info: dict, share: float = pushtworld.RANDOM_SHARE) -> torch.Tensor:
-    """[B, steps, action_dim] chunk info["chunk"] of the family's plan (pushtworld.next_target, one target every
-    SEGMENT actions) from each episode's true start state, played in a state-only env from its reset seed; the
-    random draws seeded by the reset seed alone, so expert_25 randomises a subset of expert_50's segments."""
+def plan_episode(key: tuple) -> np.ndarray:
+    """[steps, 2] the targets of (family, share, reset seed, steps): the family played in a state-only env from the
+    reset, its random draws seeded by the reset seed alone (so expert_25 randomises a subset of expert_60's segments)."""
+    family, share, seed, steps = key
+    env = make_env(pixels=False)
+    env.reset(seed=int(seed))
+    return pushtworld.play(env, family, steps, np.random.default_rng([53, int(seed)]), share=share,
+                           pixels=False)["action"]
+
+
+def prefetch(tasks: dict, steps: int, workers: int, names=tuple(FAMILIES)) -> None:
+    """Plan these policies' episodes in `workers` processes now (the same plans as planned() makes one by one)."""
+    import multiprocessing
+    keys = [(*FAMILIES[n], int(s), steps) for n in names for s in tasks["reset_seed"]]
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        for key, actions in zip(keys, pool.map(plan_episode, keys, chunksize=1)):
+            _PLANS[key[:3]] = actions
+
+
+def planned(name: str, info: dict) -> torch.Tensor:
+    """[B, steps, action_dim] chunk info["chunk"] of policy `name`'s plan (FAMILIES: pushtworld.next_target, one
+    target every SEGMENT actions) from each episode's true start state (plan_episode)."""
     steps, action_dim, chunk = info["steps"], info["action_dim"], info["chunk"]
     if action_dim < 2 or steps % pushtworld.SEGMENT:
         raise ValueError(f"info: steps {steps}, action_dim {action_dim}; PushT's targets need action_dim >= 2 and "
                          f"steps in whole segments of {pushtworld.SEGMENT}")
     need, out = (chunk + 1) * steps, np.zeros((len(info["task"]["reset_seed"]), steps, action_dim), np.float32)
     for b, seed in enumerate(info["task"]["reset_seed"]):
-        key = (family, share, int(seed))
+        key = (*FAMILIES[name], int(seed))
         if len(_PLANS.get(key, ())) < need:
-            env = make_env(pixels=False)
-            env.reset(seed=int(seed))
-            _PLANS[key] = pushtworld.play(env, family, max(need, CHUNKS * steps), np.random.default_rng([53, int(seed)]),
-                                          share=share, pixels=False)["action"]
+            _PLANS[key] = plan_episode((*key, max(need, CHUNKS * steps)))
         out[b, :, :2] = _PLANS[key][chunk * steps: need]
     return torch.from_numpy(out)
 
@@ -221,17 +240,17 @@ def expert(frames, info: dict) -> torch.Tensor:
 
 def expert_25(frames, info: dict) -> torch.Tensor:
     """The planner, a random target in a quarter of the segments (the data's expert_random holds 0.3)."""
-    return planned("expert_random", info, 0.25)
+    return planned("expert_25", info)
 
 
 def expert_60(frames, info: dict) -> torch.Tensor:
     """The planner, a random target in 60% of the segments."""
-    return planned("expert_random", info, 0.6)
+    return planned("expert_60", info)
 
 
 def random_play(frames, info: dict) -> torch.Tensor:
     """A random target within 100 of the agent every segment (a family in the data)."""
-    return planned("random", info)
+    return planned("random_play", info)
 
 
 def go_to_goal(frames, info: dict) -> torch.Tensor:
@@ -250,7 +269,6 @@ def push_away(frames, info: dict) -> torch.Tensor:
 
 
 POLICIES = {f.__name__: f for f in (expert, expert_25, expert_60, random_play, go_to_goal, stand_still, push_away)}
-ABSENT = ("go_to_goal", "stand_still", "push_away")  # families absent from the world model's data
 
 
 # ----------------------------------------------------------------------------------------------- run_in_simulator

@@ -177,36 +177,50 @@ def episodes_plan(n: int, seed: int = DATA_SEED, families=BEHAVIOURS) -> list:
     return [(s, families[i % len(families)], int(rng.integers(13, 18)) * SEGMENT) for i, s in enumerate(seeds)]
 
 
-def generate(out: str, n: int = 60, seed: int = DATA_SEED, families=BEHAVIOURS, progress=print) -> str:
+def record(plan_row: tuple) -> dict:
+    """One planned episode (episodes_plan's row) played from its reset, as write_v21 takes it."""
+    env_seed, family, length = plan_row
+    env = make_env()
+    env.reset(seed=env_seed)
+    run = play(env, family, length, np.random.default_rng([52, env_seed]))
+    return {"frames": {"observation.image": run["frames"]}, "task": TASK,
+            "columns": {"observation.state": run["state"], "action": run["action"]},
+            "extra": {"behaviour": family, "env_seed": env_seed, "max_coverage": float(run["coverage"].max())}}
+
+
+def generate(out: str, n: int = 60, seed: int = DATA_SEED, families=BEHAVIOURS, workers: int = 1,
+             progress=print) -> str:
     """data: out + "_lerobot" (LeRobot v2.1: observation.image, observation.state, action, each episode's behaviour)
     stitched into out + "_grid" (the tiny action net's 9x64x112 clips at stride 4: the one camera in each of the
-    grid's three cells, stretched to 32x56). Returns the grid folder."""
+    grid's three cells, stretched to 32x56). workers: processes playing episodes (the same episodes, any number).
+    Returns the grid folder."""
     raw, grid = out + "_lerobot", out + "_grid"
     if not os.path.exists(raw):
-        env, planner, episodes = make_env(), new_planner(), []
-        for i, (env_seed, family, length) in enumerate(episodes_plan(n, seed, families)):
-            env.reset(seed=env_seed)
-            run = play(env, family, length, np.random.default_rng([52, env_seed]), planner)
-            episodes.append({"frames": {"observation.image": run["frames"]}, "task": TASK,
-                             "columns": {"observation.state": run["state"], "action": run["action"]},
-                             "extra": {"behaviour": family, "env_seed": env_seed,
-                                       "max_coverage": float(run["coverage"].max())}})
-            progress(f"pushtworld: episode {i + 1}/{n} {family} (env seed {env_seed}): max coverage "
-                     f"{run['coverage'].max():.2f}")
+        rows = episodes_plan(n, seed, families)
+        if workers > 1:
+            import multiprocessing
+            with multiprocessing.get_context("spawn").Pool(workers) as pool:
+                episodes = pool.map(record, rows, chunksize=1)
+        else:
+            episodes = [record(row) for row in rows]
+        for i, (row, ep) in enumerate(zip(rows, episodes)):
+            progress(f"pushtworld: episode {i + 1}/{n} {row[1]} (env seed {row[0]}): max coverage "
+                     f"{ep['extra']['max_coverage']:.2f}")
         write_v21(raw, episodes, FPS, robot_type="pusht",
                   names={"observation.state": ["agent_x", "agent_y"], "action": ["target_x", "target_y"]})
     key = "observation.image"
-    stitch.stitch(raw, grid, stride=4, frames=9, size="64x112", workers=1, fit="stretch", prompt="{task}",
-                  cameras=f"ext_1={key},ext_2={key},wrist={key}")
+    stitch.stitch(raw, grid, stride=4, frames=9, size="64x112", workers=max(1, workers), fit="stretch",
+                  prompt="{task}", cameras=f"ext_1={key},ext_2={key},wrist={key}")
     return grid
 
 
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) not in (1, 2) or (len(args) == 2 and not args[1].isdigit()):
-        print("usage: python -m tasks.pushtworld OUT [EPISODES]  (writes OUT_lerobot and OUT_grid)", file=sys.stderr)
+    if not 1 <= len(args) <= 3 or not all(a.isdigit() for a in args[1:]):
+        print("usage: python -m tasks.pushtworld OUT [EPISODES [WORKERS]]  (writes OUT_lerobot and OUT_grid)",
+              file=sys.stderr)
         return 2
-    print(generate(args[0], *(int(a) for a in args[1:])))
+    print(generate(args[0], *(int(a) for a in args[1:2]), workers=int(args[2]) if len(args) > 2 else 1))
     return 0
 
 

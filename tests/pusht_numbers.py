@@ -24,7 +24,7 @@ import policyeval  # noqa: E402
 from tasks import pusht, pushtworld  # noqa: E402
 
 
-def train(work, seed, steps, log):
+def train(work, seed, steps, log, extra=()):
     """The README's training command for one seed (one thread); its seconds, or 0 when the run was there."""
     run = os.path.join(work, "runs", f"pusht-s{seed}")
     if os.path.isdir(os.path.join(run, f"step_{steps:08d}")):
@@ -32,7 +32,7 @@ def train(work, seed, steps, log):
     t0 = time.perf_counter()
     with open(log, "w", encoding="utf-8") as f:
         proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--config", "tiny-action", "--data",
-                               "data/pusht_grid", "--out", run, "--seed", str(seed), "--steps", str(steps)],
+                               "data/pusht_grid", "--out", run, "--seed", str(seed), "--steps", str(steps), *extra],
                               cwd=work, stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
     if proc.returncode:
         raise SystemExit(f"pusht_numbers: train.py seed {seed} failed ({proc.returncode}); see {log}")
@@ -62,13 +62,20 @@ def main(argv=None):
     parser.add_argument("--episodes", type=int, default=32, help="policyeval's tasks")
     parser.add_argument("--data-episodes", type=int, default=60)
     parser.add_argument("--work", default=ROOT, help="folder holding data/ and runs/ (the repo's by default)")
+    parser.add_argument("--workers", type=int, default=1, help="processes playing the data's episodes and the "
+                        "policies' plans (the same numbers, any count)")
+    parser.add_argument("--train-args", default="", help="more train.py flags (the GPU run's batch size, lr)")
     args = parser.parse_args(argv)
     os.makedirs(args.work, exist_ok=True)
     t0 = time.perf_counter()
-    pushtworld.generate(os.path.join(args.work, "data", "pusht"), args.data_episodes, progress=lambda line: None)
+    pushtworld.generate(os.path.join(args.work, "data", "pusht"), args.data_episodes, workers=args.workers,
+                        progress=lambda line: None)
     data_seconds, rows = time.perf_counter() - t0, []
+    if args.workers > 1:  # policyeval's tasks (seed 0): their plans made in parallel, once for every seed
+        pusht.prefetch(pusht.sample_tasks(args.episodes, 0), pusht.CHUNKS * pusht.STEPS, args.workers)
     for seed in args.seeds:
-        run, seconds = train(args.work, seed, args.steps, os.path.join(args.work, f"pusht_train_s{seed}.log"))
+        run, seconds = train(args.work, seed, args.steps, os.path.join(args.work, f"pusht_train_s{seed}.log"),
+                             args.train_args.split())
         out = os.path.join(args.work, "policyeval", f"pusht-s{seed}")
         policyeval.main([run, "--task", "tasks.pusht", "--episodes", str(args.episodes), "--out", out])
         with open(os.path.join(out, "result.json"), encoding="utf-8") as f:
