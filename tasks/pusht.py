@@ -200,7 +200,7 @@ ABSENT = ("go_to_goal", "stand_still", "push_away")  # families absent from the 
 
 def plan_episode(key: tuple) -> np.ndarray:
     """[steps, 2] the targets of (family, share, reset seed, steps): the family played in a state-only env from the
-    reset, its random draws seeded by the reset seed alone (so expert_25 randomises a subset of expert_60's segments)."""
+    reset, its random draws seeded by the reset seed alone (expert_25 randomises a subset of expert_60's segments)."""
     family, share, seed, steps = key
     env = make_env(pixels=False)
     env.reset(seed=int(seed))

@@ -27,6 +27,7 @@ from tasks import pusht, pushtworld  # noqa: E402
 def train(work, seed, steps, log, extra=()):
     """The README's training command for one seed (one thread); its seconds, or 0 when the run was there."""
     run = os.path.join(work, "runs", f"pusht-s{seed}")
+    os.makedirs(os.path.dirname(run), exist_ok=True)
     if os.path.isdir(os.path.join(run, f"step_{steps:08d}")):
         return run, 0.0
     t0 = time.perf_counter()
@@ -74,8 +75,8 @@ def main(argv=None):
     if args.workers > 1:  # policyeval's tasks (seed 0): their plans made in parallel, once for every seed
         pusht.prefetch(pusht.sample_tasks(args.episodes, 0), pusht.CHUNKS * pusht.STEPS, args.workers)
     for seed in args.seeds:
-        run, seconds = train(args.work, seed, args.steps, os.path.join(args.work, f"pusht_train_s{seed}.log"),
-                             args.train_args.split())
+        log = os.path.join(args.work, "runs", f"pusht-s{seed}.log")
+        run, seconds = train(args.work, seed, args.steps, log, args.train_args.split())
         out = os.path.join(args.work, "policyeval", f"pusht-s{seed}")
         policyeval.main([run, "--task", "tasks.pusht", "--episodes", str(args.episodes), "--out", out])
         with open(os.path.join(out, "result.json"), encoding="utf-8") as f:
