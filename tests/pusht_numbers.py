@@ -52,8 +52,8 @@ def judge_agreement(episodes: int) -> dict:
         frame_errors.append(np.abs(pusht.coverage(run["frames"]).numpy() - truth).ravel())
     episode, frame = np.concatenate(episode_errors), np.concatenate(frame_errors)
     return {"episode_mean": float(episode.mean()), "episode_max": float(episode.max()),
-            "episode_within_0.05": float((episode <= 0.05).mean()), "frame_mean": float(frame.mean()),
-            "frame_max": float(frame.max()), "frame_within_0.05": float((frame <= 0.05).mean())}
+            "episode_within_005": float((episode <= 0.05).mean()), "frame_mean": float(frame.mean()),
+            "frame_max": float(frame.max()), "frame_within_005": float((frame <= 0.05).mean())}
 
 
 def main(argv=None):
@@ -94,8 +94,8 @@ def main(argv=None):
               f"mean |world - sim| max coverage {r['calibration']:.3f}, train {r['train_seconds']:.0f} s")
         print("  world / sim: " + ", ".join(f"{k} {w:.2f} / {s:.2f}" for k, (w, s) in r["policies"].items()))
     print("judge vs env coverage (simulator frames): per episode mean {episode_mean:.3f}, max {episode_max:.3f}, "
-          "{episode_within_0.05:.0%} within 0.05; per frame mean {frame_mean:.3f}, max {frame_max:.3f}, "
-          "{frame_within_0.05:.0%} within 0.05".format(**agreement))
+          "{episode_within_005:.0%} within 0.05; per frame mean {frame_mean:.3f}, max {frame_max:.3f}, "
+          "{frame_within_005:.0%} within 0.05".format(**agreement))
     print(json.dumps({"rows": rows, "judge": agreement, "data_seconds": data_seconds}))
     return 0
 
