@@ -6,9 +6,8 @@ The world model is the tiny action net trained on tasks/pushtworld.py's data: Pu
 into each of the grid's three camera cells (32x56 of the 64x112 grid; bottom-right black, as stitch.py writes every
 grid), 9 frames at stride 4: a chunk is STEPS = 32 actions (3.2 s), each the agent's target (x, y) in [0, 512].
 
-Why short pushes from near the goal: from gym-pusht's own resets (T anywhere, any angle) a 300-step episode of any
-policy here rarely covers the goal (the expert's max coverage from uniform starts: 0.0 in 6 of 10), and a 300-step
-rollout is 10 chunks of a world model that drifts every chunk. So tasks are the env's seeded resets whose T starts
+Why short pushes from near the goal: from gym-pusht's own resets (T anywhere, any angle) the greedy expert here often
+never touches the goal, and a 300-step rollout is 10 chunks of a world model that drifts every chunk. So tasks are the env's seeded resets whose T starts
 near the goal (pushtworld.NEAR: within 80 px and 60 degrees), 3 chunks (96 actions, 9.6 s): long enough for the
 expert to push the T onto the goal, short enough for the world model, and graded policies differ within it.
 

@@ -88,7 +88,13 @@ def main(argv=None):
                      "policies": {k.split(":")[-1]: (round(p["success_world"], 3), round(p["success_sim"], 3))
                                   for k, p in per.items()}})
     agreement = judge_agreement(args.episodes)
-    print(f"data: {args.data_episodes} episodes in {data_seconds:.0f} s")
+    with open(os.path.join(args.work, "data", "pusht_lerobot", "meta", "episodes.jsonl"), encoding="utf-8") as f:
+        episodes = [json.loads(line) for line in f]
+    families = {e["behaviour"]: [] for e in episodes}
+    for e in episodes:
+        families[e["behaviour"]].append(e["max_coverage"])
+    print(f"data: {args.data_episodes} episodes in {data_seconds:.0f} s; mean max coverage "
+          + ", ".join(f"{k} {np.mean(v):.2f} ({len(v)})" for k, v in families.items()))
     for r in rows:
         print(f"seed {r['seed']}: Spearman {r['spearman']:.3f}, Pearson {r['pearson']:.3f}, MMRV {r['mmrv']:.3f}, "
               f"mean |world - sim| max coverage {r['calibration']:.3f}, train {r['train_seconds']:.0f} s")
