@@ -38,9 +38,9 @@ CHUNKS = 3  # policyeval.py --chunks 3 (its default)
 AGENT_RADIUS = 15.0  # gym-pusht's agent disc, in 512-pixel units
 # gym-pusht draws the T with a 4-pixel outline centred on its edges: the drawn T is 2 px wider than the T whose
 # coverage the env computes, so green reads hide more goal than the T covers, most where much of the T's edge lies on
-# the goal (coverage neither 0 nor 1). coverage() subtracts OUTLINE x c (1 - c): fitted by least squares on the frames
-# of 3 policies x 8 tasks (sample_tasks(8, 1)) against the env's info["coverage"] (mean error 0.050 -> 0.027);
-# checked on sample_tasks(8, 2) (0.054 -> 0.024) and, by tests/test_pusht.py and tests/pusht_numbers.py, on others
+# the goal (coverage neither 0 nor 1). coverage() subtracts OUTLINE x c (1 - c), c the uncorrected reading: fitted
+# once by least squares on every frame of expert, random_play and go_to_goal from sample_tasks(8, 1) against the env's
+# info["coverage"]; held to other tasks by tests/test_pusht.py and tests/pusht_numbers.py (docs/policyeval.md)
 OUTLINE = 0.27
 
 
