@@ -85,6 +85,7 @@ def main(argv=None):
         calibration = float(np.mean([abs(p["success_world"] - p["success_sim"]) for p in per.values()]))
         rows.append({"seed": seed, "train_seconds": seconds, "spearman": result["spearman"],
                      "pearson": result["pearson"], "mmrv": result["mmrv"], "calibration": calibration,
+                     "psnr_per_chunk": [round(x, 1) for x in result["psnr_per_chunk"]],
                      "policies": {k.split(":")[-1]: (round(p["success_world"], 3), round(p["success_sim"], 3))
                                   for k, p in per.items()}})
     agreement = judge_agreement(args.episodes)
@@ -97,7 +98,8 @@ def main(argv=None):
           + ", ".join(f"{k} {np.mean(v):.2f} ({len(v)})" for k, v in families.items()))
     for r in rows:
         print(f"seed {r['seed']}: Spearman {r['spearman']:.3f}, Pearson {r['pearson']:.3f}, MMRV {r['mmrv']:.3f}, "
-              f"mean |world - sim| max coverage {r['calibration']:.3f}, train {r['train_seconds']:.0f} s")
+              f"mean |world - sim| max coverage {r['calibration']:.3f}, PSNR per chunk {r['psnr_per_chunk']}, "
+              f"train {r['train_seconds']:.0f} s")
         print("  world / sim: " + ", ".join(f"{k} {w:.2f} / {s:.2f}" for k, (w, s) in r["policies"].items()))
     print("judge vs env coverage (simulator frames): per episode mean {episode_mean:.3f}, max {episode_max:.3f}, "
           "{episode_within_005:.0%} within 0.05; per frame mean {frame_mean:.3f}, max {frame_max:.3f}, "
