@@ -56,6 +56,26 @@ def judge_agreement(episodes: int) -> dict:
             "frame_max": float(frame.max()), "frame_within_005": float((frame <= 0.05).mean())}
 
 
+def report(args, rows, agreement, data_seconds):
+    """The table: the data's coverage per behaviour family, each seed's agreement, the judge's."""
+    with open(os.path.join(args.work, "data", "pusht_lerobot", "meta", "episodes.jsonl"), encoding="utf-8") as f:
+        episodes = [json.loads(line) for line in f]
+    families = {e["behaviour"]: [] for e in episodes}
+    for e in episodes:
+        families[e["behaviour"]].append(e["max_coverage"])
+    print(f"data: {args.data_episodes} episodes in {data_seconds:.0f} s; mean max coverage "
+          + ", ".join(f"{k} {np.mean(v):.2f} ({len(v)})" for k, v in families.items()))
+    for r in rows:
+        print(f"seed {r['seed']}: Spearman {r['spearman']:.3f}, Pearson {r['pearson']:.3f}, MMRV {r['mmrv']:.3f}, "
+              f"mean |world - sim| max coverage {r['calibration']:.3f}, PSNR per chunk {r['psnr_per_chunk']}, "
+              f"held-out loss {r['eval_loss']:.3f}, "
+              f"train {r['train_seconds']:.0f} s")
+        print("  world / sim: " + ", ".join(f"{k} {w:.2f} / {s:.2f}" for k, (w, s) in r["policies"].items()))
+    print("judge vs env coverage (simulator frames): per episode mean {episode_mean:.3f}, max {episode_max:.3f}, "
+          "{episode_within_005:.0%} within 0.05; per frame mean {frame_mean:.3f}, max {frame_max:.3f}, "
+          "{frame_within_005:.0%} within 0.05".format(**agreement))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -82,28 +102,16 @@ def main(argv=None):
         with open(os.path.join(out, "result.json"), encoding="utf-8") as f:
             result = json.load(f)
         per = result["policies"]
+        with open(os.path.join(run, "metrics.jsonl"), encoding="utf-8") as f:
+            eval_loss = [json.loads(line)["eval_loss"] for line in f if '"eval_loss"' in line][-1]
         calibration = float(np.mean([abs(p["success_world"] - p["success_sim"]) for p in per.values()]))
         rows.append({"seed": seed, "train_seconds": seconds, "spearman": result["spearman"],
                      "pearson": result["pearson"], "mmrv": result["mmrv"], "calibration": calibration,
-                     "psnr_per_chunk": [round(x, 1) for x in result["psnr_per_chunk"]],
+                     "psnr_per_chunk": [round(x, 1) for x in result["psnr_per_chunk"]], "eval_loss": eval_loss,
                      "policies": {k.split(":")[-1]: (round(p["success_world"], 3), round(p["success_sim"], 3))
                                   for k, p in per.items()}})
     agreement = judge_agreement(args.episodes)
-    with open(os.path.join(args.work, "data", "pusht_lerobot", "meta", "episodes.jsonl"), encoding="utf-8") as f:
-        episodes = [json.loads(line) for line in f]
-    families = {e["behaviour"]: [] for e in episodes}
-    for e in episodes:
-        families[e["behaviour"]].append(e["max_coverage"])
-    print(f"data: {args.data_episodes} episodes in {data_seconds:.0f} s; mean max coverage "
-          + ", ".join(f"{k} {np.mean(v):.2f} ({len(v)})" for k, v in families.items()))
-    for r in rows:
-        print(f"seed {r['seed']}: Spearman {r['spearman']:.3f}, Pearson {r['pearson']:.3f}, MMRV {r['mmrv']:.3f}, "
-              f"mean |world - sim| max coverage {r['calibration']:.3f}, PSNR per chunk {r['psnr_per_chunk']}, "
-              f"train {r['train_seconds']:.0f} s")
-        print("  world / sim: " + ", ".join(f"{k} {w:.2f} / {s:.2f}" for k, (w, s) in r["policies"].items()))
-    print("judge vs env coverage (simulator frames): per episode mean {episode_mean:.3f}, max {episode_max:.3f}, "
-          "{episode_within_005:.0%} within 0.05; per frame mean {frame_mean:.3f}, max {frame_max:.3f}, "
-          "{frame_within_005:.0%} within 0.05".format(**agreement))
+    report(args, rows, agreement, data_seconds)
     print(json.dumps({"rows": rows, "judge": agreement, "data_seconds": data_seconds}))
     return 0
 
