@@ -168,7 +168,7 @@ def rollouts(cfg, run, task, policies, judge, tasks, first, world):
     """({policy: {"world": frames, "sim": frames or None, "success_world": [N], "success_sim": [N] or None}}, the
     world model's seconds): every policy, batch by batch, in the world model and (where the task has one) the
     simulator, from the same start frames."""
-    size, simulate = cfg.batch or cfg.episodes, getattr(task, "simulator", None)
+    size, simulate = cfg.batch or cfg.episodes, (getattr(task, "simulator", None), getattr(task, "state_success", None))
     batches = [np.arange(i, min(i + size, cfg.episodes)) for i in range(0, cfg.episodes, size)]
     results, seconds = {}, 0.0
     with tqdm(total=len(policies) * cfg.episodes * cfg.chunks, desc="policyeval", unit="chunk") as bar:
@@ -180,12 +180,13 @@ def rollouts(cfg, run, task, policies, judge, tasks, first, world):
                 parts.append(part)
                 seconds += took
             results[name] = {k: None if parts[0][k] is None else torch.cat([p[k] for p in parts]) for k in parts[0]}
+            results[name]["family"] = getattr(policy, "family", "plug-in")
     return results, seconds
 
 
 def episodes(cfg, run, name, policy, judge, simulate, tasks, first, world, progress):
-    """One batch of episodes of one policy: its frames and success in the world model and the simulator, and the
-    world model's seconds."""
+    """One batch of episodes of one policy: its frames and success in the world model and the simulator (and, where
+    the task reads it, the success from the simulator's own state), and the world model's seconds."""
     net, vae, record, dtype, grid = world
     actions, frames, B = run.dataset.actions, run.cfg["frames"], len(first)
     info = {"task": tasks, "steps": (frames - 1) * actions.stride, "action_dim": actions.action_width,
@@ -197,11 +198,14 @@ def episodes(cfg, run, name, policy, judge, simulate, tasks, first, world, progr
                        first.to(next(net.parameters()).device))
     t0 = time.perf_counter()
     dreamt = closed_loop(step, policy, name, first, info, cfg.chunks, shape, progress)["frames"]
-    took, truth = time.perf_counter() - t0, None
-    if simulate is not None:
-        truth = closed_loop(simulate(tasks), policy, name, first, info, cfg.chunks, shape)["frames"]
+    took, truth, state = time.perf_counter() - t0, None, None
+    simulator, state_success = simulate
+    if simulator is not None:
+        true_world = simulator(tasks)
+        truth = closed_loop(true_world, policy, name, first, info, cfg.chunks, shape)["frames"]
+        state = None if state_success is None else torch.as_tensor(state_success(true_world, tasks)).float()
     return {"world": dreamt, "success_world": judged(judge, dreamt, info), "sim": truth,
-            "success_sim": None if truth is None else judged(judge, truth, info)}, took
+            "success_sim": None if truth is None else judged(judge, truth, info), "state_sim": state}, took
 
 
 def judged(judge, frames, info):
@@ -243,11 +247,20 @@ def mmrv(world, sim):
     return float((np.abs(sim[:, None] - sim[None]) * violated).max(1).mean())
 
 
+def ranking(world, sim):
+    """Spearman, MMRV and calibration (mean |world - sim| success) of these policies' success rates."""
+    world, sim = np.asarray(world, float), np.asarray(sim, float)
+    return {"spearman": pearson(ranks(world), ranks(sim)), "mmrv": mmrv(world, sim),
+            "calibration": float(np.abs(world - sim).mean())}
+
+
 def agreement(results, chunks, frames):
     """The world model against the simulator: per policy its success in both, per chunk the PSNR of the world's
-    frames against the simulator's (frames 1.. of each chunk); over the policies Pearson, Spearman, MMRV and the
-    false-success rate (the world's success of the policies whose true success is 0)."""
-    policies = {name: {"success_world": float(r["success_world"].mean())} for name, r in results.items()}
+    frames against the simulator's (frames 1.. of each chunk); over the policies Pearson, Spearman, MMRV,
+    calibration (mean |world - sim|) and the false-success rate (the world's success of the policies whose true
+    success is 0); the same per family of 2+ policies; the judge's agreement with the simulator's own state."""
+    policies = {name: {"success_world": float(r["success_world"].mean()), "family": r.get("family", "plug-in")}
+                for name, r in results.items()}
     sims = [r["success_sim"] for r in results.values()]
     if any(s is None for s in sims):
         return {"policies": policies}
@@ -262,11 +275,18 @@ def agreement(results, chunks, frames):
     world = [p["success_world"] for p in policies.values()]
     sim = [p["success_sim"] for p in policies.values()]
     failing = [w for w, s in zip(world, sim) if s == 0]
-    return {"policies": policies, "pearson": pearson(world, sim),
-            "spearman": pearson(ranks(np.array(world)), ranks(np.array(sim))), "mmrv": mmrv(world, sim),
+    families = {}
+    for family in dict.fromkeys(p["family"] for p in policies.values()):
+        members = [p for p in policies.values() if p["family"] == family]
+        if len(members) > 1:
+            families[family] = dict(ranking([p["success_world"] for p in members],
+                                            [p["success_sim"] for p in members]), policies=len(members))
+    states = [(r["success_sim"], r["state_sim"]) for r in results.values() if r.get("state_sim") is not None]
+    return {"policies": policies, "pearson": pearson(world, sim), **ranking(world, sim),
             "false_success": float(np.mean(failing)) if failing else None,
             "false_success_max": float(np.max(failing)) if failing else None,
-            "psnr_per_chunk": np.mean(drift, 0).tolist()}
+            "psnr_per_chunk": np.mean(drift, 0).tolist(), "families": families,
+            "judge_vs_state": float(torch.cat([(j == t).float() for j, t in states]).mean()) if states else None}
 
 
 # -----------------------------------------------------------------------------
@@ -283,26 +303,39 @@ def table(summary):
         lines.append(f"{name:<{width}}{p['success_world']:8.3f}{sim}   {drift}")
     if "spearman" in summary:
         lines.append(f"Spearman {summary['spearman']:.3f}, Pearson {summary['pearson']:.3f}, MMRV "
-                     f"{summary['mmrv']:.3f}, false success (policies that truly fail) "
-                     + ("none fail" if summary["false_success"] is None else
-                        f"{summary['false_success']:.3f} (max {summary['false_success_max']:.3f})"))
+                     f"{summary['mmrv']:.3f}, calibration |world - sim| {summary['calibration']:.3f}, false success "
+                     "(policies that truly fail) " + ("none fail" if summary["false_success"] is None else
+                                                      f"{summary['false_success']:.3f} (max "
+                                                      f"{summary['false_success_max']:.3f})"))
+        lines += [f"  family {family} ({f['policies']} policies): Spearman {f['spearman']:.3f}, MMRV {f['mmrv']:.3f}, "
+                  f"calibration {f['calibration']:.3f}" for family, f in summary["families"].items()]
+        if summary["judge_vs_state"] is not None:
+            lines.append(f"the judge agrees with the simulator's own state in {summary['judge_vs_state']:.3f} of "
+                         "its episodes")
     return "\n".join(lines)
 
 
 def plot(summary, path):
-    """World vs simulator success, one point per policy; None (said once) without matplotlib."""
+    """World vs simulator success, one point per policy coloured by its family, and the calibration line y = x;
+    None (said once) without matplotlib."""
     if importlib.util.find_spec("matplotlib") is None or "spearman" not in summary:
         return None
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(5, 5))
+    families = list(dict.fromkeys(p["family"] for p in summary["policies"].values()))
+    colours = {family: plt.get_cmap("tab10")(i % 10) for i, family in enumerate(families)}
     for name, p in summary["policies"].items():
-        ax.scatter(p["success_sim"], p["success_world"])
+        ax.scatter(p["success_sim"], p["success_world"], color=colours[p["family"]])
         ax.annotate(name.split(":")[-1], (p["success_sim"], p["success_world"]), fontsize=8)
-    ax.plot([0, 1], [0, 1], color="grey", lw=0.5)
+    for family, colour in colours.items():
+        ax.scatter([], [], color=colour, label=family)
+    ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--", label="calibrated (y = x)")
+    ax.legend(fontsize=7, loc="upper left")
     ax.set(xlabel="success in the simulator", ylabel="success in the world model", xlim=(-0.05, 1.05),
-           ylim=(-0.05, 1.05), title=f"Spearman {summary['spearman']:.2f}, MMRV {summary['mmrv']:.2f}")
+           ylim=(-0.05, 1.05), title=f"Spearman {summary['spearman']:.2f}, MMRV {summary['mmrv']:.2f}, "
+                                     f"|world - sim| {summary['calibration']:.2f}")
     fig.savefig(path, dpi=120, bbox_inches="tight", metadata={"Creator": "nanocosmos policyeval.py"})
     plt.close(fig)
     return path
