@@ -52,9 +52,10 @@ def random_command(rng) -> np.ndarray:
     return rng.uniform(-RATE_MAX, RATE_MAX)
 
 
-def held_segments(rng, length: int, hold=COMMAND_HOLD, pause=None) -> np.ndarray:
-    """[length, 2] commands held for `hold` frames each; with pause=(lo, hi), a still stretch before each."""
-    out, i = np.zeros((length, 2)), 0
+def held_segments(rng, length: int, hold=None, pause=None) -> np.ndarray:
+    """[length, 2] commands held for `hold` frames each (default COMMAND_HOLD); with pause=(lo, hi), a still stretch
+    before each."""
+    out, i, hold = np.zeros((length, 2)), 0, hold or COMMAND_HOLD
     while i < length:
         if pause is not None:
             i += int(rng.integers(*pause))
