@@ -23,7 +23,7 @@ QUANTUM = 1 / 64  # commands are multiples of it: positions stay exact in float3
 # The behaviour families of the synthetic action world (issue 51): each episode's actions come from one, in turn
 # (episode e: BEHAVIOURS[e % n] of those kept), so that a policy of any of these kinds acts inside the data.
 BEHAVIOURS = {
-    "held": "a command of any magnitude within the range, held 8-60 frames",
+    "held": "a command of any magnitude within the range (half the time a reference command), held 8-60 frames",
     "rate": "continuous rates: the command ramps linearly between random commands 16-60 frames apart",
     "pause": "still for 8-60 frames, then a held command for 8-40, in turn",
     "switch": "a new random command every 2-8 frames (changes inside a chunk)",
@@ -49,6 +49,10 @@ def episode_behaviour(episode: int, without=()) -> str:
 
 
 def random_command(rng) -> np.ndarray:
+    """(dx, dy): half the time one of the reference commands (COMMAND_DX x COMMAND_DY, the range's ends and zero
+    among them: a policy at full rate is common), else any value within the range."""
+    if rng.random() < 0.5:
+        return np.array([rng.choice(COMMAND_DX), rng.choice(COMMAND_DY)], np.float64)
     return rng.uniform(-RATE_MAX, RATE_MAX)
 
 
@@ -97,13 +101,12 @@ def square_commands(episode: int, length: int, without=()) -> tuple:
     pos, act = np.zeros((length, 2)), np.zeros((length, 2))
     pos[0] = rng.integers(x_lo, x_hi + 1), rng.integers(y_lo, y_hi + 1)
     planned = planned_commands(behaviour, rng, length)
-    goal, gain, until = pos[0], 0.0, 0  # "goal": the current goal, its gain (inf: bang-bang), when it is redrawn
+    goal, gain, until = pos[0], 0.0, 0  # "goal": the current goal, its gain (1e9: bang-bang), when it is redrawn
     for i in range(length):
         if planned is None and (i >= until or np.abs(goal - pos[i]).max() < 2):
             goal, until = rng.uniform(low, high), i + int(rng.integers(30, 91))
-            gain = np.inf if rng.random() < 0.25 else rng.uniform(0.03, 0.5)
-        command = planned[i] if planned is not None else np.nan_to_num(gain * (goal - pos[i]), posinf=1e9,
-                                                                        neginf=-1e9)
+            gain = 1e9 if rng.random() < 0.5 else rng.uniform(0.03, 0.5)
+        command = planned[i] if planned is not None else gain * (goal - pos[i])
         command = np.round(np.clip(command, -RATE_MAX, RATE_MAX) / QUANTUM) * QUANTUM
         target = np.clip(pos[i] + command, low, high)
         act[i] = target - pos[i]

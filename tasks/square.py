@@ -12,15 +12,17 @@ command held for one chunk takes the square from its start, never overlapping it
 Plug-ins (`tasks.square:judge`, `tasks.square:go_to_target`, ...) see the grid as the net does, frames [B, 3, T, H, W]
 in [-1, 1], and info {"chunk": k, "task": sample_tasks' arrays of these B episodes, "steps", "action_dim", "seed"}:
   judge(frames, info)  -> [B] success in [0, 1]
-  policy(frames, info) -> [B, steps, action_dim] raw actions: one command (dx, dy) held for the whole chunk, as the
-                          training data holds a command for 40-60 steps, cut where the square would leave
-                          SQUARE_RANGE, as the data's recorded actions are (the motion IS the action there)
+  policy(frames, info) -> [B, steps, action_dim] raw actions, cut where the square would leave SQUARE_RANGE, as the
+                          data's recorded actions are (the motion IS the action there). Each policy has a .family:
+                          "reference" (go_to_target to wrong_way: one command held a chunk), or goal, pause, noisy,
+                          switch (OTHERS: controllers acting like that family of the data, FAMILY_DATA), each graded
 
 A task module for policyeval.py has: sample_tasks(n, seed), first_frames(tasks), simulator(tasks) (a step function
-for engine/world.closed_loop; a task without a true simulator leaves it out), judge, POLICIES.
+for engine/world.closed_loop; a task without a true simulator leaves it out), judge, POLICIES, and optionally
+state_success(world, tasks) (success read from the simulator's own state, to check the judge against).
 
 Contents, top to bottom: tasks -> simulator (step, render, first_frames, simulator) -> judge (locate, judge) ->
-policies -> run_in_simulator.
+reference policies -> policies of other families, state_success -> run_in_simulator -> world-model reward.
 """
 import subprocess
 
