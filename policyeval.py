@@ -3,10 +3,11 @@
 Each policy (a plug-in, `module:function`) acts in closed loop from the same start states in the world model (a
 train.py run of an action config) and, where the task has one, in its true simulator; a judge plug-in scores each
 episode after its last chunk. The world model's success rates are then held against the simulator's: Pearson and
-Spearman correlation, MMRV (mean maximum rank violation), the false-success rate of the policies that truly fail,
-and the PSNR of the world's frames against the simulator's, chunk by chunk (drift).
+Spearman correlation, MMRV (mean maximum rank violation), calibration (mean |world - sim| success), each also per
+policy family, the false-success rate of the policies that truly fail, the PSNR of the world's frames against the
+simulator's, chunk by chunk (drift), and the judge's agreement with the simulator's own state where the task reads it.
 
-    python policyeval.py runs/act                      # tasks.square's 7 reference policies, 32 starts, 3 chunks
+    python policyeval.py runs/act                      # tasks.square's 22 policies (5 families), 32 starts, 3 chunks
     python policyeval.py runs/act --policies mine:policy,tasks.square:go_to_target --judge mine:judge
     python policyeval.py runs/act --task held-out --policies mine:policy --judge mine:judge   # your robot's episodes
 
