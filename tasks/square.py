@@ -335,7 +335,8 @@ def switching(then, share: float, every: int = 4):
 
 
 OTHERS = [family_policy(*spec) for spec in (
-    ("bang_bang", "goal", "Full rate towards the target on each axis, a smaller step to land on it.", proportional(1.0)),
+    ("bang_bang", "goal", "Full rate towards the target on each axis, a smaller step to land on it.",
+     proportional(1.0)),
     ("proportional_10", "goal", "0.1 x (target - corner) a step.", proportional(0.1)),
     ("proportional_02", "goal", "0.02 x (target - corner) a step: slow, far targets are missed.", proportional(0.02)),
     ("aim_off", "goal", "0.1 x a step towards a point 48 pixels right of and 24 below the target.",
@@ -344,7 +345,8 @@ OTHERS = [family_policy(*spec) for spec in (
     ("pause_16", "pause", "Still for 16 steps, then bang-bang.", after(16, proportional(1.0))),
     ("pause_64", "pause", "Still for 64 steps (two chunks), then bang-bang.", after(64, proportional(1.0))),
     ("pause_80", "pause", "Still for 80 steps, then bang-bang.", after(80, proportional(1.0))),
-    ("pause_88", "pause", "Still for 88 steps, then bang-bang: only the nearest targets.", after(88, proportional(1.0))),
+    ("pause_88", "pause", "Still for 88 steps, then bang-bang: only the nearest targets.",
+     after(88, proportional(1.0))),
     ("noisy_2", "noisy", "proportional 0.1 plus noise of 2 pixels a step.", noisy(proportional(0.1), 2.0)),
     ("noisy_8", "noisy", "proportional 0.03 plus noise of 8 pixels a step.", noisy(proportional(0.03), 8.0)),
     ("noisy_16", "noisy", "proportional 0.01 plus noise of 16 pixels a step.", noisy(proportional(0.01), 16.0)),

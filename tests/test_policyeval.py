@@ -131,7 +131,8 @@ def test_a_small_evaluation_end_to_end(action_run, tmp_path):
     assert list(policies) == ["tasks.square:go_to_target", "tasks.square:stand_still"]
     assert policies["tasks.square:go_to_target"]["success_sim"] == 1.0
     assert policies["tasks.square:stand_still"]["success_sim"] == 0.0
-    assert {"spearman", "pearson", "mmrv", "calibration", "false_success", "psnr_per_chunk", "s_per_chunk"} <= set(summary)
+    assert {"spearman", "pearson", "mmrv", "calibration", "false_success", "psnr_per_chunk",
+            "s_per_chunk"} <= set(summary)
     assert summary["judge_vs_state"] == 1.0 and policies["tasks.square:stand_still"]["family"] == "reference"
     assert len(policies["tasks.square:stand_still"]["psnr_per_chunk"]) == 2
     assert sorted(os.listdir(out)) == ["go_to_target_ep0.mp4", "ranking.png", "result.json", "stand_still_ep0.mp4"]

@@ -202,7 +202,8 @@ def test_the_mixture_moves_the_square_by_its_actions_in_every_family_and_leaves_
     lerobot.check_synthetic(src, lengths, "actions", stitched="grid", without=("goal",))
     with pytest.raises(ValueError, match="other square commands than this version's"):
         lerobot.check_synthetic(src, lengths, "actions", stitched="grid")
-    with pytest.raises(ValueError, match=r"behaviours without \['goals'\]: unknown \['goals'\]; the families are held") as e:
+    says = r"behaviours without \['goals'\]: unknown \['goals'\]; the families are held"
+    with pytest.raises(ValueError, match=says) as e:
         lerobot.make_synthetic(str(tmp_path / "bad"), lengths=lengths, motion="actions", without=("goals",))
     assert "\n" not in str(e.value) and not os.path.exists(tmp_path / "bad")
     with pytest.raises(ValueError, match="none left"):
