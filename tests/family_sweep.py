@@ -49,8 +49,8 @@ def parse(argv):
 
 
 def launch(jobs, cmds):
-    """Run (name, argv, log) commands, `jobs` at a time, each pinned to its own core with one thread; a failure
-    names its log."""
+    """Run (name, argv, log) commands, `jobs` at a time, each pinned to its own core with one thread and no GPU (the
+    README's CPU runs, also on a GPU host); a failure names its log."""
     cores = sorted(os.sched_getaffinity(0))
     free = list(cores[:jobs])
 
@@ -61,7 +61,8 @@ def launch(jobs, cmds):
             t0 = time.perf_counter()
             with open(log, "w") as f:
                 rc = subprocess.run(["taskset", "-c", str(core), sys.executable, *argv], cwd=ROOT, stdout=f,
-                                    stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1")).returncode
+                                    stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1",
+                                                                       CUDA_VISIBLE_DEVICES="")).returncode
             print(f"family_sweep: {name} rc {rc} in {time.perf_counter() - t0:.0f} s (core {core})", flush=True)
             return name, rc, log
         finally:
