@@ -11,7 +11,7 @@ Variants: "none" (the full mixture, the README's data) and each family name of l
 data (make_tiny_dataset(without=...)). For a variant without family F, "held_out" reports the ranking and calibration
 of tasks/square.py's policies of family F (square.FAMILY_DATA maps policy families to data families), which that
 world model never saw; "outside" those of tests/outside_policies.py; "reference" the 7 reference policies; "all" every
-policy. Writes OUT/summary.json, and $OUT/family_sweep.json too when $OUT names a folder (the device's).
+policy; "families" each family's Spearman (in a "none" run: the same family seen in training, the gap's baseline). Writes OUT/summary.json, and $OUT/family_sweep.json too when $OUT names a folder (the device's).
 Stages (--stage): data, train, eval, summary, or all; a finished step (its checkpoint or result.json) is not redone.
 """
 import argparse
@@ -135,6 +135,8 @@ def summary(args):
                                     for k in ("success_world", "success_sim")]}
             if held:
                 row["held_out"] = score(result, held)
+            row["families"] = {f: score(result, [n for n in names if family[n] == f])["spearman"]
+                               for f in dict.fromkeys(family.values()) if list(family.values()).count(f) > 1}
             rows.append(row)
             print(json.dumps(row), flush=True)
     means = {}
