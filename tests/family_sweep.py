@@ -159,7 +159,8 @@ def main(argv=None):
     args = parse(sys.argv[1:] if argv is None else argv)
     t0 = time.perf_counter()
     stages(args)
-    summary(args)
+    if args.stage in ("all", "eval", "summary"):
+        summary(args)
     print(f"family_sweep: {time.perf_counter() - t0:.0f} s", flush=True)
 
 
