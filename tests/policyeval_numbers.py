@@ -39,7 +39,7 @@ def sim_numbers():
     return {"success_sim": rates, "judge_vs_state": round(float(np.mean(agree)), 4)}
 
 
-def runs_numbers(out, seeds):
+def runs_numbers(out, seeds, train_flags=()):
     """The README's two commands per seed, every policy evaluated: policyeval's summary, compacted."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     import family_sweep
@@ -47,7 +47,8 @@ def runs_numbers(out, seeds):
     for seed in seeds:
         run = os.path.join(os.path.abspath(out), f"act_s{seed}")
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        subprocess.run([sys.executable, "train.py", "--config", "tiny-action", "--seed", str(seed), "--out", run],
+        subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--config", "tiny-action", "--seed", str(seed),
+                        "--out", run, *train_flags],
                        cwd=out, check=True, env=env, stdout=subprocess.DEVNULL)
         subprocess.run([sys.executable, os.path.join(ROOT, "policyeval.py"), run, "--policies",
                         family_sweep.policies(), "--videos", "0", "--out", os.path.join(run, "policyeval")],
@@ -64,6 +65,7 @@ def main(argv=None):
     p.add_argument("--only", default="sim", help="sim, runs, sweep (comma-separated)")
     p.add_argument("--out", default="runs/policyeval_numbers")
     p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--train-flags", default="", help="runs: extra train.py flags (docs' 12000-step row: --steps 12000)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     parts = args.only.split(",")
     if set(parts) - {"sim", "runs", "sweep"}:
@@ -72,10 +74,11 @@ def main(argv=None):
         print(json.dumps({"sim": sim_numbers()}), flush=True)
     if "runs" in parts:
         os.makedirs(args.out, exist_ok=True)
-        print(json.dumps({"runs": runs_numbers(args.out, [int(s) for s in args.seeds.split(",")])}), flush=True)
+        print(json.dumps({"runs": runs_numbers(args.out, [int(s) for s in args.seeds.split(",")],
+                                                         args.train_flags.split())}), flush=True)
     if "sweep" in parts:
         subprocess.run([sys.executable, os.path.join(ROOT, "tests", "family_sweep.py"), "--out", args.out, "--seeds",
-                        args.seeds], check=True)
+                        args.seeds, "--train-flags", args.train_flags], check=True)
 
 
 if __name__ == "__main__":
