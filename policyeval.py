@@ -3,10 +3,11 @@
 Each policy (a plug-in, `module:function`) acts in closed loop from the same start states in the world model (a
 train.py run of an action config) and, where the task has one, in its true simulator; a judge plug-in scores each
 episode after its last chunk. The world model's success rates are then held against the simulator's: Pearson and
-Spearman correlation, MMRV (mean maximum rank violation), the false-success rate of the policies that truly fail,
-and the PSNR of the world's frames against the simulator's, chunk by chunk (drift).
+Spearman correlation, MMRV (mean maximum rank violation), calibration (mean |world - sim| success), each also per
+policy family, the false-success rate of the policies that truly fail, the PSNR of the world's frames against the
+simulator's, chunk by chunk (drift), and the judge's agreement with the simulator's own state where the task reads it.
 
-    python policyeval.py runs/act                      # tasks.square's 7 reference policies, 32 starts, 3 chunks
+    python policyeval.py runs/act                      # tasks.square's 22 policies (5 families), 32 starts, 3 chunks
     python policyeval.py runs/act --policies mine:policy,tasks.square:go_to_target --judge mine:judge
     python policyeval.py runs/act --task held-out --policies mine:policy --judge mine:judge   # your robot's episodes
 
@@ -207,7 +208,7 @@ def rollouts(cfg, run, task, policies, judge, tasks, first, world, partial=None)
     "max_action_sd": float}}, the world model's seconds, each chunk's seconds): every policy, batch by batch, in the world model and (where
     the task has one) the simulator, from the same start frames. A plug-in that fails: partial(results so far, the
     error) is called (it writes them), then the error is raised naming the policy."""
-    size, simulate = cfg.batch or cfg.episodes, getattr(task, "simulator", None)
+    size, simulate = cfg.batch or cfg.episodes, (getattr(task, "simulator", None), getattr(task, "state_success", None))
     batches = [np.arange(i, min(i + size, cfg.episodes)) for i in range(0, cfg.episodes, size)]
     results, seconds, clock = {}, 0.0, []  # clock: each world-model chunk's seconds, in order (timing)
     with tqdm(total=len(policies) * cfg.episodes * cfg.chunks, desc="policyeval", unit="chunk") as bar:
@@ -230,12 +231,14 @@ def rollouts(cfg, run, task, policies, judge, tasks, first, world, partial=None)
             results[name] = {k: None if parts[0][k] is None else torch.cat([p[k] for p in parts]) for k in parts[0]}
             results[name]["max_action_sd"] = reach[0]
             results[name]["share_outside_range"] = reach[1] / max(reach[2], 1)
+            results[name]["family"] = getattr(policy, "family", "plug-in")
     return results, seconds, clock
 
 
 def episodes(cfg, run, name, policy, judge, simulate, tasks, first, world, progress, reach, clock):
     """One batch of episodes of one policy: its frames and success in the world model and the simulator, and the
-    world model's seconds; reach: the largest |action - mean| / sd the policy commanded, how many of its raw values
+    world model's seconds (and, where the task reads it, the success from the simulator's own
+    state); reach: the largest |action - mean| / sd the policy commanded, how many of its raw values
     fell outside the data's [min, max] widened by a tenth of the range (action_stats.json), how many it gave;
     clock: each world-model chunk's seconds appended."""
     net, vae, record, dtype, grid = world
@@ -268,11 +271,14 @@ def episodes(cfg, run, name, policy, judge, simulate, tasks, first, world, progr
                        first.to(next(net.parameters()).device))
     t0 = time.perf_counter()
     dreamt = closed_loop(timed, policy, name, first, info, cfg.chunks, shape, progress)["frames"]
-    took, truth = time.perf_counter() - t0, None
-    if simulate is not None:
-        truth = closed_loop(simulate(tasks), policy, name, first, info, cfg.chunks, shape)["frames"]
+    took, truth, state = time.perf_counter() - t0, None, None
+    simulator, state_success = simulate
+    if simulator is not None:
+        true_world = simulator(tasks)
+        truth = closed_loop(true_world, policy, name, first, info, cfg.chunks, shape)["frames"]
+        state = None if state_success is None else torch.as_tensor(state_success(true_world, tasks)).float()
     return {"world": dreamt, "success_world": judged(judge, dreamt, info), "sim": truth,
-            "success_sim": None if truth is None else judged(judge, truth, info)}, took
+            "success_sim": None if truth is None else judged(judge, truth, info), "state_sim": state}, took
 
 
 def data_range(actions):
@@ -322,12 +328,21 @@ def mmrv(world, sim):
     return float((np.abs(sim[:, None] - sim[None]) * violated).max(1).mean())
 
 
+def ranking(world, sim):
+    """Spearman, MMRV and calibration (mean |world - sim| success) of these policies' success rates."""
+    world, sim = np.asarray(world, float), np.asarray(sim, float)
+    return {"spearman": pearson(ranks(world), ranks(sim)), "mmrv": mmrv(world, sim),
+            "calibration": float(np.abs(world - sim).mean())}
+
+
 def agreement(results, chunks, frames):
     """The world model against the simulator: per policy its success in both, per chunk the PSNR of the world's
-    frames against the simulator's (frames 1.. of each chunk); over the policies Pearson, Spearman, MMRV and the
-    false-success rate (the world's success of the policies whose true success is 0)."""
+    frames against the simulator's (frames 1.. of each chunk); over the policies Pearson, Spearman, MMRV,
+    calibration (mean |world - sim|) and the false-success rate (the world's success of the policies whose true
+    success is 0); the same per family of 2+ policies; the judge's agreement with the simulator's own state."""
     policies = {name: {"success_world": float(r["success_world"].mean()), "max_action_sd": r.get("max_action_sd"),
-                       "share_outside_range": r.get("share_outside_range"), "frame_change": frame_change(r["world"])}
+                       "share_outside_range": r.get("share_outside_range"), "frame_change": frame_change(r["world"]),
+                       "family": r.get("family", "plug-in")}
                 for name, r in results.items()}
     sims = [r["success_sim"] for r in results.values()]
     if any(s is None for s in sims):
@@ -343,11 +358,18 @@ def agreement(results, chunks, frames):
     world = [p["success_world"] for p in policies.values()]
     sim = [p["success_sim"] for p in policies.values()]
     failing = [w for w, s in zip(world, sim) if s == 0]
-    return {"policies": policies, "pearson": pearson(world, sim),
-            "spearman": pearson(ranks(np.array(world)), ranks(np.array(sim))), "mmrv": mmrv(world, sim),
+    families = {}
+    for family in dict.fromkeys(p["family"] for p in policies.values()):
+        members = [p for p in policies.values() if p["family"] == family]
+        if len(members) > 1:
+            families[family] = dict(ranking([p["success_world"] for p in members],
+                                            [p["success_sim"] for p in members]), policies=len(members))
+    states = [(r["success_sim"], r["state_sim"]) for r in results.values() if r.get("state_sim") is not None]
+    return {"policies": policies, "pearson": pearson(world, sim), **ranking(world, sim),
             "false_success": float(np.mean(failing)) if failing else None,
             "false_success_max": float(np.max(failing)) if failing else None,
-            "psnr_per_chunk": np.mean(drift, 0).tolist()}
+            "psnr_per_chunk": np.mean(drift, 0).tolist(), "families": families,
+            "judge_vs_state": float(torch.cat([(j == t).float() for j, t in states]).mean()) if states else None}
 
 
 OUT_OF_RANGE_SHARE = 0.01  # more raw action values than this outside the data's range (+-10%): extrapolation
@@ -399,9 +421,15 @@ def table(summary):
         lines.append(f"{name:<{width}}{p['success_world']:8.3f}{sim}   {drift}")
     if "spearman" in summary:
         lines.append(f"Spearman {summary['spearman']:.3f}, Pearson {summary['pearson']:.3f}, MMRV "
-                     f"{summary['mmrv']:.3f}, false success (policies that truly fail) "
-                     + ("none fail" if summary["false_success"] is None else
-                        f"{summary['false_success']:.3f} (max {summary['false_success_max']:.3f})"))
+                     f"{summary['mmrv']:.3f}, calibration |world - sim| {summary['calibration']:.3f}, false success "
+                     "(policies that truly fail) " + ("none fail" if summary["false_success"] is None else
+                                                      f"{summary['false_success']:.3f} (max "
+                                                      f"{summary['false_success_max']:.3f})"))
+        lines += [f"  family {family} ({f['policies']} policies): Spearman {f['spearman']:.3f}, MMRV {f['mmrv']:.3f}, "
+                  f"calibration {f['calibration']:.3f}" for family, f in summary["families"].items()]
+        if summary["judge_vs_state"] is not None:
+            lines.append(f"the judge agrees with the simulator's own state in {summary['judge_vs_state']:.3f} of "
+                         "its episodes")
         if len(names) < 2:
             lines.append("(Spearman/Pearson nan: one policy; a ranking needs two or more)")
         elif math.isnan(summary["spearman"]) or math.isnan(summary["pearson"]):
@@ -411,8 +439,8 @@ def table(summary):
 
 
 def plot(summary, path):
-    """World vs simulator success, one point per policy with binomial error bars and labels that do not pile up; None
-    without matplotlib or a simulator (said by main)."""
+    """World vs simulator success, one point per policy coloured by its family, with binomial error bars and labels
+    that do not pile up, and the calibration line y = x; None without matplotlib or a simulator (said by main)."""
     if importlib.util.find_spec("matplotlib") is None or "spearman" not in summary:
         return None
     import matplotlib
@@ -420,23 +448,30 @@ def plot(summary, path):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(5, 5))
     names = list(summary["policies"])
+    families = list(dict.fromkeys(summary["policies"][n]["family"] for n in names))
+    colours = {family: plt.get_cmap("tab10")(i % 10) for i, family in enumerate(families)}
     xs = [summary["policies"][n]["success_sim"] for n in names]
     ys = [summary["policies"][n]["success_world"] for n in names]
-    draw_points(ax, xs, ys, [n.split(":")[-1] for n in names], summary["episodes"])
-    ax.plot([0, 1], [0, 1], color="grey", lw=0.5)
+    draw_points(ax, xs, ys, [n.split(":")[-1] for n in names], summary["episodes"],
+                [colours[summary["policies"][n]["family"]] for n in names])
+    for family, colour in colours.items():
+        ax.scatter([], [], color=colour, label=family)
+    ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--", label="calibrated (y = x)")
+    ax.legend(fontsize=7, loc="upper left")
     ax.set(xlabel="success in the simulator", ylabel="success in the world model", xlim=(-0.05, 1.05),
-           ylim=(-0.05, 1.05), title=f"Spearman {summary['spearman']:.2f}, MMRV {summary['mmrv']:.2f}")
+           ylim=(-0.05, 1.05), title=f"Spearman {summary['spearman']:.2f}, MMRV {summary['mmrv']:.2f}, "
+                                     f"|world - sim| {summary['calibration']:.2f}")
     fig.savefig(path, dpi=120, bbox_inches="tight", metadata={"Creator": "nanocosmos policyeval.py"})
     plt.close(fig)
     return path
 
 
-def draw_points(ax, xs, ys, labels, n):
+def draw_points(ax, xs, ys, labels, n, colours):
     """The policies' points with binomial standard errors sqrt(p (1 - p) / n) on both axes (n episodes each), and
     their labels stacked upward where points sit within a label's height of each other (ties pile up otherwise)."""
-    for x, y in zip(xs, ys):
+    for x, y, colour in zip(xs, ys, colours):
         ax.errorbar(x, y, xerr=math.sqrt(x * (1 - x) / n), yerr=math.sqrt(y * (1 - y) / n), fmt="o", ms=4,
-                    capsize=2, lw=0.8)
+                    capsize=2, lw=0.8, color=colour)
     placed = []  # (x, y of the label in data units)
     for i in sorted(range(len(xs)), key=lambda i: (ys[i], xs[i])):
         y = ys[i]

@@ -42,6 +42,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from base.squareworld import (ACTION_SQUARE, BEHAVIOURS, COMMAND_DX, COMMAND_DY, SQUARE_RANGE,  # noqa: F401
+                              check_behaviours, episode_behaviour, square_commands)
+
 SLOTS = ("ext_1", "ext_2", "wrist")  # stitch.py's grid: top-left, top-right, bottom-left; bottom-right stays black
 
 # Camera names per slot, matched against the last dotted part of a feature key, best first (specs/data.md 1.4).
@@ -442,66 +445,13 @@ def synthetic_w2c(camera: int, frame_index: np.ndarray) -> np.ndarray:
     return np.concatenate([rot, -rot @ eye[..., None]], -1)
 
 
-# motion="actions": a plain frame, the square alone. Measured with the tiny codec (32x56 camera cells of the 64x112
-# grid, 9 frames at stride 4; codec reconstruction of the truth against that of the same first frame moved by another
-# episode's commands: the action_gap_db a perfect model would score): with the bit bands and the 24-pixel square, 0.36
-# dB (the codec blurs the clock's 10 changing bits, which dominate the error); a plain frame, 2.1 dB at 24 pixels, 4.5
-# dB at 48. The bit bands also name the episode and frame, so a net could recall a training clip's motion from its
-# first frame alone instead of reading the actions. 64 pixels and commands held for 40-60 frames (a 33-frame clip sees
-# one or two) are what a tiny net learns to follow on a CPU (docs/actions.md "Measured": with 48 pixels and commands
-# changing every 3-9 frames it never did).
-ACTION_SQUARE = 64  # pixels of 320x180: about 11x11 pixels of a 32x56 camera cell, about one codec cell
-SQUARE_RANGE = ((0, 320 - ACTION_SQUARE), (0, 180 - ACTION_SQUARE))  # the square's top-left corner (x, y) stays inside
-COMMAND_HOLD = (40, 61)  # frames a command holds: [low, high)
-COMMAND_DX, COMMAND_DY = (-8, -4, 0, 4, 8), (-4, 0, 4)  # a command's (dx, dy) in 320x180 pixels a frame
-
-
-def square_commands(episode: int, length: int) -> tuple:
-    """motion="actions": (position [length, 2], action [length, 2]) float32 in 320x180 pixels. Commands hold for 40-60
-    frames (COMMAND_HOLD), each (dx, dy) from COMMAND_DX x COMMAND_DY, cut where the square would leave
-    SQUARE_RANGE, so that position[i+1] = position[i] + action[i] holds exactly: the motion IS the action (the last one
-    leads nowhere). Seeded by the episode alone."""
-    rng = np.random.default_rng([36, episode])
-    (x_lo, x_hi), (y_lo, y_hi) = SQUARE_RANGE
-    pos, act = np.zeros((length, 2)), np.zeros((length, 2))
-    pos[0], command, hold = (rng.integers(x_lo, x_hi + 1), rng.integers(y_lo, y_hi + 1)), (0, 0), 0
-    for i in range(length):
-        if hold == 0:
-            command = rng.choice(COMMAND_DX), rng.choice(COMMAND_DY)
-            hold = int(rng.integers(*COMMAND_HOLD))
-        hold -= 1
-        target = np.clip(pos[i] + command, (x_lo, y_lo), (x_hi, y_hi))
-        act[i] = target - pos[i]
-        if i + 1 < length:
-            pos[i + 1] = target
-    return pos.astype(np.float32), act.astype(np.float32)
-
-
-def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: int = 160, fps: int = 15,
-                   cameras: bool = False, motion: str = "fixed", action_width: int = 2) -> str:
-    """Write a LeRobot v2.1 dataset (lerobot's files, H.264 video) with 3 DROID cameras showing code_frame; with
-    cameras, each frame also carries every camera's parameters (sensors.<name>.extrinsic_cv from synthetic_w2c and
-    sensors.<name>.intrinsic_cv: a pinhole with fx = fy = 0.8 width, centred), for --layout views.
-
-    motion: "fixed" sweeps the square right whatever the (sinusoid, 8-dim) state and action say; "actions" moves it by
-    each frame's command (square_commands): action [2] = (dx, dy), observation.state [2] = its position (x, y), both
-    in 320x180 pixels, so a model can learn that the commands cause the motion (issue 36, the tiny-action config);
-    action_width > 2 pads the command with zeros to that width (7: Bridge's, for v2w-2b-action's action_dim 12 x 7).
-    Tasks alternate between two strings with commas, quotes and non-ASCII; the 8-frame episode is too short for any
-    clip. Built in a temporary folder and renamed at the end, so a killed run leaves no half dataset behind."""
-    if motion not in ("fixed", "actions") or action_width < 2 or (motion == "fixed" and action_width != 2):
-        raise ValueError(f"motion={motion!r}, action_width={action_width}: expected 'fixed' or 'actions', and a width "
-                         ">= 2 with 'actions' only")
-    robot = 2 if motion == "actions" else 8  # the state and action widths
-    widths = {"observation.state": robot, "action": action_width if motion == "actions" else robot}
-    if os.path.exists(out):
-        raise FileExistsError(f"{out} exists; make_synthetic never writes into an existing folder")
-    tmp = f"{out}.tmp-{os.getpid()}"
-    cams = [f"observation.images.{c}" for c in ("exterior_1_left", "exterior_2_left", "wrist_left")]
+def synthetic_info(lengths, height: int, width: int, fps: int, widths: dict, cams: list, params: dict) -> dict:
+    """make_synthetic's meta/info.json."""
     scalar = lambda dtype: {"dtype": dtype, "shape": [1], "names": None}  # noqa: E731
     video = {"dtype": "video", "shape": [height, width, 3], "names": ["height", "width", "channels"],
              "info": {"video.height": height, "video.width": width, "video.codec": "h264", "video.pix_fmt": "yuv420p",
                       "video.is_depth_map": False, "video.fps": fps, "video.channels": 3, "has_audio": False}}
+    robot = widths["observation.state"]
     info = {"codebase_version": "v2.1", "robot_type": "droid", "total_episodes": len(lengths),
             "total_frames": sum(lengths), "total_tasks": len(SYNTHETIC_TASKS), "total_videos": 3 * len(lengths),
             "total_chunks": 1, "chunks_size": 1000, "fps": fps, "splits": {"train": f"0:{len(lengths)}"},
@@ -514,34 +464,48 @@ def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: i
                             for k, prefix in (("observation.state", "square_"), ("action", "d"))},
                          "timestamp": scalar("float32"),
                          **{k: scalar("int64") for k in ("frame_index", "episode_index", "index", "task_index")}}}
-    params = {f"sensors.{c.split('.')[-1]}.{kind}_cv": (i, kind) for i, c in enumerate(cams, 1)
-              for kind in ("extrinsic", "intrinsic")} if cameras else {}
     info["features"].update({col: {"dtype": "float32", "shape": [3, 4 if kind == "extrinsic" else 3], "names": None}
                              for col, (_, kind) in params.items()})
+    return info
+
+
+def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: int = 160, fps: int = 15,
+                   cameras: bool = False, motion: str = "fixed", action_width: int = 2, without=()) -> str:
+    """Write a LeRobot v2.1 dataset (lerobot's files, H.264 video) with 3 DROID cameras showing code_frame; with
+    cameras, each frame also carries every camera's parameters (sensors.<name>.extrinsic_cv from synthetic_w2c and
+    sensors.<name>.intrinsic_cv: a pinhole with fx = fy = 0.8 width, centred), for --layout views.
+
+    motion: "fixed" sweeps the square right whatever the (sinusoid, 8-dim) state and action say; "actions" moves it by
+    each frame's command (square_commands, from the BEHAVIOURS families less `without`; each episode's family is in
+    meta/episodes.jsonl as "behaviour"): action [2] = (dx, dy), observation.state [2] = its position (x, y), both
+    in 320x180 pixels, so a model can learn that the commands cause the motion (issue 36, the tiny-action config);
+    action_width > 2 pads the command with zeros to that width (7: Bridge's, for v2w-2b-action's action_dim 12 x 7).
+    Tasks alternate between two strings with commas, quotes and non-ASCII; the 8-frame episode is too short for any
+    clip. Built in a temporary folder and renamed at the end, so a killed run leaves no half dataset behind."""
+    if motion not in ("fixed", "actions") or action_width < 2 or (motion == "fixed" and action_width != 2):
+        raise ValueError(f"motion={motion!r}, action_width={action_width}: expected 'fixed' or 'actions', and a width "
+                         ">= 2 with 'actions' only")
+    if without and motion != "actions":
+        raise ValueError(f"without={list(without)}: behaviour families exist with motion='actions' only")
+    check_behaviours(without)
+    robot = 2 if motion == "actions" else 8  # the state and action widths
+    widths = {"observation.state": robot, "action": action_width if motion == "actions" else robot}
+    if os.path.exists(out):
+        raise FileExistsError(f"{out} exists; make_synthetic never writes into an existing folder")
+    tmp = f"{out}.tmp-{os.getpid()}"
+    cams = [f"observation.images.{c}" for c in ("exterior_1_left", "exterior_2_left", "wrist_left")]
+    params = {f"sensors.{c.split('.')[-1]}.{kind}_cv": (i, kind) for i, c in enumerate(cams, 1)
+              for kind in ("extrinsic", "intrinsic")} if cameras else {}
+    info = synthetic_info(lengths, height, width, fps, widths, cams, params)
     for sub in ["meta", "data/chunk-000"] + [f"videos/chunk-000/{c}" for c in cams]:
         os.makedirs(os.path.join(tmp, sub))
     meta = {"episodes": [], "tasks": [{"task_index": i, "task": t} for i, t in enumerate(SYNTHETIC_TASKS)],
             "episodes_stats": []}
     for ep, length in enumerate(lengths):
-        t, task_index = np.arange(length), ep % len(SYNTHETIC_TASKS)
-        state = (np.sin(t[:, None] / 10 + np.arange(8)) / 2).astype(np.float32)
-        state, action = square_commands(ep, length) if robot == 2 else (state, np.roll(state, -1, axis=0))
-        action = np.pad(action, ((0, 0), (0, widths["action"] - action.shape[1])))  # action_width's zero dims
-        cols = {"observation.state": state, "action": action,
-                "timestamp": (t / fps).astype(np.float32), "frame_index": t, "episode_index": np.full(length, ep),
-                "index": sum(lengths[:ep]) + t, "task_index": np.full(length, task_index)}
-        pinhole = np.array([[0.8 * width, 0, width / 2], [0, 0.8 * width, height / 2], [0, 0, 1]], np.float32)
-        cols.update({col: synthetic_w2c(i, t).astype(np.float32) if kind == "extrinsic" else
-                     np.tile(pinhole, (length, 1, 1)) for col, (i, kind) in params.items()})
-        vector = lambda v: pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), v.shape[1])  # noqa: E731
-        pq.write_table(pa.table({k: vector(v) if v.ndim == 2 else pa.array(v.tolist()) if v.ndim == 3 else v
-                                 for k, v in cols.items()}),
-                       os.path.join(tmp, info["data_path"].format(episode_chunk=0, episode_index=ep)))
-        for camera, key in enumerate(cams, 1):
-            path = os.path.join(tmp, info["video_path"].format(episode_chunk=0, video_key=key, episode_index=ep))
-            encode(path, [code_frame(ep, camera, k, height, width, state[k] if robot == 2 else None)
-                          for k in range(length)], fps)
-        meta["episodes"].append({"episode_index": ep, "tasks": [SYNTHETIC_TASKS[task_index]], "length": length})
+        cols = write_episode(tmp, info, ep, lengths, (height, width, fps), widths, cams, params, without)
+        task = SYNTHETIC_TASKS[ep % len(SYNTHETIC_TASKS)]
+        behaviour = {"behaviour": episode_behaviour(ep, without)} if robot == 2 else {}
+        meta["episodes"].append({"episode_index": ep, "tasks": [task], "length": length, **behaviour})
         meta["episodes_stats"].append({"episode_index": ep, "stats": {k: {
             "min": v.min(0).tolist(), "max": v.max(0).tolist(), "mean": v.mean(0).tolist(), "std": v.std(0).tolist(),
             "count": [length]} for k, v in cols.items()}})
@@ -554,18 +518,46 @@ def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: i
     return out
 
 
-def check_synthetic(root: str, lengths, motion: str, stitched: str) -> None:
+def write_episode(tmp: str, info: dict, ep: int, lengths, video: tuple, widths: dict, cams: list, params: dict,
+                  without) -> dict:
+    """One make_synthetic episode's parquet and videos; returns its columns."""
+    (height, width, fps), length = video, lengths[ep]
+    t, robot = np.arange(length), widths["observation.state"]
+    state = (np.sin(t[:, None] / 10 + np.arange(8)) / 2).astype(np.float32)
+    state, action = square_commands(ep, length, without) if robot == 2 else (state, np.roll(state, -1, axis=0))
+    action = np.pad(action, ((0, 0), (0, widths["action"] - action.shape[1])))  # action_width's zero dims
+    cols = {"observation.state": state, "action": action,
+            "timestamp": (t / fps).astype(np.float32), "frame_index": t, "episode_index": np.full(length, ep),
+            "index": sum(lengths[:ep]) + t, "task_index": np.full(length, ep % len(SYNTHETIC_TASKS))}
+    pinhole = np.array([[0.8 * width, 0, width / 2], [0, 0.8 * width, height / 2], [0, 0, 1]], np.float32)
+    cols.update({col: synthetic_w2c(i, t).astype(np.float32) if kind == "extrinsic" else
+                 np.tile(pinhole, (length, 1, 1)) for col, (i, kind) in params.items()})
+    vector = lambda v: pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), v.shape[1])  # noqa: E731
+    pq.write_table(pa.table({k: vector(v) if v.ndim == 2 else pa.array(v.tolist()) if v.ndim == 3 else v
+                             for k, v in cols.items()}),
+                   os.path.join(tmp, info["data_path"].format(episode_chunk=0, episode_index=ep)))
+    for camera, key in enumerate(cams, 1):
+        path = os.path.join(tmp, info["video_path"].format(episode_chunk=0, video_key=key, episode_index=ep))
+        encode(path, [code_frame(ep, camera, k, height, width, state[k] if robot == 2 else None)
+                      for k in range(length)], fps)
+    return cols
+
+
+def check_synthetic(root: str, lengths, motion: str, stitched: str, without=()) -> None:
     """A make_synthetic folder written by another generator (other episode lengths, or with motion="actions" other
-    commands or square size: episode 0's square positions differ) is a ValueError naming it and `stitched`, the
-    folder made from it, so a tiny preset never trains on what an older version of this file wrote."""
+    commands, behaviour families or square size: the episodes' families or episode 0's square positions differ) is a
+    ValueError naming it and `stitched`, the folder made from it, so a tiny preset never trains on what an older
+    version of this file wrote."""
     with open(os.path.join(root, "meta", "episodes.jsonl"), encoding="utf-8") as f:
-        got = [json.loads(line)["length"] for line in f if line.strip()]
+        episodes = [json.loads(line) for line in f if line.strip()]
+    got = [e["length"] for e in episodes]
     same = got == list(lengths)
     if same and motion == "actions":
         table = pq.read_table(os.path.join(root, "data", "chunk-000", "episode_000000.parquet"),
                               columns=["observation.state"])
         state = np.asarray(table.column("observation.state").to_pylist(), np.float32)
-        same = np.array_equal(state, square_commands(0, lengths[0])[0])
+        same = np.array_equal(state, square_commands(0, lengths[0], without)[0]) and \
+            [e.get("behaviour") for e in episodes] == [episode_behaviour(i, without) for i in range(len(got))]
     if not same:
         what = f"{len(got)} episodes, this version writes {len(lengths)}" if len(got) != len(lengths) else \
             "other square commands than this version's"

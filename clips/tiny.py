@@ -13,11 +13,12 @@ from base.cli import recipe
 TINY_ACTION_LENGTHS = (112, 100, 120, 104, 116, 100, 108, 124, 104, 100) * 4 + (8,)
 
 
-def make_tiny_dataset(root, views=False, actions=False):
+def make_tiny_dataset(root, views=False, actions=False, without=()):
     """Synthetic LeRobot episodes (stitch.make_synthetic, with camera poses) stitched into a small grid or views
     folder. The grid and the views folder beside it come from one LeRobot folder (`tiny_lerobot`, or with actions
     `tiny_action_lerobot`: squares moved by them, next to root), so their videos share stems: the same episodes, as
-    Path A and B runs compare them (evaluate.py). Under a lock: a second tiny default waits, then only re-reads."""
+    Path A and B runs compare them (evaluate.py). Under a lock: a second tiny default waits, then only re-reads.
+    without: behaviour families (lerobot.BEHAVIOURS) left out of the action episodes (leave-one-family-out runs)."""
     raw = os.path.join(os.path.dirname(root) or ".", "tiny_action_lerobot" if actions else "tiny_lerobot")
     os.makedirs(os.path.dirname(os.path.abspath(raw)), exist_ok=True)
     # tiny: 6 usable episodes (it holds out 2: 4 train, over 1, 2 or 4 ranks), 1 too short
@@ -28,8 +29,8 @@ def make_tiny_dataset(root, views=False, actions=False):
             if os.path.exists(root):  # stitched from a source that is gone: its videos would be kept as "done"
                 raise ValueError(f"{root} exists but {raw}, its source, does not: delete {root}, then rerun (both are "
                                  "rebuilt)")
-            stitch.make_synthetic(raw, lengths=lengths, cameras=True, motion=motion)
-        lerobot.check_synthetic(raw, lengths, motion, stitched=root)
+            stitch.make_synthetic(raw, lengths=lengths, cameras=True, motion=motion, without=without)
+        lerobot.check_synthetic(raw, lengths, motion, stitched=root, without=without)
         clip = recipe("tiny")  # the tiny preset's clips: recipes/tiny.py
         stitch.stitch(raw, root, stride=4, frames=clip["frames"], size=f"{clip['height']}x{clip['width']}",
                       workers=1, layout="views" if views else "grid")

@@ -12,15 +12,17 @@ command held for one chunk takes the square from its start, never overlapping it
 Plug-ins (`tasks.square:judge`, `tasks.square:go_to_target`, ...) see the grid as the net does, frames [B, 3, T, H, W]
 in [-1, 1], and info {"chunk": k, "task": sample_tasks' arrays of these B episodes, "steps", "action_dim", "seed"}:
   judge(frames, info)  -> [B] success in [0, 1]
-  policy(frames, info) -> [B, steps, action_dim] raw actions: one command (dx, dy) held for the whole chunk, as the
-                          training data holds a command for 40-60 steps, cut where the square would leave
-                          SQUARE_RANGE, as the data's recorded actions are (the motion IS the action there)
+  policy(frames, info) -> [B, steps, action_dim] raw actions, cut where the square would leave SQUARE_RANGE, as the
+                          data's recorded actions are (the motion IS the action there). Each policy has a .family:
+                          "reference" (go_to_target to wrong_way: one command held a chunk), or goal, pause, noisy,
+                          switch (OTHERS: controllers acting like that family of the data, FAMILY_DATA), each graded
 
 A task module for policyeval.py has: sample_tasks(n, seed), first_frames(tasks), simulator(tasks) (a step function
-for engine/world.closed_loop; a task without a true simulator leaves it out), judge, POLICIES.
+for engine/world.closed_loop; a task without a true simulator leaves it out), judge, POLICIES, and optionally
+state_success(world, tasks) (success read from the simulator's own state, to check the judge against).
 
 Contents, top to bottom: tasks -> simulator (step, render, first_frames, simulator) -> judge (locate, judge) ->
-policies -> run_in_simulator.
+reference policies -> policies of other families, state_success -> run_in_simulator -> world-model reward.
 """
 import subprocess
 
@@ -28,6 +30,7 @@ import numpy as np
 import torch
 
 from base.lerobot import ACTION_SQUARE, COMMAND_DX, COMMAND_DY, SLOTS, SQUARE_RANGE, code_frame
+from base.squareworld import RATE_MAX
 from base.video import cell_filter, ffmpeg_exe, fit_of
 from engine.world import closed_loop
 
@@ -264,8 +267,106 @@ def wrong_way(frames_B_3_T_H_W, info: dict) -> torch.Tensor:
     return towards(frames_B_3_T_H_W, info, -1)
 
 
-POLICIES = {f.__name__: f for f in (go_to_target, epsilon_25, epsilon_50, epsilon_75, random_commands, stand_still,
-                                    wrong_way)}  # from most to least skilled
+REFERENCE = (go_to_target, epsilon_25, epsilon_50, epsilon_75, random_commands, stand_still, wrong_way)
+
+
+# ---------------------------------------------------------------------------------- policies of other families
+# Each family acts like one of the data's behaviour families (lerobot.BEHAVIOURS; FAMILY_DATA maps them), graded in
+# skill, so that a world model trained without that family (the leave-one-family-out runs, docs/policyeval.md) is
+# asked to rank policies whose kind of motion it never saw. Closed loop across chunks (each reads the square from
+# the frames), open loop inside one: the policy knows where its own actions take the square (the motion IS the action).
+
+FAMILY_DATA = {"reference": "held", "goal": "goal", "pause": "pause", "noisy": "noisy", "switch": "switch"}
+
+
+def drive(frames_B_3_T_H_W, info: dict, command) -> torch.Tensor:
+    """[B, info["steps"], info["action_dim"]] raw actions of a controller: command(t, corners [B, 2], target [B, 2],
+    rngs) -> [B, 2] the next command (t: the step in the episode), clipped to the data's +-RATE_MAX, cut at the
+    borders; (0, 0) where no square was found. rngs: one generator per episode, seeded by (seed, chunk, episode)."""
+    steps, action_dim = info["steps"], info["action_dim"]
+    if action_dim < 2 or steps < 1:
+        raise ValueError(f"info: steps {steps}, action_dim {action_dim}; the square's commands need >= 1 and >= 2")
+    corners, found = seen(frames_B_3_T_H_W)
+    target = np.asarray(info["task"]["target"], np.float64)
+    rngs = [np.random.default_rng([info["seed"], info["chunk"], int(e), 51]) for e in info["task"]["episode"]]
+    position, actions = np.nan_to_num(corners).astype(np.float64), np.zeros((len(corners), steps, action_dim))
+    for i in range(steps):
+        wanted = np.clip(command(info["chunk"] * steps + i, position, target, rngs), -RATE_MAX, RATE_MAX)
+        moved = np.clip(position + np.where(found[:, None], wanted, 0), LOW, HIGH)
+        actions[:, i, :2], position = moved - position, moved
+    return torch.from_numpy(actions.astype(np.float32))
+
+
+def family_policy(name: str, family: str, doc: str, command):
+    """A module-level policy (a `tasks.square:<name>` plug-in) of `family` driving `command`."""
+    def policy(frames_B_3_T_H_W, info: dict) -> torch.Tensor:
+        return drive(frames_B_3_T_H_W, info, command)
+    policy.__name__ = policy.__qualname__ = name
+    policy.__doc__, policy.family = doc, family
+    return policy
+
+
+def proportional(gain: float, offset=(0.0, 0.0)):
+    """gain x (target - corner) a step (1: full rate until a last step lands on it, bang-bang), aimed `offset` pixels
+    off the target."""
+    return lambda t, position, target, rngs: gain * (target + offset - position)
+
+
+def after(pause: int, then):
+    """Still for the episode's first `pause` steps, then `then`."""
+    return lambda t, position, target, rngs: then(t, position, target, rngs) * (t >= pause)
+
+
+def noisy(then, sigma: float):
+    """`then` plus Gaussian noise of sigma pixels a step."""
+    return lambda t, position, target, rngs: then(t, position, target, rngs) + np.stack(
+        [rng.normal(0, sigma, 2) for rng in rngs])
+
+
+def switching(then, share: float, every: int = 4):
+    """`then`, but in a `share` of each `every`-step block a random command: changes inside a chunk."""
+    def command(t, position, target, rngs):
+        if t % every == 0:
+            command.draws = [(rng.random() < share, rng.uniform(-RATE_MAX, RATE_MAX)) for rng in rngs]
+        own = then(t, position, target, rngs)
+        return np.stack([r if coin else o for (coin, r), o in zip(command.draws, own)])
+    return command
+
+
+OTHERS = [family_policy(*spec) for spec in (
+    ("bang_bang", "goal", "Full rate towards the target on each axis, a smaller step to land on it.",
+     proportional(1.0)),
+    ("proportional_10", "goal", "0.1 x (target - corner) a step.", proportional(0.1)),
+    ("proportional_02", "goal", "0.02 x (target - corner) a step: slow, far targets are missed.", proportional(0.02)),
+    ("aim_off", "goal", "0.1 x a step towards a point 48 pixels right of and 24 below the target.",
+     proportional(0.1, (48.0, 24.0))),
+    ("proportional_01", "goal", "0.01 x (target - corner) a step: slower.", proportional(0.01)),
+    ("pause_16", "pause", "Still for 16 steps, then bang-bang.", after(16, proportional(1.0))),
+    ("pause_64", "pause", "Still for 64 steps (two chunks), then bang-bang.", after(64, proportional(1.0))),
+    ("pause_80", "pause", "Still for 80 steps, then bang-bang.", after(80, proportional(1.0))),
+    ("pause_88", "pause", "Still for 88 steps, then bang-bang: only the nearest targets.",
+     after(88, proportional(1.0))),
+    ("noisy_2", "noisy", "proportional 0.1 plus noise of 2 pixels a step.", noisy(proportional(0.1), 2.0)),
+    ("noisy_8", "noisy", "proportional 0.03 plus noise of 8 pixels a step.", noisy(proportional(0.03), 8.0)),
+    ("noisy_16", "noisy", "proportional 0.01 plus noise of 16 pixels a step.", noisy(proportional(0.01), 16.0)),
+    ("switch_25", "switch", "bang-bang, a random command in a quarter of the 4-step blocks.",
+     switching(proportional(1.0), 0.25)),
+    ("switch_75", "switch", "bang-bang, a random command in three quarters of the 4-step blocks.",
+     switching(proportional(1.0), 0.75)),
+    ("switch_100", "switch", "a random command every 4 steps.", switching(proportional(1.0), 1.0)),
+)]
+globals().update({policy.__name__: policy for policy in OTHERS})  # tasks.square:<name> plug-ins
+for policy in REFERENCE:
+    policy.family = "reference"
+POLICIES = {f.__name__: f for f in REFERENCE + tuple(OTHERS)}  # the reference family from most to least skilled, then
+# the others family by family (tasks/square.py's docstring; docs/policyeval.md gives their success in the simulator)
+
+
+def state_success(world, tasks: dict) -> np.ndarray:
+    """[B] 1.0 where the square's true centre (the simulator's own state: the `path` of the world that
+    simulator(tasks) returns, not its frames) ends in the target box: what policyeval.py holds the judge against."""
+    end = np.asarray(world.path, np.float32)[:, -1] + ACTION_SQUARE / 2
+    return inside(end, np.asarray(tasks["target"], np.float32)).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------------------------- run_in_simulator

@@ -73,16 +73,19 @@ VARIANTS["combo80"] = {"data": dict(COMBO, episodes=80), "flags": ["--holdout", 
 
 def patch(variant: dict):
     """Apply a variant's network and data changes to this process's modules (before train/evaluate read them)."""
-    from base import inits, lerobot
+    from base import inits, lerobot, squareworld
     from clips import tiny
     inits.CONFIGS["tiny-action"] = replace(inits.CONFIGS["tiny-action"], **variant.get("net", {}))
     knobs = dict(BASE_DATA, **variant.get("data", {}))
-    lerobot.ACTION_SQUARE = knobs["square"]
-    lerobot.SQUARE_RANGE = ((0, 320 - knobs["square"]), (0, 180 - knobs["square"]))
+    lerobot.ACTION_SQUARE = squareworld.ACTION_SQUARE = knobs["square"]
+    lerobot.SQUARE_RANGE = squareworld.SQUARE_RANGE = ((0, 320 - knobs["square"]), (0, 180 - knobs["square"]))
     tiny.TINY_ACTION_LENGTHS = tuple(LONG[i % len(LONG)] for i in range(knobs["episodes"])) + (8,)
-    # the command set and hold of lerobot.square_commands (knobs: inclusive [low, high] frames)
-    lerobot.COMMAND_DX, lerobot.COMMAND_DY = knobs.get("dx", (-8, -4, 0, 4, 8)), knobs.get("dy", (-4, 0, 4))
-    lerobot.COMMAND_HOLD = (knobs["hold"][0], knobs["hold"][1] + 1)
+    # the command range and hold of squareworld.square_commands (knobs: inclusive [low, high] frames). Since issue 51
+    # the episodes are the behaviour mixture (squareworld.BEHAVIOURS): "hold" sets the held family's hold alone, so
+    # these variants no longer rebuild issue 36's data (one discrete command held per stretch)
+    dx, dy = knobs.get("dx", (-8, -4, 0, 4, 8)), knobs.get("dy", (-4, 0, 4))
+    squareworld.RATE_MAX = squareworld.np.array([max(dx), max(dy)], float)
+    squareworld.COMMAND_HOLD = (knobs["hold"][0], knobs["hold"][1] + 1)
 
 
 def worker(name: str, spec: str, entry: str, argv: list):

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 import check_reference
 import ckpt
 import stitch
-from base import actions, lerobot
+from base import actions, lerobot, squareworld
 from base.inits import config_from_upstream, get_config
 from clips import tiny
 from clips.actionclips import ActionClips, ViewActionClips
@@ -304,7 +304,7 @@ def test_a_tiny_source_from_another_generator_version_is_refused_not_reused(tmp_
     lerobot.check_synthetic(src, (12, 10, 8), "actions", stitched="grid")  # this version's: accepted
     with pytest.raises(ValueError, match=r"3 episodes, this version writes 2\): delete .*src and grid"):
         lerobot.check_synthetic(src, (12, 10), "actions", stitched="grid")
-    monkeypatch.setattr(lerobot, "COMMAND_HOLD", (3, 10))  # the commands before issue 36's preset
+    monkeypatch.setattr(squareworld, "COMMAND_HOLD", (3, 10))  # the commands before issue 36's preset
     with pytest.raises(ValueError, match="other square commands than this version's") as e:
         lerobot.check_synthetic(src, (12, 10, 8), "actions", stitched="grid")
     assert "\n" not in str(e.value)

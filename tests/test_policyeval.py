@@ -102,6 +102,25 @@ def test_agreement_by_hand():
     assert policyeval.mmrv(sim, sim) == 0.0
     assert policyeval.pearson(policyeval.ranks(np.array(world)), policyeval.ranks(np.array(sim))) == pytest.approx(0.8)
     assert list(policyeval.ranks(np.array([0.0, 0.5, 0.0]))) == [0.5, 2.0, 0.5]
+    assert policyeval.ranking(world, sim)["calibration"] == pytest.approx((0.1 + 0.2 + 0.2 + 0.0) / 4)
+
+
+def test_calibration_and_each_familys_ranking_by_hand():
+    """agreement: calibration is the mean |world - sim| success over the policies; each family of 2+ policies ranked
+    alone; the judge's agreement with the simulator's own state over every simulator episode."""
+    frames = torch.zeros(2, 3, 9, 4, 4)
+    def result(world, sim, family, state=None):
+        return {"world": frames, "sim": frames, "success_world": torch.tensor(world), "success_sim": torch.tensor(sim),
+                "family": family, "state_sim": None if state is None else torch.tensor(state)}
+    results = {"a": result([1.0, 1.0], [1.0, 1.0], "one", [1.0, 1.0]), "b": result([0.0, 1.0], [1.0, 0.0], "one",
+                                                                                    [1.0, 1.0]),
+               "c": result([0.0, 0.0], [0.0, 0.0], "two"), "d": result([1.0, 0.0], [0.0, 0.0], "lone")}
+    summary = policyeval.agreement(results, chunks=1, frames=9)
+    assert summary["calibration"] == pytest.approx((0 + 0 + 0 + 0.5) / 4)  # success rates: b is 0.5 in both
+    assert list(summary["families"]) == ["one"]  # "two" and "lone" hold one policy each
+    assert summary["families"]["one"]["calibration"] == 0.0 and summary["families"]["one"]["policies"] == 2
+    assert summary["judge_vs_state"] == 0.75  # b's second episode: the judge says 0, the state 1
+    assert summary["policies"]["d"]["family"] == "lone" and "calibration" in policyeval.table(summary)
 
 
 def test_a_small_evaluation_end_to_end(action_run, tmp_path):
@@ -117,8 +136,9 @@ def test_a_small_evaluation_end_to_end(action_run, tmp_path):
     assert list(policies) == ["tasks.square:go_to_target", "tasks.square:stand_still"]
     assert policies["tasks.square:go_to_target"]["success_sim"] == 1.0
     assert policies["tasks.square:stand_still"]["success_sim"] == 0.0
-    assert {"spearman", "pearson", "mmrv", "false_success", "psnr_per_chunk", "s_per_chunk", "s_first_chunk",
-            "s_per_chunk_warm", "warnings"} <= set(summary) and summary["s_per_chunk_warm"] > 0
+    assert {"spearman", "pearson", "mmrv", "calibration", "false_success", "psnr_per_chunk", "s_per_chunk",
+            "s_first_chunk", "s_per_chunk_warm", "warnings"} <= set(summary) and summary["s_per_chunk_warm"] > 0
+    assert summary["judge_vs_state"] == 1.0 and policies["tasks.square:stand_still"]["family"] == "reference"
     assert len(policies["tasks.square:stand_still"]["psnr_per_chunk"]) == 2
     assert sorted(os.listdir(out)) == ["go_to_target_ep0.mp4", "ranking.png", "result.json", "stand_still_ep0.mp4"]
     assert "Spearman" in proc.stdout and "false success" in proc.stdout
@@ -176,5 +196,6 @@ def test_a_world_of_noise_and_a_single_policy_are_said():
     said = policyeval.warnings(summary, data_change=0.01)
     assert len(said) == 1 and said[0].startswith("a:noise: the world model's frames change") and "noise" in said[0]
     one = {"policies": {"a:x": {"success_world": 0.5, "success_sim": 0.5}}, "spearman": float("nan"),
-           "pearson": float("nan"), "mmrv": 0.0, "false_success": None}
+           "pearson": float("nan"), "mmrv": 0.0, "calibration": 0.0, "false_success": None, "families": {},
+           "judge_vs_state": None}
     assert "nan: one policy" in policyeval.table(one)
