@@ -65,7 +65,7 @@ class PolicyConfig:
     gamma: float = 0.99  # discount of the Monte-Carlo return (success 1 at the episode's end)
     world_model: float = 0.25  # fraction of world-model samples (conditioned on the action)
     value: float = 0.25  # fraction of value samples (conditioned on everything but the value); the rest: policy
-    eval_samples: int = 8  # held-out (episode, frame) samples of the validation, fixed for the whole run
+    eval_samples: int = 32  # held-out (episode, frame) samples of the validation, fixed for the whole run
 
     def __post_init__(self):
         slots(self.layout)  # raises naming the bad slot
@@ -290,30 +290,47 @@ def slot_image(vae, x0, slot):
 # Held-out evaluation: action L1 (normalised and raw), future-image PSNR, value error, the held-out loss
 
 
+def psnr(images, truths):
+    """PSNR in dB of images against truths, both [B, 3, H, W] in [-1, 1] (peak 1 on the [0, 1] scale)."""
+    mse = ((images.clamp(-1, 1) - truths) / 2).square().mean()
+    return -10 * torch.log10(mse.clamp(min=1e-10))
+
+
 @torch.no_grad()
 def evaluate(net, vae, data, items, layout, cfg, device, dtype):
-    """The validation row of fixed held-out samples, sampled as policy samples from fixed noise."""
-    layout_slots = slots(layout)
-    index = {kind: s for s, (kind, _) in enumerate(layout_slots)}
+    """The validation row of fixed held-out samples from fixed noise: as policy samples (the action, the future image
+    and the value generated; eval_action_l1_zero: the L1 of always predicting the data's centre, the bar to beat)
+    and as world-model samples (the action given: eval_wm_psnr, eval_wm_proprio_l1); eval_loss: the policy loss;
+    eval_psnr_codec: the VAE's own ceiling (the true latent decoded)."""
+    kinds = [kind for kind, _ in slots(layout)]
     x0 = encode_batch(vae, items, layout, device, dtype)
-    cond = condition_of(items, x0, layout, ["policy"] * len(items), device, dtype)
-    g = torch.Generator().manual_seed(sample_seed(cfg.seed, "policy_eval"))
-    loss = policy_loss(net, x0, cond, [sample_seed(cfg.seed, "eval", i) for i in range(len(items))], cfg.loss_scale)
-    pred = sample(net, cond, torch.randn(x0.shape, generator=g).to(device))
-    action = extract(pred[:, :, index["action"]], len(items[0]["action"])).cpu()
-    act = data.stats[ACTION]
-    raw = torch.from_numpy(from_unit(action.numpy().reshape(len(items), -1, data.action_dim), act["min"], act["max"]))
-    truth = torch.stack([it["action"] for it in items])
-    raw_truth = torch.stack([it["raw_action"] for it in items]).reshape(raw.shape)
-    value = extract(pred[:, :, index["value"]], 1).cpu()
-    future = [s for s, (kind, _) in enumerate(layout_slots) if kind == "future_image"][0]
-    image = slot_image(vae, pred, future).cpu().clamp(-1, 1)
-    mse = ((image - torch.stack([it["future_image"] for it in items])) / 2).square().mean()
+    truth = {k: torch.stack([it[k] for it in items]) for k in ("action", "raw_action", "value", "future_image",
+                                                                "future_proprio")}
     mean = lambda x: collectives.all_mean(float(x), device)  # noqa: E731
-    return {"eval_loss": mean(loss), "eval_action_l1": mean((action - truth).abs().mean()),
-            "eval_action_l1_raw": mean((raw - raw_truth).abs().mean()),
-            "eval_psnr": mean(-10 * torch.log10(mse.clamp(min=1e-10))),
-            "eval_value_error": mean((value - torch.stack([it["value"] for it in items])).abs().mean())}
+    row = {"eval_psnr_codec": mean(psnr(slot_image(vae, x0, kinds.index("future_image")).cpu(),
+                                        truth["future_image"]))}  # the ceiling: the true latent decoded
+    for sample_type, prefix in (("policy", "eval_"), ("world_model", "eval_wm_")):
+        cond = condition_of(items, x0, layout, [sample_type] * len(items), device, dtype)
+        noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(sample_seed(cfg.seed, sample_type)))
+        pred = sample(net, cond, noise.to(device))
+        row[prefix + "psnr"] = mean(psnr(slot_image(vae, pred, kinds.index("future_image")).cpu(),
+                                         truth["future_image"]))
+        if "future_proprio" in kinds and truth["future_proprio"].shape[1]:
+            proprio = extract(pred[:, :, kinds.index("future_proprio")], truth["future_proprio"].shape[1]).cpu()
+            row[prefix + "proprio_l1"] = mean((proprio - truth["future_proprio"]).abs().mean())
+        row[prefix + "value_error"] = mean((extract(pred[:, :, kinds.index("value")], 1).cpu()
+                                            - truth["value"]).abs().mean())
+        if sample_type == "policy":
+            row["eval_loss"] = mean(policy_loss(net, x0, cond, [sample_seed(cfg.seed, "eval", i) for i in
+                                                                range(len(items))], cfg.loss_scale))
+            action = extract(pred[:, :, kinds.index("action")], truth["action"].shape[1]).cpu()
+            act = data.stats[ACTION]
+            raw = from_unit(action.numpy().reshape(len(items), -1, data.action_dim), act["min"], act["max"])
+            row.update(eval_action_l1=mean((action - truth["action"]).abs().mean()),
+                       eval_action_l1_raw=mean(np.abs(raw.reshape(len(items), -1) - truth["raw_action"].numpy())
+                                               .mean()),
+                       eval_action_l1_zero=mean(truth["action"].abs().mean()))
+    return row
 
 
 # -----------------------------------------------------------------------------
