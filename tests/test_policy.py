@@ -145,6 +145,14 @@ def test_policy_trains_through_train_py(tiny_action_grid, tmp_path):
     with open(os.path.join(out, "policy_stats.json")) as f:
         stats = json.load(f)
     assert stats["chunk"] == 8 and stats["action"]["min"] == [-8.0, -4.0] and len(stats["layout"]) == 7
+    # no new parameters or keys: the policy's checkpoint loads strictly into the plain tiny DiT (ckpt.load refuses a
+    # missing, unexpected or reshaped key), as a released Cosmos-Policy file loads into v2w-2b (docs/policy.md)
+    import ckpt
+    from base.inits import get_config
+    from model import DiT
+    plain = DiT(get_config("tiny"))
+    report = ckpt.load(plain, os.path.join(out, "step_00000002"), verbose=False)
+    assert sorted(report.loaded) == sorted(plain.state_dict()) and not report.unexpected, report
     refused = in_process(train, ["--objective", "policy", "--data", tiny_action_grid, "--out", str(tmp_path / "r2"),
                                  "--lora", "4"])  # refused before anything is built
     assert refused.returncode == 2 and "drop --lora" in refused.stderr, refused.stderr
