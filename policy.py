@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from base import collectives
-from base.inits import get_config, tiny_data
+from base.inits import get_config
 from base.actions import ACTION, STATE, STATS_FILE, action_file, checked_stats, read_arrays
 from base.files import write_atomic
 from base.video import read_clip
@@ -55,6 +55,7 @@ GENERATED = {"policy": {"action", "future_proprio", "future_image", "value"},  #
              "value": {"value"}}
 LOGNORMAL_P, LOG_MEAN, LOG_SD, UNIFORM = 0.7, math.log(4.0), 1.2, (1.0, 85.0)  # cosmos-policy's training sigmas
 SAMPLE_SIGMAS = (80.0, 4.0)  # the policy sampler's first and last noise level
+TINY_DATA = "data/tiny_policy_grid"  # recipes/tiny_policy.py's folder: squares an expert steers (make_tiny_dataset)
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,8 @@ class PolicyData:
     def record(self):
         """What policy_stats.json keeps with the run: the normalisation and the chunk, so a sampled chunk decodes."""
         return {"stride": self.stride, "chunk": self.chunk, "gamma": self.gamma, "action_dim": self.action_dim,
-                "state_dim": self.state_dim, **{k: {s: v.tolist() for s, v in d.items()} for k, d in self.stats.items()}}
+                "state_dim": self.state_dim,
+                **{k: {s: v.tolist() for s, v in d.items()} for k, d in self.stats.items()}}
 
     def starts(self, episode):
         """The frames t of an episode that have a future frame t + steps."""
@@ -236,7 +238,8 @@ def condition_of(items, x0, layout, types, device, dtype):
     cond = from_batch({"text_emb": torch.stack([it["text_emb"] for it in items])}, device, 0, 0, dtype, -1.0,
                       latent=x0)
     clean = torch.tensor([condition_slots(layout, t) for t in types], dtype=x0.dtype, device=device)
-    return replace(cond, condition_mask=clean[:, None, :, None, None].expand(x0.shape[0], 1, *x0.shape[2:]).contiguous())
+    mask = clean[:, None, :, None, None].expand(x0.shape[0], 1, *x0.shape[2:]).contiguous()
+    return replace(cond, condition_mask=mask)
 
 
 # -----------------------------------------------------------------------------
@@ -356,8 +359,8 @@ class Policy:
                              "(tiny, v2w-2b, ...): its sampler and loss are nets/edm.py's")
         if cfg.lora:
             raise ValueError("--objective policy fine-tunes the whole net, as cosmos-policy does: drop --lora")
-        if os.path.normpath(cfg.data) == os.path.normpath(tiny_data("tiny-action")) and not os.path.isdir(cfg.data):
-            make_tiny_dataset(cfg.data, actions=True)  # the tiny recipe's own synthetic folder, built on first use
+        if os.path.normpath(cfg.data) == os.path.normpath(TINY_DATA) and not os.path.isdir(cfg.data):
+            make_tiny_dataset(cfg.data, orbit=True)  # the tiny recipe's own synthetic folder, built on first use
         return unused_rl_flags(cfg, given, Policy.NAME)
 
     @staticmethod

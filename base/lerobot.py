@@ -456,11 +456,21 @@ COMMAND_HOLD = (40, 61)  # frames a command holds: [low, high)
 COMMAND_DX, COMMAND_DY = (-8, -4, 0, 4, 8), (-4, 0, 4)  # a command's (dx, dy) in 320x180 pixels a frame
 
 
-def square_commands(episode: int, length: int) -> tuple:
+def orbit_command(pos) -> tuple:
+    """motion="orbit": the command at a position, an expert's: a clockwise turn around the centre of SQUARE_RANGE
+    (dx from the height above or below it, dy from the distance left or right), rounded to COMMAND_DX x COMMAND_DY.
+    A function of the position alone, so a policy can read it off one frame (the tiny policy's data)."""
+    (x_lo, x_hi), (y_lo, y_hi) = SQUARE_RANGE
+    dx = -(pos[1] - (y_lo + y_hi) / 2) / ((y_hi - y_lo) / 2) * max(COMMAND_DX)
+    dy = (pos[0] - (x_lo + x_hi) / 2) / ((x_hi - x_lo) / 2) * max(COMMAND_DY)
+    return min(COMMAND_DX, key=lambda c: abs(c - dx)), min(COMMAND_DY, key=lambda c: abs(c - dy))
+
+
+def square_commands(episode: int, length: int, orbit: bool = False) -> tuple:
     """motion="actions": (position [length, 2], action [length, 2]) float32 in 320x180 pixels. Commands hold for 40-60
     frames (COMMAND_HOLD), each (dx, dy) from COMMAND_DX x COMMAND_DY, cut where the square would leave
     SQUARE_RANGE, so that position[i+1] = position[i] + action[i] holds exactly: the motion IS the action (the last one
-    leads nowhere). Seeded by the episode alone."""
+    leads nowhere). Seeded by the episode alone. orbit: the same starts, each command orbit_command's instead."""
     rng = np.random.default_rng([36, episode])
     (x_lo, x_hi), (y_lo, y_hi) = SQUARE_RANGE
     pos, act = np.zeros((length, 2)), np.zeros((length, 2))
@@ -470,6 +480,7 @@ def square_commands(episode: int, length: int) -> tuple:
             command = rng.choice(COMMAND_DX), rng.choice(COMMAND_DY)
             hold = int(rng.integers(*COMMAND_HOLD))
         hold -= 1
+        command = orbit_command(pos[i]) if orbit else command
         target = np.clip(pos[i] + command, (x_lo, y_lo), (x_hi, y_hi))
         act[i] = target - pos[i]
         if i + 1 < length:
@@ -486,14 +497,15 @@ def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: i
     motion: "fixed" sweeps the square right whatever the (sinusoid, 8-dim) state and action say; "actions" moves it by
     each frame's command (square_commands): action [2] = (dx, dy), observation.state [2] = its position (x, y), both
     in 320x180 pixels, so a model can learn that the commands cause the motion (issue 36, the tiny-action config);
+    "orbit" likewise, each command orbit_command's (an expert a policy can imitate: the tiny policy's data);
     action_width > 2 pads the command with zeros to that width (7: Bridge's, for v2w-2b-action's action_dim 12 x 7).
     Tasks alternate between two strings with commas, quotes and non-ASCII; the 8-frame episode is too short for any
     clip. Built in a temporary folder and renamed at the end, so a killed run leaves no half dataset behind."""
-    if motion not in ("fixed", "actions") or action_width < 2 or (motion == "fixed" and action_width != 2):
-        raise ValueError(f"motion={motion!r}, action_width={action_width}: expected 'fixed' or 'actions', and a width "
-                         ">= 2 with 'actions' only")
-    robot = 2 if motion == "actions" else 8  # the state and action widths
-    widths = {"observation.state": robot, "action": action_width if motion == "actions" else robot}
+    if motion not in ("fixed", "actions", "orbit") or action_width < 2 or (motion == "fixed" and action_width != 2):
+        raise ValueError(f"motion={motion!r}, action_width={action_width}: expected 'fixed', 'actions' or 'orbit', "
+                         "and a width >= 2 with 'actions' or 'orbit' only")
+    robot = 8 if motion == "fixed" else 2  # the state and action widths
+    widths = {"observation.state": robot, "action": robot if motion == "fixed" else action_width}
     if os.path.exists(out):
         raise FileExistsError(f"{out} exists; make_synthetic never writes into an existing folder")
     tmp = f"{out}.tmp-{os.getpid()}"
@@ -525,7 +537,8 @@ def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: i
     for ep, length in enumerate(lengths):
         t, task_index = np.arange(length), ep % len(SYNTHETIC_TASKS)
         state = (np.sin(t[:, None] / 10 + np.arange(8)) / 2).astype(np.float32)
-        state, action = square_commands(ep, length) if robot == 2 else (state, np.roll(state, -1, axis=0))
+        state, action = square_commands(ep, length, motion == "orbit") if robot == 2 else \
+            (state, np.roll(state, -1, axis=0))
         action = np.pad(action, ((0, 0), (0, widths["action"] - action.shape[1])))  # action_width's zero dims
         cols = {"observation.state": state, "action": action,
                 "timestamp": (t / fps).astype(np.float32), "frame_index": t, "episode_index": np.full(length, ep),
@@ -561,11 +574,11 @@ def check_synthetic(root: str, lengths, motion: str, stitched: str) -> None:
     with open(os.path.join(root, "meta", "episodes.jsonl"), encoding="utf-8") as f:
         got = [json.loads(line)["length"] for line in f if line.strip()]
     same = got == list(lengths)
-    if same and motion == "actions":
+    if same and motion in ("actions", "orbit"):
         table = pq.read_table(os.path.join(root, "data", "chunk-000", "episode_000000.parquet"),
                               columns=["observation.state"])
         state = np.asarray(table.column("observation.state").to_pylist(), np.float32)
-        same = np.array_equal(state, square_commands(0, lengths[0])[0])
+        same = np.array_equal(state, square_commands(0, lengths[0], motion == "orbit")[0])
     if not same:
         what = f"{len(got)} episodes, this version writes {len(lengths)}" if len(got) != len(lengths) else \
             "other square commands than this version's"

@@ -109,15 +109,37 @@ def test_sampler_80_to_4_in_five_calls_conditioning_kept():
     assert torch.equal(out[:, :, ~generated], x0[:, :, ~generated])
 
 
-def test_policy_data_returns_and_statistics(tiny_action_grid):
+@pytest.fixture(scope="module")
+def tiny_policy_grid(tmp_path_factory):
+    """recipes/tiny_policy.py's folder: the orbit expert's episodes (clips.tiny.make_tiny_dataset(orbit=True))."""
+    from clips import tiny
+    root = str(tmp_path_factory.mktemp("data") / "tiny_policy_grid")
+    tiny.make_tiny_dataset(root, orbit=True)
+    return root
+
+
+def test_orbit_expert_acts_on_the_position_alone():
+    """The tiny policy's expert: its command is a function of the square's position (a policy can read it off one
+    frame), and the square moves by it exactly."""
+    from base import lerobot
+    pos, act = lerobot.square_commands(3, 100, orbit=True)
+    assert len({tuple(a) for a in act[:-1]}) > 3  # it turns
+    for p, a, nxt in zip(pos[:-1], act[:-1], pos[1:]):
+        (x_lo, x_hi), (y_lo, y_hi) = lerobot.SQUARE_RANGE
+        command = np.array(lerobot.orbit_command(p))
+        np.testing.assert_array_equal(a, np.clip(p + command, (x_lo, y_lo), (x_hi, y_hi)) - p)
+        np.testing.assert_array_equal(nxt, p + a)
+
+
+def test_policy_data_returns_and_statistics(tiny_policy_grid):
     text = dict(text_len=4, text_dim=8, text="standin", seed=0, text_encoder="t5")
-    data = policy.PolicyData(tiny_action_grid, "tiny", chunk=8, gamma=0.99, height=64, width=112, text=text)
+    data = policy.PolicyData(tiny_policy_grid, "tiny", chunk=8, gamma=0.99, height=64, width=112, text=text)
     assert data.stride == 4 and data.steps == 2 and (data.action_dim, data.state_dim) == (2, 2)
     with pytest.raises(ValueError, match="multiple of"):
-        policy.PolicyData(tiny_action_grid, "tiny", chunk=6, gamma=0.99, height=64, width=112, text=text)
+        policy.PolicyData(tiny_policy_grid, "tiny", chunk=6, gamma=0.99, height=64, width=112, text=text)
     with pytest.raises(ValueError, match="cameras"):
-        policy.PolicyData(tiny_action_grid, "libero", chunk=8, gamma=0.99, height=64, width=112, text=text)
-    arrays = read_arrays(action_file(tiny_action_grid, data.episodes[0]["video"].stem), ("action", "state"))
+        policy.PolicyData(tiny_policy_grid, "libero", chunk=8, gamma=0.99, height=64, width=112, text=text)
+    arrays = read_arrays(action_file(tiny_policy_grid, data.episodes[0]["video"].stem), ("action", "state"))
     last = data.starts(0)[-1]  # its future frame is the episode's last: return 1 (success there)
     item = data.item(0, last)
     assert torch.equal(item["raw_action"], torch.from_numpy(arrays["action"][last: last + 2].reshape(-1)))
@@ -131,10 +153,10 @@ def test_policy_data_returns_and_statistics(tiny_action_grid):
                                arrays["action"][0:2].reshape(-1, 2), atol=1e-5)
 
 
-def test_policy_trains_through_train_py(tiny_action_grid, tmp_path):
+def test_policy_trains_through_train_py(tiny_policy_grid, tmp_path):
     import train
     out = str(tmp_path / "run")
-    check(in_process(train, ["--objective", "policy", "--data", tiny_action_grid, "--out", out, "--steps", "2",
+    check(in_process(train, ["--objective", "policy", "--data", tiny_policy_grid, "--out", out, "--steps", "2",
                              "--save-every", "2", "--batch-size", "2", "--policy-eval-samples", "2"]))
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert rows[0]["step"] == 0 and rows[-1]["step"] == 2, rows
@@ -144,7 +166,9 @@ def test_policy_trains_through_train_py(tiny_action_grid, tmp_path):
     assert math.isfinite(rows[1]["loss"]) and rows[1]["grad_norm"] > 0
     with open(os.path.join(out, "policy_stats.json")) as f:
         stats = json.load(f)
-    assert stats["chunk"] == 8 and stats["action"]["min"] == [-8.0, -4.0] and len(stats["layout"]) == 7
+    with open(os.path.join(tiny_policy_grid, "action_stats.json")) as f:
+        folder = json.load(f)
+    assert stats["chunk"] == 8 and stats["action"]["min"] == folder["action"]["min"] and len(stats["layout"]) == 7
     # no new parameters or keys: the policy's checkpoint loads strictly into the plain tiny DiT (ckpt.load refuses a
     # missing, unexpected or reshaped key), as a released Cosmos-Policy file loads into v2w-2b (docs/policy.md)
     import ckpt
@@ -153,7 +177,7 @@ def test_policy_trains_through_train_py(tiny_action_grid, tmp_path):
     plain = DiT(get_config("tiny"))
     report = ckpt.load(plain, os.path.join(out, "step_00000002"), verbose=False)
     assert sorted(report.loaded) == sorted(plain.state_dict()) and not report.unexpected, report
-    refused = in_process(train, ["--objective", "policy", "--data", tiny_action_grid, "--out", str(tmp_path / "r2"),
+    refused = in_process(train, ["--objective", "policy", "--data", tiny_policy_grid, "--out", str(tmp_path / "r2"),
                                  "--lora", "4"])  # refused before anything is built
     assert refused.returncode == 2 and "drop --lora" in refused.stderr, refused.stderr
     assert not os.path.exists(tmp_path / "r2")
