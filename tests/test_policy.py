@@ -181,3 +181,28 @@ def test_policy_trains_through_train_py(tiny_policy_grid, tmp_path):
                                  "--lora", "4"])  # refused before anything is built
     assert refused.returncode == 2 and "drop --lora" in refused.stderr, refused.stderr
     assert not os.path.exists(tmp_path / "r2")
+
+
+@pytest.mark.parametrize("layout,frames,chunk", [("libero", 9, 16), ("robocasa", 11, 32)])
+def test_2b_layouts_on_the_unchanged_predict2_2b(layout, frames, chunk):
+    """At 224 px the LIBERO (9 latent frames, 1,764 tokens) and RoboCasa (11) samples run through the plain v2w-2b
+    net (meta device: shapes only), whose keys and shapes are exactly upstream's Predict2-2B-Video2World table: the
+    key table of a released Cosmos-Policy checkpoint, which adds no parameter (`python ckpt.py check --config v2w-2b
+    hf://nvidia/Cosmos-Policy-LIBERO-Predict2-2B/Cosmos-Policy-LIBERO-Predict2-2B.pt` loads the file strictly)."""
+    import ckpt
+    from base.inits import get_config
+    from model import DiT
+    with open(os.path.join(os.path.dirname(__file__), "data", "reference", "released_configs_keys.json")) as f:
+        spec = json.load(f)["configs"]["_PREDICT2_VIDEO2WORLD_NET_2B"]
+    with torch.device("meta"):
+        net = DiT(get_config("v2w-2b"))
+    ours = {k: tuple(v.shape) for k, v in net.state_dict().items()
+            if not k.startswith("blocks.") or k.startswith("blocks.0.")}
+    table = spec[[k for k in spec if k.startswith("keys_nonblock_and_block0")][0]]
+    assert ours == {k: tuple(s) for k, s, _, kind in table if kind != "extra_state" and not ckpt.is_ignorable(k)}
+    x0 = torch.zeros(1, 16, frames, 28, 28, device="meta")
+    assert len(policy.slots(layout)) == frames and frames * (28 // 2) ** 2 == {9: 1764, 11: 2156}[frames]
+    assert chunk * 7 <= 16 * 28 * 28  # the action chunk (7-dim) fits one latent frame
+    cond = policy.condition_of([{"text_emb": torch.zeros(512, 1024, device="meta")}], x0, layout, ["policy"],
+                               torch.device("meta"), torch.float32)
+    assert net(x0, torch.zeros(1, frames, device="meta"), cond).shape == x0.shape
