@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from base import collectives
+from base.collectives import ranks_any
 from base.inits import get_config
 from base.actions import ACTION, STATE, STATS_FILE, action_file, checked_stats, read_arrays
 from base.files import write_atomic
@@ -359,9 +360,15 @@ class Policy:
                              "(tiny, v2w-2b, ...): its sampler and loss are nets/edm.py's")
         if cfg.lora:
             raise ValueError("--objective policy fine-tunes the whole net, as cosmos-policy does: drop --lora")
+        if cfg.sample_every and "sample_every" in given:
+            raise ValueError(f"--sample-every {cfg.sample_every}: train.py's sample videos are clips, not policy "
+                             "samples; pass 0 (the policy's validation is its held-out evaluation)")
+        cfg.sample_every = 0  # the presets' (real.py: 1000) too
         if os.path.normpath(cfg.data) == os.path.normpath(TINY_DATA) and not os.path.isdir(cfg.data):
             make_tiny_dataset(cfg.data, orbit=True)  # the tiny recipe's own synthetic folder, built on first use
-        return unused_rl_flags(cfg, given, Policy.NAME)
+        return {**unused_rl_flags(cfg, given, Policy.NAME),
+                **{k: "with --objective policy (its own noise draw, no prompt dropout, its own samples)"
+                   for k in ("text_dropout", "high_sigma_ratio", "latents") if k in given}}
 
     @staticmethod
     def resume_keys(cfg):
@@ -399,9 +406,10 @@ class Policy:
     def lr_at(self, step):
         return lr_at(self.cfg, step)
 
-    def batch(self, step):
-        """This rank's cfg.batch_size samples of step `step`: (items, sample types), from (seed, step, rank) only."""
-        g = torch.Generator().manual_seed(sample_seed(self.cfg.seed, step, self.run.dp_rank, "policy"))
+    def batch(self, step, micro):
+        """This rank's cfg.batch_size samples of micro-batch `micro` of step `step`: (items, sample types), drawn from
+        (seed, step, micro, dp rank) only."""
+        g = torch.Generator().manual_seed(sample_seed(self.cfg.seed, step, micro, self.run.dp_rank, "policy"))
         items, types = [], []
         for _ in range(self.cfg.batch_size):
             episode = self.train_ids[int(torch.randint(len(self.train_ids), (), generator=g))]
@@ -411,17 +419,21 @@ class Policy:
         return items, types
 
     def step(self, step, batches):
-        """One optimizer step on this step's own samples (train.py's clip batches are not read)."""
-        items, types = self.batch(step)
-        x0 = encode_batch(self.vae, items, self.knobs.layout, self.run.device, self.run.compute_dtype)
-        cond = condition_of(items, x0, self.knobs.layout, types, self.run.device, self.run.compute_dtype)
-        seeds = [sample_seed(self.cfg.seed, step, self.run.dp_rank, b) for b in range(len(items))]
-        loss = policy_loss(self.net, x0, cond, seeds, self.cfg.loss_scale)
-        loss.backward()
-        grad_norm, _ = clip_and_step(self.run.optimizer, self.params, self.cfg.grad_clip,
-                                     skip=not math.isfinite(loss.item()))
-        bad = not (math.isfinite(grad_norm) and math.isfinite(loss.item()))
-        return {"loss": collectives.all_mean(loss.item(), self.run.device), "grad_norm": grad_norm,
+        """One optimizer step over cfg.grad_accum micro-batches of this step's own samples (train.py's clip batches
+        are not read). A NaN/Inf loss on any rank skips the step on every rank, as SFT's."""
+        layout, device, dtype, loss_sum = self.knobs.layout, self.run.device, self.run.compute_dtype, 0.0
+        for micro in range(self.cfg.grad_accum):
+            items, types = self.batch(step, micro)
+            x0 = encode_batch(self.vae, items, layout, device, dtype)
+            seeds = [sample_seed(self.cfg.seed, step, micro, self.run.dp_rank, b) for b in range(len(items))]
+            loss = policy_loss(self.net, x0, condition_of(items, x0, layout, types, device, dtype), seeds,
+                               self.cfg.loss_scale) / self.cfg.grad_accum
+            loss.backward()
+            loss_sum += loss.item()
+        bad_loss, = ranks_any([not math.isfinite(loss_sum)], device)
+        grad_norm, _ = clip_and_step(self.run.optimizer, self.params, self.cfg.grad_clip, skip=bad_loss)
+        bad = bad_loss or not math.isfinite(grad_norm)
+        return {"loss": collectives.all_mean(loss_sum, device), "grad_norm": grad_norm,
                 **nonfinite_fields(f"a NaN/Inf loss or gradient (--lr {self.cfg.lr:g} too high?)" if bad else None)}
 
     def evaluate(self, batches, truths):

@@ -157,7 +157,8 @@ def test_policy_trains_through_train_py(tiny_policy_grid, tmp_path):
     import train
     out = str(tmp_path / "run")
     check(in_process(train, ["--objective", "policy", "--data", tiny_policy_grid, "--out", out, "--steps", "2",
-                             "--save-every", "2", "--batch-size", "2", "--policy-eval-samples", "2"]))
+                             "--save-every", "2", "--batch-size", "2", "--grad-accum", "2",
+                             "--policy-eval-samples", "2"]))
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert rows[0]["step"] == 0 and rows[-1]["step"] == 2, rows
     for key in ("eval_loss", "eval_action_l1", "eval_action_l1_raw", "eval_action_l1_zero", "eval_psnr",
@@ -181,6 +182,9 @@ def test_policy_trains_through_train_py(tiny_policy_grid, tmp_path):
                                  "--lora", "4"])  # refused before anything is built
     assert refused.returncode == 2 and "drop --lora" in refused.stderr, refused.stderr
     assert not os.path.exists(tmp_path / "r2")
+    refused = in_process(train, ["--objective", "policy", "--data", tiny_policy_grid, "--out", str(tmp_path / "r3"),
+                                 "--text-dropout", "0.1"])  # SFT's knob: nothing silently ignored
+    assert refused.returncode == 2 and "--text-dropout does nothing with --objective policy" in refused.stderr
 
 
 @pytest.mark.parametrize("layout,frames,chunk", [("libero", 9, 16), ("robocasa", 11, 32)])
