@@ -162,8 +162,13 @@ class PolicyData:
             raise ValueError(f"--policy-chunk {chunk}: a multiple of {root}'s stride {self.stride} (a sample's "
                              "future image is a stitched frame)")
         self.steps, self.gamma, self.height, self.width = chunk // self.stride, gamma, height, width
-        self.episodes = [dict(video=v, **read_arrays(action_file(root, v.stem), ("action", "state")))
-                         for v in self.clips.videos]
+        episodes = [dict(video=v, **read_arrays(action_file(root, v.stem), ("action", "state")))
+                    for v in self.clips.videos]
+        self.episodes = [ep for ep in episodes if len(ep["state"]) > self.steps]  # those with a whole chunk
+        if not self.episodes:
+            raise ValueError(f"--data {root}: no episode is longer than --policy-chunk {chunk} rows: stitch longer "
+                             "episodes or pass a smaller chunk")
+        self.short = len(episodes) - len(self.episodes)
         self.action_dim, self.state_dim = self.episodes[0]["action"].shape[2], self.episodes[0]["state"].shape[1]
         if not self.state_dim and any(k.endswith("proprio") for k, _ in slots(layout)):
             raise ValueError(f"--data {root}: no {STATE} stitched, but --policy-layout {layout!r} has proprio slots")
@@ -392,6 +397,9 @@ class Policy:
                                text)
         n = len(self.data.episodes)
         holdout = cfg.holdout if cfg.holdout >= 0 else max(1, n // 50)
+        if n - holdout < 1:
+            raise ValueError(f"--holdout {holdout}: {cfg.data} has {n} episodes with a whole chunk; keep at least one "
+                             "to train on")
         self.train_ids, held = list(range(n - holdout)), list(range(n - holdout, n)) or list(range(n))
         pairs = [(e, t) for e in held for t in self.data.starts(e)]
         pick = np.linspace(0, len(pairs) - 1, self.knobs.eval_samples).round().astype(int)
@@ -399,7 +407,8 @@ class Policy:
         if run.master:
             write_atomic(os.path.join(cfg.out, "policy_stats.json"), json.dumps(
                 dict(self.data.record(), layout=slots(self.knobs.layout)), indent=1).encode())
-        run.say(f"policy: {n} episodes ({len(self.train_ids)} trained on), layout {self.knobs.layout} "
+        run.say(f"policy: {n} episodes ({len(self.train_ids)} trained on, {self.data.short} shorter than a chunk "
+                f"left out), layout {self.knobs.layout} "
                 f"({len(slots(self.knobs.layout))} latent frames), chunk {self.knobs.chunk} x {self.data.action_dim},"
                 " every episode a success; statistics -> policy_stats.json")
 
