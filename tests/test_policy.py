@@ -1,5 +1,6 @@
 """policy.py (Cosmos-Policy): inject/extract round trips, the per-type mask table, no loss on conditioning slots, the
-hybrid noise draw, the 80 -> 4 sampler, the data's returns and statistics, and a few steps through train.py."""
+hybrid noise draw, the 80 -> 4 sampler, the data's returns and statistics, and a few steps through train.py (on the
+session's tiny-action folder, which other tests build anyway: the recipe's orbit folder has the same layout)."""
 import json
 import math
 import os
@@ -109,15 +110,6 @@ def test_sampler_80_to_4_in_five_calls_conditioning_kept():
     assert torch.equal(out[:, :, ~generated], x0[:, :, ~generated])
 
 
-@pytest.fixture(scope="module")
-def tiny_policy_grid(tmp_path_factory):
-    """recipes/tiny_policy.py's folder: the orbit expert's episodes (clips.tiny.make_tiny_dataset(orbit=True))."""
-    from clips import tiny
-    root = str(tmp_path_factory.mktemp("data") / "tiny_policy_grid")
-    tiny.make_tiny_dataset(root, orbit=True)
-    return root
-
-
 def test_orbit_expert_acts_on_the_position_alone():
     """The tiny policy's expert: its command is a function of the square's position (a policy can read it off one
     frame), and the square moves by it exactly."""
@@ -131,15 +123,25 @@ def test_orbit_expert_acts_on_the_position_alone():
         np.testing.assert_array_equal(nxt, p + a)
 
 
-def test_policy_data_returns_and_statistics(tiny_policy_grid):
+def test_orbit_episodes_are_written_and_checked(tmp_path):
+    """make_synthetic(motion="orbit") writes the expert's positions as observation.state; check_synthetic tells an
+    orbit folder from an actions one (the tiny policy's folder is rebuilt, never reused from the other)."""
+    from base import lerobot
+    root = lerobot.make_synthetic(str(tmp_path / "orbit"), lengths=(12, 10), motion="orbit")
+    lerobot.check_synthetic(root, (12, 10), "orbit", stitched="X")
+    with pytest.raises(ValueError, match="other square commands"):
+        lerobot.check_synthetic(root, (12, 10), "actions", stitched="X")
+
+
+def test_policy_data_returns_and_statistics(tiny_action_grid):
     text = dict(text_len=4, text_dim=8, text="standin", seed=0, text_encoder="t5")
-    data = policy.PolicyData(tiny_policy_grid, "tiny", chunk=8, gamma=0.99, height=64, width=112, text=text)
+    data = policy.PolicyData(tiny_action_grid, "tiny", chunk=8, gamma=0.99, height=64, width=112, text=text)
     assert data.stride == 4 and data.steps == 2 and (data.action_dim, data.state_dim) == (2, 2)
     with pytest.raises(ValueError, match="multiple of"):
-        policy.PolicyData(tiny_policy_grid, "tiny", chunk=6, gamma=0.99, height=64, width=112, text=text)
+        policy.PolicyData(tiny_action_grid, "tiny", chunk=6, gamma=0.99, height=64, width=112, text=text)
     with pytest.raises(ValueError, match="cameras"):
-        policy.PolicyData(tiny_policy_grid, "libero", chunk=8, gamma=0.99, height=64, width=112, text=text)
-    arrays = read_arrays(action_file(tiny_policy_grid, data.episodes[0]["video"].stem), ("action", "state"))
+        policy.PolicyData(tiny_action_grid, "libero", chunk=8, gamma=0.99, height=64, width=112, text=text)
+    arrays = read_arrays(action_file(tiny_action_grid, data.episodes[0]["video"].stem), ("action", "state"))
     last = data.starts(0)[-1]  # its future frame is the episode's last: return 1 (success there)
     item = data.item(0, last)
     assert torch.equal(item["raw_action"], torch.from_numpy(arrays["action"][last: last + 2].reshape(-1)))
@@ -153,10 +155,10 @@ def test_policy_data_returns_and_statistics(tiny_policy_grid):
                                arrays["action"][0:2].reshape(-1, 2), atol=1e-5)
 
 
-def test_policy_trains_through_train_py(tiny_policy_grid, tmp_path):
+def test_policy_trains_through_train_py(tiny_action_grid, tmp_path):
     import train
     out = str(tmp_path / "run")
-    check(in_process(train, ["--objective", "policy", "--data", tiny_policy_grid, "--out", out, "--steps", "2",
+    check(in_process(train, ["--objective", "policy", "--data", tiny_action_grid, "--out", out, "--steps", "2",
                              "--save-every", "2", "--batch-size", "2", "--grad-accum", "2",
                              "--policy-eval-samples", "2"]))
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
@@ -167,7 +169,7 @@ def test_policy_trains_through_train_py(tiny_policy_grid, tmp_path):
     assert math.isfinite(rows[1]["loss"]) and rows[1]["grad_norm"] > 0
     with open(os.path.join(out, "policy_stats.json")) as f:
         stats = json.load(f)
-    with open(os.path.join(tiny_policy_grid, "action_stats.json")) as f:
+    with open(os.path.join(tiny_action_grid, "action_stats.json")) as f:
         folder = json.load(f)
     assert stats["chunk"] == 8 and stats["action"]["min"] == folder["action"]["min"] and len(stats["layout"]) == 7
     # no new parameters or keys: the policy's checkpoint loads strictly into the plain tiny DiT (ckpt.load refuses a
@@ -178,11 +180,11 @@ def test_policy_trains_through_train_py(tiny_policy_grid, tmp_path):
     plain = DiT(get_config("tiny"))
     report = ckpt.load(plain, os.path.join(out, "step_00000002"), verbose=False)
     assert sorted(report.loaded) == sorted(plain.state_dict()) and not report.unexpected, report
-    refused = in_process(train, ["--objective", "policy", "--data", tiny_policy_grid, "--out", str(tmp_path / "r2"),
+    refused = in_process(train, ["--objective", "policy", "--data", tiny_action_grid, "--out", str(tmp_path / "r2"),
                                  "--lora", "4"])  # refused before anything is built
     assert refused.returncode == 2 and "drop --lora" in refused.stderr, refused.stderr
     assert not os.path.exists(tmp_path / "r2")
-    refused = in_process(train, ["--objective", "policy", "--data", tiny_policy_grid, "--out", str(tmp_path / "r3"),
+    refused = in_process(train, ["--objective", "policy", "--data", tiny_action_grid, "--out", str(tmp_path / "r3"),
                                  "--text-dropout", "0.1"])  # SFT's knob: nothing silently ignored
     assert refused.returncode == 2 and "--text-dropout does nothing with --objective policy" in refused.stderr
 
