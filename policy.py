@@ -143,7 +143,8 @@ class PolicyData:
     stride, observation.state there, the action rows between, the return at the future step. Read with the repo's
     readers (clips.data.GridClips' list of videos and prompts, base.actions' files and statistics); each episode's
     frames are decoded once and kept (a tiny folder's reader: a large dataset needs a worker pool, not done yet).
-    Every episode counts as a success (demonstrations); a per-episode success flag is not stitched yet."""
+    An episode's success is its npz's optional `success` array (its last value), else True: stitch.py does not write
+    one yet, so a stitched folder's episodes all count as successes (demonstrations)."""
 
     def __init__(self, root, layout, chunk, gamma, height, width, text):
         self.clips = GridClips(root, 1, height, width, **text)  # its videos (name order), prompts and text settings
@@ -162,7 +163,7 @@ class PolicyData:
             raise ValueError(f"--policy-chunk {chunk}: a multiple of {root}'s stride {self.stride} (a sample's "
                              "future image is a stitched frame)")
         self.steps, self.gamma, self.height, self.width = chunk // self.stride, gamma, height, width
-        episodes = [dict(video=v, **read_arrays(action_file(root, v.stem), ("action", "state")))
+        episodes = [dict(video=v, **read_arrays(action_file(root, v.stem), ("action", "state", "success")))
                     for v in self.clips.videos]
         self.episodes = [ep for ep in episodes if len(ep["state"]) > self.steps]  # those with a whole chunk
         if not self.episodes:
@@ -198,6 +199,12 @@ class PolicyData:
             self.frames[episode] = torch.from_numpy(read_clip(video.path, 0, n, self.height, self.width))
         return self.frames[episode][t].permute(2, 0, 1).float() / 127.5 - 1
 
+    def success(self, episode):
+        """Whether the episode ended in success: its npz's optional `success` (a scalar, PushT's flag, when the
+        writer kept one), else True (demonstrations)."""
+        flag = self.episodes[episode].get("success")
+        return True if flag is None else bool(np.asarray(flag).reshape(-1)[-1])
+
     def item(self, episode, t):
         """One sample's parts: images, normalised and raw vectors, the value, the prompt embedding."""
         ep, f = self.episodes[episode], t + self.steps
@@ -209,7 +216,8 @@ class PolicyData:
                 "action": unit(chunk, act).reshape(-1), "raw_action": torch.from_numpy(chunk.reshape(-1)),
                 "proprio": unit(ep["state"][t], state) if state else torch.zeros(0),
                 "future_proprio": unit(ep["state"][f], state) if state else torch.zeros(0),
-                "value": torch.tensor([mc_return(steps_to_end, True, self.gamma)], dtype=torch.float32),
+                "value": torch.tensor([mc_return(steps_to_end, self.success(episode), self.gamma)],
+                                      dtype=torch.float32),
                 "text_emb": text_lib.clip_text(self.clips, ep["video"])[0]}
 
 
@@ -410,7 +418,7 @@ class Policy:
         run.say(f"policy: {n} episodes ({len(self.train_ids)} trained on, {self.data.short} shorter than a chunk "
                 f"left out), layout {self.knobs.layout} "
                 f"({len(slots(self.knobs.layout))} latent frames), chunk {self.knobs.chunk} x {self.data.action_dim},"
-                " every episode a success; statistics -> policy_stats.json")
+                f" {sum(map(self.data.success, range(n)))} of them successes; statistics -> policy_stats.json")
 
     def lr_at(self, step):
         return lr_at(self.cfg, step)

@@ -4,6 +4,7 @@ session's tiny-action folder, which other tests build anyway: the recipe's orbit
 import json
 import math
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -133,7 +134,7 @@ def test_orbit_episodes_are_written_and_checked(tmp_path):
         lerobot.check_synthetic(root, (12, 10), "actions", stitched="X")
 
 
-def test_policy_data_returns_and_statistics(tiny_action_grid):
+def test_policy_data_returns_and_statistics(tiny_action_grid, tmp_path):
     text = dict(text_len=4, text_dim=8, text="standin", seed=0, text_encoder="t5")
     data = policy.PolicyData(tiny_action_grid, "tiny", chunk=8, gamma=0.99, height=64, width=112, text=text)
     assert data.stride == 4 and data.steps == 2 and (data.action_dim, data.state_dim) == (2, 2)
@@ -151,6 +152,13 @@ def test_policy_data_returns_and_statistics(tiny_action_grid):
     steps = (len(arrays["state"]) - 1 - 2) * 4
     assert math.isclose(first["value"].item(), 2 * 0.99 ** steps - 1, rel_tol=1e-6)
     low, high = np.array(data.record()["action"]["min"]), np.array(data.record()["action"]["max"])
+    # a failed episode (an npz `success` flag of 0, as a writer that keeps PushT's flag would store it): return -1
+    copy = str(tmp_path / "copy")
+    shutil.copytree(tiny_action_grid, copy)
+    path = action_file(copy, data.episodes[0]["video"].stem)
+    np.savez(path, **arrays, success=np.array([0.0], np.float32))
+    failed = policy.PolicyData(copy, "tiny", chunk=8, gamma=0.99, height=64, width=112, text=text)
+    assert not failed.success(0) and failed.item(0, last)["value"].item() == -1.0 and failed.success(1)
     np.testing.assert_allclose(policy.from_unit(first["action"].numpy().reshape(-1, 2), low, high),
                                arrays["action"][0:2].reshape(-1, 2), atol=1e-5)
 
