@@ -30,7 +30,7 @@ from base.actions import ACTION, STATE, STATS_FILE, action_file, checked_stats, 
 from base.files import write_atomic
 from base.video import read_clip
 from clips import text as text_lib
-from clips.data import GridClips
+from clips.data import VIEW_ORDER, GridClips, ViewClips
 from clips.tiny import make_tiny_dataset
 from condition import from_batch
 from engine.objective import clip_and_step, sample_seed
@@ -42,12 +42,12 @@ from sft import lr_at, nonfinite_fields
 # -----------------------------------------------------------------------------
 # Config and layouts
 
-LAYOUTS = {  # cosmos-policy's LIBERO (9 latent frames) and RoboCasa (11) layouts, and the CPU's tiny one
+LAYOUTS = {  # cosmos-policy's LIBERO (9 latent frames) and RoboCasa (11) layouts, and the CPU's tiny one. Cameras:
+    # `grid` (a grid folder's frame) or a views folder's slots (stitch.py --layout views: ext_1, ext_2, wrist)
     "tiny": "blank,proprio,image:grid,action,future_proprio,future_image:grid,value",
-    "libero": "blank,proprio,image:wrist,image:agentview,action,future_proprio,future_image:wrist,"
-              "future_image:agentview,value",
-    "robocasa": "blank,proprio,image:wrist,image:left,image:right,action,future_proprio,future_image:wrist,"
-                "future_image:left,future_image:right,value",
+    "libero": "blank,proprio,image:wrist,image:ext_1,action,future_proprio,future_image:wrist,future_image:ext_1,value",
+    "robocasa": "blank,proprio,image:wrist,image:ext_1,image:ext_2,action,future_proprio,future_image:wrist,"
+                "future_image:ext_1,future_image:ext_2,value",
 }
 KINDS = ("blank", "proprio", "image", "action", "future_proprio", "future_image", "value")
 SAMPLE_TYPES = ("policy", "world_model", "value")
@@ -147,12 +147,13 @@ class PolicyData:
     one yet, so a stitched folder's episodes all count as successes (demonstrations)."""
 
     def __init__(self, root, layout, chunk, gamma, height, width, text):
-        self.clips = GridClips(root, 1, height, width, **text)  # its videos (name order), prompts and text settings
         cameras = {c for _, c in slots(layout) if c}
-        if cameras != {"grid"}:
-            raise ValueError(f"--policy-layout {layout!r}: cameras {sorted(cameras)}; a grid folder has one image a "
-                             "frame, the camera `grid` (a views folder's cameras are not read yet): use a layout "
-                             "with image:grid and future_image:grid")
+        if cameras != {"grid"} and not cameras <= set(VIEW_ORDER):
+            raise ValueError(f"--policy-layout {layout!r}: cameras {sorted(cameras)}; `grid` (a grid folder's frame) "
+                             f"or a views folder's {', '.join(VIEW_ORDER)} (stitch.py --layout views), not both")
+        # its videos (name order), prompts and text settings; a views folder's videos carry each camera's file
+        self.clips = (GridClips if cameras == {"grid"} else ViewClips)(root, 1, height, width, **text)
+        self.cameras = sorted(cameras)
         stats_path = os.path.join(root, STATS_FILE)
         if not os.path.isfile(stats_path):
             raise ValueError(f"--data {root}: no {STATS_FILE}: the policy needs a folder stitched from a LeRobot "
@@ -191,13 +192,14 @@ class PolicyData:
         """The frames t of an episode that have a future frame t + steps."""
         return range(max(0, len(self.episodes[episode]["state"]) - self.steps))
 
-    def image(self, episode, t):
-        """[3, H, W] in [-1, 1]: frame t of the episode's video (the video decoded once)."""
-        if episode not in self.frames:
+    def image(self, episode, camera, t):
+        """[3, H, W] in [-1, 1]: frame t of the episode's video of `camera` (each video decoded once)."""
+        if (episode, camera) not in self.frames:
             video = self.episodes[episode]["video"]
+            path = video.path if camera == "grid" else video.views[camera].path
             n = len(self.episodes[episode]["state"])
-            self.frames[episode] = torch.from_numpy(read_clip(video.path, 0, n, self.height, self.width))
-        return self.frames[episode][t].permute(2, 0, 1).float() / 127.5 - 1
+            self.frames[episode, camera] = torch.from_numpy(read_clip(path, 0, n, self.height, self.width))
+        return self.frames[episode, camera][t].permute(2, 0, 1).float() / 127.5 - 1
 
     def success(self, episode):
         """Whether the episode ended in success: its npz's optional `success` (a scalar, PushT's flag, when the
@@ -212,7 +214,8 @@ class PolicyData:
         act, state = self.stats[ACTION], self.stats.get(STATE)
         steps_to_end = (len(ep["state"]) - 1 - f) * self.stride
         unit = lambda x, s: torch.from_numpy(to_unit(x, s["min"], s["max"]))  # noqa: E731
-        return {"image": self.image(episode, t), "future_image": self.image(episode, f),
+        return {**{f"image:{c}": self.image(episode, c, t) for c in self.cameras},
+                **{f"future_image:{c}": self.image(episode, c, f) for c in self.cameras},
                 "action": unit(chunk, act).reshape(-1), "raw_action": torch.from_numpy(chunk.reshape(-1)),
                 "proprio": unit(ep["state"][t], state) if state else torch.zeros(0),
                 "future_proprio": unit(ep["state"][f], state) if state else torch.zeros(0),
@@ -228,10 +231,10 @@ class PolicyData:
 def pixel_video(items, layout):
     """[B, 3, 1 + 4 (S - 1), H, W]: slot 0 blank (one frame), every other slot 4 frames: its image repeated, or blank
     (zeros) for a vector slot, overwritten after encoding."""
-    frames = []
-    for s, (kind, _) in enumerate(slots(layout)):
-        image = torch.stack([it[kind] for it in items]) if kind in ("image", "future_image") else \
-            torch.zeros_like(items[0]["image"]).expand(len(items), -1, -1, -1)
+    frames, blank = [], torch.zeros_like(next(v for k, v in items[0].items() if k.startswith("image:")))
+    for s, (kind, camera) in enumerate(slots(layout)):
+        image = torch.stack([it[f"{kind}:{camera}"] for it in items]) if camera else \
+            blank.expand(len(items), -1, -1, -1)
         frames += [image] * (1 if s == 0 else 4)
     return torch.stack(frames, dim=2)
 
@@ -321,17 +324,20 @@ def evaluate(net, vae, data, items, layout, cfg, device, dtype):
     eval_psnr_codec: the VAE's own ceiling (the true latent decoded)."""
     kinds = [kind for kind, _ in slots(layout)]
     x0 = encode_batch(vae, items, layout, device, dtype)
-    truth = {k: torch.stack([it[k] for it in items]) for k in ("action", "raw_action", "value", "future_image",
-                                                                "future_proprio")}
+    truth = {k: torch.stack([it[k] for it in items]) for k in ("action", "raw_action", "value", "future_proprio")}
+    futures = [(s, torch.stack([it[f"future_image:{c}"] for it in items])) for s, (kind, c) in
+               enumerate(slots(layout)) if kind == "future_image"]  # PSNR: the mean over the future cameras
     mean = lambda x: collectives.all_mean(float(x), device)  # noqa: E731
-    row = {"eval_psnr_codec": mean(psnr(slot_image(vae, x0, kinds.index("future_image")).cpu(),
-                                        truth["future_image"]))}  # the ceiling: the true latent decoded
+
+    def future_psnr(x):
+        return mean(sum(psnr(slot_image(vae, x, s).cpu(), t) for s, t in futures) / len(futures))
+
+    row = {"eval_psnr_codec": future_psnr(x0)}  # the ceiling: the true latent decoded
     for sample_type, prefix in (("policy", "eval_"), ("world_model", "eval_wm_")):
         cond = condition_of(items, x0, layout, [sample_type] * len(items), device, dtype)
         noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(sample_seed(cfg.seed, sample_type)))
         pred = sample(net, cond, noise.to(device))
-        row[prefix + "psnr"] = mean(psnr(slot_image(vae, pred, kinds.index("future_image")).cpu(),
-                                         truth["future_image"]))
+        row[prefix + "psnr"] = future_psnr(pred)
         if "future_proprio" in kinds and truth["future_proprio"].shape[1]:
             proprio = extract(pred[:, :, kinds.index("future_proprio")], truth["future_proprio"].shape[1]).cpu()
             row[prefix + "proprio_l1"] = mean((proprio - truth["future_proprio"]).abs().mean())

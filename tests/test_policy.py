@@ -140,13 +140,13 @@ def test_policy_data_returns_and_statistics(tiny_action_grid, tmp_path):
     assert data.stride == 4 and data.steps == 2 and (data.action_dim, data.state_dim) == (2, 2)
     with pytest.raises(ValueError, match="multiple of"):
         policy.PolicyData(tiny_action_grid, "tiny", chunk=6, gamma=0.99, height=64, width=112, text=text)
-    with pytest.raises(ValueError, match="cameras"):
+    with pytest.raises(ValueError, match="layout views"):  # libero's cameras are a views folder's
         policy.PolicyData(tiny_action_grid, "libero", chunk=8, gamma=0.99, height=64, width=112, text=text)
     arrays = read_arrays(action_file(tiny_action_grid, data.episodes[0]["video"].stem), ("action", "state"))
     last = data.starts(0)[-1]  # its future frame is the episode's last: return 1 (success there)
     item = data.item(0, last)
     assert torch.equal(item["raw_action"], torch.from_numpy(arrays["action"][last: last + 2].reshape(-1)))
-    assert item["value"].item() == 1.0 and item["action"].shape == (16,) and item["image"].shape == (3, 64, 112)
+    assert item["value"].item() == 1.0 and item["action"].shape == (16,) and item["image:grid"].shape == (3, 64, 112)
     assert item["action"].abs().max() <= 1 and item["proprio"].abs().max() <= 1
     first = data.item(0, 0)
     steps = (len(arrays["state"]) - 1 - 2) * 4
@@ -235,3 +235,28 @@ def test_policy_resume_is_bitwise(tiny_action_grid, tmp_path):
     last = [[json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))][-1] for out in (straight, split)]
     keys = [k for k in last[0] if k == "loss" or k == "grad_norm" or k.startswith("eval_")]
     assert len(keys) > 5 and all(last[0][k] == last[1][k] for k in keys), (last, keys)
+
+
+def test_views_folder_feeds_the_libero_layout(tmp_path):
+    """A views folder (stitch.py --layout views) gives each camera its own slots: the libero layout's wrist and ext_1
+    images are those cameras' own frames, and a sample encodes to its 9 latent frames."""
+    import stitch
+    from base import lerobot
+    from base.video import read_clip
+    from nets.vae import LinearCodec
+    src = lerobot.make_synthetic(str(tmp_path / "src"), lengths=(24, 20, 20), motion="orbit")
+    root = str(tmp_path / "views")
+    stitch.stitch(src, root, stride=4, frames=1, size="64x112", workers=1, layout="views")
+    text = dict(text_len=4, text_dim=8, text="standin", seed=0, text_encoder="t5")
+    data = policy.PolicyData(root, "libero", chunk=8, gamma=0.99, height=64, width=112, text=text)
+    item = data.item(1, 2)
+    for camera in ("wrist", "ext_1"):
+        frames = read_clip(data.episodes[1]["video"].views[camera].path, 0, 5, 64, 112)
+        truth = torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 127.5 - 1
+        assert torch.equal(item[f"image:{camera}"], truth[2]) and torch.equal(item[f"future_image:{camera}"], truth[4])
+    assert not torch.equal(item["image:wrist"], item["image:ext_1"])
+    x0 = policy.encode_batch(LinearCodec(), [item, data.item(0, 0)], "libero", torch.device("cpu"), torch.float32)
+    assert x0.shape == (2, 16, 9, 8, 14)
+    with pytest.raises(ValueError, match="not both"):
+        policy.PolicyData(root, "blank,proprio,image:grid,image:wrist,action,value", chunk=8, gamma=0.99, height=64,
+                          width=112, text=text)
