@@ -7,7 +7,7 @@ One sample is one latent video whose latent frames are slots (a layout: LAYOUTS,
   blank frames whose latent frame is overwritten by the min-max normalised vector ([-1, 1] per dimension, the
   dataset's statistics) tiled to fill C x H x W, cut at the end (inject); reading one back averages the full copies
   (extract). The value is the Monte-Carlo return at the future step (success at the episode's end, gamma), in [-1, 1].
-Which slots are clean decides what a sample trains (MASKED): a policy sample generates the action, the future state
+Which slots are clean decides what a sample trains (GENERATED): a policy sample generates the action, the future state
 and the value; a world-model sample also conditions on the action; a value sample generates the value alone. The
 loss is Predict2's velocity loss (nets/edm.py's denoiser) on the generated slots only, at the hybrid noise draw
 (draw_sigma); the sampler runs sigma 80 -> 4 in 4 Adams-Bashforth steps plus a clean pass, no guidance (sample).
@@ -139,7 +139,7 @@ def mc_return(steps_to_end, success, gamma):
 
 
 class PolicyData:
-    """A stitched grid folder's episodes as policy samples: (episode, frame t) -> the images at t and t + chunk /
+    """A stitched folder's episodes (grid, or views: one video per camera) as policy samples: (episode, frame t) -> the images at t and t + chunk /
     stride, observation.state there, the action rows between, the return at the future step. Read with the repo's
     readers (clips.data.GridClips' list of videos and prompts, base.actions' files and statistics); each episode's
     frames are decoded once and kept (a tiny folder's reader: a large dataset needs a worker pool, not done yet).
