@@ -139,9 +139,10 @@ def mc_return(steps_to_end, success, gamma):
 
 
 class PolicyData:
-    """A stitched folder's episodes (grid, or views: one video per camera) as policy samples: (episode, frame t) -> the images at t and t + chunk /
-    stride, observation.state there, the action rows between, the return at the future step. Read with the repo's
-    readers (clips.data.GridClips' list of videos and prompts, base.actions' files and statistics); each episode's
+    """A stitched folder's episodes (grid, or views: one video per camera) as policy samples: (episode, frame t) ->
+    each camera's images at t and t + chunk / stride, observation.state there, the action rows between, the return at
+    the future step. Read with the repo's readers (clips.data.GridClips' or ViewClips' videos and prompts,
+    base.actions' files and statistics); each episode's
     frames are decoded once and kept (a tiny folder's reader: a large dataset needs a worker pool, not done yet).
     An episode's success is its npz's optional `success` array (its last value), else True: stitch.py does not write
     one yet, so a stitched folder's episodes all count as successes (demonstrations)."""
