@@ -35,9 +35,7 @@ import sac
 import sft
 from base import cli, collectives, cp, lerobot
 from base.inits import CONFIGS, TINY_CONFIGS, get_config, tiny_data
-from clips import actionclips, data
-from clips import text as text_lib
-from clips.text import standin_text
+from clips import actionclips, data, text as text_lib
 from clips.tiny import make_tiny_dataset
 from engine import build, resume, rl, rundir, runs
 from engine.build import build_vae, compile_seconds, make_encoder, trainable
@@ -48,6 +46,7 @@ from nets import vae as vae_lib
 from nets.family import FAMILIES, family_of
 from nets.flops import matmul_peak
 from nft import NFTConfig
+from policy import Policy, PolicyConfig
 
 # -----------------------------------------------------------------------------
 # Config: every field is a --flag (base/cli.py: the comment is its --help); unknown flags are an error. 0 / "" / -1 mean
@@ -108,7 +107,7 @@ class TrainConfig:
     holdout: int = -1  # videos (the last in name order) kept out of training for evaluation; -1: 2%, at least 1
     cache_latents: bool = False  # keep encoded clips in memory by (video, start frame): small datasets only
     latents: str = ""  # a cache.py folder of --data's encoded windows: train on them, no VAE encoding per step
-    objective: str = "sft"  # sft | grpo | nft (the RL objectives train LoRA adapters: need --lora)
+    objective: str = "sft"  # sft | grpo | nft | policy (the RL objectives train LoRA adapters: need --lora)
     reward: str = "default"  # GRPO reward: default (reward.py) and/or module:function plug-ins, comma-separated, each =WEIGHT optional
     wandb: str = ""  # project name; needs `pip install wandb`
     eval_every: int = 0  # held-out evaluation every N steps besides each save (RL: also before the first update)
@@ -117,6 +116,7 @@ class TrainConfig:
     stop_on_psnr_drop: bool = False  # RL: and stop the run there (docs/rl.md: which checkpoint to keep)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)  # GRPO knobs (--objective grpo; docs/grpo.md)
     nft: NFTConfig = field(default_factory=NFTConfig)  # DiffusionNFT knobs (--objective nft; docs/nft.md)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)  # Cosmos-Policy knobs (--objective policy; docs/policy.md)
     action_dim: int = field(default=0, init=False)  # no flag: an action net's, decided at start-up (load_data)
 
 
@@ -249,7 +249,7 @@ def check_data(cfg, given):
                               views=bool(get_config(cfg.config).camera_channels))
     if not synthetic_data(cfg) and hint:
         raise ValueError(hint)
-    if not standin_text(cfg.config, cfg.data) and cfg.config in TINY_CONFIGS and "text_len" not in given:
+    if not text_lib.standin_text(cfg.config, cfg.data) and cfg.config in TINY_CONFIGS and "text_len" not in given:
         cfg.text_len = TrainConfig.text_len  # tiny on a folder with t5_xxl/: T5's 512 tokens, not the stand-in's 16
 
 
@@ -273,7 +273,7 @@ def resume_keys(cfg):
 # The objectives: each class has the same names (NAME, CONFIG, MAY_CHANGE, TINY_RECIPES, validate, resume_keys, rewards;
 # built: lr_at, step, evaluate, evaluated, watch, bar, state), and this is the one place --objective is read: the
 # rest of train.py asks the class, never which one it is. A new objective: its file, and one entry here.
-OBJECTIVES = {objective.NAME: objective for objective in (sft.SFT, grpo.GRPO, nft.NFT)}
+OBJECTIVES = {objective.NAME: objective for objective in (sft.SFT, grpo.GRPO, nft.NFT, Policy)}
 
 
 def objective_of(name):
@@ -327,7 +327,7 @@ def text_source(run):
     """The data's text settings: the tiny default's stand-in text, or embedding files (T5, Predict2.5: Reason1)."""
     cfg, mcfg = run.cfg, get_config(run.cfg.config)
     tiny = cfg.config in TINY_CONFIGS
-    standin = standin_text(cfg.config, cfg.data)
+    standin = text_lib.standin_text(cfg.config, cfg.data)
     if tiny and not synthetic_data(cfg):
         run.say(f"text: {cfg.data}/t5_xxl's T5 embeddings" if not standin else f"text: stand-in embeddings of "
                 f"{cfg.data}'s prompts (" + ("no t5_xxl/" if mcfg.crossattn_proj_in_channels == text_lib.T5_WIDTH else

@@ -42,7 +42,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from base.squareworld import (ACTION_SQUARE, BEHAVIOURS, COMMAND_DX, COMMAND_DY, SQUARE_RANGE,  # noqa: F401
+from base.squareworld import (ACTION_SQUARE, BEHAVIOURS, COMMAND_DX, COMMAND_DY, SQUARE_RANGE, orbit_command,  # noqa: F401
                               check_behaviours, episode_behaviour, square_commands)
 
 SLOTS = ("ext_1", "ext_2", "wrist")  # stitch.py's grid: top-left, top-right, bottom-left; bottom-right stays black
@@ -479,17 +479,18 @@ def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: i
     each frame's command (square_commands, from the BEHAVIOURS families less `without`; each episode's family is in
     meta/episodes.jsonl as "behaviour"): action [2] = (dx, dy), observation.state [2] = its position (x, y), both
     in 320x180 pixels, so a model can learn that the commands cause the motion (issue 36, the tiny-action config);
+    "orbit" likewise, each command squareworld.orbit_command's (an expert a policy can imitate: policy.py's tiny data);
     action_width > 2 pads the command with zeros to that width (7: Bridge's, for v2w-2b-action's action_dim 12 x 7).
     Tasks alternate between two strings with commas, quotes and non-ASCII; the 8-frame episode is too short for any
     clip. Built in a temporary folder and renamed at the end, so a killed run leaves no half dataset behind."""
-    if motion not in ("fixed", "actions") or action_width < 2 or (motion == "fixed" and action_width != 2):
-        raise ValueError(f"motion={motion!r}, action_width={action_width}: expected 'fixed' or 'actions', and a width "
-                         ">= 2 with 'actions' only")
+    if motion not in ("fixed", "actions", "orbit") or action_width < 2 or (motion == "fixed" and action_width != 2):
+        raise ValueError(f"motion={motion!r}, action_width={action_width}: expected 'fixed', 'actions' or 'orbit', "
+                         "and a width >= 2 with 'actions' or 'orbit' only")
     if without and motion != "actions":
         raise ValueError(f"without={list(without)}: behaviour families exist with motion='actions' only")
     check_behaviours(without)
-    robot = 2 if motion == "actions" else 8  # the state and action widths
-    widths = {"observation.state": robot, "action": action_width if motion == "actions" else robot}
+    robot = 8 if motion == "fixed" else 2  # the state and action widths
+    widths = {"observation.state": robot, "action": robot if motion == "fixed" else action_width}
     if os.path.exists(out):
         raise FileExistsError(f"{out} exists; make_synthetic never writes into an existing folder")
     tmp = f"{out}.tmp-{os.getpid()}"
@@ -502,9 +503,11 @@ def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: i
     meta = {"episodes": [], "tasks": [{"task_index": i, "task": t} for i, t in enumerate(SYNTHETIC_TASKS)],
             "episodes_stats": []}
     for ep, length in enumerate(lengths):
-        cols = write_episode(tmp, info, ep, lengths, (height, width, fps), widths, cams, params, without)
+        cols = write_episode(tmp, info, ep, lengths, (height, width, fps), widths, cams, params, without,
+                             motion == "orbit")
         task = SYNTHETIC_TASKS[ep % len(SYNTHETIC_TASKS)]
-        behaviour = {"behaviour": episode_behaviour(ep, without)} if robot == 2 else {}
+        family = "orbit" if motion == "orbit" else episode_behaviour(ep, without) if robot == 2 else None
+        behaviour = {"behaviour": family} if family else {}
         meta["episodes"].append({"episode_index": ep, "tasks": [task], "length": length, **behaviour})
         meta["episodes_stats"].append({"episode_index": ep, "stats": {k: {
             "min": v.min(0).tolist(), "max": v.max(0).tolist(), "mean": v.mean(0).tolist(), "std": v.std(0).tolist(),
@@ -519,12 +522,12 @@ def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: i
 
 
 def write_episode(tmp: str, info: dict, ep: int, lengths, video: tuple, widths: dict, cams: list, params: dict,
-                  without) -> dict:
+                  without, orbit: bool = False) -> dict:
     """One make_synthetic episode's parquet and videos; returns its columns."""
     (height, width, fps), length = video, lengths[ep]
     t, robot = np.arange(length), widths["observation.state"]
     state = (np.sin(t[:, None] / 10 + np.arange(8)) / 2).astype(np.float32)
-    state, action = square_commands(ep, length, without) if robot == 2 else (state, np.roll(state, -1, axis=0))
+    state, action = square_commands(ep, length, without, orbit) if robot == 2 else (state, np.roll(state, -1, axis=0))
     action = np.pad(action, ((0, 0), (0, widths["action"] - action.shape[1])))  # action_width's zero dims
     cols = {"observation.state": state, "action": action,
             "timestamp": (t / fps).astype(np.float32), "frame_index": t, "episode_index": np.full(length, ep),
@@ -552,12 +555,13 @@ def check_synthetic(root: str, lengths, motion: str, stitched: str, without=()) 
         episodes = [json.loads(line) for line in f if line.strip()]
     got = [e["length"] for e in episodes]
     same = got == list(lengths)
-    if same and motion == "actions":
+    if same and motion in ("actions", "orbit"):
         table = pq.read_table(os.path.join(root, "data", "chunk-000", "episode_000000.parquet"),
                               columns=["observation.state"])
         state = np.asarray(table.column("observation.state").to_pylist(), np.float32)
-        same = np.array_equal(state, square_commands(0, lengths[0], without)[0]) and \
-            [e.get("behaviour") for e in episodes] == [episode_behaviour(i, without) for i in range(len(got))]
+        same = np.array_equal(state, square_commands(0, lengths[0], without, motion == "orbit")[0]) and \
+            [e.get("behaviour") for e in episodes] == ["orbit" if motion == "orbit" else episode_behaviour(i, without)
+                                                       for i in range(len(got))]
     if not same:
         what = f"{len(got)} episodes, this version writes {len(lengths)}" if len(got) != len(lengths) else \
             "other square commands than this version's"

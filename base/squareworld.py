@@ -89,9 +89,20 @@ def planned_commands(behaviour: str, rng, length: int) -> np.ndarray | None:
     return None
 
 
-def square_commands(episode: int, length: int, without=()) -> tuple:
+def orbit_command(pos) -> np.ndarray:
+    """motion="orbit": the command at a position, an expert's: a clockwise turn around the centre of SQUARE_RANGE
+    (dx from the height above or below it, dy from the distance left or right), rounded to COMMAND_DX x COMMAND_DY.
+    A function of the position alone, so a policy can read it off one frame (the tiny policy's data, policy.py)."""
+    (x_lo, x_hi), (y_lo, y_hi) = SQUARE_RANGE
+    dx = -(pos[1] - (y_lo + y_hi) / 2) / ((y_hi - y_lo) / 2) * max(COMMAND_DX)
+    dy = (pos[0] - (x_lo + x_hi) / 2) / ((x_hi - x_lo) / 2) * max(COMMAND_DY)
+    return np.array([min(COMMAND_DX, key=lambda c: abs(c - dx)), min(COMMAND_DY, key=lambda c: abs(c - dy))], float)
+
+
+def square_commands(episode: int, length: int, without=(), orbit: bool = False) -> tuple:
     """motion="actions": (position [length, 2], action [length, 2]) float32 in 320x180 pixels of episode `episode`,
-    its family episode_behaviour(episode, without). Every command is clipped to +-RATE_MAX and rounded to QUANTUM,
+    its family episode_behaviour(episode, without); orbit (motion="orbit"): the same start, every command
+    orbit_command's. Every command is clipped to +-RATE_MAX and rounded to QUANTUM,
     then cut where the square would leave SQUARE_RANGE, so that position[i+1] = position[i] + action[i] holds exactly:
     the motion IS the action (the last one leads nowhere). Seeded by the episode alone."""
     behaviour = episode_behaviour(episode, without)
@@ -106,7 +117,7 @@ def square_commands(episode: int, length: int, without=()) -> tuple:
         if planned is None and (i >= until or np.abs(goal - pos[i]).max() < 2):
             goal, until = rng.uniform(low, high), i + int(rng.integers(30, 91))
             gain = 1e9 if rng.random() < 0.5 else rng.uniform(0.03, 0.5)
-        command = planned[i] if planned is not None else gain * (goal - pos[i])
+        command = orbit_command(pos[i]) if orbit else planned[i] if planned is not None else gain * (goal - pos[i])
         command = np.round(np.clip(command, -RATE_MAX, RATE_MAX) / QUANTUM) * QUANTUM
         target = np.clip(pos[i] + command, low, high)
         act[i] = target - pos[i]

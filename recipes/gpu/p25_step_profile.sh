@@ -17,7 +17,7 @@ LOGS=$OUT/logs; mkdir -p $LOGS; A=/tmp/a
 timeout $(left 90) python recipes/gpu/action_data.py $A 256x320 > $LOGS/data.log 2>&1
 V="--config p25-2b-action --init random --data $A/g256x320 --height 256 --width 320 --vae real --vae-ckpt /tmp/tok.pth
    --frames 13 --workers 1 --sample-every 0 --save-every 100 --steps 3"
-for sac in block none; do
+for sac in ${SACS:-block none}; do  # SACS="block": one mode
     timeout $(left 180) python -m torch.distributed.run --standalone --nproc_per_node=1 \
         recipes/gpu/profile_train_step.py $OUT/p25_$sac $V --sac $sac --out $A/p25_$sac > $LOGS/p25_$sac.log 2>&1
     echo "sac $sac: exit $? at ${SECONDS}s" >> $OUT/progress.txt
