@@ -108,12 +108,16 @@ def test_videos_shorter_than_the_clips_and_too_few_episodes_name_the_cause_and_t
     cause = "3 video(s) have 10-12 frames, " + short.format(13) + "--frames 9"
     assert f"GridClips: {tiny_grid}: 3 videos 64x112, 3 skipped {{'too_short': 3}}; {cause}\n" in proc.stdout
     assert proc.returncode == 2 and proc.stderr == (f"train.py: error: {tiny_grid}: {cause}; the 3 video(s) left "
-                                                    "are all held out by --holdout 3: pass --holdout 0 to train on "
-                                                    "them (no held-out evaluation)\n")
+                                                    "are all held out by --holdout 3: "
+                                                    "pass --holdout 1 (evaluate.py and policyeval.py need one held-out "
+                                                    "episode), or --holdout 0 to train on them all "
+                                                    "(no held-out evaluation: evaluate.py and policyeval.py then refuse the run)\n")
     proc = in_process(train, ["--data", tiny_grid, "--out", str(tmp_path / "b"), "--holdout", "6"])
     assert proc.returncode == 2 and proc.stderr == (f"train.py: error: {tiny_grid}: only 6 usable video(s) for 9-frame "
-                                                    "clips, all held out by --holdout 6: stitch more episodes, or pass "
-                                                    "--holdout 0 to train on them (no held-out evaluation)\n")
+                                                    "clips, all held out by --holdout 6: stitch more episodes, or "
+                                                    "pass --holdout 1 (evaluate.py and policyeval.py need one held-out "
+                                                    "episode), or --holdout 0 to train on them all "
+                                                    "(no held-out evaluation: evaluate.py and policyeval.py then refuse the run)\n")
     assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
 
 
