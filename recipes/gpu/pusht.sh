@@ -6,18 +6,17 @@
 # coverage: all through tests/pusht_numbers.py, the script behind docs/policyeval.md's CPU numbers. Budget: 500 s;
 # 12000 steps is a guess at the tiny net's GPU speed (unmeasured): the log's s_per_step says what fits next time.
 # $OUT gets 8 files (the device's most): gpu.txt, pusht.log, train.log, result.json, ranking.png, metrics.jsonl, 2 mp4s
-# Wheels: bash recipes/gpu/pusht_wheels.sh here first. The repo and all the wheels exceed one call's 64 MiB, so
-# two calls on the same warm machine:
-#   1. carry [".gpu/ffmpeg"]:  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/ffmpeg/*.whl
-#   2. carry [".gpu/pusht"]:   OUT=$OUT bash recipes/gpu/pusht.sh
+# Packages: bash recipes/gpu/pusht_wheels.sh here first (.gpu/, one carry); then run(carry [".gpu"]):
+#   OUT=$OUT bash recipes/gpu/pusht.sh
+# (2026-12-07: its first device try lacked cffi, pymunk's, and stopped at the import; the packing then ran the
+# leave-one-family-out sweep on the device but no machine came for a second PushT try.)
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 : "${OUT:?OUT must name a folder for the results}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .gpu/pusht/*.whl > /tmp/pip.log 2>&1 || { echo "pusht.sh: installing .gpu/pusht failed (carry it)"; exit 1; }
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
-python3 -c "import gym_pusht, imageio_ffmpeg, cv2" || { echo "pusht.sh: gym-pusht or imageio-ffmpeg missing: run \
-call 1 (carry .gpu/ffmpeg) on this warm machine first"; exit 1; }
+[ -f .gpu/setup.sh ] || { echo "pusht.sh: .gpu/setup.sh missing: bash recipes/gpu/pusht_wheels.sh, carry .gpu"; exit 1; }
+source .gpu/setup.sh
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+python3 -c "import gym_pusht, imageio_ffmpeg, cv2" || { echo "pusht.sh: gym-pusht or imageio-ffmpeg missing"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 W=/tmp/pusht
 timeout 500 python3 tests/pusht_numbers.py --work $W --workers 15 --seeds 0 --data-episodes 240 --episodes 32 \
