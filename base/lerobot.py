@@ -509,9 +509,20 @@ def make_synthetic(out: str, lengths=(72, 60, 8, 84), height: int = 90, width: i
         family = "orbit" if motion == "orbit" else episode_behaviour(ep, without) if robot == 2 else None
         behaviour = {"behaviour": family} if family else {}
         meta["episodes"].append({"episode_index": ep, "tasks": [task], "length": length, **behaviour})
-        meta["episodes_stats"].append({"episode_index": ep, "stats": {k: {
-            "min": v.min(0).tolist(), "max": v.max(0).tolist(), "mean": v.mean(0).tolist(), "std": v.std(0).tolist(),
-            "count": [length]} for k, v in cols.items()}})
+        meta["episodes_stats"].append(episode_stats(ep, cols, length))
+    return finish_v21(tmp, out, meta, info)
+
+
+def episode_stats(ep: int, cols: dict, length: int) -> dict:
+    """One episode's row of meta/episodes_stats.jsonl (v2.1): per column min, max, mean, std and count."""
+    return {"episode_index": ep, "stats": {k: {
+        "min": v.min(0).tolist(), "max": v.max(0).tolist(), "mean": v.mean(0).tolist(), "std": v.std(0).tolist(),
+        "count": [length]} for k, v in cols.items()}}
+
+
+def finish_v21(tmp: str, out: str, meta: dict, info: dict) -> str:
+    """A v2.1 dataset built in `tmp`: its meta/*.jsonl and meta/info.json written, then renamed to `out` (a killed
+    writer leaves no half dataset behind)."""
     for name, rows in meta.items():
         with open(os.path.join(tmp, "meta", name + ".jsonl"), "w", encoding="utf-8", newline="") as f:
             f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))

@@ -9,14 +9,13 @@ An episode's "extra" keys go into its episodes.jsonl line beside lerobot's own (
 tasks/pushtworld.py records each episode's behaviour family there. Built in a temporary folder and renamed at the
 end, as make_synthetic does, so a killed run leaves no half dataset behind.
 """
-import json
 import os
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from base.lerobot import encode
+from base.lerobot import encode, episode_stats, finish_v21
 
 DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
 VIDEO_PATH = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
@@ -81,13 +80,5 @@ def write_v21(out: str, episodes: list, fps: int, robot_type: str = "", names: d
                    list(np.asarray(frames, np.uint8)), fps)
         meta["episodes"].append({"episode_index": ep, "tasks": [episode["task"]], "length": length,
                                  **episode.get("extra", {})})
-        meta["episodes_stats"].append({"episode_index": ep, "stats": {k: {
-            "min": v.min(0).tolist(), "max": v.max(0).tolist(), "mean": v.mean(0).tolist(), "std": v.std(0).tolist(),
-            "count": [length]} for k, v in cols.items()}})
-    for name, rows in meta.items():
-        with open(os.path.join(tmp, "meta", name + ".jsonl"), "w", encoding="utf-8", newline="") as f:
-            f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-    with open(os.path.join(tmp, "meta", "info.json"), "w", encoding="utf-8", newline="") as f:
-        f.write(json.dumps(info, indent=4))
-    os.rename(tmp, out)
-    return out
+        meta["episodes_stats"].append(episode_stats(ep, cols, length))
+    return finish_v21(tmp, out, meta, info)
