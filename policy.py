@@ -363,13 +363,14 @@ def evaluate(net, vae, data, items, layout, cfg, device, dtype):
 
 class Policy:
     """Cosmos-Policy for train.py: Policy(run, net, params, vae, neg_text, terms). It draws its own samples from
-    --data (PolicyData: a stitched folder with actions), so train.py's clip batches are not read; step(step, batches)
+    --data (PolicyData: a stitched folder with actions), so train.py fetches no clip batches for it (reads_clips); step(step, batches)
     -> the metrics row; evaluate -> the validation row. The data's statistics go to OUT/policy_stats.json."""
     NAME = "policy"
     CONFIG = PolicyConfig  # TrainConfig.policy: the --policy-* flags
     MAY_CHANGE = ("eval_samples",)
     TINY_RECIPES = ("tiny_policy",)  # recipes/tiny_policy.py: the tiny action folder, the policy's schedule
     mfu = False  # its tokens are not train.py's clip tokens
+    reads_clips = False  # it draws its own samples: train.py fetches and encodes no clips for it
     eval_at_start = True  # the validation curve starts at the untrained net
     max_psnr_drop = 0.0
 

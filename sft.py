@@ -98,6 +98,7 @@ class SFT:
     MAY_CHANGE = ()  # of CONFIG's knobs, those a resumed run may change
     TINY_RECIPES = ()  # recipes/ files on top of tiny.py for this objective
     mfu = True
+    reads_clips = True  # step's batches: train.py's clips
     eval_at_start = False  # its curve starts at the first save
     max_psnr_drop = 0.0  # no fidelity bound in loss.png
 

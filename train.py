@@ -509,7 +509,8 @@ def one_step(loop, step, start_step, peak):
     lr = loop.objective.lr_at(step)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
-    batches = [loop.to_latent(next(loop.loader)) for _ in range(cfg.grad_accum)]  # RL: one (--grad-accum is SFT's)
+    batches = [loop.to_latent(next(loop.loader)) for _ in range(cfg.grad_accum)] \
+        if loop.objective.reads_clips else []  # RL: one (--grad-accum is SFT's); the policy draws its own
     row = {"lr": lr, **loop.objective.step(step, batches)}
     if loop.ema is not None and "skipped" not in row:  # a skipped update left the weights as they were
         with torch.no_grad():

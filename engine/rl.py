@@ -500,6 +500,7 @@ class RLObjective:
     NAME, CONFIG, MAY_CHANGE, TINY_RECIPES and step(step, batches) -> the update's metrics row (batches: [one (latent,
     Condition) of train.py's loader]; the optimizer step included)."""
     mfu = False  # RL's MFU: smoke.py (rollouts and updates differ too much for one number)
+    reads_clips = True  # step's batches: train.py's clips, the rollouts' first frames
     eval_at_start = True  # a held-out evaluation before the first update: every curve's starting point
 
     @classmethod

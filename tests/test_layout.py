@@ -267,8 +267,8 @@ def test_each_model_family_has_one_home_with_the_same_names_chosen_in_one_place(
 
 OBJECTIVE_API = ("NAME", "CONFIG", "MAY_CHANGE", "TINY_RECIPES", "validate", "resume_keys", "rewards", "lr_at", "step",
                  "evaluate", "evaluated", "watch", "bar")
-OBJECTIVE_FIELDS = ("betas", "weight_decay", "schedule", "guidance", "name", "mfu", "state", "eval_at_start",
-                    "max_psnr_drop", "lr_flag")  # what train.py reads of a built objective
+OBJECTIVE_FIELDS = ("betas", "weight_decay", "schedule", "guidance", "name", "mfu", "reads_clips", "state",
+                    "eval_at_start", "max_psnr_drop", "lr_flag")  # what train.py reads of a built objective
 
 
 def required(fn):

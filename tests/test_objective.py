@@ -22,7 +22,7 @@ class Dummy:
     CONFIG = None  # no flags of its own
     MAY_CHANGE = ()
     TINY_RECIPES = ()  # no recipes/tiny_dummy.py
-    mfu, eval_at_start, max_psnr_drop = False, False, 0.0
+    mfu, eval_at_start, max_psnr_drop, reads_clips = False, False, 0.0, True
 
     @staticmethod
     def validate(cfg, given):
