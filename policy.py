@@ -363,8 +363,8 @@ def evaluate(net, vae, data, items, layout, cfg, device, dtype):
 
 class Policy:
     """Cosmos-Policy for train.py: Policy(run, net, params, vae, neg_text, terms). It draws its own samples from
-    --data (PolicyData: a stitched folder with actions), so train.py fetches no clip batches for it (reads_clips); step(step, batches)
-    -> the metrics row; evaluate -> the validation row. The data's statistics go to OUT/policy_stats.json."""
+    --data (PolicyData: a stitched folder with actions), so train.py fetches no clip batches for it (reads_clips);
+    step(step, batches) -> the metrics row; evaluate -> the validation row. The data's statistics go to OUT/policy_stats.json."""
     NAME = "policy"
     CONFIG = PolicyConfig  # TrainConfig.policy: the --policy-* flags
     MAY_CHANGE = ("eval_samples",)
