@@ -266,9 +266,10 @@ def project(b, net, res, counts, costs):
                   decode=counts["samples"] * costs["decode"][0] if "decode" in costs else 0.0)
     store = counts["store_elements"] * shape[1] * shape[2] * shape[3] * shape[4] * 4  # fp32 rollouts, whole samples
     peaks = {name: peak for name, (_, peak) in costs.items()}
-    return dict(rl_phases_s={k: round(v, 4) for k, v in phases.items()}, rl_s_per_update=round(sum(phases.values()), 4),
+    # microseconds in the record: a phase is a sum of rounded costs, and 4 decimals left its check a rounding short
+    return dict(rl_phases_s={k: round(v, 6) for k, v in phases.items()}, rl_s_per_update=round(sum(phases.values()), 6),
                 rl_calls={k: counts[k] for k in ("rollout", "frozen", "trained", "samples", "opt_steps")},
-                rl_costs_s={name: round(s, 4) for name, (s, _) in costs.items()}, rl_peaks_gib=peaks,
+                rl_costs_s={name: round(s, 6) for name, (s, _) in costs.items()}, rl_peaks_gib=peaks,
                 rl_rollout_store_gib=round(store / 2**30, 3),
                 rl_peak_gib=round(max(p for p in peaks.values()) + store / 2**30, 2) if cuda else None)
 
