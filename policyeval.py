@@ -482,14 +482,19 @@ def draw_points(ax, xs, ys, labels, n, colours):
                     arrowprops=dict(arrowstyle="-", lw=0.3, color="grey") if y != ys[i] else None)
 
 
-def write_videos(cfg, results):
+def write_videos(cfg, results, task=None, tasks=None):
     """OUT/<policy>_ep<i>.mp4: the world model's episode | the simulator's; under --task held-out (no simulator)
     OUT/<policy>_ep<i>_world.mp4, the world model alone (the held-out truth followed its recorded actions, not the
-    policy's: nothing to set beside it)."""
-    written = []
+    policy's: nothing to set beside it). A task with mark(frames, tasks) draws its goal on both halves (the videos
+    only: the judge and the policies saw the frames unmarked), so success can be seen."""
+    written, shown = [], min(cfg.videos, cfg.episodes)
+    mark = getattr(task, "mark", None) if task is not None else None
     for name, r in results.items():
-        for e in range(min(cfg.videos, cfg.episodes)):
-            video = r["world"][e] if r["sim"] is None else torch.cat([r["world"][e], r["sim"][e]], dim=-1)
+        for e in range(shown):
+            world, sim = r["world"][e: e + 1], None if r["sim"] is None else r["sim"][e: e + 1]
+            if mark is not None:
+                world, sim = mark(world, rows(tasks, [e])), None if sim is None else mark(sim, rows(tasks, [e]))
+            video = world[0] if sim is None else torch.cat([world[0], sim[0]], dim=-1)
             alone = "_world" if r["sim"] is None else ""
             path = os.path.join(cfg.out, f"{name.split(':')[-1]}_ep{e}{alone}.mp4")
             write_mp4(path, video, fps=4)
@@ -551,7 +556,7 @@ def main(argv=None):
     summary = agreement(results, cfg.chunks, run.cfg["frames"])
     summary.update(**settings, **timing(cfg, run, seconds, clock, device))
     summary["warnings"] = warnings(summary, data_frame_change(run))
-    summary["videos"] = write_videos(cfg, results)
+    summary["videos"] = write_videos(cfg, results, task, tasks)
     summary["plot"] = plot(summary, os.path.join(cfg.out, "ranking.png"))
     write_result(cfg, summary)
     print(table(summary), flush=True)

@@ -19,10 +19,11 @@ in [-1, 1], and info {"chunk": k, "task": sample_tasks' arrays of these B episod
 
 A task module for policyeval.py has: sample_tasks(n, seed), first_frames(tasks), simulator(tasks) (a step function
 for engine/world.closed_loop; a task without a true simulator leaves it out), judge, POLICIES, and optionally
-state_success(world, tasks) (success read from the simulator's own state, to check the judge against).
+state_success(world, tasks) (success read from the simulator's own state, to check the judge against) and
+mark(frames, tasks) (the goal drawn on policyeval's mp4s).
 
 Contents, top to bottom: tasks -> simulator (step, render, first_frames, simulator) -> judge (locate, judge) ->
-reference policies -> policies of other families, state_success -> run_in_simulator -> world-model reward.
+mark -> reference policies -> policies of other families, state_success -> run_in_simulator -> world-model reward.
 """
 import subprocess
 
@@ -184,6 +185,23 @@ def judge(frames_B_3_T_H_W, info: dict) -> torch.Tensor:
     if target.shape != (len(centre), 2):
         raise ValueError(f"judge: info['task']['target'] of shape {target.shape} for {len(centre)} videos")
     return torch.from_numpy(inside(centre[:, 0].numpy(), target).astype(np.float32))
+
+
+def mark(frames_B_3_T_H_W, tasks: dict) -> torch.Tensor:
+    """A copy of the frames with each task's target box outlined in white in every camera cell: policyeval's mp4s
+    only (the judge and the policies see frames unmarked), so that success can be seen."""
+    frames = torch.as_tensor(frames_B_3_T_H_W).clone()
+    h, w = frames.shape[3] // 2, frames.shape[4] // 2
+    target = np.asarray(tasks["target"], np.float32)
+    for b, (x, y) in enumerate(target):
+        x0, y0 = int(x * w / 320), int(y * h / 180)
+        x1 = min(w - 1, int(np.ceil((x + ACTION_SQUARE) * w / 320)))
+        y1 = min(h - 1, int(np.ceil((y + ACTION_SQUARE) * h / 180)))
+        for top, left in ((0, 0), (0, w), (h, 0)):  # SLOTS' cells, as locate reads them
+            cell = frames[b, :, :, top: top + h, left: left + w]
+            cell[:, :, (y0, y1), x0: x1 + 1] = 1.0
+            cell[:, :, y0: y1 + 1, (x0, x1)] = 1.0
+    return frames
 
 
 # --------------------------------------------------------------------------------------------------------- policies

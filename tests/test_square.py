@@ -113,6 +113,23 @@ def test_locate_finds_the_square_within_a_pixel_along_every_border_and_the_judge
         square.judge(blank, {"chunk": 0, "task": {"target": target}})
 
 
+def test_mark_outlines_the_target_box_in_each_camera_cell_and_changes_no_judgement():
+    """policyeval's mp4s draw the goal (tasks.square:mark): a white box outline around the target in the three camera
+    cells, the black cell and the input untouched, and the judge reads the marked frames as it reads the plain ones."""
+    target = np.array([[100, 50]] * 5, np.float32)
+    at = target + np.array([[0, 0], [-30, 30], [30, -30], [-34, 0], [0, 34]], np.float32)
+    frames = square.render(np.stack([target, at], 1))
+    marked = square.mark(frames, {"target": target})
+    h, w = square.HEIGHT // 2, square.WIDTH // 2
+    changed = (marked != frames).any(1).any(1)  # [B, H, W]
+    assert changed.any() and not changed[:, h:, w:].any() and not (frames == 1.0).all(1).any()  # input untouched
+    x0, y0 = int(100 * w / 320), int(50 * h / 180)
+    for top, left in ((0, 0), (0, w), (h, 0)):
+        assert (marked[:, :, :, top + y0, left + x0] == 1.0).all()  # the box's corner, white in every cell
+    info = {"chunk": 0, "task": {"target": target}}
+    assert square.judge(marked, info).tolist() == square.judge(frames, info).tolist() == [1, 1, 1, 0, 0]
+
+
 def test_the_reference_policies_are_graded_in_the_simulator():
     """32 tasks, 3 chunks: go_to_target always, the epsilon policies in order, random commands rarely, and standing
     still or going the wrong way never (both by construction)."""
