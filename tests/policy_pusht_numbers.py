@@ -79,11 +79,11 @@ def main(argv=None):
         result = evaluate(run, tasks, args.best_of)
         rows.append({"seed": seed, "train_seconds": round(seconds), **{f"n{n}": r for n, r in result.items()},
                      **{k: round(last[k], 3) for k in ("eval_action_l1", "eval_action_l1_zero", "eval_value_error",
-                                                       "eval_psnr")}})
+                                                       "eval_wm_value_error", "eval_psnr")}})
         print(f"seed {seed}: max coverage N=1 {result[1]['coverage']:.3f} (judge {result[1]['judge']:.3f}), "
               f"N={args.best_of} {result[args.best_of]['coverage']:.3f} (judge {result[args.best_of]['judge']:.3f}); "
               f"held-out action L1 {last['eval_action_l1']:.3f} (zero {last['eval_action_l1_zero']:.3f}), value "
-              f"error {last['eval_value_error']:.3f}; train {seconds:.0f} s, closed loop "
+              f"error {last['eval_value_error']:.3f} (world-model samples {last['eval_wm_value_error']:.3f}); train {seconds:.0f} s, closed loop "
               f"{result[1]['seconds']:.0f} / {result[args.best_of]['seconds']:.0f} s", flush=True)
     mean = {n: float(np.mean([r[f"n{n}"]["coverage"] for r in rows])) for n in (1, args.best_of)}
     print(f"mean over seeds: N=1 {mean[1]:.3f}, N={args.best_of} {mean[args.best_of]:.3f} (best-of-N gain "

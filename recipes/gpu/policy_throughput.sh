@@ -18,12 +18,14 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu
 LOGS=$OUT/logs; mkdir -p $LOGS; D=/tmp/policy224
 [ -f /tmp/tok.pth ] || python -c "import torch; from nets.vae import WanVAE, get_vae_config; \
 torch.save(WanVAE(get_vae_config('real')).state_dict(), '/tmp/tok.pth')" > $LOGS/vae.log 2>&1
-# LIBERO's cameras as a views folder (wrist, ext_1): the tiny policy's orbit episodes, stitched at 224 px
+# the tiny policy's orbit episodes stitched at 224 px as a grid folder, and LIBERO's 9 slots over its one camera
+# (train.py opens a views folder only for a camera net, so `--policy-layout libero` on views is for later: the same
+# 9 latent frames of 28x28, the same tokens and cost)
 timeout $(left 120) python -c "from base import lerobot; lerobot.make_synthetic('$D.raw', lengths=(160,) * 6, \
 motion='orbit')" > $LOGS/data.log 2>&1
-timeout $(left 120) python stitch.py $D.raw $D --layout views --stride 4 --frames 9 --size 224x224 --workers 8 \
-    >> $LOGS/data.log 2>&1
-V="--config v2w-2b --init random --objective policy --policy-layout libero --policy-chunk 16 --policy-success all
+timeout $(left 120) python stitch.py $D.raw $D --stride 4 --frames 9 --size 224x224 --workers 8 >> $LOGS/data.log 2>&1
+NINE=blank,proprio,image:grid,image:grid,action,future_proprio,future_image:grid,future_image:grid,value
+V="--config v2w-2b --init random --objective policy --policy-layout $NINE --policy-chunk 16 --policy-success all
    --policy-eval-samples 2 --data $D --height 224 --width 224 --frames 9 --holdout 1 --vae real --vae-ckpt /tmp/tok.pth
    --sac block --workers 1 --steps 8 --save-every 0"
 for B in ${BATCHES:-8 16 24 32 48}; do
