@@ -129,3 +129,23 @@ def test_a_released_policy_pt_loads_strictly_through_init(tiny_action_grid, tmp_
     refused = in_process(train, common + ["--init", bad, "--out", str(tmp_path / "no")])
     assert refused.returncode != 0 and "action_head" in refused.stdout + refused.stderr
     assert not os.path.isdir(tmp_path / "no" / "step_00000001")
+
+
+def test_a_policy_run_acts_inside_policyeval(tiny_action_grid, tmp_path, monkeypatch):
+    """policyeval.py --policies agent:act: a policy run of a layout without proprio slots (a world model gives none)
+    acts in the tiny-action world model and in tasks/square's simulator; policyeval's 32-action chunks come from its
+    chunk of 8, chained on its own predicted futures, best of 2."""
+    import policyeval
+    import train
+    act, run, out = str(tmp_path / "act"), str(tmp_path / "policy"), str(tmp_path / "eval")
+    check(in_process(train, ["--config", "tiny-action", "--data", tiny_action_grid, "--steps", "2", "--out", act,
+                             "--sample-every", "0", "--workers", "0"]))
+    check(in_process(train, ["--objective", "policy", "--policy-success", "all", "--policy-layout",
+                             "blank,image:grid,action,future_image:grid,value", "--data", tiny_action_grid, "--steps",
+                             "2", "--batch-size", "2", "--policy-eval-samples", "2", "--out", run]))
+    monkeypatch.setenv(agent.RUN_ENV, run)
+    monkeypatch.setenv(agent.BEST_OF_ENV, "2")
+    proc = check(in_process(policyeval, [act, "--policies", "agent:act,tasks.square:stand_still", "--episodes", "2",
+                                         "--chunks", "1", "--steps", "2", "--videos", "0", "--out", out]))
+    row = json.loads(proc.stdout.strip().splitlines()[-1])["policies"]["agent:act"]
+    assert 0 <= row["success_world"] <= 1 and 0 <= row["success_sim"] <= 1, row
