@@ -68,12 +68,21 @@ class PolicyConfig:
     world_model: float = 0.25  # fraction of world-model samples (conditioned on the action)
     value: float = 0.25  # fraction of value samples (conditioned on everything but the value); the rest: policy
     eval_samples: int = 32  # held-out (episode, frame) samples of the validation, fixed for the whole run
+    success: str = "data"  # each episode's success (the value's return): data (its npz flag, from the LeRobot
+    # dataset's next.success / next.reward; a folder without flags is refused) | all (every episode a successful
+    # demonstration: the value is then gamma^(steps to the end), a clock, not a judgement)
+    imitate: str = "success"  # the episodes policy samples (the action generated) are drawn from: success (the
+    # successful ones: a failure's actions are not imitated; world-model and value samples use every episode) | all
 
     def __post_init__(self):
         slots(self.layout)  # raises naming the bad slot
         if self.chunk < 1 or not 0 < self.gamma <= 1 or self.eval_samples < 1:
             raise ValueError(f"--policy-chunk {self.chunk}, --policy-gamma {self.gamma}, --policy-eval-samples "
                              f"{self.eval_samples}: need chunk >= 1, 0 < gamma <= 1, eval_samples >= 1")
+        if self.imitate not in ("success", "all"):
+            raise ValueError(f"--policy-imitate {self.imitate!r}: success (the successful episodes) or all")
+        if self.success not in ("data", "all"):
+            raise ValueError(f"--policy-success {self.success!r}: data (the episodes' flags) or all (demonstrations)")
         if min(self.world_model, self.value) < 0 or self.world_model + self.value > 1:
             raise ValueError(f"--policy-world-model {self.world_model}, --policy-value {self.value}: fractions >= 0 "
                              "summing to <= 1 (the rest are policy samples)")
@@ -144,10 +153,11 @@ class PolicyData:
     the future step. Read with the repo's readers (clips.data.GridClips' or ViewClips' videos and prompts,
     base.actions' files and statistics); each episode's
     frames are decoded once and kept (a tiny folder's reader: a large dataset needs a worker pool, not done yet).
-    An episode's success is its npz's optional `success` array (its last value), else True: stitch.py does not write
-    one yet, so a stitched folder's episodes all count as successes (demonstrations)."""
+    An episode's success (success="data") is its npz's `success` flag, which stitch.py writes from the LeRobot
+    dataset's next.success or next.reward (base.actions.episode_success); a folder where an episode has none is
+    refused. success="all": every episode a success (demonstrations), flags or not."""
 
-    def __init__(self, root, layout, chunk, gamma, height, width, text):
+    def __init__(self, root, layout, chunk, gamma, height, width, text, success="data"):
         cameras = {c for _, c in slots(layout) if c}
         if cameras != {"grid"} and not cameras <= set(VIEW_ORDER):
             raise ValueError(f"--policy-layout {layout!r}: cameras {sorted(cameras)}; `grid` (a grid folder's frame) "
@@ -172,6 +182,13 @@ class PolicyData:
             raise ValueError(f"--data {root}: no episode is longer than --policy-chunk {chunk} rows: stitch longer "
                              "episodes or pass a smaller chunk")
         self.short = len(episodes) - len(self.episodes)
+        unflagged = [ep["video"].stem for ep in self.episodes if ep.get("success") is None]
+        if success == "data" and unflagged:
+            raise ValueError(f"--data {root}: {len(unflagged)} of {len(self.episodes)} episodes have no success flag "
+                             f"(actions/{unflagged[0]}.npz has no `success`), and the value slot is trained on "
+                             "returns from it: stitch a LeRobot dataset with next.success or next.reward, or pass "
+                             "--policy-success all (every episode a successful demonstration)")
+        self.all_success = success == "all"
         self.action_dim, self.state_dim = self.episodes[0]["action"].shape[2], self.episodes[0]["state"].shape[1]
         if not self.state_dim and any(k.endswith("proprio") for k, _ in slots(layout)):
             raise ValueError(f"--data {root}: no {STATE} stitched, but --policy-layout {layout!r} has proprio slots")
@@ -203,10 +220,9 @@ class PolicyData:
         return self.frames[episode, camera][t].permute(2, 0, 1).float() / 127.5 - 1
 
     def success(self, episode):
-        """Whether the episode ended in success: its npz's optional `success` (a scalar, PushT's flag, when the
-        writer kept one), else True (demonstrations)."""
-        flag = self.episodes[episode].get("success")
-        return True if flag is None else bool(np.asarray(flag).reshape(-1)[-1])
+        """Whether the episode succeeded: its npz's `success` flag (stitch.py's, from next.success / next.reward),
+        or True for every episode under success="all"."""
+        return self.all_success or bool(np.asarray(self.episodes[episode]["success"]).reshape(-1)[-1])
 
     def item(self, episode, t):
         """One sample's parts: images, normalised and raw vectors, the value, the prompt embedding."""
@@ -387,6 +403,8 @@ class Policy:
         cfg.sample_every = 0  # the presets' (real.py: 1000) too
         if os.path.normpath(cfg.data) == os.path.normpath(TINY_DATA) and not os.path.isdir(cfg.data):
             make_tiny_dataset(cfg.data, orbit=True)  # the tiny recipe's own synthetic folder, built on first use
+        if os.path.normpath(cfg.data) == os.path.normpath(TINY_DATA) and "success" not in given.get("policy", {}):
+            cfg.policy = replace(cfg.policy, success="all")  # its orbit expert's episodes: demonstrations, no flags
         return {**unused_rl_flags(cfg, given, Policy.NAME),
                 **{k: "with --objective policy (its own noise draw, no prompt dropout, its own samples)"
                    for k in ("text_dropout", "high_sigma_ratio", "latents") if k in given}}
@@ -410,13 +428,17 @@ class Policy:
         text = dict(text_len=cfg.text_len, text_dim=net.cfg.crossattn_proj_in_channels, seed=cfg.seed,
                     text="standin" if text_lib.standin_text(cfg.config, cfg.data) else "t5", text_encoder="t5")
         self.data = PolicyData(cfg.data, self.knobs.layout, self.knobs.chunk, self.knobs.gamma, cfg.height, cfg.width,
-                               text)
+                               text, self.knobs.success)
         n = len(self.data.episodes)
         holdout = cfg.holdout if cfg.holdout >= 0 else max(1, n // 50)
         if n - holdout < 1:
             raise ValueError(f"--holdout {holdout}: {cfg.data} has {n} episodes with a whole chunk; keep at least one "
                              "to train on")
         self.train_ids, held = list(range(n - holdout)), list(range(n - holdout, n)) or list(range(n))
+        self.imitated = [e for e in self.train_ids if self.knobs.imitate == "all" or self.data.success(e)]
+        if not self.imitated:
+            raise ValueError(f"--data {cfg.data}: none of the {len(self.train_ids)} episodes trained on succeeded, and "
+                             "--policy-imitate success draws policy samples from successes: pass --policy-imitate all")
         pairs = [(e, t) for e in held for t in self.data.starts(e)]
         pick = np.linspace(0, len(pairs) - 1, self.knobs.eval_samples).round().astype(int)
         self.held_out = [self.data.item(*pairs[i]) for i in pick]
@@ -426,7 +448,9 @@ class Policy:
         run.say(f"policy: {n} episodes ({len(self.train_ids)} trained on, {self.data.short} shorter than a chunk "
                 f"left out), layout {self.knobs.layout} "
                 f"({len(slots(self.knobs.layout))} latent frames), chunk {self.knobs.chunk} x {self.data.action_dim},"
-                f" {sum(map(self.data.success, range(n)))} of them successes; statistics -> policy_stats.json")
+                f" {sum(map(self.data.success, range(n)))} of them successes"
+                f"{' (--policy-success all)' if self.data.all_success else ''}, policy samples from "
+                f"{len(self.imitated)}; statistics -> policy_stats.json")
 
     def lr_at(self, step):
         return lr_at(self.cfg, step)
@@ -436,11 +460,15 @@ class Policy:
         (seed, step, micro, dp rank) only."""
         g = torch.Generator().manual_seed(sample_seed(self.cfg.seed, step, micro, self.run.dp_rank, "policy"))
         items, types = [], []
+        pick = lambda ids: ids[int(torch.randint(len(ids), (), generator=g))]  # noqa: E731
         for _ in range(self.cfg.batch_size):
-            episode = self.train_ids[int(torch.randint(len(self.train_ids), (), generator=g))]
-            starts = self.data.starts(episode)
-            items.append(self.data.item(episode, starts[int(torch.randint(len(starts), (), generator=g))]))
+            episode = pick(self.train_ids)
+            start = pick(self.data.starts(episode))
             types.append(sample_type(g, self.knobs))
+            if types[-1] == "policy" and episode not in self.imitated:  # its actions are not imitated: redrawn
+                episode = pick(self.imitated)
+                start = pick(self.data.starts(episode))
+            items.append(self.data.item(episode, start))
         return items, types
 
     def step(self, step, batches):

@@ -10,9 +10,11 @@ simulator's, chunk by chunk (drift), and the judge's agreement with the simulato
     python policyeval.py runs/act                      # tasks.square's 22 policies (5 families), 32 starts, 3 chunks
     python policyeval.py runs/act --policies mine:policy,tasks.square:go_to_target --judge mine:judge
     python policyeval.py runs/act --task held-out --policies mine:policy --judge mine:judge   # your robot's episodes
+    POLICY_RUN=runs/pusht-policy python policyeval.py runs/pusht --task tasks.pusht --policies agent:act  # a policy run
 
 A task module (tasks/square.py is the template to copy) has sample_tasks(n, seed), first_frames(tasks),
-simulator(tasks) where a true simulator exists, judge and POLICIES. --task held-out starts from the first frames of
+simulator(tasks) where a true simulator exists, judge and POLICIES; a plug-in with a .prepare() has it called before
+any model is built (agent.py's act loads its run there). --task held-out starts from the first frames of
 the run's held-out episodes instead, frame 0 of each (no simulator: the world model's success alone, no ranking.png;
 info["task"] holds {"episode", "video", "stem"}, no target: a judge must judge from the frames). Writes
 OUT/result.json (every number; partial, with the error, when a plug-in fails), OUT/ranking.png (world vs simulator
@@ -107,6 +109,9 @@ def load_task(cfg):
         policies = {f"{cfg.task}:{name}": fn for name, fn in task.POLICIES.items()}
     else:
         raise ValueError(f"--policies: none given, and --task {cfg.task} has no POLICIES; pass module:function,...")
+    for fn in policies.values():  # a plug-in's own set-up (agent:act loads its policy run): refused before any model
+        if callable(getattr(fn, "prepare", None)):
+            fn.prepare()
     if cfg.judge:
         judge = load_plugin(cfg.judge, "--judge")
     elif task is not None and callable(getattr(task, "judge", None)):

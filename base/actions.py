@@ -7,7 +7,8 @@ Written by `stitch.py SRC OUT` (--layout grid or views alike) when the LeRobot d
                           (j+1)*stride - 1, those executed between output frame j (source row j*stride) and output
                           frame j+1 (LeRobot's action of row i is issued at frame i; its effect shows from frame i+1
                           on); state [n, S] observation.state at the kept frames (S = 0 without one); frame_index [n]
-                          the source rows kept (j*stride). n is the video's frame count (manifest n_out).
+                          the source rows kept (j*stride); success [1] float32 (1 or 0) where the dataset has
+                          next.success or next.reward (episode_success). n is the video's frame count (manifest n_out).
   OUT/action_stats.json   per feature (action, observation.state): mean, std, min, max (one per dim) and count, and
                           where they come from: the dataset's meta/stats.json (v2.0, v3.0), else its
                           meta/episodes_stats.jsonl pooled over its episodes (v2.1), else computed from actions/*.npz.
@@ -38,6 +39,7 @@ from base.lerobot import BadParquet, read_jsonl, read_parquet
 from base.video import ClipError
 
 ACTION, STATE = "action", "observation.state"
+SUCCESS, REWARD = "next.success", "next.reward"  # LeRobot's per-frame outcome columns (gym-pusht's, aloha's, ...)
 STATS_FILE = "action_stats.json"
 STAT_KEYS = ("mean", "std", "min", "max")
 
@@ -65,8 +67,33 @@ def plan(source) -> tuple:
                           "before (no actions/, no action_stats.json)")
     stats = dataset_stats(source.root, dims)
     state = f" and {STATE} [{dims[STATE]}]" if STATE in dims else f" (no {STATE})"
+    key = success_key(source)
+    success = f"; each episode's success flag from {key}" if key else f"; no {SUCCESS} or {REWARD}: no success flags"
     return dims, stats, (f"stitch: actions: {ACTION} [{dims[ACTION]}]{state} of every source row -> actions/<stem>.npz"
-                         f", statistics {stats['source'] if stats else 'computed from them'} -> {STATS_FILE}")
+                         f", statistics {stats['source'] if stats else 'computed from them'} -> {STATS_FILE}{success}")
+
+
+def success_key(source):
+    """The column an episode's success is read from: next.success, else next.reward, else None."""
+    return next((key for key in (SUCCESS, REWARD) if key in source.features), None)
+
+
+def episode_success(ep, source):
+    """The episode's success flag (the policy objective's return, docs/policy.md): any row's next.success true, else
+    any row's next.reward >= 1 (LeRobot's simulated datasets, gym-pusht's and aloha's, give 1 at success); None
+    when the dataset has neither column. ValueError naming the file for a column of the wrong length or NaN."""
+    key = success_key(source)
+    if key is None:
+        return None
+    filters = [("episode_index", "=", ep.index)] if source.layout == "v3" else None
+    column = read_parquet(ep.data_path, columns=[key], filters=filters)[key].combine_chunks()
+    if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type):
+        column = column.flatten()
+    values = column.to_numpy(zero_copy_only=False).astype(np.float64)
+    if len(values) != ep.length or not np.isfinite(values).all():
+        raise ValueError(f"{ep.data_path}: column {key} of episode {ep.index} is not {ep.length} finite values "
+                         f"(one a frame); got {len(values)}")
+    return bool((values >= 1).any() if key == REWARD else (values > 0).any())
 
 
 def action_file(out: str, stem: str) -> str:
@@ -104,7 +131,7 @@ def write_episode(out: str, stem: str, ep, source, dims: dict, stride: int, n: i
     """Write actions/<stem>.npz for an episode whose video kept n frames (source rows 0, stride, ...): (its manifest
     entry, None), or (None, (reason, detail)) for stitch.py's skips: bad_action (read_columns), bad_parquet."""
     try:
-        values = read_columns(ep, source, dims)
+        values, success = read_columns(ep, source, dims), episode_success(ep, source)
     except ValueError as e:  # BadParquet is a ValueError too
         return None, ("bad_parquet" if isinstance(e, BadParquet) else "bad_action", str(e))
     rows = np.arange(n - 1)[:, None] * stride + np.arange(stride)  # [n-1, stride]: transition j's source rows
@@ -115,7 +142,8 @@ def write_episode(out: str, stem: str, ep, source, dims: dict, stride: int, n: i
     state = values[STATE][kept] if STATE in values else np.zeros((n, 0), np.float32)
     path = action_file(out, stem)
     with open(path + ".tmp", "wb") as f:
-        np.savez(f, action=values[ACTION][rows], state=state, frame_index=kept)
+        np.savez(f, action=values[ACTION][rows], state=state, frame_index=kept,
+                 **({} if success is None else {"success": np.array([float(success)], np.float32)}))
     os.replace(path + ".tmp", path)
     return {"action_dim": dims[ACTION], "state_dim": dims.get(STATE, 0), "bytes": os.path.getsize(path)}, None
 

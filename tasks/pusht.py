@@ -110,8 +110,12 @@ def simulator(tasks: dict):
     """gym-pusht's env as a step function for engine/world.closed_loop: step(actions [B, S, A], chunk) steps each
     episode's env with the targets actions[..., :2] and returns the chunk's frames [B, 3, S/STRIDE + 1, H, W] (frame
     j: after j*STRIDE actions). Its .coverage: info["coverage"] after every action so far, [B, n] (column 0: the
-    start's)."""
+    start's); its .proprio: [B, 2] the agents' positions now (the data's observation.state), updated in place after
+    each chunk (run_in_simulator hands it to the policy as info["proprio"])."""
     envs = reset_envs(tasks)
+
+    def agents():
+        return np.array([np.asarray(env.agent.position) for env in envs], np.float32).reshape(len(envs), 2)
 
     def advance(raw_actions, chunk):
         actions = np.asarray(raw_actions, np.float64)[:, :, :2]
@@ -126,9 +130,10 @@ def simulator(tasks: dict):
             screens.append(np.stack(kept))
             coverage.append(row)
         advance.coverage = np.concatenate([advance.coverage, np.array(coverage)], 1)
+        advance.proprio[:] = agents()
         frames = render(np.concatenate(screens))
         return frames.view(len(envs), -1, 3, HEIGHT, WIDTH).permute(0, 2, 1, 3, 4)
-    advance.coverage = np.asarray(tasks["start_coverage"], np.float64)[:, None]
+    advance.coverage, advance.proprio = np.asarray(tasks["start_coverage"], np.float64)[:, None], agents()
     return advance
 
 
@@ -272,12 +277,13 @@ POLICIES = {f.__name__: f for f in (expert, expert_25, expert_60, random_play, g
 
 # ----------------------------------------------------------------------------------------------- run_in_simulator
 
-def run_in_simulator(policy, tasks: dict, chunks: int = CHUNKS, seed: int = 0) -> dict:
-    """The policy in the simulator for `chunks` chunks from the tasks' starts (engine/world.closed_loop, as
-    policyeval.py runs it): {"frames": [B, 3, 1 + chunks (FRAMES - 1), H, W], "actions": [B, chunks*STEPS, 2],
-    "coverage": [B, chunks*STEPS + 1] the env's info["coverage"], "success": [B] the judge's max coverage}."""
+def run_in_simulator(policy, tasks: dict, chunks: int = CHUNKS, seed: int = 0, steps: int = STEPS) -> dict:
+    """The policy in the simulator for `chunks` chunks of `steps` actions from the tasks' starts
+    (engine/world.closed_loop, as policyeval.py runs it; info["proprio"]: the agents' positions now):
+    {"frames": [B, 3, 1 + chunks steps / STRIDE, H, W], "actions": [B, chunks*steps, 2], "coverage": [B,
+    chunks*steps + 1] the env's info["coverage"], "success": [B] the judge's max coverage}."""
     world = simulator(tasks)
-    info = {"task": tasks, "steps": STEPS, "action_dim": 2, "seed": seed}
+    info = {"task": tasks, "steps": steps, "action_dim": 2, "seed": seed, "proprio": world.proprio}
     run = closed_loop(world, policy, getattr(policy, "__name__", str(policy)), first_frames(tasks), info, chunks,
-                      (len(tasks["reset_seed"]), STEPS, 2))
+                      (len(tasks["reset_seed"]), steps, 2))
     return dict(run, coverage=world.coverage, success=judge(run["frames"], info))

@@ -37,6 +37,9 @@ NEAR = (80.0, np.pi / 3, 60.0)  # a near-goal start: T within 80 of the goal and
 TASK = "Push the T-shaped block onto the green T."
 BEHAVIOURS = ("expert", "expert_random", "random")
 DATA_SEED = 0  # the data's resets come from env seeds 0, 1, ...; tasks/pusht.py's from 10**6 (seed + 1) on
+SUCCESS_COVERAGE = 0.6  # next.success: coverage above it (gym-pusht's own 0.95 is almost never reached from these
+# starts within an episode: no successes to learn a value from); next.reward is gym-pusht's (coverage / 0.95, <= 1)
+ENV_SUCCESS = 0.95  # gym-pusht's success_threshold: its reward is min(coverage / 0.95, 1)
 
 
 # -------------------------------------------------------------------------------------------------------- the env
@@ -183,14 +186,19 @@ def record(plan_row: tuple) -> dict:
     env = make_env()
     env.reset(seed=env_seed)
     run = play(env, family, length, np.random.default_rng([52, env_seed]))
+    after = run["coverage"][1:, None]  # the coverage after each action: LeRobot's next.* columns
     return {"frames": {"observation.image": run["frames"]}, "task": TASK,
-            "columns": {"observation.state": run["state"], "action": run["action"]},
+            "columns": {"observation.state": run["state"], "action": run["action"],
+                        "next.reward": np.minimum(after / ENV_SUCCESS, 1.0),
+                        "next.success": (after > SUCCESS_COVERAGE).astype(np.float32)},
             "extra": {"behaviour": family, "env_seed": env_seed, "max_coverage": float(run["coverage"].max())}}
 
 
 def generate(out: str, n: int = 60, seed: int = DATA_SEED, families=BEHAVIOURS, workers: int = 1,
              progress=print) -> str:
-    """data: out + "_lerobot" (LeRobot v2.1: observation.image, observation.state, action, each episode's behaviour)
+    """data: out + "_lerobot" (LeRobot v2.1: observation.image, observation.state, action, next.reward, next.success
+    (coverage > SUCCESS_COVERAGE after the action; stitch.py keeps each episode's any() as its success flag), each
+    episode's behaviour)
     stitched into out + "_grid" (the tiny action net's 9x64x112 clips at stride 4: the one camera in each of the
     grid's three cells, stretched to 32x56). workers: processes playing episodes (the same episodes, any number).
     Returns the grid folder."""

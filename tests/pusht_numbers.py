@@ -24,16 +24,18 @@ import policyeval  # noqa: E402
 from tasks import pusht, pushtworld  # noqa: E402
 
 
-def train(work, seed, steps, log, extra=()):
-    """The README's training command for one seed (one thread); its seconds, or 0 when the run was there."""
-    run = os.path.join(work, "runs", f"pusht-s{seed}")
+def train(work, seed, steps, log, extra=(), name="pusht",
+          flags=("--config", "tiny-action", "--data", "data/pusht_grid")):
+    """The README's training command for one seed (one thread; `flags`: train.py's, another run's in
+    tests/policy_pusht_numbers.py); (the run WORK/runs/NAME-s<seed>, its seconds, or 0 when the run was there)."""
+    run = os.path.join(work, "runs", f"{name}-s{seed}")
     os.makedirs(os.path.dirname(run), exist_ok=True)
     if os.path.isdir(os.path.join(run, f"step_{steps:08d}")):
         return run, 0.0
     t0 = time.perf_counter()
     with open(log, "w", encoding="utf-8") as f:
-        proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--config", "tiny-action", "--data",
-                               "data/pusht_grid", "--out", run, "--seed", str(seed), "--steps", str(steps), *extra],
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *flags, "--out", run, "--seed",
+                               str(seed), "--steps", str(steps), *extra],
                               cwd=work, stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
     if proc.returncode:
         raise SystemExit(f"pusht_numbers: train.py seed {seed} failed ({proc.returncode}); see {log}")

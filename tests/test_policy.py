@@ -14,6 +14,8 @@ import policy
 from base.actions import action_file, read_arrays
 from run_utils import check, in_process
 
+POLICY = ["--objective", "policy", "--policy-success", "all"]  # the tiny-action folder has no success flags
+
 
 @pytest.mark.parametrize("n", [16, 21, 1])  # 16 divides the 16x2x4 frame, 21 does not, 1: the value
 def test_inject_extract_round_trip(n):
@@ -136,12 +138,17 @@ def test_orbit_episodes_are_written_and_checked(tmp_path):
 
 def test_policy_data_returns_and_statistics(tiny_action_grid, tmp_path):
     text = dict(text_len=4, text_dim=8, text="standin", seed=0, text_encoder="t5")
-    data = policy.PolicyData(tiny_action_grid, "tiny", chunk=8, gamma=0.99, height=64, width=112, text=text)
+    with pytest.raises(ValueError, match="no success flag.*--policy-success all"):  # values need returns
+        policy.PolicyData(tiny_action_grid, "tiny", chunk=8, gamma=0.99, height=64, width=112, text=text)
+    data = policy.PolicyData(tiny_action_grid, "tiny", chunk=8, gamma=0.99, height=64, width=112, text=text,
+                             success="all")
     assert data.stride == 4 and data.steps == 2 and (data.action_dim, data.state_dim) == (2, 2)
     with pytest.raises(ValueError, match="multiple of"):
-        policy.PolicyData(tiny_action_grid, "tiny", chunk=6, gamma=0.99, height=64, width=112, text=text)
+        policy.PolicyData(tiny_action_grid, "tiny", chunk=6, gamma=0.99, height=64, width=112, text=text,
+                          success="all")
     with pytest.raises(ValueError, match="layout views"):  # libero's cameras are a views folder's
-        policy.PolicyData(tiny_action_grid, "libero", chunk=8, gamma=0.99, height=64, width=112, text=text)
+        policy.PolicyData(tiny_action_grid, "libero", chunk=8, gamma=0.99, height=64, width=112, text=text,
+                          success="all")
     arrays = read_arrays(action_file(tiny_action_grid, data.episodes[0]["video"].stem), ("action", "state"))
     last = data.starts(0)[-1]  # its future frame is the episode's last: return 1 (success there)
     item = data.item(0, last)
@@ -152,11 +159,12 @@ def test_policy_data_returns_and_statistics(tiny_action_grid, tmp_path):
     steps = (len(arrays["state"]) - 1 - 2) * 4
     assert math.isclose(first["value"].item(), 2 * 0.99 ** steps - 1, rel_tol=1e-6)
     low, high = np.array(data.record()["action"]["min"]), np.array(data.record()["action"]["max"])
-    # a failed episode (an npz `success` flag of 0, as a writer that keeps PushT's flag would store it): return -1
+    # a failed episode (an npz `success` flag of 0, as stitch.py writes from next.success): return -1
     copy = str(tmp_path / "copy")
     shutil.copytree(tiny_action_grid, copy)
-    path = action_file(copy, data.episodes[0]["video"].stem)
-    np.savez(path, **arrays, success=np.array([0.0], np.float32))
+    for e, ep in enumerate(data.episodes):
+        path = action_file(copy, ep["video"].stem)
+        np.savez(path, **read_arrays(path, ("action", "state")), success=np.array([float(e > 0)], np.float32))
     failed = policy.PolicyData(copy, "tiny", chunk=8, gamma=0.99, height=64, width=112, text=text)
     assert not failed.success(0) and failed.item(0, last)["value"].item() == -1.0 and failed.success(1)
     np.testing.assert_allclose(policy.from_unit(first["action"].numpy().reshape(-1, 2), low, high),
@@ -166,7 +174,7 @@ def test_policy_data_returns_and_statistics(tiny_action_grid, tmp_path):
 def test_policy_trains_through_train_py(tiny_action_grid, tmp_path):
     import train
     out = str(tmp_path / "run")
-    check(in_process(train, ["--objective", "policy", "--data", tiny_action_grid, "--out", out, "--steps", "2",
+    check(in_process(train, [*POLICY, "--data", tiny_action_grid, "--out", out, "--steps", "2",
                              "--save-every", "2", "--batch-size", "2", "--grad-accum", "2",
                              "--policy-eval-samples", "2"]))
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
@@ -188,11 +196,11 @@ def test_policy_trains_through_train_py(tiny_action_grid, tmp_path):
     plain = DiT(get_config("tiny"))
     report = ckpt.load(plain, os.path.join(out, "step_00000002"), verbose=False)
     assert sorted(report.loaded) == sorted(plain.state_dict()) and not report.unexpected, report
-    refused = in_process(train, ["--objective", "policy", "--data", tiny_action_grid, "--out", str(tmp_path / "r2"),
+    refused = in_process(train, [*POLICY, "--data", tiny_action_grid, "--out", str(tmp_path / "r2"),
                                  "--lora", "4"])  # refused before anything is built
     assert refused.returncode == 2 and "drop --lora" in refused.stderr, refused.stderr
     assert not os.path.exists(tmp_path / "r2")
-    refused = in_process(train, ["--objective", "policy", "--data", tiny_action_grid, "--out", str(tmp_path / "r3"),
+    refused = in_process(train, [*POLICY, "--data", tiny_action_grid, "--out", str(tmp_path / "r3"),
                                  "--text-dropout", "0.1"])  # SFT's knob: nothing silently ignored
     assert refused.returncode == 2 and "--text-dropout does nothing with --objective policy" in refused.stderr
 
@@ -226,7 +234,7 @@ def test_policy_resume_is_bitwise(tiny_action_grid, tmp_path):
     """Samples and noise come from (seed, step, micro-batch, rank) only: 1 step, a restart, 1 more step gives the
     uninterrupted run's loss, gradient norm and validation bit for bit."""
     import train
-    common = ["--objective", "policy", "--data", tiny_action_grid, "--batch-size", "2", "--save-every", "1",
+    common = [*POLICY, "--data", tiny_action_grid, "--batch-size", "2", "--save-every", "1",
               "--policy-eval-samples", "2"]
     straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
     check(in_process(train, common + ["--out", straight, "--steps", "2"]))
@@ -248,7 +256,7 @@ def test_views_folder_feeds_the_libero_layout(tmp_path):
     root = str(tmp_path / "views")
     stitch.stitch(src, root, stride=4, frames=1, size="64x112", workers=1, layout="views")
     text = dict(text_len=4, text_dim=8, text="standin", seed=0, text_encoder="t5")
-    data = policy.PolicyData(root, "libero", chunk=8, gamma=0.99, height=64, width=112, text=text)
+    data = policy.PolicyData(root, "libero", chunk=8, gamma=0.99, height=64, width=112, text=text, success="all")
     item = data.item(1, 2)
     for camera in ("wrist", "ext_1"):
         frames = read_clip(data.episodes[1]["video"].views[camera].path, 0, 5, 64, 112)
@@ -259,4 +267,4 @@ def test_views_folder_feeds_the_libero_layout(tmp_path):
     assert x0.shape == (2, 16, 9, 8, 14)
     with pytest.raises(ValueError, match="not both"):
         policy.PolicyData(root, "blank,proprio,image:grid,image:wrist,action,value", chunk=8, gamma=0.99, height=64,
-                          width=112, text=text)
+                          width=112, text=text, success="all")
