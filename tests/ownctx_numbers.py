@@ -1,10 +1,11 @@
 """Own-context SFT against continued SFT at equal compute on the tiny-action world (issue 52; docs/actions.md
 "Own-context SFT"), re-run through the real commands and printed:
 
-    OMP_NUM_THREADS=1 python tests/ownctx_numbers.py --out runs/ownctx_numbers       # ~25 min on one core
+    OMP_NUM_THREADS=1 python tests/ownctx_numbers.py --out runs/ownctx_numbers       # ~12 min on one core
+    OMP_NUM_THREADS=1 python tests/ownctx_numbers.py --out runs/ownctx_numbers --true-share 0.9 --own-steps 600
 
 1. a base: `train.py --config tiny-action --steps BASE` (the preset's data, lr 3e-3, 4 held-out episodes);
-2. per seed: `--objective ownctx` from the base for OWN steps, then `--objective sft` from the same base for as many
+2. per seed: `--objective ownctx` from the base for --own-steps (300) steps at --true-share (0.5), then `--objective sft` from the same base for as many
    steps as cost the same compute, counted in network forwards (a training sample: 1 forward + its backward = 3
    forward-equivalents; a context generation call: 1 forward at the same latent shape; the tiny VAE's encode/decode
    left out, in both); both at the same --lr / --warmup, each with its own cosine over its own steps;
@@ -22,7 +23,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE, OWN, LR, WARMUP = 3000, 300, 1e-3, 10
-OWN_FLAGS = ["--ownctx-chunks", "3", "--ownctx-true-share", "0.5", "--ownctx-context-steps", "10"]
+OWN_FLAGS = ["--ownctx-chunks", "3", "--ownctx-context-steps", "10"]
 SEEDS = (0, 1, 2)
 
 
@@ -58,22 +59,28 @@ def train(out, name, argv):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="a folder to run in (created; its data/ and runs are kept)")
+    parser.add_argument("--true-share", type=float, default=0.5, help="--ownctx-true-share of the own-context runs")
+    parser.add_argument("--own-steps", type=int, default=OWN, help="the own-context runs' steps (SFT: its compute)")
     args = parser.parse_args(argv)
+    # the runs of one setting: own_t0.5_s0 and the SFT of its compute sft_t0.5_s0 (other steps: own_t0.5_n600_s0)
+    tag = f"t{args.true_share:g}" + (f"_n{args.own_steps}" if args.own_steps != OWN else "")
     os.makedirs(args.out, exist_ok=True)
     train(args.out, "base", ["--steps", str(BASE), "--save-every", str(BASE)])
     init, common = os.path.join("base", f"step_{BASE:08d}"), ["--lr", str(LR), "--warmup", str(WARMUP)]
     runs, budget = ["base"], {}
     for seed in SEEDS:
-        own = train(args.out, f"own_s{seed}", ["--objective", "ownctx", "--init", init, "--steps", str(OWN),
-                                               "--seed", str(seed), *common, *OWN_FLAGS])
+        own = train(args.out, f"own_{tag}_s{seed}", ["--objective", "ownctx", "--init", init, "--steps", str(args.own_steps),
+                                                      "--seed", str(seed), *common, *OWN_FLAGS, "--ownctx-true-share",
+                                                      str(args.true_share)])
         forwards, seconds = cost(own)
         steps = round(forwards / 3)  # SFT's steps of the same forwards
-        sft = train(args.out, f"sft_s{seed}", ["--init", init, "--steps", str(steps), "--seed", str(seed), *common])
-        budget[seed] = {"own": (OWN, forwards, seconds), "sft": (steps, *cost(sft))}
-        runs += [f"sft_s{seed}", f"own_s{seed}"]
+        sft = train(args.out, f"sft_{tag}_s{seed}", ["--init", init, "--steps", str(steps), "--seed", str(seed),
+                                                      *common])
+        budget[seed] = {"own": (args.own_steps, forwards, seconds), "sft": (steps, *cost(sft))}
+        runs += [f"sft_{tag}_s{seed}", f"own_{tag}_s{seed}"]
         print(json.dumps({f"seed{seed}": budget[seed]}), flush=True)
-    log = os.path.join(args.out, "evaluate.log")
-    command("evaluate.py", [*runs, "--chunks", "3", "--draws", "2", "--plot", "ownctx.png"], args.out, log)
+    log = os.path.join(args.out, f"evaluate_{tag}.log")
+    command("evaluate.py", [*runs, "--chunks", "3", "--draws", "2", "--plot", f"ownctx_{tag}.png"], args.out, log)
     with open(log) as f:
         text = f.read()
     result = [json.loads(line) for line in text.splitlines() if line.startswith("{")][-1]
@@ -81,10 +88,10 @@ def main(argv=None):
     keys = ["psnr", "action_gap_db"] + [f"chunk{k}/{m}" for k in (1, 2, 3) for m in ("psnr", "action_gap_db")]
     found = {os.path.basename(r["run"].rstrip("/")): {k: r["metrics"][k] for k in keys} for r in result["runs"]}
     for arm in ("sft", "own"):
-        found[f"{arm} mean"] = {k: sum(found[f"{arm}_s{s}"][k] for s in SEEDS) / len(SEEDS) for k in keys}
+        found[f"{arm} mean"] = {k: sum(found[f"{arm}_{tag}_s{s}"][k] for s in SEEDS) / len(SEEDS) for k in keys}
     found["own - sft"] = {k: found["own mean"][k] - found["sft mean"][k] for k in keys}
     for name, metrics in found.items():
-        print(f"{name:10s} " + "  ".join(f"{k} {v:+.2f}" if "gap" in k or name == "own - sft" else f"{k} {v:.2f}"
+        print(f"{name:14s} " + "  ".join(f"{k} {v:+.2f}" if "gap" in k or name == "own - sft" else f"{k} {v:.2f}"
                                           for k, v in metrics.items()), flush=True)
     print(json.dumps({"budget": budget, "metrics": found}), flush=True)
 
