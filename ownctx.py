@@ -61,8 +61,8 @@ def check_lengths(cfg):
     if short is not None and short.frames < need:
         most = (short.frames - 1) // (cfg.frames - 1)
         raise ValueError(f"--ownctx-chunks {cfg.ownctx.chunks}: {short.path} has {short.frames} frames, "
-                         f"{cfg.ownctx.chunks} chained chunks of {cfg.frames} need {need}; pass --ownctx-chunks {most} or fewer (>= 2), "
-                         "or leave the short episodes out of --data")
+                         f"{cfg.ownctx.chunks} chained chunks of {cfg.frames} need {need}; pass --ownctx-chunks "
+                         f"{most} or fewer (>= 2), or leave the short episodes out of --data")
 
 
 # -----------------------------------------------------------------------------

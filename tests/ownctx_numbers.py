@@ -5,10 +5,11 @@
     OMP_NUM_THREADS=1 python tests/ownctx_numbers.py --out runs/ownctx_numbers --true-share 0.9 --own-steps 600
 
 1. a base: `train.py --config tiny-action --steps BASE` (the preset's data, lr 3e-3, 4 held-out episodes);
-2. per seed: `--objective ownctx` from the base for --own-steps (300) steps at --true-share (0.5), then `--objective sft` from the same base for as many
-   steps as cost the same compute, counted in network forwards (a training sample: 1 forward + its backward = 3
-   forward-equivalents; a context generation call: 1 forward at the same latent shape; the tiny VAE's encode/decode
-   left out, in both); both at the same --lr / --warmup, each with its own cosine over its own steps;
+2. per seed: `--objective ownctx` from the base for --own-steps (300) steps at --true-share (0.5), then `--objective
+   sft` from the same base for as many steps as cost the same compute, counted in network forwards (a training
+   sample: 1 forward + its backward = 3 forward-equivalents; a context generation call: 1 forward at the same latent
+   shape; the tiny VAE's encode/decode left out, in both); both at the same --lr / --warmup, each with its own cosine
+   over its own steps;
 3. `evaluate.py BASE SFT_s OWN_s ... --chunks 3 --draws 2`: PSNR per chained chunk and action_gap_db per chunk on
    the 4 held-out episodes. Chunk 6 is not measurable here: the tiny world's episodes hold 25-31 frames, 3 chunks of
    9 (6 need 49): evaluate.py refuses it.
@@ -69,9 +70,9 @@ def main(argv=None):
     init, common = os.path.join("base", f"step_{BASE:08d}"), ["--lr", str(LR), "--warmup", str(WARMUP)]
     runs, budget = ["base"], {}
     for seed in SEEDS:
-        own = train(args.out, f"own_{tag}_s{seed}", ["--objective", "ownctx", "--init", init, "--steps", str(args.own_steps),
-                                                      "--seed", str(seed), *common, *OWN_FLAGS, "--ownctx-true-share",
-                                                      str(args.true_share)])
+        own = train(args.out, f"own_{tag}_s{seed}", ["--objective", "ownctx", "--init", init, "--steps",
+                                                      str(args.own_steps), "--seed", str(seed), *common, *OWN_FLAGS,
+                                                      "--ownctx-true-share", str(args.true_share)])
         forwards, seconds = cost(own)
         steps = round(forwards / 3)  # SFT's steps of the same forwards
         sft = train(args.out, f"sft_{tag}_s{seed}", ["--init", init, "--steps", str(steps), "--seed", str(seed),
@@ -84,7 +85,9 @@ def main(argv=None):
     with open(log) as f:
         text = f.read()
     result = [json.loads(line) for line in text.splitlines() if line.startswith("{")][-1]
-    print(text[text.index("run "):text.index("\n{")] if "run " in text else "", flush=True)
+    lines = [line for line in text.splitlines() if not line.startswith("{")]
+    head = next(i for i, line in enumerate(lines) if line.startswith("run ") and " family " in line)
+    print("\n".join(lines[head:]), flush=True)  # evaluate.py's table
     keys = ["psnr", "action_gap_db"] + [f"chunk{k}/{m}" for k in (1, 2, 3) for m in ("psnr", "action_gap_db")]
     found = {os.path.basename(r["run"].rstrip("/")): {k: r["metrics"][k] for k in keys} for r in result["runs"]}
     for arm in ("sft", "own"):

@@ -42,8 +42,8 @@ def test_the_context_is_the_models_own_rollout_and_the_target_the_truth(tiny_act
     monkeypatch.setattr(ownctx, "window", window)
     monkeypatch.setattr(ownctx, "sft_step", sft_step)
     out = str(tmp_path / "own")
-    check(in_process(train, ["--config", "tiny-action", "--objective", "ownctx", "--data", tiny_action_grid, "--out", out,
-                             "--ownctx-true-share", "0", "--ownctx-context-steps", "3", *TINY]))
+    check(in_process(train, ["--config", "tiny-action", "--objective", "ownctx", "--data", tiny_action_grid, "--out",
+                             out, "--ownctx-true-share", "0", "--ownctx-context-steps", "3", *TINY]))
     got = rows(out)
     assert all(got[s]["ctx_chunks"] >= 1 and got[s]["ctx_calls"] == 4 * got[s]["ctx_chunks"] for s in (1, 2)), got
     net, batches, cfg = seen["steps"][0]
