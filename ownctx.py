@@ -37,7 +37,8 @@ NAME = "ownctx"
 class OwnContextConfig:
     """Own-context SFT's knobs (--ownctx-*); the optimizer and schedule are SFT's (--lr, --warmup, ...)."""
     chunks: int = 3  # the longest chain: a sample's target is chunk k <= this of a rollout from a true frame
-    true_share: float = 0.5  # fraction of samples on a true frame 0 (k = 1, SFT's sample); the rest own context
+    true_share: float = 0.9  # fraction of samples on a true frame 0 (k = 1, SFT's sample); the rest own context
+    # (0.9: the best of the mixes measured, docs/actions.md "Own-context SFT"; more own context costs chunk 1)
     context_steps: int = 10  # sampler steps of each generated context chunk (evaluate.py samples at --steps 35)
 
     def __post_init__(self):

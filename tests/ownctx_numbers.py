@@ -1,11 +1,11 @@
 """Own-context SFT against continued SFT at equal compute on the tiny-action world (issue 52; docs/actions.md
 "Own-context SFT"), re-run through the real commands and printed:
 
-    OMP_NUM_THREADS=1 python tests/ownctx_numbers.py --out runs/ownctx_numbers       # ~12 min on one core
-    OMP_NUM_THREADS=1 python tests/ownctx_numbers.py --out runs/ownctx_numbers --true-share 0.9 --own-steps 600
+    OMP_NUM_THREADS=1 python tests/ownctx_numbers.py --out runs/ownctx_numbers       # ~20 min on one core
+    OMP_NUM_THREADS=1 python tests/ownctx_numbers.py --out runs/ownctx_numbers --true-share 0.5 --own-steps 300
 
 1. a base: `train.py --config tiny-action --steps BASE` (the preset's data, lr 3e-3, 4 held-out episodes);
-2. per seed: `--objective ownctx` from the base for --own-steps (300) steps at --true-share (0.5), then `--objective
+2. per seed: `--objective ownctx` from the base for --own-steps (1200) steps at --true-share (0.9), then `--objective
    sft` from the same base for as many steps as cost the same compute, counted in network forwards (a training
    sample: 1 forward + its backward = 3 forward-equivalents; a context generation call: 1 forward at the same latent
    shape; the tiny VAE's encode/decode left out, in both); both at the same --lr / --warmup, each with its own cosine
@@ -23,7 +23,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BASE, OWN, LR, WARMUP = 3000, 300, 1e-3, 10
+BASE, OWN, LR, WARMUP = 3000, 1200, 1e-3, 10
 OWN_FLAGS = ["--ownctx-chunks", "3", "--ownctx-context-steps", "10"]
 SEEDS = (0, 1, 2)
 
@@ -60,11 +60,10 @@ def train(out, name, argv):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="a folder to run in (created; its data/ and runs are kept)")
-    parser.add_argument("--true-share", type=float, default=0.5, help="--ownctx-true-share of the own-context runs")
+    parser.add_argument("--true-share", type=float, default=0.9, help="--ownctx-true-share of the own-context runs")
     parser.add_argument("--own-steps", type=int, default=OWN, help="the own-context runs' steps (SFT: its compute)")
     args = parser.parse_args(argv)
-    # the runs of one setting: own_t0.5_s0 and the SFT of its compute sft_t0.5_s0 (other steps: own_t0.5_n600_s0)
-    tag = f"t{args.true_share:g}" + (f"_n{args.own_steps}" if args.own_steps != OWN else "")
+    tag = f"t{args.true_share:g}_n{args.own_steps}"  # one setting's runs: own_t0.9_n1200_s0 and its SFT sft_t0.9_n1200_s0
     os.makedirs(args.out, exist_ok=True)
     train(args.out, "base", ["--steps", str(BASE), "--save-every", str(BASE)])
     init, common = os.path.join("base", f"step_{BASE:08d}"), ["--lr", str(LR), "--warmup", str(WARMUP)]

@@ -92,7 +92,8 @@ def test_a_resumed_run_ends_bit_for_bit_equal(tiny_action_grid, tmp_path):
     """The draws depend on (seed, step, sample) only and the objective holds no state of its own: a run resumed
     from its step 2 redoes step 3 exactly (the same context, loss, gradient and weights)."""
     args = ["--config", "tiny-action", "--objective", "ownctx", "--data", tiny_action_grid, "--ownctx-context-steps",
-            "2", *TINY[:-6], "--steps", "3", "--save-every", "1", "--holdout", "4"]
+            "2", "--ownctx-true-share", "0.5", "--steps", "3", "--save-every", "1", "--sample-every", "0", "--warmup",
+            "1", "--holdout", "4"]
     ref, resumed = str(tmp_path / "ref"), str(tmp_path / "resumed")
     check(in_process(train, args + ["--out", ref]))
     shutil.copytree(ref, resumed)
