@@ -35,7 +35,7 @@ import condition
 import reward
 from base import cli
 from clips import text as text_lib
-from clips.actionclips import other_actions
+from clips.actionclips import episode_chunks, other_actions
 from clips.fidelity import CAMERAS, score_sample, view_metrics
 from engine import build, rundir, runs
 from engine.generate import from_first_frame, rollout
@@ -115,6 +115,7 @@ def evaluate_run(run, stems, cfg, terms, device, size):
         return condition.from_batch(batch, device, run.cfg["height"], run.cfg["width"], dtype, timestep,
                                     neg_crossattn_emb=neg[None].to(device))
     clips, held = [], [held_out_clip(run, stem, device) for stem in stems]
+    chains = chained_other_actions(run, stems, cfg.chunks) if cfg.chunks > 1 and mcfg.action_dim else None
     conds = [record(batch) for _, batch in held]
     wrong, what = other_actions([c.action for c in conds], stems) if mcfg.action_dim else ([None] * len(held), None)
     for stem, label in zip(stems, what or []):
@@ -137,7 +138,8 @@ def evaluate_run(run, stems, cfg, terms, device, size):
                     "psnr"].item()
                 metrics["action_gap_db"] = metrics["psnr"] - metrics["psnr_other_actions"]
             if cfg.chunks > 1:  # drift over the horizon: PSNR of each chained chunk against the episode's truth
-                metrics.update(chunk_psnr(net, vae, run, stem, record, cfg, seed, grid, dtype, size))
+                metrics.update(chunk_psnr(net, vae, run, stem, record, cfg, seed, grid, dtype, size,
+                                          chains[i] if chains else None))
             clips.append({"stem": stem, "seed": seed, "metrics": metrics,
                           "rewards": {k: v.item() for k, v in rewards.items()},
                           **({"other_actions": what[i]} if what else {})})  # action_gap_db's substitute
@@ -148,21 +150,38 @@ def evaluate_run(run, stems, cfg, terms, device, size):
     return {"clips": clips, "metrics": mean("metrics"), "rewards": mean("rewards")}
 
 
-def chunk_psnr(net, vae, run, stem, record, cfg, seed, grid, dtype, size):
+def chained_other_actions(run, stems, chunks):
+    """Per held-out stem, per chained chunk, commands that did not happen in that window: other_actions over the
+    held-out episodes' chunks of that window (clips/actionclips.episode_chunks), as action_gap_db's for chunk 1."""
+    chains = [episode_chunks(run.dataset, run.held_out[stem], chunks) for stem in stems]
+    per_chunk = [other_actions([chain[k] for chain in chains], stems)[0] for k in range(chunks)]
+    return [[per_chunk[k][i] for k in range(chunks)] for i in range(len(stems))]
+
+
+def chunk_psnr(net, vae, run, stem, record, cfg, seed, grid, dtype, size, wrong=None):
     """{"chunk<k>/psnr"}: a cfg.chunks-chunk rollout (generate.rollout) from the held-out episode's frame 0, chunk k
     conditioned on the last frame generated and record(its window) (an action run: the episode's actions of that
     window), scored on frames 1.. against the true window at frame k*(T-1); a ValueError when the episode is too short
-    for it."""
+    for it. wrong (an action run: chained_other_actions' list for this episode): also {"chunk<k>/action_gap_db"}, the
+    chunk's PSNR minus that of the same rollout (frame, noise) under the substitute commands, chained on its own."""
     T = run.cfg["frames"]
     need, have = 1 + cfg.chunks * (T - 1), run.dataset.videos[run.held_out[stem]].frames
     if have < need:
         raise ValueError(f"--chunks {cfg.chunks}: held-out episode {stem} of {run.cfg['data']} has {have} frames, "
                          f"{cfg.chunks} chunks of {T} need {need}; pass fewer --chunks")
     windows = [held_out_clip(run, stem, next(net.parameters()).device, k * (T - 1)) for k in range(cfg.chunks)]
-    chunks = rollout(net, vae, windows[0][0][:, :, :1], [record(batch) for _, batch in windows], T, cfg.steps,
-                     run.guidance, seed, grid, dtype)
-    return {f"chunk{k + 1}/psnr": view_metrics(c, w[0], "grid", size)["psnr"].item()
-            for k, (c, w) in enumerate(zip(chunks, windows))}
+    conds = [record(batch) for _, batch in windows]
+    chunks = rollout(net, vae, windows[0][0][:, :, :1], conds, T, cfg.steps, run.guidance, seed, grid, dtype)
+    found = {f"chunk{k + 1}/psnr": view_metrics(c, w[0], "grid", size)["psnr"].item()
+             for k, (c, w) in enumerate(zip(chunks, windows))}
+    if wrong is not None:
+        others = rollout(net, vae, windows[0][0][:, :, :1], [dataclasses.replace(c, action=a.to(c.action))
+                                                             for c, a in zip(conds, wrong)],
+                         T, cfg.steps, run.guidance, seed, grid, dtype)
+        found.update({f"chunk{k + 1}/action_gap_db": found[f"chunk{k + 1}/psnr"]
+                      - view_metrics(o, w[0], "grid", size)["psnr"].item() for k, (o, w) in enumerate(zip(others,
+                                                                                                       windows))})
+    return found
 
 
 # -----------------------------------------------------------------------------
@@ -173,7 +192,8 @@ def table(rows, terms):
     """One row per run: name, family, step, CFG, PSNR / SSIM per camera and their means, the total reward and each
     term's, then action_gap_db (action runs) and each chunk's PSNR (--chunks); fixed-width columns."""
     rewards = ["reward"] + [t.name for t in terms]
-    chunks = sorted({k for row in rows for k in row["metrics"] if k.startswith("chunk")}, key=lambda k: int(k[5:-5]))
+    chunks = sorted({k for row in rows for k in row["metrics"] if k.startswith("chunk")},
+                    key=lambda k: (int(k[5:k.index("/")]), k))  # chunk<k>/action_gap_db, chunk<k>/psnr
     extra = [k for k in ("action_gap_db",) if any(k in row["metrics"] for row in rows)] + chunks
     head = ["run", "family", "step", "cfg"] + [f"{c} {m}" for c in CAMERAS for m in ("psnr", "ssim")] + \
         ["psnr", "ssim"] + rewards + extra

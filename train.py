@@ -31,6 +31,7 @@ import cache
 import ckpt
 import grpo
 import nft
+import ownctx
 import sac
 import sft
 from base import cli, collectives, cp, lerobot
@@ -46,6 +47,7 @@ from nets import vae as vae_lib
 from nets.family import FAMILIES, family_of
 from nets.flops import matmul_peak
 from nft import NFTConfig
+from ownctx import OwnContextConfig
 from policy import Policy, PolicyConfig
 
 # -----------------------------------------------------------------------------
@@ -107,7 +109,7 @@ class TrainConfig:
     holdout: int = -1  # videos (the last in name order) kept out of training for evaluation; -1: 2%, at least 1
     cache_latents: bool = False  # keep encoded clips in memory by (video, start frame): small datasets only
     latents: str = ""  # a cache.py folder of --data's encoded windows: train on them, no VAE encoding per step
-    objective: str = "sft"  # sft | grpo | nft | policy (the RL objectives train LoRA adapters: need --lora)
+    objective: str = "sft"  # sft | ownctx | grpo | nft | policy (the RL objectives train LoRA adapters: need --lora)
     reward: str = "default"  # GRPO reward: default (reward.py) and/or module:function plug-ins, comma-separated, each =WEIGHT optional
     wandb: str = ""  # project name; needs `pip install wandb`
     eval_every: int = 0  # held-out evaluation every N steps besides each save (RL: also before the first update)
@@ -117,6 +119,7 @@ class TrainConfig:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)  # GRPO knobs (--objective grpo; docs/grpo.md)
     nft: NFTConfig = field(default_factory=NFTConfig)  # DiffusionNFT knobs (--objective nft; docs/nft.md)
     policy: PolicyConfig = field(default_factory=PolicyConfig)  # Cosmos-Policy knobs (--objective policy; docs/policy.md)
+    ownctx: OwnContextConfig = field(default_factory=OwnContextConfig)  # own-context SFT (--objective ownctx; docs/actions.md)
     action_dim: int = field(default=0, init=False)  # no flag: an action net's, decided at start-up (load_data)
 
 
@@ -158,6 +161,7 @@ def validate(cfg, given=None):
     if cfg.cp > 1 and cfg.sac == "auto":
         raise ValueError(f"--cp {cfg.cp} with --sac auto: the auto plan measures a block without CP; pick a --sac mode"
                          f" with `bench.py --world N --cp {cfg.cp}` (docs/memory.md)")
+    unused.update({k: f"with --objective {objective.NAME}" for k in given if k.split(".")[0] in set(OBJECTIVES) - {objective.NAME}})
     unused.update(objective.validate(cfg, given))  # RL: imports the reward plug-ins (a typo fails before a model)
     if cfg.lora == 0:
         unused.update({k: "without --lora" for k in ("lora_alpha",) if k in given})
@@ -273,7 +277,7 @@ def resume_keys(cfg):
 # The objectives: each class has the same names (NAME, CONFIG, MAY_CHANGE, TINY_RECIPES, validate, resume_keys, rewards;
 # built: lr_at, step, evaluate, evaluated, watch, bar, state), and this is the one place --objective is read: the
 # rest of train.py asks the class, never which one it is. A new objective: its file, and one entry here.
-OBJECTIVES = {objective.NAME: objective for objective in (sft.SFT, grpo.GRPO, nft.NFT, Policy)}
+OBJECTIVES = {objective.NAME: objective for objective in (sft.SFT, grpo.GRPO, nft.NFT, Policy, ownctx.OwnContext)}
 
 
 def objective_of(name):
@@ -304,6 +308,8 @@ class Run:
     optimizer: object = None
     resume_from: str = None  # the checkpoint this run resumes (claim_run), None for a fresh start
     actions: object = None  # an action run's FolderActions (its raw units: world-model rewards read them), else None
+    clips: object = None  # the training clips (a --latents run's pixel dataset): objectives that draw their own read it
+    n_train: int = 0  # clips.videos[:n_train] are trained on, the rest held out
 
     @property
     def master(self):
@@ -425,7 +431,8 @@ def train(run, lock, dataset, n_train, text, episodes):
     cfg = run.cfg
     method = objective_of(cfg.objective)  # its class
     terms = method.rewards(cfg)  # validated; None for SFT, which scores no samples
-    run.actions = getattr(getattr(dataset, "clips", dataset), "actions", None)
+    run.clips, run.n_train = getattr(dataset, "clips", dataset), n_train
+    run.actions = getattr(run.clips, "actions", None)
     neg_text = None  # the uncond branch of CFG in RL rollouts and samples
     if terms is not None or cfg.sample_every:
         neg_text, source = text_lib.negative_embedding(cfg.data, cfg.text_len, text["text_dim"],

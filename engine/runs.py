@@ -76,9 +76,10 @@ def run_guidance(path, run, given):
     if given >= 0:
         return given
     own = rundir.objective_settings(run)  # an RL run's knobs, else the run's own
-    if "guidance" not in (own or run):
+    source = own if own and "guidance" in own else run  # own-context SFT's knobs hold none: its --guidance (0)
+    if "guidance" not in source:
         raise ValueError(f"{path}/config.json: {run.get('objective')} settings without a guidance; pass --guidance")
-    return float((own or run)["guidance"])
+    return float(source["guidance"])
 
 
 def run_directory(path):

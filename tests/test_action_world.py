@@ -100,6 +100,9 @@ def test_evaluate_scores_each_chunk_of_a_rollout_and_the_action_gap(action_run, 
     assert result["chunk1/psnr"] == result["psnr"]  # chunk 1 is the ordinary held-out generation
     assert result["action_gap_db"] == pytest.approx(result["psnr"] - result["psnr_other_actions"])
     assert all(np.isfinite(result[f"chunk{k}/psnr"]) for k in (1, 2, 3))
+    # per chunk: the same chained rollout under other commands; chunk 1's is action_gap_db itself (same frame, noise)
+    assert "chunk3/action_gap_db" in head and result["chunk1/action_gap_db"] == result["action_gap_db"]
+    assert all(np.isfinite(result[f"chunk{k}/action_gap_db"]) for k in (2, 3))
 
 
 def test_rl_rollouts_and_their_held_out_evaluation_carry_the_actions(action_run, tmp_path, monkeypatch):

@@ -282,10 +282,12 @@ def test_each_objective_has_the_same_names_and_is_chosen_in_one_place():
     train.objective_of is the one place --objective is read: nothing else reads a TrainConfig's objective."""
     import grpo
     import nft
+    import ownctx
     import policy
     import sft
     import train
-    assert train.OBJECTIVES == {"sft": sft.SFT, "grpo": grpo.GRPO, "nft": nft.NFT, "policy": policy.Policy}
+    assert train.OBJECTIVES == {"sft": sft.SFT, "grpo": grpo.GRPO, "nft": nft.NFT, "policy": policy.Policy,
+                                "ownctx": ownctx.OwnContext}
     classes = list(train.OBJECTIVES.values())
     for name in OBJECTIVE_API + ("__init__",):
         values = [getattr(c, name) for c in classes]
