@@ -59,6 +59,8 @@ def parse(argv):
     args.steps = [int(s) for s in args.steps.split(",")]
     if min(args.rates) <= 0 or min(args.steps) < 1 or min(args.episodes, args.chunks) < 1:
         raise SystemExit("motion_gain: --rates > 0, --steps >= 1, --episodes and --chunks >= 1")
+    for rate in args.rates:
+        starts(rate, args.chunks, 1, args.seed)  # a path longer than the range: one line, before any model is built
     return args
 
 
