@@ -104,6 +104,9 @@ CONFIGS.update({
     "v2w-2b-action": replace(CONFIGS["v2w-2b"], action_dim=7 * 12),
     "tiny-action": replace(CONFIGS["tiny"], action_dim=8 * 4 * 2),
 })
+# tiny-action-wide: tiny-action at twice the width (128 channels, 1.45M parameters against 0.53M; about the same CPU time a step at batch 1):
+# the tiny-action world's policy evaluation preset (docs/policyeval.md "Why the world model under-moved the square")
+CONFIGS["tiny-action-wide"] = replace(CONFIGS["tiny-action"], model_channels=128)
 # Action-conditioned Predict2.5 (the released robot/action-cond: cosmos_v1_2B_action_chunk_conditioned under the
 # experiment cosmos_predict2p5_2B_reason_embeddings_action_conditioned_rectified_flow_bridge_13frame_256x320): p25-2b
 # plus the per-latent-frame action MLPs; 13 frames = 1 conditioning + 12 actions of 7 dims, 4 per latent frame (the
@@ -343,7 +346,7 @@ def _hf_download(url, offline):
 # -----------------------------------------------------------------------------
 # The tiny configs: CPU-fast, each on its own synthetic folder (clips/tiny.py builds it)
 
-TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot", "tiny-action", "p25-tiny-action")  # CPU-fast: tiny VAE, 9x64x112, stand-in prompt
+TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot", "tiny-action", "tiny-action-wide", "p25-tiny-action")  # CPU-fast: tiny VAE, 9x64x112, stand-in prompt
 
 
 def tiny_data(config):

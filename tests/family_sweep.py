@@ -6,6 +6,7 @@ and the plug-ins of tests/outside_policies.py; a compact JSON summary per run an
     python tests/family_sweep.py --out runs/sweep                          # 5 data variants x 3 seeds = 15 runs
     python tests/family_sweep.py --out runs/sweep --without none,goal --seeds 0 --jobs 2   # a smaller one
     python tests/family_sweep.py --out runs/sweep --stage summary          # re-read what the runs wrote
+    python tests/family_sweep.py --out runs/wide --config tiny-action-wide --without none,goal --seeds 0 --episodes 16
 
 Variants: "none" (the full mixture, the README's data) and each family name of lerobot.BEHAVIOURS left out of the
 data (make_tiny_dataset(without=...)). For a variant without family F, "held_out" reports the ranking and calibration
@@ -36,6 +37,8 @@ def parse(argv):
     p.add_argument("--seeds", default="0,1,2", help="train seeds")
     p.add_argument("--jobs", type=int, default=os.cpu_count(), help="processes at a time, one core each")
     p.add_argument("--stage", default="all", choices=("all", "data", "train", "eval", "summary"))
+    p.add_argument("--config", default="tiny-action", help="train.py --config: tiny-action (the README's) or "
+                   "tiny-action-wide")
     p.add_argument("--train-flags", default="", help="extra train.py flags, e.g. '--steps 8000 --lr 2e-3'")
     p.add_argument("--episodes", type=int, default=32, help="policyeval --episodes")
     args = p.parse_args(argv)
@@ -96,7 +99,7 @@ def stages(args):
         launch(args.jobs, [(f"data {v}", ["-c", build, data_dir(args, v), v], log(f"data_{v}"))
                            for v in args.variants])
     if args.stage in ("all", "train"):
-        launch(args.jobs, [(f"train {v} s{s}", ["train.py", "--config", "tiny-action", "--data", data_dir(args, v),
+        launch(args.jobs, [(f"train {v} s{s}", ["train.py", "--config", args.config, "--data", data_dir(args, v),
                                                  "--seed", str(s), "--out", run_dir(args, v, s),
                                                  *args.train_flags.split()], log(f"train_{v}_s{s}"))
                            for v in args.variants for s in args.seeds])
@@ -145,8 +148,8 @@ def summary(args):
             values = [r[key][metric] for r in rows if key in r]
             means[f"{key}/{metric}"] = [round(float(np.mean(values)), 3), round(float(np.min(values)), 3),
                                         round(float(np.max(values)), 3)] if values else None
-    out = {"variants": args.variants, "seeds": args.seeds, "train_flags": args.train_flags, "runs": rows,
-           "mean_min_max": means}
+    out = {"config": args.config, "variants": args.variants, "seeds": args.seeds, "train_flags": args.train_flags,
+           "runs": rows, "mean_min_max": means}
     for folder in (args.out, os.environ.get("OUT")):
         if folder and os.path.isdir(folder):
             with open(os.path.join(folder, "family_sweep.json"), "w") as f:

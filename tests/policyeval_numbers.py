@@ -10,6 +10,8 @@ Parts:
   runs   the README's `python train.py --config tiny-action --seed S` then `python policyeval.py` with every policy
          above, per seed, one after the other: Spearman, MMRV, calibration over all, per family
   sweep  tests/family_sweep.py (leave-one-family-out, trainings side by side, one core each): its summary
+  ceiling  tests/motion_gain.py --ceiling: every policy in the simulator seen through the tiny codec (a perfect world
+         model on it) against the simulator; motion_gain.py RUN measures a trained run (docs: "Why ... under-moved")
 The docs quote what the last run printed, with the command and the machine.
 """
 import argparse
@@ -62,14 +64,15 @@ def runs_numbers(out, seeds, train_flags=()):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="sim", help="sim, runs, sweep (comma-separated)")
+    p.add_argument("--only", default="sim", help="sim, runs, sweep, ceiling (comma-separated)")
+    p.add_argument("--config", default="tiny-action", help="sweep: train.py --config (tiny-action, tiny-action-wide)")
     p.add_argument("--out", default="runs/policyeval_numbers")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--train-flags", default="", help="runs: extra train.py flags (docs' 12000-step row: --steps 12000)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     parts = args.only.split(",")
-    if set(parts) - {"sim", "runs", "sweep"}:
-        raise SystemExit(f"--only {args.only}: parts are sim, runs, sweep")
+    if set(parts) - {"sim", "runs", "sweep", "ceiling"}:
+        raise SystemExit(f"--only {args.only}: parts are sim, runs, sweep, ceiling")
     if "sim" in parts:
         print(json.dumps({"sim": sim_numbers()}), flush=True)
     if "runs" in parts:
@@ -78,7 +81,11 @@ def main(argv=None):
                                                          args.train_flags.split())}), flush=True)
     if "sweep" in parts:
         subprocess.run([sys.executable, os.path.join(ROOT, "tests", "family_sweep.py"), "--out", args.out, "--seeds",
-                        args.seeds, "--train-flags", args.train_flags], check=True)
+                        args.seeds, "--config", args.config, "--train-flags", args.train_flags], check=True)
+    if "ceiling" in parts:
+        from tests import motion_gain
+        rows, agree = motion_gain.ceiling()
+        print(json.dumps({"ceiling": agree, "policies": rows}), flush=True)
 
 
 if __name__ == "__main__":

@@ -45,3 +45,11 @@ def test_a_copied_recipe_is_an_experiment_and_its_settings_count_as_flags(tmp_pa
         train.parse_config(["--recipe", str(typo)])
     with pytest.raises(ValueError, match="--recipe .*nope.py: no such file"):
         train.parse_config(["--recipe", str(tmp_path / "nope.py")])
+
+
+def test_the_wide_action_preset_is_tiny_action_at_twice_the_width():
+    """tiny-action-wide (docs/policyeval.md): the same recipe, data and action layout as tiny-action, 128 channels."""
+    from dataclasses import replace
+    from base.inits import get_config
+    assert train.preset("tiny-action-wide", "sft") == train.preset("tiny-action", "sft")
+    assert get_config("tiny-action-wide") == replace(get_config("tiny-action"), model_channels=128)
