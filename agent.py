@@ -174,9 +174,20 @@ def prepare():
     return _AGENTS[key]
 
 
+def prepare_for_policyeval():
+    """prepare(), and a proprio layout refused in one line: policyeval runs the policy in the world model too, whose
+    rollouts have frames only (no info["proprio"]); tasks/pusht.py's run_in_simulator gives it, and calls act alone."""
+    agent = prepare()
+    if "proprio" in agent.kinds:
+        raise ValueError(f"{RUN_ENV}={agent.run.path}: its layout ({agent.layout}) has proprio slots, and policyeval's "
+                         "world model gives frames only; train the policy for it with a layout without them, e.g. "
+                         "--policy-layout blank,image:grid,action,future_image:grid,value (docs/policy.md)")
+    return agent
+
+
 def act(frames, info):
     """policyeval.py's policy plug-in (`--policies agent:act`): the POLICY_RUN run's chunk (Agent)."""
     return prepare()(frames, info)
 
 
-act.prepare, act.family = prepare, Agent.family
+act.prepare, act.family = prepare_for_policyeval, Agent.family

@@ -79,6 +79,9 @@ def test_agent_refuses_what_is_not_a_policy_run(policy_run, tiny_action_grid, tm
     assert refused.returncode == 2 and "not a policy run" in refused.stderr, refused.stderr
     monkeypatch.setenv(agent.RUN_ENV, policy_run)
     assert agent.prepare().best_of == 2 and agent.prepare() is agent.prepare()
+    # the tiny layout has proprio slots, which policyeval's world model cannot give: refused before its run is opened
+    refused = in_process(policyeval, [str(tmp_path / "no-run"), "--policies", "agent:act"])
+    assert refused.returncode == 2 and "has proprio slots" in refused.stderr and "--policy-layout" in refused.stderr
 
 
 def test_stitch_keeps_each_episode_success_flag(tmp_path):
