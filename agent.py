@@ -1,9 +1,10 @@
 """A trained policy run (train.py --objective policy) acting as a policyeval.py policy plug-in: frames, info -> the next
 raw action chunk, sampled by policy.py's sampler from the current state, with best-of-N planning by its own value.
 
-    POLICY_RUN=runs/pusht-policy python policyeval.py runs/pusht --task tasks.pusht --policies agent:act
-    POLICY_RUN=runs/pusht-policy POLICY_BEST_OF=4 python policyeval.py ...   # 4 candidates, the highest value runs
+    POLICY_RUN=runs/pusht-policy-frames python policyeval.py runs/pusht --task tasks.pusht --policies agent:act
+    POLICY_RUN=runs/pusht-policy-frames POLICY_BEST_OF=4 python policyeval.py ...   # 4 candidates, the highest value runs
 
+(a run of a layout without proprio slots: policyeval's world model gives frames only; docs/policy.md trains one).
 POLICY_RUN names the run (its newest checkpoint, or one of its step directories), POLICY_BEST_OF the candidates per
 chunk (default 1), POLICY_SCORE what ranks them (world_model, the default, or policy); all are checked, and the run
 loaded strictly, before policyeval builds any model (act.prepare). Agent(run, best_of, score=...) is the same policy
@@ -45,7 +46,7 @@ def run_of(path):
     policy_stats.json; one line naming the path when it is not a policy run."""
     if not path:
         raise ValueError(f"{RUN_ENV} is not set: name the train.py --objective policy run to act with "
-                         f"({RUN_ENV}=runs/pusht-policy python policyeval.py ... --policies agent:act)")
+                         f"({RUN_ENV}=runs/pusht-policy-frames python policyeval.py ... --policies agent:act)")
     run = runs.open_run(path, guidance=0.0)  # the policy sampler uses none
     if run.cfg["objective"] != policy.Policy.NAME:
         raise ValueError(f"{RUN_ENV}={path}: a run of --objective {run.cfg['objective']}, not a policy run (train.py "
