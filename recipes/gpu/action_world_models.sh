@@ -6,13 +6,8 @@
 # NFT update of v2w-2b-action with the fidelity reward (clips.fidelity:truth_psnr) at 13x480x640; 47: p25-2b-action
 # through train.py on a 1-rank NCCL group at the released 13x256x320 and at 13x480x640 (full fine-tune, --sac block),
 # then sample.py chaining 3 chunks (2026-12-07's run had 28-frame episodes: refused, 2 chunks run by hand).
-# Run: OUT=... bash recipes/gpu/action_world_models.sh  (carry .gpu: the imageio-ffmpeg wheel)
-set -u
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-: "${OUT:?OUT must name a folder for the results}"
-export PYTHONUNBUFFERED=1
-python -m pip install -q --no-deps .gpu/imageio_ffmpeg-*.whl > /tmp/pip.log 2>&1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
+# Run: OUT=... bash recipes/gpu/action_world_models.sh  (carry .gpu: recipes/gpu/pusht_wheels.sh packs imageio-ffmpeg)
+source "$(dirname "${BASH_SOURCE[0]}")/device.sh"  # set -u, the repo root, $OUT, imageio-ffmpeg, the card
 LOGS=$OUT/logs; mkdir -p $LOGS; A=/tmp/a  # logs straight into $OUT: a call cut short still returns them
 timeout 100 python recipes/gpu/action_data.py $A 480x640 256x320 > $LOGS/data.log 2>&1
 V="--vae real --vae-ckpt /tmp/tok.pth --frames 13 --workers 1 --sample-every 0 --save-every 100 --sac block"

@@ -1,23 +1,18 @@
-# Sourced by recipes/gpu/*.sh (issue 37): the repo root, the device's missing wheel, the random real-architecture VAE,
+# Sourced by recipes/gpu/*.sh (issue 37): device.sh's preamble, the random real-architecture VAE,
 # the stitched data, and a summary of metrics.jsonl files. OUT: the folder whose files come back.
-set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=tests  # tests/reward_plugins.py: the latent reward term of the RL rows
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-: "${OUT:?OUT must name a folder for the logs}"
+source "$(dirname "${BASH_SOURCE[0]}")/device.sh"  # set -u, the repo root, $OUT, imageio-ffmpeg, the card
+export PYTHONPATH=tests  # tests/reward_plugins.py: the latent reward term of the RL rows
 if [ ! -f .gpu/grid/manifest.jsonl ]; then
     cat >&2 <<'MSG'
 .gpu/grid is missing: build it on the CPU side (no GPU needed), then run this script again:
-  python -c "import lerobot; lerobot.make_synthetic('.gpu/raw', lengths=(400, 380))"
+  python -c "from base import lerobot; lerobot.make_synthetic('.gpu/raw', lengths=(400, 380))"
   python stitch.py .gpu/raw .gpu/grid --stride 4 --frames 93 --size 432x768 --workers 1
   (stand-in T5 embeddings: t5.write_embeddings into .gpu/grid/t5_xxl, as the earlier sessions did)
-  pip download --no-deps imageio-ffmpeg==0.6.0 -d .gpu
 MSG
     exit 2
 fi
-python -m pip install -q --no-deps .gpu/imageio_ffmpeg-*.whl > "$OUT/pip.log" 2>&1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 python -c "import torch; print('torch', torch.__version__)" >> "$OUT/gpu.txt"
-[ -f /tmp/tok.pth ] || python -c "import torch; from vae import WanVAE, get_vae_config; \
+[ -f /tmp/tok.pth ] || python -c "import torch; from nets.vae import WanVAE, get_vae_config; \
 torch.save(WanVAE(get_vae_config('real')).state_dict(), '/tmp/tok.pth')"
 D="--init random --data .gpu/grid --vae real --vae-ckpt /tmp/tok.pth --frames 93 --height 432 --width 768 --lora 32 \
 --sac block --workers 1 --eval-steps 1 --batch-size 1"

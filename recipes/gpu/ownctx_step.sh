@@ -7,12 +7,7 @@
 # s_draw and peak_mem_gib); 6 steps each, so both chain lengths show (step 1 also pays the warm-up). --sac block.
 # Expected ~400 s: data ~60, SFT LoRA ~40, own LoRA ~90, SFT full ~60, own full ~120 (full steps: 2B weights + AdamW).
 # Written for issue 52, NOT yet run (no device in that session). Run: OUT=... bash recipes/gpu/run.sh ownctx_step
-set -u
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-: "${OUT:?OUT must name a folder for the results}"
-export PYTHONUNBUFFERED=1
-python -m pip install -q --no-deps .gpu/imageio_ffmpeg-*.whl > /tmp/pip.log 2>&1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
+source "$(dirname "${BASH_SOURCE[0]}")/device.sh"  # set -u, the repo root, $OUT, imageio-ffmpeg, the card
 LOGS=$OUT/logs; mkdir -p $LOGS; A=/tmp/own52
 rm -rf $A/sft_* $A/own_*  # a run directory left by an earlier call would be resumed
 timeout 120 python recipes/gpu/action_data.py $A 480x640 > $LOGS/data.log 2>&1

@@ -4,15 +4,10 @@
 # CUDA and by CPU time, and the step's ranges: to_latent (VAE encode), clip_grad_norm_, AdamW.step) on a 1-rank NCCL group
 # as train.py runs there, with --sac block (run_all.sh's) and --sac none. Random weights and the random
 # real-architecture VAE; every command under `timeout`, within a 500 s budget; tables written into $OUT as they go.
-# Run: OUT=... bash recipes/gpu/p25_step_profile.sh  (carry .gpu: the imageio-ffmpeg wheel)
-set -u
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-: "${OUT:?OUT must name a folder for the results}"
-export PYTHONUNBUFFERED=1
+# Run: OUT=... bash recipes/gpu/p25_step_profile.sh  (carry .gpu: recipes/gpu/pusht_wheels.sh packs imageio-ffmpeg)
+source "$(dirname "${BASH_SOURCE[0]}")/device.sh"  # set -u, the repo root, $OUT, imageio-ffmpeg, the card
 BUDGET=${BUDGET:-500}  # seconds for the whole script; a short device lease passes less
 left() { echo $(( BUDGET - SECONDS < $1 ? BUDGET - SECONDS : $1 )); }
-[ -n "${IMAGEIO_FFMPEG_EXE:-}" ] || source .gpu/setup.sh  # the device lacks imageio-ffmpeg: pusht_wheels.sh packs it
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 LOGS=$OUT/logs; mkdir -p $LOGS; A=/tmp/a
 timeout $(left 90) python recipes/gpu/action_data.py $A 256x320 > $LOGS/data.log 2>&1
 V="--config p25-2b-action --init random --data $A/g256x320 --height 256 --width 320 --vae real --vae-ckpt /tmp/tok.pth

@@ -7,14 +7,9 @@
 # quality. ~8 min on one H100.
 # NOT RUN YET (no device in the session that wrote it). Run: OUT=... bash recipes/gpu/policy_throughput.sh
 # (carry .gpu: pusht_wheels.sh's setup.sh brings imageio-ffmpeg, which the device lacks)
-set -u
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-: "${OUT:?OUT must name a folder for the results}"
-export PYTHONUNBUFFERED=1
+source "$(dirname "${BASH_SOURCE[0]}")/device.sh"  # set -u, the repo root, $OUT, imageio-ffmpeg, the card
 BUDGET=${BUDGET:-560}  # seconds for the whole script
 left() { echo $(( BUDGET - SECONDS < $1 ? BUDGET - SECONDS : $1 )); }
-[ -n "${IMAGEIO_FFMPEG_EXE:-}" ] || source .gpu/setup.sh
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 LOGS=$OUT/logs; mkdir -p $LOGS; D=/tmp/policy224
 [ -f /tmp/tok.pth ] || python -c "import torch; from nets.vae import WanVAE, get_vae_config; \
 torch.save(WanVAE(get_vae_config('real')).state_dict(), '/tmp/tok.pth')" > $LOGS/vae.log 2>&1

@@ -3,12 +3,7 @@
 # same run unfolded, v2w-2b-action at 13x480x640, random weights, guidance 0, eager; issue 47's 3-chunk sample of
 # p25-2b-action (random weights: action_world_models.sh's episodes were too short for 3 chunks); then folded at batch 8. The data
 # and the one-step LoRA run as action_world_models.sh makes them. Run: OUT=... bash recipes/gpu/policyeval_folded_lora.sh  (carry .gpu)
-set -u
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-: "${OUT:?OUT must name a folder for the results}"
-export PYTHONUNBUFFERED=1
-python -m pip install -q --no-deps .gpu/imageio_ffmpeg-*.whl > /tmp/pip.log 2>&1
-nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+source "$(dirname "${BASH_SOURCE[0]}")/device.sh"  # set -u, the repo root, $OUT, imageio-ffmpeg, the card
 A=/tmp/a
 timeout 60 python recipes/gpu/action_data.py $A 480x640 > $OUT/log.txt 2>&1
 timeout 80 python -m torch.distributed.run --standalone --nproc_per_node=1 train.py --config v2w-2b-action \

@@ -5,15 +5,10 @@
 # result.json's s_per_chunk_warm is the median of chunks 2-3 (chunk 1 also compiles: s_first_chunk).
 # Then benchmarks/worldbench.py's PSNR of 35 vs 20/15/10 steps on the same chunk (random weights: the sampler's error,
 # not the model's quality). Every command under `timeout`, within a 500 s budget; logs written into $OUT as they go.
-# Run: OUT=... bash recipes/gpu/policyeval_speed.sh  (carry .gpu: the imageio-ffmpeg wheel)
-set -u
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-: "${OUT:?OUT must name a folder for the results}"
-export PYTHONUNBUFFERED=1
+# Run: OUT=... bash recipes/gpu/policyeval_speed.sh  (carry .gpu: recipes/gpu/pusht_wheels.sh packs imageio-ffmpeg)
+source "$(dirname "${BASH_SOURCE[0]}")/device.sh"  # set -u, the repo root, $OUT, imageio-ffmpeg, the card
 BUDGET=500
 left() { echo $(( BUDGET - SECONDS < $1 ? BUDGET - SECONDS : $1 )); }  # a command's timeout, within the budget
-python -m pip install -q --no-deps .gpu/imageio_ffmpeg-*.whl > /tmp/pip.log 2>&1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 LOGS=$OUT/logs; mkdir -p $LOGS; A=/tmp/a
 timeout $(left 90) python recipes/gpu/action_data.py $A 480x640 > $LOGS/data.log 2>&1
 G="--data $A/g480x640 --height 480 --width 640 --vae real --vae-ckpt /tmp/tok.pth --frames 13 --workers 1"

@@ -10,14 +10,9 @@
 #   OUT=$OUT bash recipes/gpu/pusht.sh
 # (2026-12-07: its first device try lacked cffi, pymunk's, and stopped at the import; the packing then ran the
 # leave-one-family-out sweep on the device but no machine came for a second PushT try.)
-set -u
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-: "${OUT:?OUT must name a folder for the results}"
-[ -f .gpu/setup.sh ] || { echo "pusht.sh: .gpu/setup.sh missing: bash recipes/gpu/pusht_wheels.sh, carry .gpu"; exit 1; }
-source .gpu/setup.sh
-export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+source "$(dirname "${BASH_SOURCE[0]}")/device.sh"  # set -u, the repo root, $OUT, imageio-ffmpeg, the card
+export OMP_NUM_THREADS=1
 python3 -c "import gym_pusht, imageio_ffmpeg, cv2" || { echo "pusht.sh: gym-pusht or imageio-ffmpeg missing"; exit 1; }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 W=/tmp/pusht
 timeout 500 python3 tests/pusht_numbers.py --work $W --workers 15 --seeds 0 --data-episodes 240 --episodes 32 \
     --steps 12000 --train-args "--batch-size 8 --workers 4" 2>&1 | tee "$OUT/pusht.log" | grep -v "it/s"

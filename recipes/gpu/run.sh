@@ -5,12 +5,12 @@
 #   OUT=/tmp/out bash recipes/gpu/run.sh grpo_14b_fast 1          # runs recipes/gpu/grpo_14b_fast.sh 1
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-if [ $# -eq 0 ] || [ ! -f "$here/$1.sh" ] || [ "$1" = run ] || [ "$1" = env ]; then
+if [ $# -eq 0 ] || [ ! -f "$here/$1.sh" ] || [ "$1" = run ] || [ "$1" = env ] || [ "$1" = device ]; then
     [ $# -gt 0 ] && echo "recipes/gpu/run.sh: no recipe ${1@Q}" >&2
     echo "recipes (OUT=DIR bash recipes/gpu/run.sh NAME [ARGS]):" >&2
     for f in "$here"/*.sh; do
         name=$(basename "$f" .sh)
-        [ "$name" = run ] || [ "$name" = env ] || printf '  %-28s %s\n' "$name" "$(sed -n 2p "$f" | cut -c3-110)" >&2
+        [ "$name" = run ] || [ "$name" = env ] || [ "$name" = device ] || printf '  %-28s %s\n' "$name" "$(sed -n 2p "$f" | cut -c3-110)" >&2
     done
     exit 2
 fi

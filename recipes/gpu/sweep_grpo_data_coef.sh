@@ -3,10 +3,7 @@
 # 14B GRPO update 1 or 2 on the GPU (bash recipes/gpu/grpo_14b_fast.sh WAVE, cores 0-3).
 #   bash recipes/gpu/sweep_grpo_data_coef.sh 1   # data_coef 0.001, 0.003 x brightness, red x seeds 0-2; 14B GRPO update 1
 #   bash recipes/gpu/sweep_grpo_data_coef.sh 2   # 0.001, 0.003 x motion and 0.005 x brightness, red; 14B GRPO update 2
-set -u
-: "${OUT:?OUT must name a folder for the logs}"
-cd "$(dirname "$0")/../.."
-python -m pip install --no-deps -q .gpu/imageio_ffmpeg-*.whl 2>&1 | tail -1
+source "$(dirname "${BASH_SOURCE[0]}")/device.sh"  # set -u, the repo root, $OUT, imageio-ffmpeg, the card
 S=/tmp/sweep; mkdir -p $S $OUT/r37
 save() { mkdir -p $OUT/sweep; for d in $S/*/; do n=$(basename $d); mkdir -p $OUT/sweep/$n
          cp $d/metrics.jsonl $OUT/sweep/$n/ 2>/dev/null; done; }

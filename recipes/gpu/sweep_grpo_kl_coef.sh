@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 34 item 3, GRPO's part (CPU, 12 jobs) beside issue 37's NFT --cp 1-rank NCCL run and the 2B GRPO update (GPU).
-# Runs from the repository root on the GPU machine with .gpu/ carried (the ffmpeg wheel; .gpu/grid for the 14B runs).
-python -m pip install --no-deps -q .gpu/imageio_ffmpeg-*.whl 2>&1 | tail -1
+# Runs from the repository root on the GPU machine with .gpu/ carried (setup.sh and imageio-ffmpeg from recipes/gpu/pusht_wheels.sh; .gpu/grid for the 14B runs).
+source "$(dirname "${BASH_SOURCE[0]}")/device.sh"  # set -u, the repo root, $OUT, imageio-ffmpeg, the card
 S=/tmp/sweep; mkdir -p $S $OUT/r37
 save() { mkdir -p $OUT/sweep; for d in $S/*/; do n=$(basename $d); mkdir -p $OUT/sweep/$n; cp $d/metrics.jsonl $OUT/sweep/$n/ 2>/dev/null; done; cp $S/grpo*.log $OUT/sweep/ 2>/dev/null; }
 trap save EXIT

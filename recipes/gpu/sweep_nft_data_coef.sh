@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 34 item 3: the regularisation sweep on the tiny default (CPU runs for NFT, GPU runs for GRPO, in parallel).
-# Runs from the repository root on the GPU machine with .gpu/ carried (the ffmpeg wheel; .gpu/grid for the 14B runs).
-python -m pip install --no-deps -q .gpu/imageio_ffmpeg-*.whl 2>&1 | tail -1
+# Runs from the repository root on the GPU machine with .gpu/ carried (setup.sh and imageio-ffmpeg from recipes/gpu/pusht_wheels.sh; .gpu/grid for the 14B runs).
+source "$(dirname "${BASH_SOURCE[0]}")/device.sh"  # set -u, the repo root, $OUT, imageio-ffmpeg, the card
 nproc; nvidia-smi --query-gpu=name,memory.used --format=csv
 S=/tmp/sweep; mkdir -p $S
 save() { mkdir -p $OUT/sweep; for d in $S/*/; do n=$(basename $d); mkdir -p $OUT/sweep/$n; cp $d/metrics.jsonl $OUT/sweep/$n/ 2>/dev/null; done; cp $S/*.log $OUT/sweep/ 2>/dev/null; }

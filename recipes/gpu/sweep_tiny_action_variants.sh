@@ -2,10 +2,7 @@
 # Issue 36 item 4: which tiny-action variant follows its actions? tests/action_curves.py on the device's 16 CPU cores
 # (one run a core): each variant trains `train.py --config tiny-action` for STEPS, evaluate.py scores every saved step.
 #   bash recipes/gpu/sweep_tiny_action_variants.sh "base,abspos,..." 4000
-set -u
-: "${OUT:?OUT must name a folder for the logs}"
-cd "$(dirname "$0")/../.."
-python -m pip install --no-deps -q .gpu/imageio_ffmpeg-*.whl 2>&1 | tail -1
+source "$(dirname "${BASH_SOURCE[0]}")/device.sh"  # set -u, the repo root, $OUT, imageio-ffmpeg, the card
 S=/tmp/sweep36
 save() { cd $S && tar czf $OUT/logs.tgz --exclude='*.pt' --exclude='*.safetensors' --exclude=data --exclude='step_*' \
          --exclude='*.distcp' . 2>/dev/null; }
