@@ -5,7 +5,7 @@
 # 2.1e13 FLOP a training sample against 989 TFLOP/s (H100 bf16 dense), peak memory. Target >= 14 samples/s (2x
 # cosmos-policy's ~6.9). Random weights (--init random) and the random real-architecture VAE: the pace, not the
 # quality. ~8 min on one H100.
-# NOT RUN YET (no device in the session that wrote it). Run: OUT=... bash recipes/gpu/policy_throughput.sh
+Run: OUT=... bash recipes/gpu/policy_throughput.sh
 # (carry .gpu: pusht_wheels.sh's setup.sh brings imageio-ffmpeg, which the device lacks)
 source "$(dirname "${BASH_SOURCE[0]}")/device.sh"  # set -u, the repo root, $OUT, imageio-ffmpeg, the card
 BUDGET=${BUDGET:-560}  # seconds for the whole script
@@ -19,6 +19,9 @@ torch.save(WanVAE(get_vae_config('real')).state_dict(), '/tmp/tok.pth')" > $LOGS
 timeout $(left 120) python -c "from base import lerobot; lerobot.make_synthetic('$D.raw', lengths=(160,) * 6, \
 motion='orbit')" > $LOGS/data.log 2>&1
 timeout $(left 120) python stitch.py $D.raw $D --stride 4 --frames 9 --size 224x224 --workers 8 >> $LOGS/data.log 2>&1
+# stand-in T5 embeddings (v2w-2b reads 1024-wide text; train.py refuses videos without one)
+python -c "import numpy as np, t5; rng = np.random.default_rng(0); t5.write_embeddings('$D', \
+lambda p: [rng.standard_normal((8, 1024)).astype(np.float32) * 0.1 for _ in p])" >> $LOGS/data.log 2>&1
 NINE=blank,proprio,image:grid,image:grid,action,future_proprio,future_image:grid,future_image:grid,value
 V="--config v2w-2b --init random --objective policy --policy-layout $NINE --policy-chunk 16 --policy-success all
    --policy-eval-samples 2 --data $D --height 224 --width 224 --frames 9 --holdout 1 --vae real --vae-ckpt /tmp/tok.pth
