@@ -59,6 +59,8 @@ class NFTConfig(RLConfig):
     # = K / n calls a step, the same noise, rounded differently (each call's peak memory grows with its batch)
     chain_chunks: int = 1  # > 1: each group starts from the last frame of chain_chunks - 1 chunks the old policy
     # rolls out first (no gradient) and is rewarded as chunk chain_chunks against the truth (docs/rl.md, issue 52)
+    chain_true_share: float = 0.0  # with chain_chunks > 1: this fraction of the groups start from a true frame
+    # (unchained, chunk 1), the rest from the chain's; drawn without the rank (every rank generates as many chunks)
 
     def __post_init__(self):
         super().__post_init__()
@@ -74,6 +76,9 @@ class NFTConfig(RLConfig):
                              f"group_size={self.group_size} (an uneven last call would be another compiled variant)")
         if self.chain_chunks < 1:
             raise ValueError(f"chain_chunks={self.chain_chunks}: >= 1 (1: groups start from a true frame, unchained)")
+        if not 0 <= self.chain_true_share < 1 or (self.chain_true_share and self.chain_chunks == 1):
+            raise ValueError(f"chain_true_share={self.chain_true_share:g}: in [0, 1), and > 0 only with chain_chunks "
+                             f"> 1 (got {self.chain_chunks}: every group already starts from a true frame)")
         if self.decay_rate < 0 or not 0 <= self.decay_max < 1:
             raise ValueError(f"decay_rate={self.decay_rate}, decay_max={self.decay_max}: need decay_rate >= 0 and "
                              "0 <= decay_max < 1")
@@ -330,26 +335,31 @@ class ForwardCounter:
 
 
 def chain_draw(cfg, lengths, step, rank, row):
-    """(training video index, start of chunk 1's window, the context's noise seed) of group `row` of update `step`
-    on dp rank `rank`: (seed, step, rank, row) only, so a resumed run draws the same chains."""
+    """(training video index, the rewarded chunk k: 1 for a --nft-chain-true-share of the groups, else
+    --nft-chain-chunks, start of chunk 1's window, the context's noise seed) of group `row` of update `step` on dp
+    rank `rank`: (seed, step, rank, row) only, so a resumed run draws the same chains; k without the rank, so every
+    rank generates as many context chunks (FSDP's collectives stay in step)."""
+    g = torch.Generator().manual_seed(sample_seed(cfg.seed, step, row, "chain k"))
+    k = 1 if float(torch.rand((), generator=g)) < cfg.nft.chain_true_share else cfg.nft.chain_chunks
     g = torch.Generator().manual_seed(sample_seed(cfg.seed, step, rank, row, "chain"))
     index = int(torch.randint(len(lengths), (), generator=g))
     span = 1 + cfg.nft.chain_chunks * (cfg.frames - 1)
     start = int(torch.randint(lengths[index] - span + 1, (), generator=g))
-    return index, start, sample_seed(cfg.seed, step, rank, row, "chain context") % 2 ** 31
+    return index, k, start, sample_seed(cfg.seed, step, rank, row, "chain context") % 2 ** 31
 
 
 @torch.no_grad()
 def chained_batch(net, vae, run, lengths, step, knobs: NFTConfig):
-    """One (latent, Condition) batch of run.cfg.batch_size groups, each chunk K = knobs.chain_chunks of a training
-    episode: its true window and actions with frame 0 replaced by the last frame of the K - 1 chunks the net (as the
-    caller has set it: the old policy) rolls out from the episode's true frame under its true actions
-    (chain.sample_item: generate.rollout, guidance 0, knobs.num_steps steps a chunk), encoded now. Its gt_frames, the
-    truth a world-model reward reads and the data term fits, are that window: frames 1.. the episode's own."""
-    items = [sample_item(net, vae, run, run.clips, index, knobs.chain_chunks, start, seed, knobs.num_steps)
-             for index, start, seed in (chain_draw(run.cfg, lengths, step, run.dp_rank, row)
-                                        for row in range(run.cfg.batch_size))]
-    return [encode(vae, run, items)]
+    """(one (latent, Condition) batch of run.cfg.batch_size groups, the context chunks generated): each group chunk k
+    (chain_draw: K = knobs.chain_chunks, or 1 for a chain_true_share of them) of a training episode, its true window
+    and actions with frame 0, for k > 1, replaced by the last frame of the k - 1 chunks the net (as the caller has set
+    it: the old policy) rolls out from the episode's true frame under its true actions (chain.sample_item:
+    generate.rollout, guidance 0, knobs.num_steps steps a chunk), encoded now. Its gt_frames, the truth a world-model
+    reward reads and the data term fits, are that window: frames 1.. the episode's own."""
+    draws = [chain_draw(run.cfg, lengths, step, run.dp_rank, row) for row in range(run.cfg.batch_size)]
+    items = [sample_item(net, vae, run, run.clips, index, k, start, seed, knobs.num_steps)
+             for index, k, start, seed in draws]
+    return [encode(vae, run, items)], sum(k - 1 for _, k, _, _ in draws)
 
 
 # -----------------------------------------------------------------------------
@@ -388,7 +398,8 @@ class NFT(rl.RLObjective):
             self.lengths = [v.frames for v in run.clips.videos[:run.n_train]]
             run.say(f"nft: each group is chunk {self.knobs.chain_chunks} of a chain from a true frame of one of "
                     f"{run.n_train} training episodes, its first {self.knobs.chain_chunks - 1} chunks generated by "
-                    f"the old policy ({self.knobs.num_steps} sampler steps each, no gradient)")
+                    f"the old policy ({self.knobs.num_steps} sampler steps each, no gradient); "
+                    f"{self.knobs.chain_true_share:g} of the groups unchained (chunk 1, a true frame)")
 
     def step(self, step, batches):
         """One update (train_step) on this rank's groups of batches (one; chained: drawn here, the chain's context
@@ -400,9 +411,8 @@ class NFT(rl.RLObjective):
             if not self.reads_clips:
                 old_is_current = step == 0 or decay_at(self.knobs, step - 1) == 0  # as train_step decides it
                 with adapters(self.net, self.params, list(self.old.values())) if not old_is_current else nullcontext():
-                    batches = chained_batch(self.net, self.vae, self.run, self.lengths, step, self.knobs)
-                chained = {"ctx_chunks": self.run.cfg.batch_size * (self.knobs.chain_chunks - 1),
-                           "s_chain": time.perf_counter() - t0}
+                    batches, generated = chained_batch(self.net, self.vae, self.run, self.lengths, step, self.knobs)
+                chained = {"ctx_chunks": generated, "s_chain": time.perf_counter() - t0}
             conds, latent_shape, scoring, knobs = self.groups(batches)
             metrics = train_step(self.net, self.run.optimizer, self.params, list(self.old.values()), conds,
                                  latent_shape, knobs, scoring, seed=self.seed(step, "rollout", self.run.dp_rank),

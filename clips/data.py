@@ -33,7 +33,7 @@ sample at 512 x 100352, twice that in float32), its rows all unmasked (Reason1's
 
 Contents, top to bottom: Video and the folder listing (manifest or upstream layout, negative_prompt_path) -> text
 embeddings (safe unpickling, shape checks, Reason1 files, the start-up check) -> GridClips -> ViewClips ->
-ClipSampler. Decoding a clip (read_clip, ClipError) and probing a file are base/video.py."""
+ClipSampler -> Windows (one window by video and start, through GridClips' / ViewClips' own reader). Decoding a clip (read_clip, ClipError) and probing a file are base/video.py."""
 import json
 import os
 import sys

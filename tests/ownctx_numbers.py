@@ -15,7 +15,9 @@ docs/actions.md "Own-context SFT", docs/rl.md "World-model rewards"), re-run thr
    group chunk 3 of a chain whose first 2 chunks the old policy generated (10 steps each), rewarded by the world-model
    rewards (--reward clips.fidelity:truth_psnr,tasks.square:follows_actions=10) against chunk 3's true frames; its
    compute is the `forwards` its metrics rows count in the same unit (a sample's forward 1, with autograd 3, context
-   included). U is fixed, not fitted: the printed forwards say how close it came to the own-context run's;
+   included). U is fixed, not fitted: the printed forwards say how close it came to the own-context run's.
+   --chain-share S: --nft-chain-true-share S (that share of the groups unchained, from a true frame; runs
+   chain_n<U>_t<S>_s<seed>; fewer context chunks an update, so pass more updates for the same forwards);
 3. `evaluate.py BASE SFT_s OWN_s [CHAIN_s] ... --chunks 3 --draws 2`: PSNR per chained chunk and action_gap_db per chunk on
    the 4 held-out episodes. Chunk 6 is not measurable here: the tiny world's episodes hold 25-31 frames, 3 chunks of
    9 (6 need 49): evaluate.py refuses it.
@@ -74,10 +76,12 @@ def main(argv=None):
     parser.add_argument("--true-share", type=float, default=0.9, help="--ownctx-true-share of the own-context runs")
     parser.add_argument("--own-steps", type=int, default=OWN, help="the own-context runs' steps (SFT: its compute)")
     parser.add_argument("--chain-updates", type=int, default=33, help="the chained NFT runs' updates (0: no such arm)")
+    parser.add_argument("--chain-share", type=float, default=0.0, help="--nft-chain-true-share of the chained runs")
     args = parser.parse_args(argv)
     if args.chain_updates < 0:
         raise SystemExit(f"ownctx_numbers: --chain-updates {args.chain_updates}: >= 0 (0: no chained NFT arm)")
-    tag = f"t{args.true_share:g}_n{args.own_steps}"  # one setting's runs: own_t0.9_n1200_s0 and its SFT sft_t0.9_n1200_s0
+    tag = f"t{args.true_share:g}_n{args.own_steps}"
+    chained = f"chain_n{args.chain_updates}" + (f"_t{args.chain_share:g}" if args.chain_share else "")  # one setting's runs: own_t0.9_n1200_s0 and its SFT sft_t0.9_n1200_s0
     os.makedirs(args.out, exist_ok=True)
     train(args.out, "base", ["--steps", str(BASE), "--save-every", str(BASE)])
     init, common = os.path.join("base", f"step_{BASE:08d}"), ["--lr", str(LR), "--warmup", str(WARMUP)]
@@ -93,14 +97,15 @@ def main(argv=None):
         budget[seed] = {"own": (args.own_steps, forwards, seconds), "sft": (steps, *cost(sft))}
         runs += [f"sft_{tag}_s{seed}", f"own_{tag}_s{seed}"]
         if args.chain_updates:
-            u = args.chain_updates
-            chain = train(args.out, f"chain_n{u}_s{seed}", ["--init", init, "--steps", str(u), "--save-every", str(u),
-                                                           "--seed", str(seed), *CHAIN_FLAGS])
+            u, share = args.chain_updates, ["--nft-chain-true-share", str(args.chain_share)] if args.chain_share else []
+            chain = train(args.out, f"{chained}_s{seed}", ["--init", init, "--steps", str(u), "--save-every", str(u),
+                                                           "--seed", str(seed), *CHAIN_FLAGS, *share])
             budget[seed]["chain"] = (u, *cost(chain))
-            runs.append(f"chain_n{u}_s{seed}")
+            runs.append(f"{chained}_s{seed}")
         print(json.dumps({f"seed{seed}": budget[seed]}), flush=True)
-    log = os.path.join(args.out, f"evaluate_{tag}.log")
-    command("evaluate.py", [*runs, "--chunks", "3", "--draws", "2", "--plot", f"ownctx_{tag}.png"], args.out, log)
+    log = os.path.join(args.out, f"evaluate_{tag}_{chained}.log")
+    command("evaluate.py", [*runs, "--chunks", "3", "--draws", "2", "--plot", f"ownctx_{tag}_{chained}.png"], args.out,
+            log)
     with open(log) as f:
         text = f.read()
     result = [json.loads(line) for line in text.splitlines() if line.startswith("{")][-1]
@@ -109,7 +114,7 @@ def main(argv=None):
     print("\n".join(lines[head:]), flush=True)  # evaluate.py's table
     keys = ["psnr", "action_gap_db"] + [f"chunk{k}/{m}" for k in (1, 2, 3) for m in ("psnr", "action_gap_db")]
     found = {os.path.basename(r["run"].rstrip("/")): {k: r["metrics"][k] for k in keys} for r in result["runs"]}
-    arms = {"sft": f"sft_{tag}", "own": f"own_{tag}", **({"chain": f"chain_n{args.chain_updates}"}
+    arms = {"sft": f"sft_{tag}", "own": f"own_{tag}", **({"chain": chained}
                                                         if args.chain_updates else {})}
     for arm, prefix in arms.items():
         found[f"{arm} mean"] = {k: sum(found[f"{prefix}_s{s}"][k] for s in SEEDS) / len(SEEDS) for k in keys}

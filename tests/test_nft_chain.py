@@ -54,8 +54,9 @@ def test_the_chain_is_the_models_own_and_the_reward_reads_the_last_chunks_truth(
     items = seen["windows"][:3]  # update 0's chain: chunks 1..3 of one episode, the last the rewarded one
     assert [i["start"] for i in items] == [items[0]["start"] + j * 8 for j in range(3)]
     vae = build_vae("tiny", "", torch.device("cpu"), torch.float32)
-    _, _, seed = nft.chain_draw(train.parse_config([*CHAIN, "--data", tiny_action_grid, "--out", out,
+    _, k, _, seed = nft.chain_draw(train.parse_config([*CHAIN, "--data", tiny_action_grid, "--out", out,
                                                     "--nft-chain-chunks", "3"]), [1000] * 36, 0, 0, 0)
+    assert k == 3
     records = [condition.from_batch(condition.as_batch(i), "cpu", 64, 112, torch.float32, -1.0) for i in items[:2]]
     grid = family_of(net.cfg).sampler_defaults("random", "tiny-action")[0]
     chunks = rollout(net, vae, items[0]["video"][None, :, :1], records, 9, 2, 0.0, seed, grid, torch.float32)
@@ -68,10 +69,24 @@ def test_the_chain_is_the_models_own_and_the_reward_reads_the_last_chunks_truth(
     assert torch.equal(rollout_scores[0]["truth"], vae.decode(latent).float())  # rewarded against chunk 3's truth
 
 
+def test_a_true_share_of_the_groups_starts_unchained_from_a_true_frame(tiny_action_grid, tmp_path):
+    out = str(tmp_path / "mix")
+    argv = [*CHAIN, "--data", tiny_action_grid, "--out", out, "--nft-chain-chunks", "2", "--nft-chain-true-share",
+            "0.5", "--batch-size", "2", "--steps", "3", "--save-every", "3"]
+    check(in_process(train, argv))
+    cfg = train.parse_config(argv)
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        got = [r["ctx_chunks"] for r in map(json.loads, f) if r["step"] > 0]
+    ks = [[nft.chain_draw(cfg, [1000] * 36, step, 0, row)[1] for row in range(2)] for step in range(3)]
+    assert got == [sum(k - 1 for k in step) for step in ks]  # a k = 1 group generates no context
+    assert {1, 2} <= {k for step in ks for k in step}, ks  # both kinds drawn in these 6 groups
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--nft-chain-chunks", "4"], r"has 25 frames, 4 chained chunks of 9 need 33; pass --nft-chain-chunks 3 or fewer"),
     (["--nft-chain-chunks", "0"], r"chain_chunks=0: >= 1"),
     (["--nft-chain-chunks", "2", "--nft-guidance", "2"], r"the chain's context is generated without CFG"),
+    (["--nft-chain-true-share", "0.5"], r"chain_true_share=0.5: in \[0, 1\), and > 0 only with chain_chunks > 1"),
     (["--objective", "grpo", "--nft-chain-chunks", "2"], r"--nft-chain-chunks does nothing with --objective grpo")])
 def test_bad_or_unused_chain_settings_are_refused_in_one_line(tiny_action_grid, tmp_path, argv, message):
     proc = in_process(train, [*CHAIN, "--data", tiny_action_grid, "--out", str(tmp_path / "x"), *argv])
