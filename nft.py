@@ -16,8 +16,9 @@ a rollout is one network call per step. With old == current (decay 0, one optimi
 
 Contents, top to bottom: config -> the old policy -> rollout -> loss -> update -> one update of a training run
 (train_step), which train.py calls; --nft-chain-chunks K (issue 52) makes each group's first frame the model's own: the
-last frame of K - 1 chunks it rolls out first, without gradient (engine/chain.py, own-context SFT's sampler and windows), from an episode's
-true frame under its true actions, and the group, chunk K, is rewarded against that episode's true continuation.
+last frame of K - 1 chunks it rolls out first, without gradient (engine/chain.py, own-context SFT's sampler and
+windows), from an episode's true frame under its true actions, and the group, chunk K, is rewarded against that
+episode's true continuation.
 """
 import time
 from contextlib import contextmanager, nullcontext

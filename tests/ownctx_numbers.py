@@ -21,6 +21,8 @@ docs/actions.md "Own-context SFT", docs/rl.md "World-model rewards"), re-run thr
 3. `evaluate.py BASE SFT_s OWN_s [CHAIN_s] ... --chunks 3 --draws 2`: PSNR per chained chunk and action_gap_db per chunk on
    the 4 held-out episodes. Chunk 6 is not measurable here: the tiny world's episodes hold 25-31 frames, 3 chunks of
    9 (6 need 49): evaluate.py refuses it.
+--without F trains every run on the preset's data without behaviour family F (make_tiny_dataset(without=(F,)),
+the leave-one-family-out data of tests/family_sweep.py), in OUT/without_F/; --seeds picks the seeds (default 0,1,2).
 The seconds each run took (summed s_per_step) are printed beside the forward counts: equal compute means equal
 forwards, not equal seconds (the CPU is shared). With OMP_NUM_THREADS=1 every number but the seconds is deterministic.
 """
@@ -33,7 +35,6 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE, OWN, LR, WARMUP = 3000, 1200, 1e-3, 10
 OWN_FLAGS = ["--ownctx-chunks", "3", "--ownctx-context-steps", "10"]
-SEEDS = (0, 1, 2)
 WORLD = "clips.fidelity:truth_psnr,tasks.square:follows_actions=10"  # tests/world_rl.py's world-model rewards
 CHAIN_FLAGS = ["--objective", "nft", "--lora", "4", "--nft-chain-chunks", "3", "--batch-size", "2", "--nft-group-size",
                "4", "--reward", WORLD, "--eval-every", "0"]
@@ -42,7 +43,8 @@ CHAIN_FLAGS = ["--objective", "nft", "--lora", "4", "--nft-chain-chunks", "3", "
 def command(script, argv, cwd, log):
     """`python script argv` in cwd with one thread; a failure stops the script, naming its log."""
     with open(log, "w") as f:
-        proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *argv], cwd=cwd, stdout=f,
+        proc = subprocess.run([sys.executable, *([script] if script == "-c" else [os.path.join(ROOT, script)]), *argv],
+                              cwd=cwd, stdout=f,
                               stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
     if proc.returncode != 0:
         raise SystemExit(f"ownctx_numbers: {script} {' '.join(argv)} failed ({proc.returncode}); see {log}")
@@ -61,13 +63,24 @@ def cost(run):
             sum(r["s_per_step"] for r in steps))
 
 
-def train(out, name, argv):
-    """train.py from the base (unless it is the base); skipped when the run already finished its steps."""
+def train(out, name, argv, data=()):
+    """train.py from the base (unless it is the base); skipped when the run already finished its steps. data: the
+    --data flag of a --without run (none: the preset's folder)."""
     run = os.path.join(out, name)
     if not os.path.exists(os.path.join(run, "latest")):
-        command("train.py", ["--config", "tiny-action", "--sample-every", "0", "--out", name, *argv], out,
+        command("train.py", ["--config", "tiny-action", "--sample-every", "0", "--out", name, *data, *argv], out,
                 os.path.join(out, f"{name}.log"))
     return run
+
+
+def data_without(out, family):
+    """(--data, its folder) of the preset's data without behaviour family `family`, built once in OUT/without_F/."""
+    root = os.path.abspath(os.path.join(out, f"without_{family}", "tiny_action_grid"))
+    if not os.path.isdir(root):
+        build = ("import sys; from clips import tiny; "
+                 "tiny.make_tiny_dataset(sys.argv[1], actions=True, without=(sys.argv[2],))")
+        command("-c", [build, root, family], ROOT, os.path.join(out, f"data_without_{family}.log"))
+    return ["--data", root]
 
 
 def main(argv=None):
@@ -77,29 +90,33 @@ def main(argv=None):
     parser.add_argument("--own-steps", type=int, default=OWN, help="the own-context runs' steps (SFT: its compute)")
     parser.add_argument("--chain-updates", type=int, default=33, help="the chained NFT runs' updates (0: no such arm)")
     parser.add_argument("--chain-share", type=float, default=0.0, help="--nft-chain-true-share of the chained runs")
+    parser.add_argument("--without", default="", help="a behaviour family left out of every run's data ('': none)")
+    parser.add_argument("--seeds", default="0,1,2", help="train seeds of the arms")
     args = parser.parse_args(argv)
+    seeds = [int(seed) for seed in args.seeds.split(",")]
     if args.chain_updates < 0:
         raise SystemExit(f"ownctx_numbers: --chain-updates {args.chain_updates}: >= 0 (0: no chained NFT arm)")
-    tag = f"t{args.true_share:g}_n{args.own_steps}"
-    chained = f"chain_n{args.chain_updates}" + (f"_t{args.chain_share:g}" if args.chain_share else "")  # one setting's runs: own_t0.9_n1200_s0 and its SFT sft_t0.9_n1200_s0
+    tag = f"t{args.true_share:g}_n{args.own_steps}"  # one setting's runs: own_t0.9_n1200_s0 and its SFT sft_t0.9_n1200_s0
+    chained = f"chain_n{args.chain_updates}" + (f"_t{args.chain_share:g}" if args.chain_share else "")
     os.makedirs(args.out, exist_ok=True)
-    train(args.out, "base", ["--steps", str(BASE), "--save-every", str(BASE)])
+    data = data_without(args.out, args.without) if args.without else []
+    train(args.out, "base", ["--steps", str(BASE), "--save-every", str(BASE)], data)
     init, common = os.path.join("base", f"step_{BASE:08d}"), ["--lr", str(LR), "--warmup", str(WARMUP)]
     runs, budget = ["base"], {}
-    for seed in SEEDS:
+    for seed in seeds:
         own = train(args.out, f"own_{tag}_s{seed}", ["--objective", "ownctx", "--init", init, "--steps",
                                                       str(args.own_steps), "--seed", str(seed), *common, *OWN_FLAGS,
-                                                      "--ownctx-true-share", str(args.true_share)])
+                                                      "--ownctx-true-share", str(args.true_share)], data)
         forwards, seconds = cost(own)
         steps = round(forwards / 3)  # SFT's steps of the same forwards
         sft = train(args.out, f"sft_{tag}_s{seed}", ["--init", init, "--steps", str(steps), "--seed", str(seed),
-                                                      *common])
+                                                      *common], data)
         budget[seed] = {"own": (args.own_steps, forwards, seconds), "sft": (steps, *cost(sft))}
         runs += [f"sft_{tag}_s{seed}", f"own_{tag}_s{seed}"]
         if args.chain_updates:
             u, share = args.chain_updates, ["--nft-chain-true-share", str(args.chain_share)] if args.chain_share else []
             chain = train(args.out, f"{chained}_s{seed}", ["--init", init, "--steps", str(u), "--save-every", str(u),
-                                                           "--seed", str(seed), *CHAIN_FLAGS, *share])
+                                                           "--seed", str(seed), *CHAIN_FLAGS, *share], data)
             budget[seed]["chain"] = (u, *cost(chain))
             runs.append(f"{chained}_s{seed}")
         print(json.dumps({f"seed{seed}": budget[seed]}), flush=True)
@@ -117,7 +134,7 @@ def main(argv=None):
     arms = {"sft": f"sft_{tag}", "own": f"own_{tag}", **({"chain": chained}
                                                         if args.chain_updates else {})}
     for arm, prefix in arms.items():
-        found[f"{arm} mean"] = {k: sum(found[f"{prefix}_s{s}"][k] for s in SEEDS) / len(SEEDS) for k in keys}
+        found[f"{arm} mean"] = {k: sum(found[f"{prefix}_s{s}"][k] for s in seeds) / len(seeds) for k in keys}
     for arm, than in (("own", "sft"), ("chain", "sft"), ("chain", "own")):
         if arm in arms:
             found[f"{arm} - {than}"] = {k: found[f"{arm} mean"][k] - found[f"{than} mean"][k] for k in keys}

@@ -8,8 +8,9 @@ minus the base; one JSON line.
     OMP_NUM_THREADS=1 python tests/ownctx_numbers.py --out runs/ownctx_numbers           # the runs, first
     OMP_NUM_THREADS=1 python tests/ownctx_policyeval.py --out runs/ownctx_numbers --seed 0   # ~4 x 3 min on one core
 
-The tiny-action preset's data is the full mixture of behaviour families: no family is held out of these world models
-(tests/family_sweep.py's leave-one-family-out is the held-out-family version, not run here).
+The tiny-action preset's data is the full mixture of behaviour families; runs trained with `ownctx_numbers.py
+--without F` never saw family F, and --without F adds the ranking and calibration of tasks/square.py's policies of
+that family (square.FAMILY_DATA, as tests/family_sweep.py scores its held-out families): `held_<metric>`.
 """
 import argparse
 import json
@@ -18,6 +19,9 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import policyeval  # noqa: E402  (after the root is on the path: the script runs from tests/)
+from tasks import square  # noqa: E402
 KEYS = ("spearman", "mmrv", "calibration", "false_success")
 
 
@@ -36,6 +40,19 @@ def evaluate(out, run, episodes):
         return json.load(f)
 
 
+def held_out(summary, family):
+    """{held_spearman, held_mmrv, held_calibration} of the policies whose family acts like data family `family`
+    (policyeval.ranking, tests/family_sweep.py's held_out); {} without one."""
+    if not family:
+        return {}
+    names = [n for n, p in summary["policies"].items() if square.FAMILY_DATA.get(p["family"]) == family]
+    if len(names) < 2:
+        raise SystemExit(f"ownctx_policyeval: --without {family}: {len(names)} policies of that family were evaluated")
+    scores = policyeval.ranking([summary["policies"][n]["success_world"] for n in names],
+                                [summary["policies"][n]["success_sim"] for n in names])
+    return {f"held_{k}": v for k, v in scores.items()}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="tests/ownctx_numbers.py's --out (its runs are read)")
@@ -43,6 +60,8 @@ def main(argv=None):
     parser.add_argument("--tag", default="t0.9_n1200", help="the own-context setting's tag (ownctx_numbers' default)")
     parser.add_argument("--chain", default="chain_n33", help="the chained NFT runs' prefix ('' : none)")
     parser.add_argument("--episodes", type=int, default=16, help="policyeval --episodes (starts a policy)")
+    parser.add_argument("--without", default="", help="the behaviour family the runs' data left out: its policies' "
+                        "ranking and calibration as held_*")
     args = parser.parse_args(argv)
     arms = {"base": "base", "sft": f"sft_{args.tag}_s{args.seed}", "own": f"own_{args.tag}_s{args.seed}",
             **({"chain": f"{args.chain}_s{args.seed}"} if args.chain else {})}
@@ -53,7 +72,8 @@ def main(argv=None):
     for arm, run in arms.items():
         summary = evaluate(args.out, run, args.episodes)
         found[arm] = {**{k: float("nan") if summary[k] is None else summary[k] for k in KEYS},  # None: none fail
-                      **{f"chunk{k + 1}_psnr": v for k, v in enumerate(summary["psnr_per_chunk"])}}
+                      **{f"chunk{k + 1}_psnr": v for k, v in enumerate(summary["psnr_per_chunk"])},
+                      **held_out(summary, args.without)}
         print(f"{arm:6s} {run:18s} " + "  ".join(f"{k} {v:.3f}" for k, v in found[arm].items()), flush=True)
     for arm in arms:
         if arm != "base":
