@@ -47,6 +47,7 @@ from base.camera import stack_views
 from base.files import write_atomic
 from base.formats import identity
 from clips import data
+from clips.data import FixedStart, Windows  # (video, start) -> a window, as training reads it
 from clips import text as text_lib
 from engine.build import build_vae
 from nets import vae as vae_lib
@@ -212,44 +213,6 @@ def lock_out(out: str):
 
 # -----------------------------------------------------------------------------
 # Writing
-
-
-class FixedStart:
-    """Stands in for the numpy Generator that GridClips / ViewClips._clip draw a window start from, and returns the
-    start asked for: the cache reads a window through exactly the code (and checks) training reads it with."""
-
-    def __init__(self, start: int):
-        self.start = start
-
-    def integers(self, low: int, high: int) -> int:
-        if not low <= self.start < high:
-            raise ValueError(f"window start {self.start} outside [{low}, {high})")
-        return self.start
-
-
-class Windows(Dataset):
-    """(video index, start) -> the window's pixels as GridClips / ViewClips give them ([3,T,H,W] or [V,3,T,H,W]
-    float32 in [-1, 1]) with its cameras (clips/actionclips.py's: action, state), or the ClipError's text: the encoder
-    counts it, nothing is raised."""
-
-    def __init__(self, clips, items: list):
-        self.clips, self.items = clips, items
-
-    def __len__(self):
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> dict:
-        index, start = self.items[i]
-        try:
-            got = self.clips._clip(self.clips.videos[index], FixedStart(start))
-        except data.ClipError as e:
-            return {"index": index, "start": start, "error": str(e)}
-        views = isinstance(self.clips, data.ViewClips)
-        pixels = torch.stack([torch.from_numpy(c) for c in got[0]]) if views else torch.from_numpy(got[0])
-        # [(V,) T, H, W, 3] uint8 -> [(V,) 3, T, H, W]: the same operations as GridClips, so the same bits
-        item = {"index": index, "start": start, "video": pixels.movedim(-1, -4).float().div_(127.5).sub_(1.0)}
-        extra = got[-1] if isinstance(got[-1], dict) else {}  # clips/actionclips.py: the clip's action chunk and states
-        return item | ({"w2c": got[2], "intrinsics": got[3]} if views else {}) | extra
 
 
 def cached_entry(path: str, khash: str, sha1: str) -> tuple:

@@ -15,8 +15,12 @@ a rollout is one network call per step. With old == current (decay 0, one optimi
 2 A grad |v - u|^2 / w: advantage-weighted flow matching. After the step, old <- d old + (1 - d) theta.
 
 Contents, top to bottom: config -> the old policy -> rollout -> loss -> update -> one update of a training run
-(train_step), which train.py calls.
+(train_step), which train.py calls; --nft-chain-chunks K (issue 52) makes each group's first frame the model's own: the
+last frame of K - 1 chunks it rolls out first, without gradient (engine/chain.py, own-context SFT's sampler and
+windows), from an episode's true frame under its true actions, and the group, chunk K, is rewarded against that
+episode's true continuation.
 """
+import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
@@ -25,7 +29,8 @@ import torch
 from base import collectives
 from condition import Condition, map_tensors
 from engine import rl
-from engine.objective import clip_and_step
+from engine.chain import check_chain, encode, sample_item
+from engine.objective import clip_and_step, sample_seed
 from engine.rl import PhaseTimer, RLConfig, Scoring, data_loss, masked_mean, score_groups
 from engine.rollout import generated_mask, with_uncond
 from nets.family import family_of
@@ -53,6 +58,10 @@ class NFTConfig(RLConfig):
     decay_max: float = 0.5  # (NVlabs' schedule 1: d ramps from 0, on-policy at the start, to 0.5)
     rollout_batch: int = 0  # samples of a group per rollout network call: 0 = all K in one call; n (a divisor of K)
     # = K / n calls a step, the same noise, rounded differently (each call's peak memory grows with its batch)
+    chain_chunks: int = 1  # > 1: each group starts from the last frame of chain_chunks - 1 chunks the old policy
+    # rolls out first (no gradient) and is rewarded as chunk chain_chunks against the truth (docs/rl.md, issue 52)
+    chain_true_share: float = 0.0  # with chain_chunks > 1: this fraction of the groups start from a true frame
+    # (unchained, chunk 1), the rest from the chain's; drawn without the rank (every rank generates as many chunks)
 
     def __post_init__(self):
         super().__post_init__()
@@ -66,6 +75,11 @@ class NFTConfig(RLConfig):
         if self.rollout_batch < 0 or (self.rollout_batch and self.group_size % self.rollout_batch):
             raise ValueError(f"rollout_batch={self.rollout_batch}: 0 (the whole group in one call) or a divisor of "
                              f"group_size={self.group_size} (an uneven last call would be another compiled variant)")
+        if self.chain_chunks < 1:
+            raise ValueError(f"chain_chunks={self.chain_chunks}: >= 1 (1: groups start from a true frame, unchained)")
+        if not 0 <= self.chain_true_share < 1 or (self.chain_true_share and self.chain_chunks == 1):
+            raise ValueError(f"chain_true_share={self.chain_true_share:g}: in [0, 1), and > 0 only with chain_chunks "
+                             f"> 1 (got {self.chain_chunks}: every group already starts from a true frame)")
         if self.decay_rate < 0 or not 0 <= self.decay_max < 1:
             raise ValueError(f"decay_rate={self.decay_rate}, decay_max={self.decay_max}: need decay_rate >= 0 and "
                              "0 <= decay_max < 1")
@@ -300,6 +314,56 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
 
 
 # -----------------------------------------------------------------------------
+# Chained groups (--nft-chain-chunks K): the group's first frame is the last of K - 1 chunks the old policy generates
+
+
+class ForwardCounter:
+    """The network's compute inside the with-block in sample-forward equivalents: a forward of a batch of n counts n
+    without autograd and 3n with it (its backward ~2 forwards); what tests/ownctx_numbers.py matches the arms by."""
+
+    def __init__(self, net):
+        self.net, self.forwards = net, 0
+
+    def __enter__(self):
+        self.handle = self.net.register_forward_pre_hook(lambda module, args: self.count(args))
+        return self
+
+    def count(self, args):
+        self.forwards += (args[0].shape[0] if args else 1) * (3 if torch.is_grad_enabled() else 1)
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+def chain_draw(cfg, lengths, step, rank, row):
+    """(training video index, the rewarded chunk k: 1 for a --nft-chain-true-share of the groups, else
+    --nft-chain-chunks, start of chunk 1's window, the context's noise seed) of group `row` of update `step` on dp
+    rank `rank`: (seed, step, rank, row) only, so a resumed run draws the same chains; k without the rank, so every
+    rank generates as many context chunks (FSDP's collectives stay in step)."""
+    g = torch.Generator().manual_seed(sample_seed(cfg.seed, step, row, "chain k"))
+    k = 1 if float(torch.rand((), generator=g)) < cfg.nft.chain_true_share else cfg.nft.chain_chunks
+    g = torch.Generator().manual_seed(sample_seed(cfg.seed, step, rank, row, "chain"))
+    index = int(torch.randint(len(lengths), (), generator=g))
+    span = 1 + cfg.nft.chain_chunks * (cfg.frames - 1)
+    start = int(torch.randint(lengths[index] - span + 1, (), generator=g))
+    return index, k, start, sample_seed(cfg.seed, step, rank, row, "chain context") % 2 ** 31
+
+
+@torch.no_grad()
+def chained_batch(net, vae, run, lengths, step, knobs: NFTConfig):
+    """(one (latent, Condition) batch of run.cfg.batch_size groups, the context chunks generated): each group chunk k
+    (chain_draw: K = knobs.chain_chunks, or 1 for a chain_true_share of them) of a training episode, its true window
+    and actions with frame 0, for k > 1, replaced by the last frame of the k - 1 chunks the net (as the caller has set
+    it: the old policy) rolls out from the episode's true frame under its true actions (chain.sample_item:
+    generate.rollout, guidance 0, knobs.num_steps steps a chunk), encoded now. Its gt_frames, the truth a world-model
+    reward reads and the data term fits, are that window: frames 1.. the episode's own."""
+    draws = [chain_draw(run.cfg, lengths, step, run.dp_rank, row) for row in range(run.cfg.batch_size)]
+    items = [sample_item(net, vae, run, run.clips, index, k, start, seed, knobs.num_steps)
+             for index, k, start, seed in draws]
+    return [encode(vae, run, items)], sum(k - 1 for _, k, _, _ in draws)
+
+
+# -----------------------------------------------------------------------------
 # The objective train.py's loop calls (train.OBJECTIVES lists it): rl.RLObjective's evaluation, guard and data
 # weight, NFT's old policy and update
 
@@ -313,15 +377,45 @@ class NFT(rl.RLObjective):
     MAY_CHANGE = ("rollout_batch", "lr", "warmup", "weight_decay", "betas", "max_grad_norm")  # a resume may change these
     TINY_RECIPES = ("tiny_rl", "tiny_nft")  # recipes/ files on top of tiny.py for this objective
 
+    @classmethod
+    def validate(cls, cfg, given):
+        """rl.validate's checks; with --nft-chain-chunks K > 1 also a grid net, no --latents, no rollout CFG and
+        episodes that hold K chained chunks (chain.check_chain)."""
+        unused = super().validate(cfg, given)
+        if cfg.nft.chain_chunks > 1:
+            if cfg.nft.guidance != 0:
+                raise ValueError(f"--nft-chain-chunks {cfg.nft.chain_chunks} with --nft-guidance {cfg.nft.guidance:g}:"
+                                 " the chain's context is generated without CFG, as the action nets sample: pass "
+                                 "--nft-guidance 0")
+            check_chain(cfg, cfg.nft.chain_chunks, "--nft-chain-chunks", f"--nft-chain-chunks {cfg.nft.chain_chunks}")
+        return unused
+
     def __init__(self, run, net, params, vae, neg_text, terms):
         super().__init__(run, net, params, vae, neg_text, terms)
         self.old = {n: p.detach().clone() for n, p in net.named_parameters() if p.requires_grad}
         self.state = {"nft_old": self.old, **self.state}
+        self.reads_clips = self.knobs.chain_chunks == 1  # chained: the groups are drawn here (chained_batch)
+        if not self.reads_clips:
+            self.lengths = [v.frames for v in run.clips.videos[:run.n_train]]
+            run.say(f"nft: each group is chunk {self.knobs.chain_chunks} of a chain from a true frame of one of "
+                    f"{run.n_train} training episodes, its first {self.knobs.chain_chunks - 1} chunks generated by "
+                    f"the old policy ({self.knobs.num_steps} sampler steps each, no gradient); "
+                    f"{self.knobs.chain_true_share:g} of the groups unchained (chunk 1, a true frame)")
 
     def step(self, step, batches):
-        """One update (train_step) on this rank's groups of batches (one), the optimizer step included; its metrics
-        row."""
-        conds, latent_shape, scoring, knobs = self.groups(batches)
-        return train_step(self.net, self.run.optimizer, self.params, list(self.old.values()), conds, latent_shape,
-                          knobs, scoring, seed=self.seed(step, "rollout", self.run.dp_rank), update=step,
-                          agree=collectives.agree, cp_size=self.run.cfg.cp)[1]
+        """One update (train_step) on this rank's groups of batches (one; chained: drawn here, the chain's context
+        by the old policy, as the rollouts), the optimizer step included; its metrics row (chained: and ctx_chunks,
+        the chunks generated for context, s_chain their seconds, forwards the update's compute in sample-forward
+        equivalents, context included)."""
+        chained, t0 = {}, time.perf_counter()
+        with ForwardCounter(self.net) as counter:
+            if not self.reads_clips:
+                old_is_current = step == 0 or decay_at(self.knobs, step - 1) == 0  # as train_step decides it
+                with adapters(self.net, self.params, list(self.old.values())) if not old_is_current else nullcontext():
+                    batches, generated = chained_batch(self.net, self.vae, self.run, self.lengths, step, self.knobs)
+                chained = {"ctx_chunks": generated, "s_chain": time.perf_counter() - t0}
+            conds, latent_shape, scoring, knobs = self.groups(batches)
+            metrics = train_step(self.net, self.run.optimizer, self.params, list(self.old.values()), conds,
+                                 latent_shape, knobs, scoring, seed=self.seed(step, "rollout", self.run.dp_rank),
+                                 update=step, agree=collectives.agree, cp_size=self.run.cfg.cp)[1]
+        return {**metrics, **({**chained, "forwards": counter.forwards} if chained else {})}

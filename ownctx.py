@@ -11,7 +11,8 @@ schedule, the NaN/Inf guard and the held-out loss are sft.py's. train.py runs it
 
     python train.py --config tiny-action --objective ownctx --init runs/act/step_00006000 --steps 200 --out runs/own
 
-Contents: config -> a sample's draw -> its context and batch -> OwnContext, the objective train.py calls.
+Contents: config -> a sample's draw -> OwnContext, the objective train.py calls (a sample's context frame and
+batch: engine/chain.py, shared with nft.py's --nft-chain-chunks).
 """
 import os
 import time
@@ -19,15 +20,9 @@ from dataclasses import dataclass, fields
 
 import torch
 
-import cache
-import condition
 from base.collectives import all_mean
-from base.inits import get_config, tiny_data
-from clips import data, text as text_lib
-from clips.tiny import make_tiny_dataset
-from engine.generate import rollout
+from engine.chain import check_chain, encode, sample_item
 from engine.objective import sample_seed
-from nets.family import family_of
 from sft import SFT, nonfinite_fields, sft_step, unused_rl_flags
 
 NAME = "ownctx"
@@ -48,24 +43,6 @@ class OwnContextConfig:
                              "0 <= true_share < 1, context_steps >= 1")
 
 
-def check_lengths(cfg):
-    """Every video of --data with a clip holds `chunks` chained chunks (1 + chunks (T-1) frames), read from its
-    manifest, or one line naming the shortest and the chunks it allows."""
-    need = 1 + cfg.ownctx.chunks * (cfg.frames - 1)
-    videos = [v for v in data.list_folder(cfg.data, cfg.height, cfg.width, views=False)
-              if v.frames is None or v.frames >= cfg.frames]
-    unknown = [v.stem for v in videos if v.frames is None]
-    if unknown:
-        raise ValueError(f"--objective ownctx: {cfg.data} has no manifest frame count for {unknown[:3]}: re-stitch "
-                         "it with stitch.py (own context needs each episode's length before training)")
-    short = min(videos, key=lambda v: v.frames) if videos else None
-    if short is not None and short.frames < need:
-        most = (short.frames - 1) // (cfg.frames - 1)
-        raise ValueError(f"--ownctx-chunks {cfg.ownctx.chunks}: {short.path} has {short.frames} frames, "
-                         f"{cfg.ownctx.chunks} chained chunks of {cfg.frames} need {need}; pass --ownctx-chunks "
-                         f"{most} or fewer (>= 2), or leave the short episodes out of --data")
-
-
 # -----------------------------------------------------------------------------
 # A sample: (episode, k, window start, noise seed), drawn from (seed, step, micro-batch, dp rank, row) only
 
@@ -81,51 +58,6 @@ def draw(cfg, n_train, lengths, step, micro, rank, row):
     span = 1 + k * (cfg.frames - 1)
     start = int(torch.randint(lengths[index] - span + 1, (), generator=g))
     return index, k, start, sample_seed(cfg.seed, step, micro, rank, row, "context") % 2 ** 31
-
-
-def window(clips, index, start):
-    """The window of clips.videos[index] at frame `start` as a dataset item (cache.Windows: GridClips' own reader)
-    with its prompt embedding."""
-    item = cache.Windows(clips, [(index, start)])[0]
-    if "error" in item:
-        raise ValueError(f"{clips.videos[index].path} at frame {start}: {item['error']}")
-    return dict(item, text_emb=text_lib.clip_text(clips, clips.videos[index])[0])
-
-
-@torch.no_grad()
-def context_frame(net, vae, items, run, steps, seed):
-    """The last frame [1, 3, 1, H, W] of a len(items)-chunk rollout (generate.rollout, guidance 0, the family's
-    default grid, noise seed + j for chunk j) from items[0]'s true frame 0 under each item's own record (an action
-    net: the episode's true actions of that window)."""
-    cfg, device, dtype = run.cfg, run.device, run.compute_dtype
-    records = [condition.from_batch(condition.as_batch(item), device, cfg.height, cfg.width, dtype,
-                                    cfg.conditional_frame_timestep) for item in items]
-    grid = family_of(net.cfg).sampler_defaults(cfg.init, cfg.config)[0]
-    first = items[0]["video"][None, :, :1].to(device)
-    chunks = rollout(net, vae, first, records, cfg.frames, steps, 0.0, seed, grid, dtype)
-    return chunks[-1][:, :, -1:].float().cpu()
-
-
-def sample_item(net, vae, run, clips, index, k, start, seed):
-    """The training item of one draw: the true window of chunk k (frame start + (k-1)(T-1)) whose frame 0 is, for
-    k > 1, the model's own (context_frame over chunks 1..k-1), and its record's fields (prompt, true actions)."""
-    T = run.cfg.frames
-    items = [window(clips, index, start + j * (T - 1)) for j in range(k)]
-    target = items[-1]
-    if k > 1:
-        own = context_frame(net, vae, items[:-1], run, run.cfg.ownctx.context_steps, seed)[0]
-        target = dict(target, video=torch.cat([own, target["video"][:, 1:]], dim=1))
-    return target
-
-
-def encode(vae, run, items):
-    """(latent, Condition) of a micro-batch of items, encoded now (never from --cache-latents: frame 0 may be the
-    model's, a fresh draw each step)."""
-    batch = torch.utils.data.default_collate(items)
-    with torch.no_grad():
-        latent = vae.encode(batch["video"].to(run.device, run.compute_dtype)).float()
-    return latent, condition.from_batch(batch, run.device, run.cfg.height, run.cfg.width, run.compute_dtype,
-                                        run.cfg.conditional_frame_timestep, latent=latent)
 
 
 class CallCounter:
@@ -163,19 +95,10 @@ class OwnContext(SFT):
 
     @staticmethod
     def validate(cfg, given):
-        mcfg = get_config(cfg.config)
-        if mcfg.camera_channels:
-            raise ValueError(f"--objective ownctx with --config {cfg.config}: chained rollouts take a grid net; a "
-                             "camera net's views are not chained yet")
         if cfg.guidance != 0:
             raise ValueError(f"--objective ownctx with --guidance {cfg.guidance:g}: the context is generated without "
                              "CFG, as the action nets sample (recipes/action.py): pass --guidance 0")
-        if cfg.latents:
-            raise ValueError("--objective ownctx with --latents: a sample's frame 0 is generated each step, its window"
-                             " is encoded then; drop --latents")
-        if os.path.normpath(cfg.data) == os.path.normpath(tiny_data(cfg.config)) and not os.path.isdir(cfg.data):
-            make_tiny_dataset(cfg.data, actions=mcfg.action_dim > 0)  # the tiny default's folder, as train.py builds it
-        check_lengths(cfg)
+        check_chain(cfg, cfg.ownctx.chunks, "--ownctx-chunks", "--objective ownctx")
         return {**unused_rl_flags(cfg, given, NAME),
                 **{k: "with --objective ownctx (its windows are encoded each step)" for k in ("cache_latents",)
                    if k in given}}
@@ -201,7 +124,8 @@ class OwnContext(SFT):
                 items = []
                 for row in range(cfg.batch_size):
                     index, k, begin, seed = draw(cfg, run.n_train, self.lengths, step, micro, run.dp_rank, row)
-                    items.append(sample_item(self.net, self.vae, run, run.clips, index, k, begin, seed))
+                    items.append(sample_item(self.net, self.vae, run, run.clips, index, k, begin, seed,
+                                              self.knobs.context_steps))
                     chunks += k - 1
                 batches.append(encode(self.vae, run, items))
         return batches, {"ctx_chunks": chunks, "ctx_calls": counter.calls, "s_draw": time.perf_counter() - t0}

@@ -33,7 +33,7 @@ sample at 512 x 100352, twice that in float32), its rows all unmasked (Reason1's
 
 Contents, top to bottom: Video and the folder listing (manifest or upstream layout, negative_prompt_path) -> text
 embeddings (safe unpickling, shape checks, Reason1 files, the start-up check) -> GridClips -> ViewClips ->
-ClipSampler. Decoding a clip (read_clip, ClipError) and probing a file are base/video.py."""
+ClipSampler -> Windows (one window by video and start, through GridClips' / ViewClips' own reader). Decoding a clip (read_clip, ClipError) and probing a file are base/video.py."""
 import json
 import os
 import sys
@@ -445,3 +445,45 @@ def train_count(folder, dataset, holdout_flag, frames, say):
                          "policyeval.py need one held-out episode), or " if n > 1 else "") + "--holdout 0 to train on "
                          "them all (no held-out evaluation: evaluate.py and policyeval.py then refuse the run)")
     return len(dataset) - holdout
+
+
+# -----------------------------------------------------------------------------
+# One window by (video, start): what the latent cache, evaluation and the chained objectives read
+
+
+class FixedStart:
+    """Stands in for the numpy Generator that GridClips / ViewClips._clip draw a window start from, and returns the
+    start asked for: the cache reads a window through exactly the code (and checks) training reads it with."""
+
+    def __init__(self, start: int):
+        self.start = start
+
+    def integers(self, low: int, high: int) -> int:
+        if not low <= self.start < high:
+            raise ValueError(f"window start {self.start} outside [{low}, {high})")
+        return self.start
+
+
+class Windows(Dataset):
+    """(video index, start) -> the window's pixels as GridClips / ViewClips give them ([3,T,H,W] or [V,3,T,H,W]
+    float32 in [-1, 1]) with its cameras (clips/actionclips.py's: action, state), or the ClipError's text: the encoder
+    counts it, nothing is raised."""
+
+    def __init__(self, clips, items: list):
+        self.clips, self.items = clips, items
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict:
+        index, start = self.items[i]
+        try:
+            got = self.clips._clip(self.clips.videos[index], FixedStart(start))
+        except ClipError as e:
+            return {"index": index, "start": start, "error": str(e)}
+        views = isinstance(self.clips, ViewClips)
+        pixels = torch.stack([torch.from_numpy(c) for c in got[0]]) if views else torch.from_numpy(got[0])
+        # [(V,) T, H, W, 3] uint8 -> [(V,) 3, T, H, W]: the same operations as GridClips, so the same bits
+        item = {"index": index, "start": start, "video": pixels.movedim(-1, -4).float().div_(127.5).sub_(1.0)}
+        extra = got[-1] if isinstance(got[-1], dict) else {}  # clips/actionclips.py: the clip's action chunk and states
+        return item | ({"w2c": got[2], "intrinsics": got[3]} if views else {}) | extra

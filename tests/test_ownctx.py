@@ -13,6 +13,7 @@ import torch
 import condition
 import ownctx
 import train
+from engine import chain
 from engine.build import build_vae
 from engine.generate import rollout
 from nets.family import family_of
@@ -29,7 +30,7 @@ def rows(out):
 
 def test_the_context_is_the_models_own_rollout_and_the_target_the_truth(tiny_action_grid, tmp_path, monkeypatch):
     seen = {"windows": [], "steps": []}
-    real_window, real_step = ownctx.window, ownctx.sft_step
+    real_window, real_step = chain.window, ownctx.sft_step
 
     def window(clips, index, start):
         item = real_window(clips, index, start)
@@ -39,7 +40,7 @@ def test_the_context_is_the_models_own_rollout_and_the_target_the_truth(tiny_act
     def sft_step(net, optimizer, trainable, cfg, batches, step, rank, world):  # the net as the context saw it
         seen["steps"].append((copy.deepcopy(net), batches, cfg))
         return real_step(net, optimizer, trainable, cfg, batches, step, rank, world)
-    monkeypatch.setattr(ownctx, "window", window)
+    monkeypatch.setattr(chain, "window", window)
     monkeypatch.setattr(ownctx, "sft_step", sft_step)
     out = str(tmp_path / "own")
     check(in_process(train, ["--config", "tiny-action", "--objective", "ownctx", "--data", tiny_action_grid, "--out",
