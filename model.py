@@ -466,24 +466,19 @@ class DiT(nn.Module):
         # with adaLN-LoRA the raw sinusoid drives the per-block modulations and the MLP output is the shared bias
         emb, adaln_lora = (sinusoid, t_mlp) if cfg.use_adaln_lora else (t_mlp, None)
         action = self._action(cond.action, B, T, dtype)  # [B, 1, A] per clip, or [B, Tp - 1, A] per latent frame
-        after_norm = None  # cfg.action_after_norm: the action embedding, added once emb is normalised
         if action is not None:
             action_emb, action_adaln = self.action_embedder_B_D(action), self.action_embedder_B_3D(action)
             if cfg.action_per_frame:  # frame 0's zero, the conditioning frames' masked; this rank's frames
                 action_emb, action_adaln = (self._per_frame(e, cond.condition_mask, group)
                                             for e in (action_emb, action_adaln))
-            if cfg.action_after_norm:
-                after_norm = action_emb
-            else:
-                emb = emb + action_emb
-            adaln_lora = adaln_lora + action_adaln
+            emb, adaln_lora = emb if cfg.action_after_norm else emb + action_emb, adaln_lora + action_adaln
         if fp32:  # the functional form: the module's weight may be bf16
             norm = self.t_embedding_norm
             emb = F.rms_norm(emb.float(), norm.normalized_shape, norm.weight.float(), norm.eps)
         else:
             emb = self.t_embedding_norm(emb)
-        if after_norm is not None:
-            emb = emb + after_norm.to(emb.dtype)
+        if action is not None and cfg.action_after_norm:  # DiTConfig.action_after_norm: past the norm, not before it
+            emb = emb + action_emb.to(emb.dtype)
 
         crossattn_emb = cond.crossattn_emb.to(dtype)
         if hasattr(self, "crossattn_proj"):

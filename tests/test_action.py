@@ -342,3 +342,12 @@ def test_a_tiny_source_from_another_generator_version_is_refused_not_reused(tmp_
     root.mkdir(parents=True)
     with pytest.raises(ValueError, match="tiny_action_grid exists but .*tiny_action_lerobot, its source, does not"):
         tiny.make_tiny_dataset(str(root), actions=True)
+
+
+def test_tiny_dataset_repeat_is_for_the_action_episodes_only(tmp_path):
+    """make_tiny_dataset(repeat=N) (tests/family_sweep.py --data-repeat): a positive count, action episodes only;
+    refused before anything is written."""
+    for kwargs in (dict(repeat=2), dict(actions=True, repeat=0), dict(actions=True, orbit=True, repeat=2)):
+        with pytest.raises(ValueError, match="repeat="):
+            tiny.make_tiny_dataset(str(tmp_path / "grid"), **kwargs)
+    assert not os.listdir(tmp_path)
