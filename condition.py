@@ -40,12 +40,23 @@ class Condition:
     # frames) or 0.1 (t = 1e-4 on the conditional frames); Predict2 (nets/edm.py) always shows them at sigma 1e-4
     camera: torch.Tensor = None  # camera nets (agibot): [B, T, H/2, W/2, 1536] Pluecker map (camera.plucker_map)
     action: torch.Tensor = None  # action nets: [B, transitions, dims] the clip's action chunk (clips/actionclips.py)
+    # action guidance (policyeval.py --action-guidance): [B, transitions, dims] the uncond branch's action, the still
+    # command; None: the uncond branch keeps the action and swaps the prompt (upstream's CFG)
+    neg_action: torch.Tensor = None
 
 
 def uncond(cond: Condition):
     """The unconditional branch of classifier-free guidance: the negative prompt in place of the prompt, the same
-    conditioning frames and camera."""
+    conditioning frames and camera; with neg_action (action guidance), neg_action in place of the action and the same
+    prompt, so that guidance pushes along what the action changes alone."""
+    if cond.neg_action is not None:
+        return replace(cond, action=cond.neg_action)
     return replace(cond, crossattn_emb=cond.neg_crossattn_emb)
+
+
+def has_uncond(cond: Condition):
+    """Whether CFG has an uncond branch to call: a negative prompt, or action guidance's neg_action."""
+    return cond.neg_crossattn_emb is not None or cond.neg_action is not None
 
 
 def map_tensors(cond: Condition, fn):

@@ -377,6 +377,8 @@ class DiT(nn.Module):
             self.crossattn_proj = nn.Sequential(
                 nn.Linear(cfg.crossattn_proj_in_channels, cfg.crossattn_emb_channels, bias=True), nn.GELU())
         self.t_embedding_norm = nn.RMSNorm(D, eps=1e-6)
+        if cfg.action_after_norm and not cfg.action_dim:
+            raise ValueError("action_after_norm without action_dim: there is no action embedding to add")
         if cfg.action_dim:  # ActionConditionedMinimalV1LVGDiT (per clip) or ActionChunk... (per latent frame,
             # action_per_frame): upstream registers them last, so they come last here
             if not cfg.use_adaln_lora:
@@ -469,12 +471,14 @@ class DiT(nn.Module):
             if cfg.action_per_frame:  # frame 0's zero, the conditioning frames' masked; this rank's frames
                 action_emb, action_adaln = (self._per_frame(e, cond.condition_mask, group)
                                             for e in (action_emb, action_adaln))
-            emb, adaln_lora = emb + action_emb, adaln_lora + action_adaln
+            emb, adaln_lora = emb if cfg.action_after_norm else emb + action_emb, adaln_lora + action_adaln
         if fp32:  # the functional form: the module's weight may be bf16
             norm = self.t_embedding_norm
             emb = F.rms_norm(emb.float(), norm.normalized_shape, norm.weight.float(), norm.eps)
         else:
             emb = self.t_embedding_norm(emb)
+        if action is not None and cfg.action_after_norm:  # DiTConfig.action_after_norm: past the norm, not before it
+            emb = emb + action_emb.to(emb.dtype)
 
         crossattn_emb = cond.crossattn_emb.to(dtype)
         if hasattr(self, "crossattn_proj"):

@@ -407,7 +407,7 @@ class Policy:
             cfg.policy = replace(cfg.policy, success="all")  # its orbit expert's episodes: demonstrations, no flags
         return {**unused_rl_flags(cfg, given, Policy.NAME),
                 **{k: "with --objective policy (its own noise draw, no prompt dropout, its own samples)"
-                   for k in ("text_dropout", "high_sigma_ratio", "latents") if k in given}}
+                   for k in ("text_dropout", "high_sigma_ratio", "cond_frames", "latents") if k in given}}
 
     @staticmethod
     def resume_keys(cfg):

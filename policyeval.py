@@ -67,6 +67,8 @@ class PolicyEvalConfig:
     batch: int = 0  # episodes per network call (0 = all of them)
     seed: int = 0  # the tasks, the policies' draws, the noise (episode e, chunk k: seed + 1000 e + k)
     guidance: float = -1.0  # CFG; -1 = the run's own (an action run samples at 0, as upstream)
+    action_guidance: float = 0.0  # CFG along the action alone: x0 + G (x0 - x0 under the still command, raw 0), the
+    # prompt kept; 0 = off (the tiny world under-moves its square: docs/policyeval.md "Action guidance")
     ema: bool = False  # the run's EMA weights (train.py --ema)
     out: str = "policyeval"  # folder for result.json, ranking.png and the side-by-side mp4s
     videos: int = 2  # episodes of each policy written as mp4s (world model | simulator); 0 = none
@@ -78,6 +80,9 @@ class PolicyEvalConfig:
                              f"--batch {self.batch}, --videos {self.videos}: >= 0")
         if self.guidance < 0 and self.guidance != -1:
             raise ValueError(f"--guidance {self.guidance}: >= 0, or -1 for the run's own")
+        if self.action_guidance < 0 or (self.action_guidance and self.guidance > 0):
+            raise ValueError(f"--action-guidance {self.action_guidance}: >= 0, and not with --guidance > 0 (one CFG "
+                             "a call: the prompt's or the action's)")
         if self.device not in ("", "cuda", "cpu"):
             raise ValueError(f"--device {self.device!r}: cuda or cpu")
         if os.path.exists(self.out) and not os.path.isdir(self.out):
@@ -270,10 +275,11 @@ def episodes(cfg, run, name, policy, judge, simulate, tasks, first, world, progr
         clock.append(time.perf_counter() - t0)
         return out
     synchronize = torch.cuda.synchronize if next(net.parameters()).is_cuda else (lambda: None)
+    still = torch.from_numpy(actions.normalise(np.zeros((1, *shape[1:]), np.float32)))  # action guidance's uncond
     world_step = model_world(net, vae, condition.map_tensors(record, lambda v: v.expand(B, *v.shape[1:])),
-                       normalise, frames, cfg.steps, run.guidance,
+                       normalise, frames, cfg.steps, cfg.action_guidance or run.guidance,
                        [cfg.seed + 1000 * int(e) for e in tasks["episode"]], grid, dtype,
-                       first.to(next(net.parameters()).device))
+                       first.to(next(net.parameters()).device), still if cfg.action_guidance else None)
     t0 = time.perf_counter()
     dreamt = closed_loop(timed, policy, name, first, info, cfg.chunks, shape, progress)["frames"]
     took, truth, state = time.perf_counter() - t0, None, None
@@ -513,7 +519,7 @@ def timing(cfg, run, seconds, clock, device):
     mcfg, frames = get_config(run.cfg["config"]), run.cfg["frames"]
     batches = math.ceil(cfg.episodes / (cfg.batch or cfg.episodes))
     latent = (cfg.episodes, 16, (frames - 1) // 4 + 1, run.cfg["height"] // 8, run.cfg["width"] // 8)  # every episode
-    calls = cfg.steps * (2 if run.guidance > 0 else 1)
+    calls = cfg.steps * (2 if run.guidance > 0 or cfg.action_guidance > 0 else 1)
     flops = model_flops(mcfg, latent, run.cfg["text_len"])[0] * calls * cfg.chunks  # forwards only
     out = {"world_seconds": seconds, "s_per_chunk": seconds / (batches * cfg.chunks),
            "s_per_episode_chunk": seconds / (cfg.episodes * cfg.chunks),
@@ -544,15 +550,19 @@ def main(argv=None):
         raise ValueError("give RUN, a train.py run of an action config (python policyeval.py RUN ...)")
     task, policies, judge = load_task(cfg)  # plug-ins first: a typo costs no model build
     run = open_run(cfg.run, cfg.ema, cfg.guidance)
+    if cfg.action_guidance and run.guidance > 0:
+        raise ValueError(f"--action-guidance: {cfg.run} samples at guidance {run.guidance} (the prompt's CFG); pass "
+                         "--guidance 0 with it (one CFG a call)")
     tasks, first = start_states(cfg, task, run)
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     runs.check_fast_flags(cfg.compile, cfg.fp8, device)
     os.makedirs(cfg.out, exist_ok=True)
     world = load_world(cfg, run, device)
     print(f"policyeval: {run.checkpoint}: {len(policies)} policies x {cfg.episodes} episodes x {cfg.chunks} chunks, "
-          f"{cfg.steps} steps, guidance {run.guidance}, task {cfg.task}", flush=True)
+          f"{cfg.steps} steps, guidance {run.guidance}, action guidance {cfg.action_guidance}, task {cfg.task}",
+          flush=True)
     settings = dict(run=run.checkpoint, step=run.step, task=cfg.task, episodes=cfg.episodes, chunks=cfg.chunks,
-                    steps=cfg.steps, seed=cfg.seed, guidance=run.guidance)
+                    steps=cfg.steps, seed=cfg.seed, guidance=run.guidance, action_guidance=cfg.action_guidance)
 
     def partial(done, error):  # a plug-in failed: the policies done so far are kept
         write_result(cfg, {**agreement(done, cfg.chunks, run.cfg["frames"]), **settings, "partial": True,

@@ -14,6 +14,7 @@ from base.collectives import all_mean, any_rank, ranks_any
 from engine.objective import clip_and_step, sample_seed
 from engine.rl import unused_rl_flags
 from nets.family import family_of
+from nets.vae import latent_frames
 
 
 def training_loss(net, cfg, latent, cond, seeds):
@@ -104,7 +105,10 @@ class SFT:
 
     @staticmethod
     def validate(cfg, given):
-        """{flag: why it does nothing} for the RL flags given to an SFT run."""
+        """{flag: why it does nothing} for the RL flags given to an SFT run; --cond-frames checked (its loss reads it)."""
+        if cfg.cond_frames not in (0, 1, 2) or (cfg.cond_frames and latent_frames(cfg.frames) <= cfg.cond_frames):
+            raise ValueError(f"--cond-frames {cfg.cond_frames}: 0 (1 or 2 drawn), 1 or 2, fewer than the clip's latent "
+                             "frames")
         return unused_rl_flags(cfg, given, SFT.NAME)
 
     @staticmethod

@@ -84,6 +84,7 @@ class TrainConfig:
     # update, logged), before the run stops naming the likely cause
     loss_scale: float = 10.0  # Predict2: upstream's loss_scale; only matters against grad_clip (2.5 has none)
     high_sigma_ratio: float = 0.05  # Predict2: upstream's predict2_video2world_fsdp_* value
+    cond_frames: int = 0  # Predict2 SFT: conditioning latent frames a clip trains with (0: upstream's 1 or 2 drawn; 1: as policyeval chains)
     conditional_frame_timestep: float = -1.0  # Predict2.5: -1 = conditional frames share the noisy frames' time (pre-
     # training); 0.1 = they get timestep 0.1, t = 1e-4; default: upstream's for --init (0.1 for p25-2b-post, agibot)
     text_dropout: float = 0.2  # SFT: probability of training a sample without its prompt (for CFG)
@@ -176,8 +177,7 @@ def validate(cfg, given=None):
     unused.update({k: f"with --config {cfg.config} (a {owner} loss setting)" for k, owner in FAMILY_ONLY.items()
                    if k in given and k not in family_of(mcfg).TRAIN_FLAGS})
     if unused:
-        raise ValueError("; ".join(f"{cli.flag(k)} does nothing {why}" for k, why in unused.items())
-                         + ": drop it (nothing is silently ignored)")
+        raise ValueError("; ".join(f"{cli.flag(k)} does nothing {why}" for k, why in unused.items()) + ": drop it (nothing is silently ignored)")
     if cfg.ema_weights not in ("", "net", "net_ema"):
         raise ValueError(f"--ema-weights {cfg.ema_weights!r}: net or net_ema")
     if cfg.save_every < 0:

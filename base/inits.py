@@ -56,6 +56,10 @@ class DiTConfig:
     # that frame's time embedding and adaLN-LoRA input, zero for latent frame 0 and on conditioning frames
     action_per_frame: bool = False
     action_hidden_dim: int = 0  # the action MLPs' hidden width (upstream's hidden_dim_in_action_embedder); 0 = 4 x D
+    # True (tiny action worlds only, not upstream's): the action embedding is added after t_embedding_norm, not
+    # before it, so that its size reaches the blocks (before the norm a command 2x as large gave the same direction:
+    # docs/policyeval.md "Why the world model under-moved the square"); the adaLN-LoRA input is unchanged
+    action_after_norm: bool = False
 
     @property
     def head_dim(self):
@@ -107,6 +111,9 @@ CONFIGS.update({
 # tiny-action-wide: tiny-action at twice the width (128 channels, 1.45M parameters against 0.53M; about the same CPU time a step at batch 1):
 # the tiny-action world's policy evaluation preset (docs/policyeval.md "Why the world model under-moved the square")
 CONFIGS["tiny-action-wide"] = replace(CONFIGS["tiny-action"], model_channels=128)
+# tiny-action-wide-postnorm: the wide preset with DiTConfig.action_after_norm, measured and not adopted (docs/policyeval.md
+# "Levers tried for calibration")
+CONFIGS["tiny-action-wide-postnorm"] = replace(CONFIGS["tiny-action-wide"], action_after_norm=True)
 # Action-conditioned Predict2.5 (the released robot/action-cond: cosmos_v1_2B_action_chunk_conditioned under the
 # experiment cosmos_predict2p5_2B_reason_embeddings_action_conditioned_rectified_flow_bridge_13frame_256x320): p25-2b
 # plus the per-latent-frame action MLPs; 13 frames = 1 conditioning + 12 actions of 7 dims, 4 per latent frame (the
@@ -142,7 +149,7 @@ def config_from_upstream(class_name, kwargs):
     if name not in _UPSTREAM_CLASSES:
         raise ValueError(f"unsupported upstream class {class_name!r}: expected one of {sorted(_UPSTREAM_CLASSES)}")
     ours = {f.name for f in fields(DiTConfig)} - {"video2world", "fp32_time_modulation", "camera_channels",
-                                                   "action_per_frame", "action_hidden_dim"}
+                                                   "action_per_frame", "action_hidden_dim", "action_after_norm"}
     if ("action_dim" in kwargs) != (name in _ACTION_CLASSES):
         raise ValueError(f"{name}: action_dim is {'missing' if 'action_dim' not in kwargs else 'not a kwarg of it'}"
                          f" (only {' and '.join(_ACTION_CLASSES)} take it, and require it)")
@@ -346,7 +353,8 @@ def _hf_download(url, offline):
 # -----------------------------------------------------------------------------
 # The tiny configs: CPU-fast, each on its own synthetic folder (clips/tiny.py builds it)
 
-TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot", "tiny-action", "tiny-action-wide", "p25-tiny-action")  # CPU-fast: tiny VAE, 9x64x112, stand-in prompt
+TINY_CONFIGS = ("tiny", "p25-tiny", "p25-tiny-agibot", "tiny-action", "tiny-action-wide", "tiny-action-wide-postnorm",
+                "p25-tiny-action")  # CPU-fast: tiny VAE, 9x64x112, stand-in prompt
 
 
 def tiny_data(config):

@@ -13,19 +13,23 @@ from base.cli import recipe
 TINY_ACTION_LENGTHS = (112, 100, 120, 104, 116, 100, 108, 124, 104, 100) * 4 + (8,)
 
 
-def make_tiny_dataset(root, views=False, actions=False, without=(), orbit=False):
+def make_tiny_dataset(root, views=False, actions=False, without=(), orbit=False, repeat=1):
     """Synthetic LeRobot episodes (stitch.make_synthetic, with camera poses) stitched into a small grid or views
     folder. The grid and the views folder beside it come from one LeRobot folder (`tiny_lerobot`, or with actions
     `tiny_action_lerobot`: squares moved by them, next to root), so their videos share stems: the same episodes, as
     Path A and B runs compare them (evaluate.py). without: behaviour families (lerobot.BEHAVIOURS) left out of the
     action episodes (leave-one-family-out runs). orbit (the tiny policy's data, recipes/tiny_policy.py): 24 of the
-    action episodes, their squares steered by base.squareworld.orbit_command (`tiny_policy_lerobot`). Under a lock:
-    a second tiny default waits, then only re-reads."""
+    action episodes, their squares steered by base.squareworld.orbit_command (`tiny_policy_lerobot`). repeat: the
+    action episodes' 40 lengths that many times over, each episode its own commands (a data-size screen of the action
+    world: tests/family_sweep.py --data-repeat). Under a lock: a second tiny default waits, then only re-reads."""
+    if repeat != 1 and (repeat < 1 or not actions or orbit):
+        raise ValueError(f"make_tiny_dataset: repeat={repeat}: a positive count, for the action episodes only")
     raw = os.path.join(os.path.dirname(root) or ".", "tiny_policy_lerobot" if orbit else "tiny_action_lerobot" if
                        actions else "tiny_lerobot")
     os.makedirs(os.path.dirname(os.path.abspath(raw)), exist_ok=True)
     # tiny: 6 usable episodes (it holds out 2: 4 train, over 1, 2 or 4 ranks), 1 too short
-    lengths, motion = ((TINY_ACTION_LENGTHS[:24], "orbit") if orbit else (TINY_ACTION_LENGTHS, "actions") if actions
+    lengths, motion = ((TINY_ACTION_LENGTHS[:24], "orbit") if orbit else
+                       (TINY_ACTION_LENGTHS[:-1] * repeat + TINY_ACTION_LENGTHS[-1:], "actions") if actions
                        else ((48, 40, 8, 56, 44, 52, 60), "fixed"))
     with claim(raw + ".lock", "", wait=True):
         if not os.path.exists(raw):

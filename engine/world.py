@@ -45,17 +45,19 @@ def checked(value, name: str, shape: tuple, what: str):
     return got
 
 
-def model_world(net, vae, cond, normalise, frames, num_steps, guidance, seeds, grid, dtype, first):
+def model_world(net, vae, cond, normalise, frames, num_steps, guidance, seeds, grid, dtype, first, neg_action=None):
     """The step function of a world model: chunk k generated from the last frame the world made (first
     [B, 3, 1, H, W] for chunk 0) under cond with the policy's actions (normalise: raw [B, steps, A] -> the net's
     chunk, FolderActions.normalise), episode b's noise seed seeds[b] + k: an episode's chunks do not depend on the
-    batch it shares."""
+    batch it shares. neg_action ([1, transitions, dims], the net's units): action guidance's uncond branch (the
+    still command: policyeval --action-guidance), guidance then pushing along the policy's action alone."""
     device, state = next(net.parameters()).device, {"frame": first.to(dtype)}
 
     def step(raw_actions, chunk):
         action = torch.from_numpy(normalise(raw_actions.numpy())).to(device)
-        generated = next_chunk(net, vae, state["frame"], replace(cond, action=action), frames, num_steps, guidance,
-                               [s + chunk for s in seeds], grid, dtype)
+        neg = None if neg_action is None else neg_action.to(device, action.dtype).expand_as(action)
+        generated = next_chunk(net, vae, state["frame"], replace(cond, action=action, neg_action=neg), frames,
+                               num_steps, guidance, [s + chunk for s in seeds], grid, dtype)
         state["frame"] = generated[:, :, -1:].to(dtype)  # what the model made, not the truth
         return generated
     return step

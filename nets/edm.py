@@ -20,11 +20,11 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from condition import Condition, condition_mask, uncond
+from condition import Condition, condition_mask, has_uncond, uncond
 
 NAME = "Predict2"
 TEXT_ENCODER = "t5"  # the released configs' prompt embeddings (t5.py); the tiny configs read a stand-in
-TRAIN_FLAGS = ("loss_scale", "high_sigma_ratio")  # train.py settings only this family's loss reads
+TRAIN_FLAGS = ("loss_scale", "high_sigma_ratio", "cond_frames")  # train.py settings only this family's loss reads
 SAMPLER_FLAGS = ()  # sample.py settings only this family's sampler reads: none (its grid and conditioning are fixed)
 GRIDS = ("karras",)
 ROLLOUT_GRID = "karras"  # the grid of RL rollouts (GRPO, NFT)
@@ -89,7 +89,8 @@ def denoise(net, x_sigma, sigma, cond: Condition):
 
 def draw_sample(latent_C_T_H_W, seed, cfg):
     """(sigma, eps, number of conditioning latent frames, text-drop flag) of one sample from its own seed
-    (objective.sample_seed). cfg: high_sigma_ratio, text_dropout."""
+    (objective.sample_seed). cfg: high_sigma_ratio, text_dropout, cond_frames (0: upstream's 1 or 2, drawn; else
+    that many, the draw still made so that the other draws stay the same)."""
     g = torch.Generator().manual_seed(seed)
     T = latent_C_T_H_W.shape[1]
     log_sigma = torch.randn((), generator=g, dtype=torch.float64)
@@ -98,6 +99,7 @@ def draw_sample(latent_C_T_H_W, seed, cfg):
         sigma = torch.exp(math.log(200) + torch.rand((), generator=g, dtype=torch.float64) * math.log(1e5 / 200))
     eps = torch.randn(latent_C_T_H_W.shape, generator=g)
     n_cond = int(torch.randint(1, 3, (), generator=g)) if T > 1 else 0  # 1 or 2 conditioning latent frames
+    n_cond = (cfg.cond_frames or n_cond) if T > 1 else 0
     drop_text = bool(torch.rand((), generator=g) < cfg.text_dropout)
     return float(sigma), eps, n_cond, drop_text
 
@@ -167,13 +169,13 @@ def initial_noise(shape, seed, views=1):
 def guided_x0_fn(net, cond: Condition, guidance=7.0):
     """x0(x, sigma) with classifier-free guidance: x0_c + g * (x0_c - x0_u) (so g=7 is classic scale 8).
 
-    The unconditional branch swaps in cond's negative-prompt embedding and keeps the conditioning frames.
-    With cond.neg_crossattn_emb None or guidance 0 there is one network call per step.
+    The unconditional branch swaps in cond's negative-prompt embedding (or its neg_action: condition.uncond) and
+    keeps the conditioning frames. With neither, or guidance 0, there is one network call per step.
     """
 
     def x0_fn(x, sigma):
         x0_cond, _ = denoise(net, x, sigma, cond)
-        if cond.neg_crossattn_emb is None or guidance == 0:
+        if not has_uncond(cond) or guidance == 0:
             return x0_cond
         x0_uncond, _ = denoise(net, x, sigma, uncond(cond))
         return x0_cond + guidance * (x0_cond - x0_uncond)

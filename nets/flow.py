@@ -30,7 +30,7 @@ import torch
 
 from base import inits
 from base.camera import VIEW_ORDER
-from condition import Condition, frame_mask, uncond
+from condition import Condition, frame_mask, has_uncond, uncond
 
 NAME = "Predict2.5"
 TEXT_ENCODER = "reason1"  # the released configs' prompt embeddings (t5.py --encoder reason1); p25-tiny*: a stand-in
@@ -132,9 +132,10 @@ def velocity(net, x_B_C_T_H_W, timesteps_B, cond: Condition, noise=None):
 def guided_velocity(net, x, timesteps_B, cond: Condition, guidance=7.0, uncond_grad=False, noise=None):
     """CFG in velocity space, v_c + g (v_c - v_u) (video2world/agibot convention; g = 7 is classic scale 8), as two
     separate calls; the uncond branch uses the negative prompt and the same conditional frames, without autograd
-    unless uncond_grad (same value). No cond.neg_crossattn_emb or g = 0: one call."""
+    unless uncond_grad (same value); with cond.neg_action, that action and the same prompt (condition.uncond). No
+    uncond branch (condition.has_uncond) or g = 0: one call."""
     v_cond = velocity(net, x, timesteps_B, cond, noise)
-    if cond.neg_crossattn_emb is None or guidance == 0:
+    if not has_uncond(cond) or guidance == 0:
         return v_cond
     with torch.set_grad_enabled(uncond_grad and torch.is_grad_enabled()):
         v_uncond = velocity(net, x, timesteps_B, uncond(cond), noise)

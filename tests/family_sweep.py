@@ -41,6 +41,10 @@ def parse(argv):
                    "tiny-action-wide")
     p.add_argument("--train-flags", default="", help="extra train.py flags, e.g. '--steps 8000 --lr 2e-3'")
     p.add_argument("--episodes", type=int, default=32, help="policyeval --episodes")
+    p.add_argument("--data-repeat", type=int, default=1, help="the action episodes this many times over (each its "
+                   "own commands): make_tiny_dataset(repeat=N)")
+    p.add_argument("--eval-flags", default="", help="extra policyeval.py flags, e.g. '--ema' (a run of --train-flags "
+                   "'--ema 0.1': its EMA weights)")
     args = p.parse_args(argv)
     from base.lerobot import check_behaviours
     args.variants = args.without.split(",")
@@ -48,6 +52,8 @@ def parse(argv):
         if v != "none":
             check_behaviours((v,))  # an unknown family: one line naming the families
     args.seeds = [int(s) for s in args.seeds.split(",")]
+    if args.data_repeat < 1:
+        raise SystemExit(f"family_sweep: --data-repeat {args.data_repeat}: >= 1")
     return args
 
 
@@ -85,6 +91,12 @@ def run_dir(args, variant, seed):
     return os.path.join(os.path.abspath(args.out), "runs", f"{variant}_s{seed}")
 
 
+def eval_dir(args, variant, seed):
+    """RUN/policyeval, or RUN/policyeval_ema etc. under --eval-flags: one run's evaluations side by side."""
+    flags = "".join(c if c.isalnum() else "_" for c in args.eval_flags.replace("-", " ").strip())
+    return os.path.join(run_dir(args, variant, seed), "policyeval" + (f"_{flags}" if flags else ""))
+
+
 def policies():
     from tasks import square
     return ",".join([f"tasks.square:{n}" for n in square.POLICIES] + [f"tests.outside_policies:{n}" for n in OUTSIDE])
@@ -95,8 +107,8 @@ def stages(args):
     log = lambda name: os.path.join(os.path.abspath(args.out), "logs", name + ".log")  # noqa: E731
     if args.stage in ("all", "data"):
         build = ("from clips import tiny; import sys; tiny.make_tiny_dataset(sys.argv[1], actions=True, "
-                 "without=tuple(w for w in sys.argv[2:] if w != 'none'))")
-        launch(args.jobs, [(f"data {v}", ["-c", build, data_dir(args, v), v], log(f"data_{v}"))
+                 "repeat=int(sys.argv[2]), without=tuple(w for w in sys.argv[3:] if w != 'none'))")
+        launch(args.jobs, [(f"data {v}", ["-c", build, data_dir(args, v), str(args.data_repeat), v], log(f"data_{v}"))
                            for v in args.variants])
     if args.stage in ("all", "train"):
         launch(args.jobs, [(f"train {v} s{s}", ["train.py", "--config", args.config, "--data", data_dir(args, v),
@@ -105,10 +117,11 @@ def stages(args):
                            for v in args.variants for s in args.seeds])
     if args.stage in ("all", "eval"):
         todo = [(v, s) for v in args.variants for s in args.seeds
-                if not os.path.exists(os.path.join(run_dir(args, v, s), "policyeval", "result.json"))]
+                if not os.path.exists(os.path.join(eval_dir(args, v, s), "result.json"))]
         launch(args.jobs, [(f"eval {v} s{s}", ["policyeval.py", run_dir(args, v, s), "--policies", policies(),
                                                 "--episodes", str(args.episodes), "--videos", "0", "--out",
-                                                os.path.join(run_dir(args, v, s), "policyeval")], log(f"eval_{v}_s{s}"))
+                                                eval_dir(args, v, s),
+                                                *args.eval_flags.split()], log(f"eval_{v}_s{s}"))
                            for v, s in todo])
 
 
@@ -125,7 +138,7 @@ def summary(args):
     rows, names = [], None
     for v in args.variants:
         for s in args.seeds:
-            with open(os.path.join(run_dir(args, v, s), "policyeval", "result.json")) as f:
+            with open(os.path.join(eval_dir(args, v, s), "result.json")) as f:
                 result = json.load(f)
             names = list(result["policies"])
             family = {n: result["policies"][n]["family"] for n in names}

@@ -3,6 +3,8 @@
 
     python tests/motion_gain.py RUN                          # rates 2, 4, 8 px a step in x, 8 starts each way
     python tests/motion_gain.py RUN --steps 10,35,70 --chunks 3
+    python tests/motion_gain.py RUN --ema                    # the run's EMA weights (train.py --ema)
+    python tests/motion_gain.py RUN --action-guidance 2      # policyeval --action-guidance's sampling
 
 From starts where a command held for --chunks chunks stays inside SQUARE_RANGE, each rate r (pixels a raw step, +x
 and -x, dy 0) is held in the world model (engine/world.model_world, as policyeval.py builds it) and in tasks/square.py's
@@ -50,6 +52,9 @@ def parse(argv):
     p.add_argument("--chunks", type=int, default=1, help="chained chunks under the same command")
     p.add_argument("--steps", default="35", help="sampler steps per chunk, a comma list")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ema", action="store_true", help="the run's EMA weights (train.py --ema), as policyeval --ema")
+    p.add_argument("--action-guidance", type=float, default=0.0, help="as policyeval --action-guidance: CFG against "
+                   "the still command")
     p.add_argument("--probe", action="store_true", help="the action embedding and teacher-forced x0 per sigma")
     p.add_argument("--ceiling", action="store_true", help="no run: the policies in codec_world against the simulator")
     args = p.parse_args(argv)
@@ -57,8 +62,8 @@ def parse(argv):
         raise SystemExit("motion_gain: give a run, or --ceiling (no run)")
     args.rates = [float(r) for r in args.rates.split(",")]
     args.steps = [int(s) for s in args.steps.split(",")]
-    if min(args.rates) <= 0 or min(args.steps) < 1 or min(args.episodes, args.chunks) < 1:
-        raise SystemExit("motion_gain: --rates > 0, --steps >= 1, --episodes and --chunks >= 1")
+    if min(args.rates) <= 0 or min(args.steps) < 1 or min(args.episodes, args.chunks) < 1 or args.action_guidance < 0:
+        raise SystemExit("motion_gain: --rates > 0, --steps >= 1, --episodes and --chunks >= 1, --action-guidance >= 0")
     for rate in args.rates:
         starts(rate, args.chunks, 1, args.seed)  # a path longer than the range: one line, before any model is built
     return args
@@ -113,8 +118,10 @@ def measure(args, steps, run, world):
         B = len(corners)
         first = square.render(corners[:, None])
         cond = condition.map_tensors(record, lambda v: v.expand(B, *v.shape[1:]))
-        step = model_world(net, vae, cond, run.dataset.actions.normalise, frames, steps, run.guidance,
-                           [args.seed + 1000 * e for e in range(B)], grid, dtype, first)
+        still = torch.from_numpy(run.dataset.actions.normalise(np.zeros((1, square.STEPS, 2), np.float32)))
+        step = model_world(net, vae, cond, run.dataset.actions.normalise, frames, steps,
+                           args.action_guidance or run.guidance, [args.seed + 1000 * e for e in range(B)], grid, dtype,
+                           first, still if args.action_guidance else None)
         sim = square.simulator({"start": corners})
         raw = torch.from_numpy(np.broadcast_to(commands[:, None], (B, square.STEPS, 2)).copy())
         world_x, codec_x, soft_x, true_x, found = [], [], [], [], []
@@ -203,7 +210,10 @@ def probe(args, run, world):
         return net.action_embedder_B_D(torch.from_numpy(norm(raw)).reshape(1, 1, -1).to(dtype)).float().flatten()
     rms = lambda x: float(x.square().mean().sqrt())  # noqa: E731
     sinusoid = net.t_embedder[0](torch.tensor([[0.9]])).float().flatten()
-    summed = lambda r: F.rms_norm(sinusoid + action_emb(r), sinusoid.shape)  # noqa: E731
+    if net.cfg.action_after_norm:  # the embedding joins past the norm (DiTConfig.action_after_norm)
+        summed = lambda r: F.rms_norm(sinusoid, sinusoid.shape) + action_emb(r)  # noqa: E731
+    else:
+        summed = lambda r: F.rms_norm(sinusoid + action_emb(r), sinusoid.shape)  # noqa: E731
     print(f"probe: action embedding RMS at rates 0 / 2 / 8: {' / '.join(f'{rms(action_emb(r)):.2f}' for r in (0, 2, 8))}"
           f"; time sinusoid {rms(sinusoid):.2f}; cosine of the normalised sums, rate 4 vs 8: "
           f"{float(F.cosine_similarity(summed(4), summed(8), 0)):.4f}", flush=True)
@@ -244,8 +254,8 @@ def main(argv=None):
         return
     import policyeval
     from engine.runs import open_run
-    run = open_run(args.run, False, -1.0)
-    cfg = policyeval.PolicyEvalConfig(run=args.run, compile="off", device="cpu")
+    run = open_run(args.run, args.ema, -1.0)
+    cfg = policyeval.PolicyEvalConfig(run=args.run, compile="off", device="cpu", ema=args.ema)
     world = policyeval.load_world(cfg, run, torch.device("cpu"))
     if args.probe:
         probe(args, run, world)

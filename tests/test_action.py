@@ -92,6 +92,36 @@ def test_each_action_embedder_moves_the_output_and_silent_ones_leave_the_base_ne
     assert (time_path - base).abs().max() > 1e-3 and (full - time_path).abs().max() > 1e-3
 
 
+def test_action_after_norm_adds_the_embedding_past_the_norm_and_is_off_in_every_upstream_config():
+    """DiTConfig.action_after_norm (tiny action worlds, docs/policyeval.md): a silent embedding leaves the net as it
+    is; a live one is added past t_embedding_norm, so twice the embedding moves the output, where before the norm
+    (upstream's place) a large embedding's size is normalised away; no upstream config or mapping turns it on."""
+    from dataclasses import replace
+    from base.inits import CONFIGS
+    torch.manual_seed(0)
+    before = DiT(get_config("tiny-action")).eval()
+    after = DiT(replace(get_config("tiny-action"), action_after_norm=True)).eval()
+    after.load_state_dict(before.state_dict())
+    x, t, text, action = torch.randn(2, 16, 3, 8, 8), torch.rand(2, 3), torch.randn(2, 4, 1024), torch.randn(2, 8, 8)
+    cond = Condition(crossattn_emb=text, action=action)
+    with torch.no_grad():
+        assert not torch.equal(before(x, t, cond), after(x, t, cond))
+        out = {}
+        for scale in (1e3, 2e3):  # an embedding far larger than the time sinusoid, then twice that
+            for net in (before, after):
+                net.action_embedder_B_D.fc2.weight.mul_(scale)
+                out[net, scale] = net(x, t, cond)
+                net.action_embedder_B_D.fc2.weight.div_(scale)
+        for p in (*before.action_embedder_B_D.fc2.parameters(), *after.action_embedder_B_D.fc2.parameters()):
+            p.zero_()
+        assert torch.equal(before(x, t, cond), after(x, t, cond))
+    assert (out[before, 1e3] - out[before, 2e3]).abs().max() < 1e-3 * (out[after, 1e3] - out[after, 2e3]).abs().max()
+    assert not any(c.action_after_norm for name, c in CONFIGS.items() if not name.startswith("tiny-action"))
+    assert not config_from_upstream("ActionConditionedMinimalV1LVGDiT", {"action_dim": 84}).action_after_norm
+    with pytest.raises(ValueError, match="action_after_norm without action_dim"):
+        DiT(replace(get_config("tiny"), action_after_norm=True))
+
+
 def test_action_dim_mismatch_and_missing_action_are_refused_in_one_line():
     net = DiT(get_config("tiny-action")).eval()
     x, t, text = torch.randn(1, 16, 3, 8, 8), torch.rand(1), torch.randn(1, 4, 1024)
@@ -312,3 +342,12 @@ def test_a_tiny_source_from_another_generator_version_is_refused_not_reused(tmp_
     root.mkdir(parents=True)
     with pytest.raises(ValueError, match="tiny_action_grid exists but .*tiny_action_lerobot, its source, does not"):
         tiny.make_tiny_dataset(str(root), actions=True)
+
+
+def test_tiny_dataset_repeat_is_for_the_action_episodes_only(tmp_path):
+    """make_tiny_dataset(repeat=N) (tests/family_sweep.py --data-repeat): a positive count, action episodes only;
+    refused before anything is written."""
+    for kwargs in (dict(repeat=2), dict(actions=True, repeat=0), dict(actions=True, orbit=True, repeat=2)):
+        with pytest.raises(ValueError, match="repeat="):
+            tiny.make_tiny_dataset(str(tmp_path / "grid"), **kwargs)
+    assert not os.listdir(tmp_path)

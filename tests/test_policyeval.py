@@ -199,3 +199,28 @@ def test_a_world_of_noise_and_a_single_policy_are_said():
            "pearson": float("nan"), "mmrv": 0.0, "calibration": 0.0, "false_success": None, "families": {},
            "judge_vs_state": None}
     assert "nan: one policy" in policyeval.table(one)
+
+
+def test_action_guidance_guides_along_the_action_alone_and_is_refused_with_prompt_guidance():
+    """--action-guidance G (docs/policyeval.md "Action guidance"): CFG's uncond branch keeps the prompt and takes the
+    still command (Condition.neg_action) in place of the action: x0 + G (x0 - x0_still); without neg_action the
+    uncond branch is upstream's (the negative prompt, the same action)."""
+    from dataclasses import replace
+    from condition import has_uncond, uncond
+    from nets import edm
+    torch.manual_seed(0)
+    net = build_model(get_config("tiny-action")).eval()
+    text, neg, action, still = torch.randn(1, 4, 1024), torch.randn(1, 4, 1024), torch.randn(1, 8, 8), torch.zeros(1, 8, 8)
+    cond = Condition(crossattn_emb=text, neg_crossattn_emb=neg, action=action)
+    assert uncond(cond).crossattn_emb is neg and uncond(cond).action is action
+    guided = replace(cond, neg_action=still)
+    assert uncond(guided).crossattn_emb is text and uncond(guided).action is still
+    assert has_uncond(replace(guided, neg_crossattn_emb=None)) and not has_uncond(replace(cond, neg_crossattn_emb=None))
+    x, sigma = torch.randn(1, 16, 3, 8, 8), torch.full((1,), 3.0)
+    with torch.no_grad():
+        x0, x0_still = (edm.denoise(net, x, sigma, replace(cond, action=a))[0] for a in (action, still))
+        assert torch.allclose(edm.guided_x0_fn(net, replace(guided, neg_crossattn_emb=None), 2.0)(x, sigma),
+                              x0 + 2.0 * (x0 - x0_still), atol=1e-5)
+    for bad in (dict(action_guidance=-1.0), dict(action_guidance=1.0, guidance=2.0)):
+        with pytest.raises(ValueError, match="--action-guidance"):
+            policyeval.PolicyEvalConfig(run="r", **bad)

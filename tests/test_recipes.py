@@ -3,6 +3,7 @@ import os
 import re
 
 import pytest
+import torch
 
 import train
 from base import cli
@@ -53,3 +54,25 @@ def test_the_wide_action_preset_is_tiny_action_at_twice_the_width():
     from base.inits import get_config
     assert train.preset("tiny-action-wide", "sft") == train.preset("tiny-action", "sft")
     assert get_config("tiny-action-wide") == replace(get_config("tiny-action"), model_channels=128)
+
+
+def test_cond_frames_fixes_the_conditioning_frames_and_leaves_every_other_draw_as_it_was():
+    """--cond-frames 1 (docs/policyeval.md): every clip trains with one conditioning latent frame, as policyeval
+    chains its chunks; its sigma, noise and prompt drop are those of the default's draw (0: 1 or 2 drawn). Refused
+    where it cannot hold (3 latent frames need fewer than 3) and for a Predict2.5 net (its own draw)."""
+    from nets import edm
+    latent = torch.zeros(16, 3, 4, 4)
+    cfg = train.parse_config(["--config", "tiny-action"])
+    assert cfg.cond_frames == 0
+    drawn = [edm.draw_sample(latent, seed, cfg) for seed in range(40)]
+    assert {d[2] for d in drawn} == {1, 2}
+    cfg.cond_frames = 1
+    for seed, d in enumerate(drawn):
+        one = edm.draw_sample(latent, seed, cfg)
+        assert one[2] == 1 and one[0] == d[0] and torch.equal(one[1], d[1]) and one[3] == d[3]
+    assert train.parse_config(["--config", "tiny-action", "--cond-frames", "1"]).cond_frames == 1
+    for bad in ("3", "-1"):
+        with pytest.raises(ValueError, match="--cond-frames"):
+            train.parse_config(["--config", "tiny-action", "--cond-frames", bad])
+    with pytest.raises(ValueError, match="--cond-frames does nothing with --config p25-tiny"):
+        train.parse_config(["--config", "p25-tiny", "--cond-frames", "1"])
