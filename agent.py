@@ -6,7 +6,8 @@ raw action chunk, sampled by policy.py's sampler from the current state, with be
 
 (a run of a layout without proprio slots: policyeval's world model gives frames only; docs/policy.md trains one).
 POLICY_RUN names the run (its newest checkpoint, or one of its step directories), POLICY_BEST_OF the candidates per
-chunk (default 1), POLICY_SCORE what ranks them (world_model, the default, or policy); all are checked, and the run
+chunk (default 1), POLICY_SCORE what ranks them (world_model, the default, or policy), POLICY_EXPLORE the sd of an
+offset shifting candidates 1..N-1's actions (default 0: the samples as drawn); all are checked, and the run
 loaded strictly, before policyeval builds any model (act.prepare). Agent(run, best_of, score=...) is the same policy
 as an object (tests/policy_pusht_numbers.py runs it in gym-pusht directly).
 
@@ -36,7 +37,7 @@ from clips import text as text_lib
 from engine import build, runs
 from engine.objective import sample_seed
 
-RUN_ENV, BEST_OF_ENV, SCORE_ENV = "POLICY_RUN", "POLICY_BEST_OF", "POLICY_SCORE"
+RUN_ENV, BEST_OF_ENV, SCORE_ENV, EXPLORE_ENV = "POLICY_RUN", "POLICY_BEST_OF", "POLICY_SCORE", "POLICY_EXPLORE"
 SCORES = ("world_model", "policy")  # what ranks best-of-N's candidates (Agent)
 STATS = "policy_stats.json"
 
@@ -59,6 +60,33 @@ def run_of(path):
         return run, json.load(f)
 
 
+def frame_layout(data):
+    """What the run's frames show (stitch.py --layout, from the data folder's RECIPE.json): "grid", or "one" (the
+    first camera alone filling the frame); a simulator must render the policy's frames the same way
+    (tasks/pusht.run_in_simulator's layout)."""
+    recipe = os.path.join(data, "RECIPE.json")
+    if not os.path.isfile(recipe):
+        return "grid"
+    with open(recipe, encoding="utf-8") as f:
+        return json.load(f).get("layout", "grid")
+
+
+def explore_setting(text, score):
+    """POLICY_EXPLORE as a float >= 0 (candidates 1..N-1 each shifted by a constant offset of this sd, in the action's
+    [-1, 1] units), or one line; only a world-model score judges a shifted chunk (a policy sample's value was made
+    beside the unshifted one)."""
+    try:
+        explore = float(text)
+    except ValueError:
+        explore = -1.0
+    if not explore >= 0:
+        raise ValueError(f"{EXPLORE_ENV}={text!r}: the sd of each candidate's action offset, a number >= 0 (0: none)")
+    if explore and score != "world_model":
+        raise ValueError(f"{EXPLORE_ENV}={text}: shifted candidates need {SCORE_ENV}=world_model (a policy sample's "
+                         "value was generated beside the unshifted action)")
+    return explore
+
+
 def best_of_setting(text):
     """POLICY_BEST_OF as an int >= 1, or one line."""
     if not str(text).isdigit() or int(text) < 1:
@@ -73,11 +101,11 @@ class Agent:
 
     family = "cosmos-policy"
 
-    def __init__(self, path, best_of=1, device=None, score="world_model"):
+    def __init__(self, path, best_of=1, device=None, score="world_model", explore=0.0):
         self.best_of = best_of_setting(best_of)
         if score not in SCORES:
             raise ValueError(f"{SCORE_ENV}={score!r}: {' or '.join(SCORES)} (what ranks the candidates)")
-        self.score = score
+        self.score, self.explore = score, explore_setting(explore, score)
         self.run, self.stats = run_of(path)
         cfg = self.run.cfg
         self.layout = ",".join(kind + (f":{camera}" if camera else "") for kind, camera in self.stats["layout"])
@@ -95,6 +123,7 @@ class Agent:
         self.chunk, self.action_dim, self.state_dim = self.stats["chunk"], self.stats["action_dim"], \
             self.stats["state_dim"]
         self.size = (cfg["height"], cfg["width"])
+        self.frame_layout = frame_layout(cfg["data"])
         self.last_values = self.last_spread = None
 
     def limits(self, key):
@@ -144,6 +173,11 @@ class Agent:
         x0 = policy.encode_batch(self.vae, items, self.layout, self.device, self.dtype)
         cond = policy.condition_of(items, x0, self.layout, ["policy"] * len(items), self.device, self.dtype)
         pred = policy.sample(self.net, cond, self.noise(keys, N, x0))
+        if N > 1 and self.explore:  # candidates 1..N-1 shifted: the policy's samples of one state barely differ
+            slot, width = kinds.index("action"), self.chunk * self.action_dim
+            shifted = policy.extract(pred[:, :, slot].float(), width).view(B * N, self.chunk, self.action_dim)
+            shifted = (shifted + self.offsets(keys, N)[:, None].to(shifted.device)).clamp(-1, 1)
+            pred[:, :, slot] = policy.inject(shifted.flatten(1), (pred.shape[1], *pred.shape[3:])).to(pred.dtype)
         if N > 1 and self.score == "world_model":  # cosmos-policy's planning: each candidate's action given, the
             # future and the value predicted again (a world-model sample: its value trained on every episode)
             cond = policy.condition_of(items, pred, self.layout, ["world_model"] * len(items), self.device, self.dtype)
@@ -158,20 +192,27 @@ class Agent:
         return (action.clamp(-1, 1).view(B, self.chunk, self.action_dim), value.max(1).values,
                 value.max(1).values - value.min(1).values, future, proprio)
 
+    def offsets(self, keys, n):
+        """[len(keys) n, A] each candidate's action offset (sd self.explore; candidate 0 none), from its key alone."""
+        draws = [torch.randn((n, self.action_dim), generator=torch.Generator().manual_seed(sample_seed(*k, "explore")))
+                 for k in keys]
+        return torch.cat([d * torch.arange(n).clamp(max=1)[:, None] for d in draws]) * self.explore
+
     def noise(self, keys, n, x0):
         """[len(keys) n, ...] unit noise: n draws per key, from the key alone (not from the batch it shares)."""
         return torch.cat([torch.randn((n, *x0.shape[1:]), generator=torch.Generator().manual_seed(sample_seed(*k)))
                           for k in keys]).to(self.device, x0.dtype)
 
 
-_AGENTS = {}  # (run, best_of, score) -> Agent: loaded once per process
+_AGENTS = {}  # (run, best_of, score, explore) -> Agent: loaded once per process
 
 
 def prepare():
     """The agent of POLICY_RUN / POLICY_BEST_OF, loaded now (policyeval.py calls it before any model is built)."""
-    key = (os.environ.get(RUN_ENV, ""), os.environ.get(BEST_OF_ENV, "1"), os.environ.get(SCORE_ENV, SCORES[0]))
+    key = (os.environ.get(RUN_ENV, ""), os.environ.get(BEST_OF_ENV, "1"), os.environ.get(SCORE_ENV, SCORES[0]),
+           os.environ.get(EXPLORE_ENV, "0"))
     if key not in _AGENTS:
-        _AGENTS[key] = Agent(key[0], key[1], score=key[2])
+        _AGENTS[key] = Agent(key[0], key[1], score=key[2], explore=key[3])
     return _AGENTS[key]
 
 
@@ -179,6 +220,10 @@ def prepare_for_policyeval():
     """prepare(), and a proprio layout refused in one line: policyeval runs the policy in the world model too, whose
     rollouts have frames only (no info["proprio"]); tasks/pusht.py's run_in_simulator gives it, and calls act alone."""
     agent = prepare()
+    if agent.frame_layout != "grid":
+        raise ValueError(f"{RUN_ENV}={agent.run.path}: trained on a stitch.py --layout {agent.frame_layout} folder "
+                         f"({agent.run.cfg['data']}), and policyeval's world model gives grid frames; train the policy on "
+                         "the grid folder for it (tasks/pusht.run_in_simulator(layout=...) runs this one)")
     if "proprio" in agent.kinds:
         raise ValueError(f"{RUN_ENV}={agent.run.path}: its layout ({agent.layout}) has proprio slots, and policyeval's "
                          "world model gives frames only; train the policy for it with a layout without them, e.g. "

@@ -3,7 +3,7 @@
 
     python stitch.py SRC OUT [--stride 4] [--frames 93] [--size 432x768] [--workers N] [--prompt droid|TEMPLATE]
                      [--min-frames N] [--episodes FILE] [--per-task N] [--cameras ...] [--fit auto] [--crf 15]
-                     [--max-skip-fraction 0.1] [--progress-every 100] [--layout grid|views] [--camera-params auto]
+                     [--max-skip-fraction 0.1] [--progress-every 100] [--layout grid|views|one] [--camera-params auto]
     python stitch.py --synthetic OUT    # tiny synthetic LeRobot v2.1 dataset (H.264) for the tiny default and tests
     python stitch.py --help             # every flag, with its default
 
@@ -13,6 +13,8 @@ skips.jsonl (one line per skipped episode with its reason) and RECIPE.json; stem
 Views: videos/<stem>.<slot>.mp4 per camera slot (ext_1, ext_2, wrist) at --size, all of the same length, and, when the
 dataset has camera parameters, cameras/<stem>.npz (per output frame and view: w2c, intrinsics at --size). When the
 dataset has `action`: actions/<stem>.npz (the commands between kept frames, the states at them) and action_stats.json.
+One (--layout one): videos/<stem>.mp4 as a grid folder's, the ext_1 camera alone filling --size (a one-camera dataset
+at the frame's whole resolution instead of a quarter of it); the other two slots are cut and checked, not shown.
 
 Per episode one ffmpeg command cuts each camera out of its mp4 by timestamp, keeps every stride-th frame, logs the
 source timestamp of each kept frame (checked here), resizes it into its cell, stacks the grid and encodes it with
@@ -75,6 +77,7 @@ DROID_VIEWS_TEMPLATE = (  # --layout views: one prompt for the three separate vi
 RETRYABLE = {"bad_parquet", "ffmpeg_error", "verify_error", "worker_error", "write_error"}  # a rerun retries these
 FILTERED = {"too_short", "too_short_after_decode", "no_task"}  # dropped by design: not counted by --max-skip-fraction
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}  # OSErrors that mean "OUT can't take more"
+LAYOUTS = ("grid", "views", "one")  # --layout: what one episode's video(s) show (StitchConfig.layout)
 MODES = ("src", "out", "synthetic")  # StitchConfig fields that pick what the command does, not how
 
 
@@ -99,7 +102,8 @@ class StitchConfig:
     max_skip_fraction: float = 0.1  # exit 1 when more than this fraction of the episodes long enough to keep
     # was skipped for another reason than length or a missing task (1 = never); a folder with no video always exits 1
     progress_every: int = 100  # without a terminal (SLURM logs): one progress line every N episodes; 0 = none
-    layout: str = "grid"  # grid: one 2x2 grid video per episode; views: one video per camera at --size (multi-view)
+    layout: str = "grid"  # grid: one 2x2 grid video per episode; views: one video per camera at --size (multi-view);
+    # one: the ext_1 camera alone filling --size (a one-camera dataset at the full frame, read as a grid folder)
     camera_params: str = "auto"  # views only: auto = the dataset's camera parameters if it has any; none = ignore
     # them (training then uses the fallback rig); fx,fy,cx,cy@HxW = intrinsics (pixels of an HxW image) for datasets
     # that carry extrinsics only (lerobot's DROID port)
@@ -113,9 +117,9 @@ class StitchConfig:
         if not 0 <= self.max_skip_fraction <= 1 or self.progress_every < 0:
             raise ValueError(f"--max-skip-fraction {self.max_skip_fraction} must lie in [0, 1] and --progress-every "
                              f"{self.progress_every} be >= 0")
-        if self.layout not in ("grid", "views") or (self.layout == "grid" and self.camera_params != "auto"):
-            raise ValueError(f"--layout {self.layout} --camera-params {self.camera_params}: expected --layout grid "
-                             "or views; --camera-params is for --layout views only")
+        if self.layout not in LAYOUTS or (self.layout != "views" and self.camera_params != "auto"):
+            raise ValueError(f"--layout {self.layout} --camera-params {self.camera_params}: expected --layout "
+                             f"{', '.join(LAYOUTS)}; --camera-params is for --layout views only")
         parse_size(self.size), prompt_template(self.prompt), parse_camera_params(self.camera_params)
 
 
@@ -178,15 +182,16 @@ def x264_args(crf: int, preset: str) -> list:
 
 
 def cell_hw(cfg: StitchConfig) -> tuple:
-    """The size each camera is resized to: a quarter of --size in the grid, all of it as a view."""
+    """The size each camera is resized to: a quarter of --size in the grid, all of it as a view or --layout one."""
     H, W = parse_size(cfg.size)
-    return (H, W) if cfg.layout == "views" else (H // 2, W // 2)
+    return (H // 2, W // 2) if cfg.layout == "grid" else (H, W)
 
 
 def episode_command(ep: Episode, source: Source, cfg: StitchConfig, fits: dict, out: list, log_times: bool) -> list:
     """One ffmpeg command for one episode: cut each camera's segment out, keep every stride-th frame, (log its source
     timestamp,) resize it into its cell and write `out` (output options + path): the cells stacked into the grid, or
-    with --layout views each camera to its own file (the path's `{view}` becomes the slot).
+    with --layout views each camera to its own file (the path's `{view}` becomes the slot), with --layout one ext_1's
+    camera alone as the whole frame.
 
     The j-th kept frame of every camera gets the same timestamp j/out_fps, so stacking pairs them; hstack/vstack stop
     at the shortest camera (views are stacked side by side too, then cropped apart, so they end together). With
@@ -201,6 +206,9 @@ def episode_command(ep: Episode, source: Source, cfg: StitchConfig, fits: dict, 
         chains += [f"[row_{s}]crop={w}:{h}:{i * w}:0[view_{s}]" for i, s in enumerate(SLOTS)]
         maps = [a for s in SLOTS for a in ("-map", f"[view_{s}]", "-r", str(fps_out), *out[:-1],
                                            out[-1].replace("{view}", s))]
+    elif cfg.layout == "one":  # stacked and cropped as views are, so the video ends with the shortest camera
+        chains += ["".join(f"[{s}]" for s in SLOTS) + f"hstack=inputs={len(SLOTS)}:shortest=1,crop={w}:{h}:0:0[grid]"]
+        maps = ["-map", "[grid]", "-r", str(fps_out), *out]
     else:
         chains += ["[ext_1][ext_2]hstack=shortest=1[top]", f"[wrist]pad={w * 2}:{h}:0:0:black[bottom]",
                    "[top][bottom]vstack=shortest=1[grid]"]
@@ -489,6 +497,8 @@ def recipe_of(cfg: StitchConfig) -> tuple:
               "preset": cfg.preset, "codec": "libx264", "pix_fmt": "yuv420p"}
     if cfg.layout == "views":  # only here, so a grid recipe (and its hash) stays what it always was
         recipe.update(layout="views", camera_params=cfg.camera_params)
+    elif cfg.layout == "one":
+        recipe.update(layout="one")
     recipe_hash = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
     return recipe, recipe_hash, template, template_id
 

@@ -13,6 +13,10 @@ expert to push the T onto the goal, short enough for the world model, and graded
 
 Score: the judge's max coverage over the episode's frames after the start (success > 0.95 is too strict to rank on).
 
+A frame is the grid (LAYOUTS: the world model's) or, for a policy trained on the camera alone at the frame's whole
+resolution (`stitch.py --layout one`: pushtworld.generate's `_one` folder), that camera stretched over all 64x112:
+run_in_simulator(layout="one") renders and judges those.
+
 Policies plan from the true start state (info["task"]["reset_seed"]: the env's reset seed) in a state-only copy of the
 env and do not read the frames: their actions are the same in the world model and the simulator, so the ranking tests
 the world model's prediction of what the actions do, not a frame-reading policy's reaction to its errors. A policy of
@@ -42,6 +46,7 @@ AGENT_RADIUS = 15.0  # gym-pusht's agent disc, in 512-pixel units
 # once by least squares on every frame of expert, random_play and go_to_goal from sample_tasks(8, 1) against the env's
 # info["coverage"]; held to other tasks by tests/test_pusht.py and tests/pusht_numbers.py (docs/policyeval.md)
 OUTLINE = 0.27
+LAYOUTS = ("grid", "one")  # the frames rendered: stitch.py's 2x2 grid, or --layout one (the camera fills the frame)
 
 
 # ------------------------------------------------------------------------------------------------------------ tasks
@@ -59,21 +64,34 @@ def sample_tasks(n: int, seed: int) -> dict:
 
 # ----------------------------------------------------------------------------------------------------------- frames
 
-def grid_graph() -> str:
-    """stitch.episode_command's filters for one 96x96 camera in the grid's three cells: converted to yuv420p (the
-    dataset's H.264 did that), stretched into a 32x56 cell by stitch.cell_filter, stacked as the grid."""
+def cells(layout: str = "grid") -> list:
+    """[(top, left, height, width)] of the camera's copies in a frame of `layout` (LAYOUTS): the grid's three cells
+    (bottom-right black), or the whole frame."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: one of {LAYOUTS} (stitch.py --layout)")
     h, w = HEIGHT // 2, WIDTH // 2
+    return [(0, 0, h, w), (0, w, h, w), (h, 0, h, w)] if layout == "grid" else [(0, 0, HEIGHT, WIDTH)]
+
+
+def grid_graph(layout: str = "grid") -> str:
+    """stitch.episode_command's filters for one 96x96 camera in the grid's three cells: converted to yuv420p (the
+    dataset's H.264 did that), stretched into a 32x56 cell by stitch.cell_filter, stacked as the grid; layout "one":
+    stretched over the whole frame."""
+    _, _, h, w = cells(layout)[0]
     cell = stitch.cell_filter((SOURCE, SOURCE), (h, w), "stretch")
+    if layout == "one":
+        return f"[0:v]format=yuv420p,{cell}[grid]"
     return (f"[0:v]format=yuv420p,{cell},split=3[a][b][c];[a][b]hstack[top];[c]pad={w * 2}:{h}:0:0:black[bottom];"
             "[top][bottom]vstack[grid]")
 
 
-def render(screens_N_S_S_3) -> torch.Tensor:
-    """[N, 3, HEIGHT, WIDTH] float32 in [-1, 1]: these 96x96 screens as the stitched grid shows them decoded, less
-    the two H.264 passes, through stitch.py's own filters in the bundled ffmpeg (tasks/square.py's render says why)."""
+def render(screens_N_S_S_3, layout: str = "grid") -> torch.Tensor:
+    """[N, 3, HEIGHT, WIDTH] float32 in [-1, 1]: these 96x96 screens as the stitched grid (or layout) shows them
+    decoded, less the two H.264 passes, through stitch.py's own filters in the bundled ffmpeg (tasks/square.py's
+    render says why)."""
     screens = np.ascontiguousarray(screens_N_S_S_3, np.uint8)
     args = [ffmpeg_exe(), "-hide_banner", "-nostdin", "-nostats", "-loglevel", "error", "-f", "rawvideo", "-pix_fmt",
-            "rgb24", "-s", f"{SOURCE}x{SOURCE}", "-framerate", "10", "-i", "pipe:0", "-filter_complex", grid_graph(),
+            "rgb24", "-s", f"{SOURCE}x{SOURCE}", "-framerate", "10", "-i", "pipe:0", "-filter_complex", grid_graph(layout),
             "-map", "[grid]", "-fps_mode", "passthrough", "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"]
     proc = subprocess.run(args, input=screens.tobytes(), capture_output=True, check=False)  # rc checked below
     want = len(screens) * HEIGHT * WIDTH * 3
@@ -101,17 +119,17 @@ def reset_envs(tasks: dict) -> list:
     return envs
 
 
-def first_frames(tasks: dict) -> torch.Tensor:
+def first_frames(tasks: dict, layout: str = "grid") -> torch.Tensor:
     """[B, 3, 1, H, W]: the tasks' start frames, where the world model and the simulator both begin."""
-    return render(np.stack([grab(env) for env in reset_envs(tasks)]))[:, :, None]
+    return render(np.stack([grab(env) for env in reset_envs(tasks)]), layout)[:, :, None]
 
 
-def simulator(tasks: dict):
+def simulator(tasks: dict, layout: str = "grid"):
     """gym-pusht's env as a step function for engine/world.closed_loop: step(actions [B, S, A], chunk) steps each
     episode's env with the targets actions[..., :2] and returns the chunk's frames [B, 3, S/STRIDE + 1, H, W] (frame
     j: after j*STRIDE actions). Its .coverage: info["coverage"] after every action so far, [B, n] (column 0: the
     start's); its .proprio: [B, 2] the agents' positions now (the data's observation.state), updated in place after
-    each chunk (run_in_simulator hands it to the policy as info["proprio"])."""
+    each chunk (run_in_simulator hands it to the policy as info["proprio"]). layout: the frames' (LAYOUTS)."""
     envs = reset_envs(tasks)
 
     def agents():
@@ -131,7 +149,7 @@ def simulator(tasks: dict):
             coverage.append(row)
         advance.coverage = np.concatenate([advance.coverage, np.array(coverage)], 1)
         advance.proprio[:] = agents()
-        frames = render(np.concatenate(screens))
+        frames = render(np.concatenate(screens), layout)
         return frames.view(len(envs), -1, 3, HEIGHT, WIDTH).permute(0, 2, 1, 3, 4)
     advance.coverage, advance.proprio = np.asarray(tasks["start_coverage"], np.float64)[:, None], agents()
     return advance
@@ -139,7 +157,7 @@ def simulator(tasks: dict):
 
 # ------------------------------------------------------------------------------------------------------------ judge
 
-_GOAL_GREEN = {}  # the greenness of the goal alone, per frame size (computed once)
+_GOAL_GREEN = {}  # the greenness of the goal alone, per layout (computed once)
 
 
 def greenness(frames_B_3_T_H_W) -> torch.Tensor:
@@ -149,48 +167,48 @@ def greenness(frames_B_3_T_H_W) -> torch.Tensor:
     return rgb[:, 1] - (rgb[:, 0] + rgb[:, 2]) / 2
 
 
-def goal_greenness() -> torch.Tensor:
+def goal_greenness(layout: str = "grid") -> torch.Tensor:
     """[H, W] the greenness of a frame showing the goal alone (T and agent moved off the screen): each pixel's share
     of the goal, x 94."""
-    if "map" not in _GOAL_GREEN:
+    if layout not in _GOAL_GREEN:
         env = make_env(pixels=True)
         env.reset(seed=0)
         env._set_state(np.array([-2000, -2000, -1000, -1000, 0.0]))  # sets the bodies and steps the space (its
         # shapes' cached vertices move with it; setting positions alone would draw them where they were)
-        _GOAL_GREEN["map"] = greenness(render(screen(env.get_obs())[None])[:, :, None])[0, 0]
-    return _GOAL_GREEN["map"]
+        _GOAL_GREEN[layout] = greenness(render(screen(env.get_obs())[None], layout)[:, :, None])[0, 0]
+    return _GOAL_GREEN[layout]
 
 
-def coverage(frames_B_3_T_H_W) -> torch.Tensor:
-    """[B, T] the T's coverage of the goal read from the frames, per camera cell then averaged over the three: c = 1 -
+def coverage(frames_B_3_T_H_W, layout: str = "grid") -> torch.Tensor:
+    """[B, T] the T's coverage of the goal read from the frames, per camera cell (cells(layout)) then averaged: c = 1 -
     the goal's visible green / the goal's green, both summed outside the agent (where the goal cannot be seen; the
     agent is found as the blue B - (R + G) / 2's centroid, masked with its radius + 1.5 pixels), less the outline's
     share OUTLINE x c (1 - c)."""
     frames = torch.as_tensor(frames_B_3_T_H_W).detach().float().cpu()
     if frames.ndim != 5 or (frames.shape[1], *frames.shape[3:]) != (3, HEIGHT, WIDTH):
         raise ValueError(f"coverage: frames of shape {tuple(frames.shape)}, expected [B, 3, T, {HEIGHT}, {WIDTH}]")
-    h, w = HEIGHT // 2, WIDTH // 2
-    goal, green = goal_greenness(), greenness(frames)
+    goal, green = goal_greenness(layout), greenness(frames)
     rgb = (frames + 1) * 127.5
     blue = ((rgb[:, 2] - (rgb[:, 0] + rgb[:, 1]) / 2 - 30) / 60).clamp(0, 1)  # [B, T, H, W]
-    rows, cols = torch.meshgrid(torch.arange(h) + 0.5, torch.arange(w) + 0.5, indexing="ij")
-    radius = torch.tensor([AGENT_RADIUS * w / 512 + 1.5, AGENT_RADIUS * h / 512 + 1.5])
-    cells = []
-    for y, x in ((0, 0), (0, w), (h, 0)):
+    readings = []
+    for y, x, h, w in cells(layout):
+        rows, cols = torch.meshgrid(torch.arange(h) + 0.5, torch.arange(w) + 0.5, indexing="ij")
+        radius = torch.tensor([AGENT_RADIUS * w / 512 + 1.5, AGENT_RADIUS * h / 512 + 1.5])
         weight, g = blue[..., y: y + h, x: x + w], green[..., y: y + h, x: x + w]
         mass = weight.sum((-2, -1)).clamp_min(1e-6)
         cx, cy = (weight * cols).sum((-2, -1)) / mass, (weight * rows).sum((-2, -1)) / mass
         inside = ((cols - cx[..., None, None]) / radius[0]) ** 2 + ((rows - cy[..., None, None]) / radius[1]) ** 2
         keep = ((inside > 1) | (weight.sum((-2, -1)) < 0.5)[..., None, None]).float()
         seen = (g * keep).sum((-2, -1)) / (goal[y: y + h, x: x + w] * keep).sum((-2, -1)).clamp_min(1e-6)
-        cells.append(1 - seen)
-    seen = torch.stack(cells).mean(0).clamp(0, 1)
+        readings.append(1 - seen)
+    seen = torch.stack(readings).mean(0).clamp(0, 1)
     return seen - OUTLINE * seen * (1 - seen)
 
 
 def judge(frames_B_3_T_H_W, info: dict) -> torch.Tensor:
-    """[B] the max coverage read from the frames after the start (coverage): policyeval's success, in [0, 1]."""
-    return coverage(frames_B_3_T_H_W[:, :, 1:]).amax(1)
+    """[B] the max coverage read from the frames after the start (coverage; info["layout"] the frames', grid when
+    absent): policyeval's success, in [0, 1]."""
+    return coverage(frames_B_3_T_H_W[:, :, 1:], info.get("layout", "grid")).amax(1)
 
 
 # --------------------------------------------------------------------------------------------------------- policies
@@ -277,13 +295,15 @@ POLICIES = {f.__name__: f for f in (expert, expert_25, expert_60, random_play, g
 
 # ----------------------------------------------------------------------------------------------- run_in_simulator
 
-def run_in_simulator(policy, tasks: dict, chunks: int = CHUNKS, seed: int = 0, steps: int = STEPS) -> dict:
+def run_in_simulator(policy, tasks: dict, chunks: int = CHUNKS, seed: int = 0, steps: int = STEPS,
+                     layout: str = "grid") -> dict:
     """The policy in the simulator for `chunks` chunks of `steps` actions from the tasks' starts
     (engine/world.closed_loop, as policyeval.py runs it; info["proprio"]: the agents' positions now):
     {"frames": [B, 3, 1 + chunks steps / STRIDE, H, W], "actions": [B, chunks*steps, 2], "coverage": [B,
-    chunks*steps + 1] the env's info["coverage"], "success": [B] the judge's max coverage}."""
-    world = simulator(tasks)
-    info = {"task": tasks, "steps": steps, "action_dim": 2, "seed": seed, "proprio": world.proprio}
-    run = closed_loop(world, policy, getattr(policy, "__name__", str(policy)), first_frames(tasks), info, chunks,
+    chunks*steps + 1] the env's info["coverage"], "success": [B] the judge's max coverage}. layout: the frames the
+    policy sees and the judge reads (LAYOUTS; "one" for a policy trained on a `stitch.py --layout one` folder)."""
+    world = simulator(tasks, layout)
+    info = {"task": tasks, "steps": steps, "action_dim": 2, "seed": seed, "proprio": world.proprio, "layout": layout}
+    run = closed_loop(world, policy, getattr(policy, "__name__", str(policy)), first_frames(tasks, layout), info, chunks,
                       (len(tasks["reset_seed"]), steps, 2))
     return dict(run, coverage=world.coverage, success=judge(run["frames"], info))

@@ -2,7 +2,7 @@
 that plans pushes in a second env, the behaviour families the world model's data is recorded from, and the episode
 generator that writes them as a LeRobot v2.1 dataset and stitches it for the tiny action net.
 
-    python -m tasks.pushtworld data/pusht          # data/pusht_lerobot (LeRobot v2.1) -> data/pusht_grid (stitched)
+    python -m tasks.pushtworld data/pusht   # data/pusht_lerobot (LeRobot v2.1) -> data/pusht_grid, data/pusht_one
 
 The env is gym-pusht's own (`gym_pusht/PushT-v0`, optional: imported where used): the agent (a blue disc) is driven
 by a PD controller towards each action, its target (x, y) in [0, 512]; 10 physics substeps an action, 10 actions a
@@ -200,8 +200,9 @@ def generate(out: str, n: int = 60, seed: int = DATA_SEED, families=BEHAVIOURS, 
     (coverage > SUCCESS_COVERAGE after the action; stitch.py keeps each episode's any() as its success flag), each
     episode's behaviour)
     stitched into out + "_grid" (the tiny action net's 9x64x112 clips at stride 4: the one camera in each of the
-    grid's three cells, stretched to 32x56). workers: processes playing episodes (the same episodes, any number).
-    Returns the grid folder."""
+    grid's three cells, stretched to 32x56) and out + "_one" (the same clips with the camera stretched over the whole
+    64x112 frame, `stitch.py --layout one`: a policy's data at 4x the pixels of a cell). workers: processes playing
+    episodes (the same episodes, any number). Returns the grid folder."""
     raw, grid = out + "_lerobot", out + "_grid"
     if not os.path.exists(raw):
         rows = episodes_plan(n, seed, families)
@@ -217,15 +218,16 @@ def generate(out: str, n: int = 60, seed: int = DATA_SEED, families=BEHAVIOURS, 
         write_v21(raw, episodes, FPS, robot_type="pusht",
                   names={"observation.state": ["agent_x", "agent_y"], "action": ["target_x", "target_y"]})
     key = "observation.image"
-    stitch.stitch(raw, grid, stride=4, frames=9, size="64x112", workers=max(1, workers), fit="stretch",
-                  prompt="{task}", cameras=f"ext_1={key},ext_2={key},wrist={key}")
+    for layout in ("grid", "one"):
+        stitch.stitch(raw, f"{out}_{layout}", stride=4, frames=9, size="64x112", workers=max(1, workers),
+                      fit="stretch", prompt="{task}", cameras=f"ext_1={key},ext_2={key},wrist={key}", layout=layout)
     return grid
 
 
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not 1 <= len(args) <= 3 or not all(a.isdigit() for a in args[1:]):
-        print("usage: python -m tasks.pushtworld OUT [EPISODES [WORKERS]]  (writes OUT_lerobot and OUT_grid)",
+        print("usage: python -m tasks.pushtworld OUT [EPISODES [WORKERS]]  (writes OUT_lerobot, OUT_grid and OUT_one)",
               file=sys.stderr)
         return 2
     print(generate(args[0], *(int(a) for a in args[1:2]), workers=int(args[2]) if len(args) > 2 else 1))

@@ -49,6 +49,17 @@ def test_agent_acts_in_the_data_units_and_best_of_n_keeps_the_highest_value(poli
     planned = agent.Agent(policy_run, 3, device="cpu")  # scored by a world-model sample of each candidate
     assert planned(frames, info).shape == best.shape == actions.shape and (planned.last_spread > 0).all()
     assert not torch.equal(planned.last_values, three.last_values)
+    explored = agent.Agent(policy_run, 3, device="cpu", explore=0.5)  # candidates 1, 2 shifted, then scored
+    keys = [(3, "agent", 0, 1, 0)]
+    offsets = explored.offsets(keys, 3)
+    assert offsets.shape == (3, 2) and not offsets[0].any() and offsets[1:].abs().min() > 0
+    assert torch.equal(offsets, explored.offsets(keys, 3)) and not torch.equal(offsets, explored.offsets(
+        [(3, "agent", 1, 1, 0)], 3))  # from the key alone
+    assert explored(frames, info).shape == actions.shape and (explored.last_spread > 0).all()
+    assert not torch.equal(explored.last_values, planned.last_values)
+    for bad, score in (("-1", "world_model"), ("x", "world_model"), ("0.1", "policy")):
+        with pytest.raises(ValueError, match="POLICY_EXPLORE"):
+            agent.explore_setting(bad, score)
     with pytest.raises(ValueError, match="POLICY_SCORE"):
         agent.Agent(policy_run, 3, score="value")
     with pytest.raises(ValueError, match="info has no 'proprio'"):
@@ -82,6 +93,16 @@ def test_agent_refuses_what_is_not_a_policy_run(policy_run, tiny_action_grid, tm
     # the tiny layout has proprio slots, which policyeval's world model cannot give: refused before its run is opened
     refused = in_process(policyeval, [str(tmp_path / "no-run"), "--policies", "agent:act"])
     assert refused.returncode == 2 and "has proprio slots" in refused.stderr and "--policy-layout" in refused.stderr
+
+
+def test_a_policy_knows_the_layout_of_its_frames(tmp_path):
+    """agent.frame_layout: a stitch.py --layout one folder's RECIPE.json says "one" (the simulator must render that;
+    policyeval's world model gives grids, so prepare_for_policyeval refuses it); a grid folder's, or none, "grid"."""
+    assert agent.frame_layout(str(tmp_path)) == "grid"
+    for written, read in (({"stride": 4}, "grid"), ({"stride": 4, "layout": "one"}, "one")):
+        with open(tmp_path / "RECIPE.json", "w") as f:
+            json.dump(written, f)
+        assert agent.frame_layout(str(tmp_path)) == read
 
 
 def test_stitch_keeps_each_episode_success_flag(tmp_path):

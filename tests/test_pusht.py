@@ -50,19 +50,46 @@ def test_the_generator_writes_a_lerobot_v21_dataset_whose_actions_replay_its_mot
     assert np.array_equal(np.stack(replayed), states)
 
 
-def test_the_judge_reads_the_envs_coverage_from_the_simulators_frames():
+@pytest.mark.parametrize("layout", ["grid", "one"])
+def test_the_judge_reads_the_envs_coverage_from_the_simulators_frames(layout):
     """Over 6 tasks and two policies that move the T (no planning: seconds), the judge's max coverage is within
-    0.05 of the env's own max info["coverage"] on average, and every frame's reading within 0.2."""
+    0.05 of the env's own max info["coverage"] on average, and every frame's reading within 0.2: from the grid's
+    three cells, and from the camera alone filling the frame (layout "one", a policy's frames)."""
     from tasks import pusht
     tasks = pusht.sample_tasks(6, 3)
     episodes, frames = [], []
     for policy in (pusht.go_to_goal, pusht.random_play):
-        run = pusht.run_in_simulator(policy, tasks)
+        run = pusht.run_in_simulator(policy, tasks, layout=layout)
         truth = run["coverage"][:, ::pusht.STRIDE]
         episodes.append(np.abs(run["success"].numpy() - truth[:, 1:].max(1)))
-        frames.append(np.abs(pusht.coverage(run["frames"]).numpy() - truth))
+        frames.append(np.abs(pusht.coverage(run["frames"], layout).numpy() - truth))
     assert np.concatenate(episodes).mean() <= 0.05, np.concatenate(episodes)
     assert np.concatenate(frames).max() <= 0.2
+
+
+def test_the_one_layout_folder_shows_what_the_simulator_renders_for_a_policy(pusht_data):
+    """The generator's `_one` folder (stitch.py --layout one) holds the camera over the whole 64x112 frame: its first
+    frame is pusht.render(layout="one") of the episode's reset screen, up to the two H.264 passes; the grid folder's
+    is the grid render, and the two differ."""
+    import subprocess
+
+    from base.video import ffmpeg_exe
+    from tasks import pusht, pushtworld
+    raw, grid = pusht_data
+    with open(os.path.join(raw, "meta", "episodes.jsonl"), encoding="utf-8") as f:
+        seed = json.loads(f.readline())["env_seed"]
+    env = pushtworld.make_env()
+    reset = pushtworld.screen(env.reset(seed=seed)[0])[None]
+    for layout, folder in (("grid", grid), ("one", grid[:-len("grid")] + "one")):
+        with open(os.path.join(folder, "manifest.jsonl"), encoding="utf-8") as f:
+            stem = sorted(json.loads(line)["stem"] for line in f)[0]
+        video = subprocess.run([ffmpeg_exe(), "-v", "error", "-i", os.path.join(folder, "videos", stem + ".mp4"),
+                                "-frames:v", "1", "-f", "rawvideo", "-pix_fmt", "rgb24", "-"],
+                               capture_output=True, check=True).stdout
+        stored = np.frombuffer(video, np.uint8).reshape(pusht.HEIGHT, pusht.WIDTH, 3).astype(np.float32)
+        drawn = (pusht.render(reset, layout)[0].permute(1, 2, 0).numpy() + 1) * 127.5
+        other = (pusht.render(reset, "grid" if layout == "one" else "one")[0].permute(1, 2, 0).numpy() + 1) * 127.5
+        assert np.abs(stored - drawn).mean() < 3 < np.abs(stored - other).mean(), layout
 
 
 def test_a_tiny_pusht_world_model_trains_and_ranks_policies_against_gym_pusht(pusht_data, tmp_path):
