@@ -1,6 +1,6 @@
 """in_process(module, argv): a script's main(argv) run in this process the way `python <module>.py argv` runs it
 (under cli.main), returned as a subprocess.CompletedProcess (returncode, stdout, stderr), so a test reads it like a
-real run. script(argv, torchrun=N): the real thing, a subprocess (torchrun with N ranks if N). script_beside(argv):
+real run (step_rows reads its metrics; rerun_last_step makes a resume test's pair). script(argv, torchrun=N): the real thing, a subprocess (torchrun with N ranks if N). script_beside(argv):
 that subprocess started in the background, so that an independent in-process run uses the second core meanwhile.
 
 In-process saves importing torch and the repo (~4.5 s of one core per run, ~50 runs in the suite). It matches the
@@ -12,7 +12,9 @@ What needs its own process stays a subprocess: kill -9, signals, torchrun ranks,
 import contextlib
 import gc
 import io
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -92,6 +94,26 @@ def check(proc):
         raise AssertionError(f"{' '.join(map(str, proc.args[-30:]))} failed ({proc.returncode}):\n"
                              f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+def step_rows(out):
+    """{step: row} of a run's metrics.jsonl (a step logged twice: its last row)."""
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return {row["step"]: row for row in map(json.loads, f)}
+
+
+def rerun_last_step(module, args, root, steps):
+    """(ref, resumed): `module` run with args (which save every step up to `steps`) into ROOT/ref, then a copy of it
+    without its last checkpoint, `latest` pointing at the one before, resumed into ROOT/resumed: a resume test
+    compares the two at `steps`."""
+    ref, resumed = os.path.join(root, "ref"), os.path.join(root, "resumed")
+    check(in_process(module, args + ["--out", ref]))
+    shutil.copytree(ref, resumed)
+    shutil.rmtree(os.path.join(resumed, f"step_{steps:08d}"))
+    with open(os.path.join(resumed, "latest"), "w") as f:
+        f.write(f"step_{steps - 1:08d}\n")
+    check(in_process(module, args + ["--out", resumed]))
+    return ref, resumed
 
 
 def suggested(message):

@@ -3,10 +3,8 @@ is the last frame of the chunks the model itself rolled out first (recomputed he
 the same seed), the reward reads the true continuation of the LAST chunk, and bad or unused settings are refused in
 one line."""
 import copy
-import json
 import os
 import re
-import shutil
 
 import pytest
 import torch
@@ -19,13 +17,8 @@ from engine import chain
 from engine.build import build_vae
 from engine.generate import rollout
 from nets.family import family_of
-from run_utils import check, in_process
+from run_utils import check, in_process, rerun_last_step, step_rows
 from test_train import dcp_tensors
-
-def rows(out):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return {row["step"]: row for row in map(json.loads, f)}
-
 
 CHAIN = ["--config", "tiny-action", "--objective", "nft", "--lora", "4", "--steps", "1", "--save-every", "1",
          "--sample-every", "0", "--holdout", "4", "--batch-size", "1", "--nft-group-size", "2", "--nft-num-steps", "2",
@@ -54,8 +47,7 @@ def test_the_chain_is_the_models_own_and_the_reward_reads_the_last_chunks_truth(
     monkeypatch.setattr(reward, "score", score)
     out = str(tmp_path / "chain")
     check(in_process(train, [*CHAIN, "--data", tiny_action_grid, "--out", out, "--nft-chain-chunks", "3"]))
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        row = [r for r in map(json.loads, f) if r["step"] == 1][0]
+    row = step_rows(out)[1]
     assert row["ctx_chunks"] == 2 and row["forwards"] > 2 * 2 and row["s_chain"] > 0, row
     net, (cond,) = seen["steps"][0]
     items = seen["windows"][:3]  # update 0's chain: chunks 1..3 of one episode, the last the rewarded one
@@ -82,8 +74,7 @@ def test_a_true_share_of_the_groups_starts_unchained_from_a_true_frame(tiny_acti
             "0.5", "--batch-size", "2", "--steps", "3", "--save-every", "3"]
     check(in_process(train, argv))
     cfg = train.parse_config(argv)
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        got = [r["ctx_chunks"] for r in map(json.loads, f) if r["step"] > 0]
+    got = [row["ctx_chunks"] for step, row in sorted(step_rows(out).items()) if step > 0]
     ks = [[nft.chain_draw(cfg, [1000] * 36, step, 0, row)[1] for row in range(2)] for step in range(3)]
     assert got == [sum(k - 1 for k in step) for step in ks]  # a k = 1 group generates no context
     assert {1, 2} <= {k for step in ks for k in step}, ks  # both kinds drawn in these 6 groups
@@ -107,14 +98,8 @@ def test_a_resumed_chained_run_ends_bit_for_bit_equal(tiny_action_grid, tmp_path
     from its step 2 redoes step 3 exactly (the same context, rewards, update and weights)."""
     args = [*CHAIN, "--data", tiny_action_grid, "--nft-chain-chunks", "2", "--nft-chain-true-share", "0.5",
             "--batch-size", "2", "--steps", "3", "--save-every", "1", "--nft-decay-rate", "0.5"]
-    ref, resumed = str(tmp_path / "ref"), str(tmp_path / "resumed")
-    check(in_process(train, args + ["--out", ref]))
-    shutil.copytree(ref, resumed)
-    shutil.rmtree(os.path.join(resumed, "step_00000003"))
-    with open(os.path.join(resumed, "latest"), "w") as f:
-        f.write("step_00000002\n")
-    check(in_process(train, args + ["--out", resumed]))
-    want, got = (rows(d)[3] for d in (ref, resumed))
+    ref, resumed = rerun_last_step(train, args, str(tmp_path), 3)
+    want, got = (step_rows(d)[3] for d in (ref, resumed))
     assert all(got[k] == want[k] for k in ("loss", "reward_mean", "ctx_chunks", "forwards", "old_decay")), (got, want)
     a, b = (dcp_tensors(os.path.join(d, "step_00000003"), "model.") for d in (ref, resumed))
     assert a and a.keys() == b.keys() and all(torch.equal(v, b[k]) for k, v in a.items())

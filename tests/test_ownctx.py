@@ -2,10 +2,8 @@
 own generation (recomputed here with engine/generate.rollout and the same seed), both action-net families train, too
 short episodes and another objective's flags are refused in one line, and a resumed run ends bit for bit equal."""
 import copy
-import json
 import os
 import re
-import shutil
 
 import pytest
 import torch
@@ -17,15 +15,10 @@ from engine import chain
 from engine.build import build_vae
 from engine.generate import rollout
 from nets.family import family_of
-from run_utils import check, in_process
+from run_utils import check, in_process, rerun_last_step, step_rows
 from test_train import dcp_tensors
 
 TINY = ["--steps", "2", "--save-every", "2", "--sample-every", "0", "--warmup", "1", "--holdout", "4"]
-
-
-def rows(out):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return {row["step"]: row for row in map(json.loads, f)}
 
 
 def test_the_context_is_the_models_own_rollout_and_the_target_the_truth(tiny_action_grid, tmp_path, monkeypatch):
@@ -45,7 +38,7 @@ def test_the_context_is_the_models_own_rollout_and_the_target_the_truth(tiny_act
     out = str(tmp_path / "own")
     check(in_process(train, ["--config", "tiny-action", "--objective", "ownctx", "--data", tiny_action_grid, "--out",
                              out, "--ownctx-true-share", "0", "--ownctx-context-steps", "3", *TINY]))
-    got = rows(out)
+    got = step_rows(out)
     assert all(got[s]["ctx_chunks"] >= 1 and got[s]["ctx_calls"] == 4 * got[s]["ctx_chunks"] for s in (1, 2)), got
     net, batches, cfg = seen["steps"][0]
     (latent, cond), = batches
@@ -69,7 +62,7 @@ def test_predict25_action_net_trains_on_its_own_context(tiny_action_grid, tmp_pa
     out = str(tmp_path / "p25")
     check(in_process(train, ["--config", "p25-tiny-action", "--objective", "ownctx", "--data", tiny_action_grid,
                              "--out", out, "--ownctx-true-share", "0", "--ownctx-context-steps", "2", *TINY]))
-    got = rows(out)  # the flow family's UniPC: one call a step
+    got = step_rows(out)  # the flow family's UniPC: one call a step
     assert all(got[s]["ctx_chunks"] >= 1 and got[s]["ctx_calls"] == 2 * got[s]["ctx_chunks"] for s in (1, 2)), got
     assert torch.isfinite(torch.tensor(got[2]["eval_loss"]))
 
@@ -95,14 +88,8 @@ def test_a_resumed_run_ends_bit_for_bit_equal(tiny_action_grid, tmp_path):
     args = ["--config", "tiny-action", "--objective", "ownctx", "--data", tiny_action_grid, "--ownctx-context-steps",
             "2", "--ownctx-true-share", "0.5", "--steps", "3", "--save-every", "1", "--sample-every", "0", "--warmup",
             "1", "--holdout", "4"]
-    ref, resumed = str(tmp_path / "ref"), str(tmp_path / "resumed")
-    check(in_process(train, args + ["--out", ref]))
-    shutil.copytree(ref, resumed)
-    shutil.rmtree(os.path.join(resumed, "step_00000003"))
-    with open(os.path.join(resumed, "latest"), "w") as f:
-        f.write("step_00000002\n")
-    check(in_process(train, args + ["--out", resumed]))
-    want, got = rows(ref)[3], rows(resumed)[3]
+    ref, resumed = rerun_last_step(train, args, str(tmp_path), 3)
+    want, got = step_rows(ref)[3], step_rows(resumed)[3]
     assert all(got[k] == want[k] for k in ("loss", "grad_norm", "ctx_chunks", "ctx_calls")), (got, want)
     a, b = (dcp_tensors(os.path.join(d, "step_00000003"), "model.") for d in (ref, resumed))
     assert a and a.keys() == b.keys() and all(torch.equal(v, b[k]) for k, v in a.items())
