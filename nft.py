@@ -90,6 +90,11 @@ def decay_at(cfg: NFTConfig, update):
     return min(cfg.decay_rate * update, cfg.decay_max)
 
 
+def old_is_current(cfg: NFTConfig, update):
+    """Whether the old policy equals the net at update `update`: the last refresh copied theta exactly."""
+    return update == 0 or decay_at(cfg, update - 1) == 0
+
+
 # -----------------------------------------------------------------------------
 # The old policy: a copy of the adapter values, swapped into the net for its (no-grad) forwards
 
@@ -276,8 +281,8 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
     device = conds[0].crossattn_emb.device
     timer, x0s = PhaseTimer(device), []
     generator = torch.Generator(device=device).manual_seed(seed)
-    old_is_current = update == 0 or decay_at(cfg, update - 1) == 0  # the last refresh copied theta exactly
-    with adapters(net, params, old) if not old_is_current else nullcontext():
+    current = old_is_current(cfg, update)
+    with adapters(net, params, old) if not current else nullcontext():
         for cond in conds:
             with timer.phase("rollout"):
                 x0s.append(sample_group(net, cond, latent_shape, cfg, generator))
@@ -288,7 +293,7 @@ def train_step(net, optimizer, params, old, conds, latent_shape, cfg: NFTConfig,
                  "nonfinite_steps": 0, "grad_norm": None, "optimizer_s": 0.0}
     else:
         with timer.phase("update"):
-            stats = nft_update(net, optimizer, params, old, conds, x0s, list(mine), cfg, generator, old_is_current,
+            stats = nft_update(net, optimizer, params, old, conds, x0s, list(mine), cfg, generator, current,
                                getattr(net, "set_requires_gradient_sync", None))
     decay = decay_at(cfg, update)
     if decay == 0:  # exact copy (a lerp by 1 rounds): the next update may skip the old forward
@@ -410,8 +415,8 @@ class NFT(rl.RLObjective):
         chained, t0 = {}, time.perf_counter()
         with ForwardCounter(self.net) as counter:
             if not self.reads_clips:
-                old_is_current = step == 0 or decay_at(self.knobs, step - 1) == 0  # as train_step decides it
-                with adapters(self.net, self.params, list(self.old.values())) if not old_is_current else nullcontext():
+                as_old = not old_is_current(self.knobs, step)  # the old policy draws the context, as the rollouts
+                with adapters(self.net, self.params, list(self.old.values())) if as_old else nullcontext():
                     batches, generated = chained_batch(self.net, self.vae, self.run, self.lengths, step, self.knobs)
                 chained = {"ctx_chunks": generated, "s_chain": time.perf_counter() - t0}
             conds, latent_shape, scoring, knobs = self.groups(batches)
